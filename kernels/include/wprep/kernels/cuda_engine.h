@@ -1,0 +1,38 @@
+// The CUDA engine: performs a planned conversion as one fused kernel launch.
+// Usable without CUDA headers; in a build without CUDA every call returns Unimplemented
+// (and CudaDeviceCount() returns 0).
+#ifndef WPREP_KERNELS_CUDA_ENGINE_H_
+#define WPREP_KERNELS_CUDA_ENGINE_H_
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "wprep/kernels/plan.h"
+
+struct CUstream_st;
+
+namespace wprep {
+
+using CudaStream = CUstream_st*;  // same type as cudaStream_t; nullptr = legacy default
+
+// True when this build contains the CUDA kernels.
+bool CudaCompiledIn();
+
+// Number of usable CUDA devices (0 without a driver, a device, or CUDA in the build).
+int CudaDeviceCount();
+
+// Converts `in` into `out`, both device pointers on the same GPU, with one kernel launch
+// on `stream` (which must belong to that GPU). Runs on the device that owns the
+// pointers whatever the caller's current device, and leaves the current device as it
+// was. Allocates no device memory and does not synchronize: the output is ready when
+// `stream` reaches this point. `in` spans plan.input_bytes laid out as
+// plan.input_strides; `out` receives plan.output_bytes. Empty plans launch nothing.
+absl::Status ConvertOnCuda(const Plan& plan, const void* in, void* out, CudaStream stream);
+
+// The CUDA device ordinal that owns `ptr`, or InvalidArgument if it is not device memory.
+absl::StatusOr<int> CudaDeviceOfPointer(const void* ptr);
+
+}  // namespace wprep
+
+#endif  // WPREP_KERNELS_CUDA_ENGINE_H_

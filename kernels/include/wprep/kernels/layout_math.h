@@ -1,0 +1,266 @@
+// The layout mappings of LAYOUTS.md, written once. Every function here is
+// __host__ __device__: the planner, the CPU engine, the CUDA kernels and the tests all
+// call these, so there is one definition of each mapping to get right.
+//
+// Conventions: "canonical" is MXFP4 storage [..., D0, D1/2] (two FP4 codes per byte,
+// even column in the low nibble). Hopper's Q matrix, placement and bit interleave follow
+// LAYOUTS.md steps 1-4; Blackwell storage is [E, ntk, ntn, tile_n, tile_k] bytes.
+#ifndef WPREP_KERNELS_LAYOUT_MATH_H_
+#define WPREP_KERNELS_LAYOUT_MATH_H_
+
+#include <cstdint>
+
+#if defined(__CUDACC__)
+#define WPREP_HD __host__ __device__ __forceinline__
+#else
+#define WPREP_HD inline
+#endif
+
+namespace wprep {
+
+// Most dims a tensor may have (leading dims included).
+inline constexpr int kMaxRank = 8;
+
+WPREP_HD constexpr int64_t RoundUp(int64_t x, int64_t a) { return (x + a - 1) / a * a; }
+WPREP_HD constexpr int64_t CeilDiv(int64_t x, int64_t a) { return (x + a - 1) / a; }
+
+// ---------------------------------------------------------------------------------------
+// Nibbles.
+
+// FP4 code `nibble` (0 or 1) of byte b.
+WPREP_HD constexpr uint32_t Nibble(uint32_t b, uint32_t nibble) {
+  return (b >> (4 * nibble)) & 15u;
+}
+
+// The 2x2 nibble transpose shared by Hopper mx_axis -2 and Blackwell: from bytes `a`
+// (codes of one row pair's first row) and `b` (second row), the byte holding nibble
+// `which` of each: low nibble from a, high nibble from b.
+WPREP_HD constexpr uint8_t PairNibbles(uint32_t a, uint32_t b, uint32_t which) {
+  return static_cast<uint8_t>(Nibble(a, which) | Nibble(b, which) << 4);
+}
+
+// ---------------------------------------------------------------------------------------
+// Hopper value layout.
+
+// Padding granularity of the Q matrix (LAYOUTS.md step 2).
+inline constexpr int64_t kHopperRowAlign = 256;
+inline constexpr int64_t kHopperColAlign = 64;
+
+// Step 3: byte Q[r, c] goes to O[*orow, *ocol]. T is any signed integer type; the map
+// commutes with translation by multiples of 16 rows and 32 columns.
+template <class T>
+WPREP_HD void HopperPlace(T r, T c, int mma_version, T* orow, T* ocol) {
+  const T r0 = r >> 4, w0 = (r >> 3) & 1, t0 = (r >> 1) & 3, s0 = r & 1;
+  const T cr = c >> 5;
+  *orow = 4 * r0 + t0;
+  if (mma_version == 2) {
+    const T w1 = (c >> 4) & 1, t1 = (c >> 2) & 3, d = c & 3;
+    *ocol = 128 * cr + 64 * s0 + 16 * t1 + 8 * w1 + 4 * w0 + d;
+  } else {
+    const T k = (c >> 3) & 3, w1 = (c >> 2) & 1, t1 = c & 3;
+    *ocol = 128 * cr + 64 * s0 + 16 * t1 + 4 * k + 2 * w1 + w0;
+  }
+}
+
+// Inverse of HopperPlace: which Q[*r, *c] lands at O[orow, ocol].
+template <class T>
+WPREP_HD void HopperSource(T orow, T ocol, int mma_version, T* r, T* c) {
+  const T r0 = orow >> 2, t0 = orow & 3;
+  const T cr = ocol >> 7, s0 = (ocol >> 6) & 1, t1 = (ocol >> 4) & 3;
+  T w0, w1;
+  if (mma_version == 2) {
+    w1 = (ocol >> 3) & 1;
+    w0 = (ocol >> 2) & 1;
+    *c = 32 * cr + 16 * w1 + 4 * t1 + (ocol & 3);
+  } else {
+    const T k = (ocol >> 2) & 3;
+    w1 = (ocol >> 1) & 1;
+    w0 = ocol & 1;
+    *c = 32 * cr + 8 * k + 4 * w1 + t1;
+  }
+  *r = 16 * r0 + 8 * w0 + 2 * t0 + s0;
+}
+
+namespace detail {
+WPREP_HD constexpr uint32_t HopperS(uint32_t n) { return ((n & 8) << 12) | ((n & 7) << 6); }
+WPREP_HD constexpr uint32_t HopperS4(uint32_t n) {
+  return ((n & 8) << 11) | ((n & 6) << 9) | ((n & 1) << 13);
+}
+WPREP_HD constexpr uint32_t HopperF(uint32_t b) {
+  return HopperS(b & 15) | HopperS(b >> 4) << 16;
+}
+WPREP_HD constexpr uint32_t HopperG(uint32_t b) {
+  return HopperS4(b & 15) | HopperS4(b >> 4) << 16;
+}
+}  // namespace detail
+
+// Step 4: four consecutive bytes of an O row, as the little-endian word x, become the
+// interleaved word. A fixed permutation of the 32 bits.
+WPREP_HD constexpr uint32_t HopperInterleaveWord(uint32_t x) {
+  return detail::HopperF(x & 255) | detail::HopperF((x >> 8) & 255) >> 3 |
+         detail::HopperF((x >> 16) & 255) >> 6 | detail::HopperG(x >> 24);
+}
+
+namespace detail {
+// The inverse permutation, derived from HopperInterleaveWord at compile time and stored
+// as one mask per shift distance (index = shift + 31) so that it costs one
+// and/shift/or per distinct distance rather than one per bit.
+struct BitMoves {
+  uint32_t mask[63];
+};
+constexpr BitMoves InverseInterleaveMoves() {
+  BitMoves moves{};
+  for (int i = 0; i < 32; ++i) {
+    const uint32_t w = HopperInterleaveWord(1u << i);
+    int p = 0;
+    while (((w >> p) & 1u) == 0) ++p;
+    moves.mask[i - p + 31] |= 1u << p;  // bit p of the interleaved word returns to bit i
+  }
+  return moves;
+}
+}  // namespace detail
+
+// Inverse of HopperInterleaveWord.
+WPREP_HD uint32_t HopperDeinterleaveWord(uint32_t w) {
+  uint32_t out = 0;
+#if defined(__CUDA_ARCH__)
+#pragma unroll
+#endif
+  for (int d = 0; d < 63; ++d) {
+    constexpr detail::BitMoves kMoves = detail::InverseInterleaveMoves();
+    const uint32_t m = kMoves.mask[d];
+    if (m != 0) out |= d >= 31 ? (w & m) << (d - 31) : (w & m) >> (31 - d);
+  }
+  return out;
+}
+
+// ---------------------------------------------------------------------------------------
+// Blackwell shuffled value layout.
+
+// The storage geometry of one matrix for one (block_k, block_n).
+struct BlackwellTiling {
+  int64_t tile_k = 0;  // bytes along K (block_k / 2)
+  int64_t tile_n = 0;  // values along N (block_n)
+  int64_t ntk = 0;     // tiles along K
+  int64_t ntn = 0;     // tiles along N
+  int64_t kpad = 0;    // padded K bytes = ntk * tile_k
+};
+
+WPREP_HD constexpr int64_t Gcd(int64_t a, int64_t b) {
+  while (b != 0) {
+    const int64_t t = a % b;
+    a = b;
+    b = t;
+  }
+  return a;
+}
+
+// kp = K/2 bytes, n = N values.
+WPREP_HD BlackwellTiling MakeBlackwellTiling(int64_t block_k, int64_t block_n, int64_t kp,
+                                             int64_t n) {
+  BlackwellTiling t;
+  t.tile_k = block_k / 2;
+  t.tile_n = block_n;
+  const int64_t align_k = 128 / Gcd(128, t.tile_k) * t.tile_k;
+  t.kpad = RoundUp(kp, align_k);
+  t.ntk = t.kpad / t.tile_k;
+  t.ntn = CeilDiv(n, t.tile_n);
+  return t;
+}
+
+// Byte offset, inside one contiguous storage matrix, of (n, k): value column n, byte k
+// along K.
+WPREP_HD int64_t BlackwellOffset(const BlackwellTiling& t, int64_t n, int64_t k) {
+  const int64_t kt = k / t.tile_k, kk = k - kt * t.tile_k;
+  const int64_t nt = n / t.tile_n, nn = n - nt * t.tile_n;
+  return ((kt * t.ntn + nt) * t.tile_n + nn) * t.tile_k + kk;
+}
+
+// Same, for a storage view with byte strides (s_kt, s_nt, s_n) and contiguous tile_k.
+WPREP_HD int64_t BlackwellStridedOffset(const BlackwellTiling& t, const int64_t* strides,
+                                        int64_t n, int64_t k) {
+  const int64_t kt = k / t.tile_k, kk = k - kt * t.tile_k;
+  const int64_t nt = n / t.tile_n, nn = n - nt * t.tile_n;
+  return kt * strides[0] + nt * strides[1] + nn * strides[2] + kk;
+}
+
+// ---------------------------------------------------------------------------------------
+// Work tiles: the unit of work of one CUDA block and of one CPU task. A tile covers
+// kTileBytes of input and of output (less at the edges), staged through a buffer of
+// kTileBytes.
+
+inline constexpr int kTileThreads = 256;  // CUDA threads per tile
+inline constexpr int kTileBytes = 4096;   // kTileThreads x 16-byte chunks
+
+// Hopper: a tile is kHopperTileRows x kHopperTileCols bytes of Q. Rows are a multiple of
+// 16 and columns of 32 so HopperPlace maps a tile onto whole O rows; mx_axis -1 reads
+// 64-byte canonical row pieces, mx_axis -2 reads 64-byte pieces of 64 canonical rows.
+WPREP_HD constexpr int HopperTileRows(int mx_axis) { return mx_axis == -1 ? 64 : 128; }
+WPREP_HD constexpr int HopperTileCols(int mx_axis) { return mx_axis == -1 ? 64 : 32; }
+
+// Blackwell: a tile is kBlackwellTileN value columns x kBlackwellTileK bytes along K.
+inline constexpr int kBlackwellTileN = 64;
+inline constexpr int kBlackwellTileK = 64;
+
+// ---------------------------------------------------------------------------------------
+// The geometry of one planned conversion, as the engines consume it. Built by MakePlan;
+// plain data so it can be passed to a kernel by value.
+
+enum class Op : int32_t {
+  kHopperSwizzle = 0,
+  kHopperUnswizzle = 1,
+  kBlackwellSwizzle = 2,
+  kBlackwellUnswizzle = 3,
+  kBlackwellRetile = 4,
+};
+
+struct Geometry {
+  Op op = Op::kHopperSwizzle;
+  int32_t mx_axis = -1;
+  int32_t mma_version = 3;
+
+  int64_t num_matrices = 0;  // E: product of leading dims
+  // Leading dims of the input view and their byte strides (Blackwell storage inputs
+  // have one leading dim, E).
+  int32_t lead_rank = 0;
+  int64_t lead_shape[kMaxRank] = {};
+  int64_t in_lead_stride[kMaxRank] = {};
+
+  // Canonical side: rows and bytes per row of one matrix.
+  int64_t d0 = 0;
+  int64_t d1b = 0;
+
+  // Hopper: Q's rows and columns and their padded extents R, C.
+  int64_t q_rows = 0, q_cols = 0, q_rows_pad = 0, q_cols_pad = 0;
+
+  // Blackwell: K/2 bytes and N values; input and output tilings (those not used are 0).
+  int64_t kp = 0, n = 0;
+  BlackwellTiling in_tiling, out_tiling;
+
+  // Inner byte strides of the input view. Canonical and Hopper storage: [row stride];
+  // Blackwell storage: [kt, nt, n'] strides. The innermost dim is always contiguous.
+  int64_t in_stride[3] = {};
+
+  // Output is contiguous: bytes of one output matrix.
+  int64_t out_matrix_bytes = 0;
+
+  // Tile grid per matrix (see tiles in kernels/src/tiles.h): a-tiles x b-tiles.
+  int64_t tiles_a = 0, tiles_b = 0;
+
+  WPREP_HD int64_t NumTiles() const { return num_matrices * tiles_a * tiles_b; }
+
+  // Byte offset of matrix e of the input view.
+  WPREP_HD int64_t InputMatrixOffset(int64_t e) const {
+    int64_t off = 0;
+    for (int i = lead_rank - 1; i >= 0; --i) {
+      const int64_t idx = e % lead_shape[i];
+      e /= lead_shape[i];
+      off += idx * in_lead_stride[i];
+    }
+    return off;
+  }
+};
+
+}  // namespace wprep
+
+#endif  // WPREP_KERNELS_LAYOUT_MATH_H_

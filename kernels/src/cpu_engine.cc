@@ -1,0 +1,80 @@
+#include "wprep/kernels/cpu_engine.h"
+
+#include <algorithm>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_format.h"
+#include "tiles.h"
+
+namespace wprep {
+namespace {
+
+// Below this many output bytes a conversion runs on the calling thread: starting
+// threads would cost more than the work.
+constexpr uint64_t kParallelThreshold = 1 << 20;
+
+bool Overlap(const uint8_t* a, uint64_t na, const uint8_t* b, uint64_t nb) {
+  return na > 0 && nb > 0 && a < b + nb && b < a + na;
+}
+
+}  // namespace
+
+absl::Status ConvertOnCpu(const Plan& plan, const uint8_t* in, size_t in_size, uint8_t* out,
+                          size_t out_size, const CpuOptions& options) {
+  if (in_size < plan.input_bytes) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "input buffer holds %d bytes; the planned input spans %d", in_size, plan.input_bytes));
+  }
+  if (out_size < plan.output_bytes) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "output buffer holds %d bytes; the planned output needs %d", out_size, plan.output_bytes));
+  }
+  if (plan.empty()) return absl::OkStatus();
+  if (in == nullptr || out == nullptr) {
+    return absl::InvalidArgumentError("input and output buffers must not be null");
+  }
+  if (Overlap(in, plan.input_bytes, out, plan.output_bytes)) {
+    return absl::InvalidArgumentError("input and output buffers overlap; in-place conversion "
+                                      "is not supported");
+  }
+
+  const Geometry& g = plan.geometry;
+  const tiles::Access access = tiles::ChooseAccess(g, in, out);
+  const int64_t num_tiles = g.NumTiles();
+  int threads = options.threads > 0 ? options.threads
+                                    : static_cast<int>(std::thread::hardware_concurrency());
+  if (threads < 1 || plan.output_bytes < kParallelThreshold) threads = 1;
+  threads = static_cast<int>(std::min<int64_t>(threads, num_tiles));
+
+  if (!tiles::DispatchTile(g, []<Op, int, int>() {})) {
+    return absl::InternalError("conversion geometry outside the supported set");
+  }
+  auto run_range = [&](int64_t begin, int64_t end) {
+    tiles::DispatchTile(g, [&]<Op kOp, int kMx, int kMma>() {
+      using T = tiles::Tile<kOp, kMx, kMma>;
+      alignas(16) uint8_t buffer[kTileBytes];
+      for (int64_t t = begin; t < end; ++t) {
+        const tiles::TileCoord c = tiles::DecodeTile(g, t);
+        T::Load(g, in, c, buffer, 0, 1, access);
+        T::Store(g, out, c, buffer, 0, 1, access);
+      }
+    });
+  };
+  if (threads == 1) {
+    run_range(0, num_tiles);
+  } else {
+    std::vector<std::thread> workers;
+    workers.reserve(threads - 1);
+    const int64_t per = (num_tiles + threads - 1) / threads;
+    for (int i = 1; i < threads; ++i) {
+      const int64_t begin = std::min(num_tiles, i * per), end = std::min(num_tiles, begin + per);
+      workers.emplace_back(run_range, begin, end);
+    }
+    run_range(0, std::min(num_tiles, per));
+    for (auto& w : workers) w.join();
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace wprep

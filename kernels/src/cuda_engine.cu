@@ -1,0 +1,168 @@
+// The CUDA engine: one fused launch per conversion, the tile body from tiles.h.
+#include <cuda_runtime.h>
+
+#include <atomic>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "tiles.h"
+#include "wprep/kernels/cuda_engine.h"
+
+namespace wprep {
+namespace {
+
+// Turns a CUDA error into a Status naming the call, the error, file and line.
+absl::Status CudaError(cudaError_t err, const char* call, const char* file, int line) {
+  return absl::InternalError(absl::StrFormat("%s failed: %s (%s) at %s:%d", call,
+                                             cudaGetErrorName(err), cudaGetErrorString(err),
+                                             file, line));
+}
+
+#define WPREP_CUDA_RETURN_IF_ERROR(call)                              \
+  do {                                                                \
+    const cudaError_t wprep_err_ = (call);                            \
+    if (wprep_err_ != cudaSuccess) {                                  \
+      return CudaError(wprep_err_, #call, __FILE__, __LINE__);        \
+    }                                                                 \
+  } while (0)
+
+template <Op kOp, int kMx, int kMma>
+__global__ void __launch_bounds__(kTileThreads)
+    ConvertKernel(const Geometry g, const uint8_t* __restrict__ in, uint8_t* __restrict__ out,
+                  tiles::Access access) {
+  __shared__ alignas(16) uint8_t smem[kTileBytes];
+  using T = tiles::Tile<kOp, kMx, kMma>;
+  const int64_t num_tiles = g.NumTiles();
+  for (int64_t t = blockIdx.x; t < num_tiles; t += gridDim.x) {
+    const tiles::TileCoord c = tiles::DecodeTile(g, t);
+    T::Load(g, in, c, smem, threadIdx.x, kTileThreads, access);
+    __syncthreads();
+    T::Store(g, out, c, smem, threadIdx.x, kTileThreads, access);
+    __syncthreads();
+  }
+}
+
+// Launches the kernel instantiation DispatchTile picks (a functor: CUDA here is C++17).
+struct Launcher {
+  const Geometry& g;
+  const uint8_t* in;
+  uint8_t* out;
+  tiles::Access access;
+  unsigned blocks;
+  cudaStream_t stream;
+  template <Op kOp, int kMx, int kMma>
+  void operator()() const {
+    ConvertKernel<kOp, kMx, kMma><<<blocks, kTileThreads, 0, stream>>>(g, in, out, access);
+  }
+};
+
+// Multiprocessor count per device ordinal, read once.
+constexpr int kMaxDevices = 64;
+std::atomic<int> g_sm_count[kMaxDevices];
+
+int SmCount(int device) {
+  if (device < 0 || device >= kMaxDevices) return 132;
+  int n = g_sm_count[device].load(std::memory_order_relaxed);
+  if (n == 0) {
+    if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device) != cudaSuccess ||
+        n <= 0) {
+      n = 132;
+    }
+    g_sm_count[device].store(n, std::memory_order_relaxed);
+  }
+  return n;
+}
+
+// Restores the caller's current device on scope exit.
+class DeviceGuard {
+ public:
+  DeviceGuard() { ok_ = cudaGetDevice(&previous_) == cudaSuccess; }
+  ~DeviceGuard() {
+    if (ok_) cudaSetDevice(previous_);
+  }
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+
+ private:
+  int previous_ = 0;
+  bool ok_ = false;
+};
+
+bool Overlap(const void* a, uint64_t na, const void* b, uint64_t nb) {
+  const auto* pa = static_cast<const uint8_t*>(a);
+  const auto* pb = static_cast<const uint8_t*>(b);
+  return na > 0 && nb > 0 && pa < pb + nb && pb < pa + na;
+}
+
+}  // namespace
+
+bool CudaCompiledIn() { return true; }
+
+int CudaDeviceCount() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    cudaGetLastError();  // no driver or no device: not an error for the caller
+    return 0;
+  }
+  return n;
+}
+
+absl::StatusOr<int> CudaDeviceOfPointer(const void* ptr) {
+  if (ptr == nullptr) return absl::InvalidArgumentError("null device pointer");
+  cudaPointerAttributes attr{};
+  const cudaError_t err = cudaPointerGetAttributes(&attr, ptr);
+  if (err != cudaSuccess) {
+    cudaGetLastError();
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "pointer %p is not CUDA memory: %s", ptr, cudaGetErrorString(err)));
+  }
+  if (attr.type != cudaMemoryTypeDevice && attr.type != cudaMemoryTypeManaged) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("pointer %p is not device memory (CUDA memory type %d)", ptr,
+                        static_cast<int>(attr.type)));
+  }
+  return attr.device;
+}
+
+absl::Status ConvertOnCuda(const Plan& plan, const void* in, void* out, CudaStream stream) {
+  if (plan.empty()) return absl::OkStatus();
+  auto in_dev = CudaDeviceOfPointer(in);
+  if (!in_dev.ok()) return absl::InvalidArgumentError(absl::StrCat("input: ", in_dev.status().message()));
+  auto out_dev = CudaDeviceOfPointer(out);
+  if (!out_dev.ok()) return absl::InvalidArgumentError(absl::StrCat("output: ", out_dev.status().message()));
+  if (*in_dev != *out_dev) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "input is on CUDA device %d but output is on device %d; both must be on one GPU",
+        *in_dev, *out_dev));
+  }
+  if (stream != nullptr) {
+    int stream_dev = -1;
+    WPREP_CUDA_RETURN_IF_ERROR(cudaStreamGetDevice(stream, &stream_dev));
+    if (stream_dev != *in_dev) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "stream belongs to CUDA device %d but the data is on device %d", stream_dev, *in_dev));
+    }
+  }
+  if (Overlap(in, plan.input_bytes, out, plan.output_bytes)) {
+    return absl::InvalidArgumentError(
+        "input and output buffers overlap; in-place conversion is not supported");
+  }
+
+  const Geometry& g = plan.geometry;
+  const tiles::Access access = tiles::ChooseAccess(g, in, out);
+  const int64_t num_tiles = g.NumTiles();
+  // Enough resident blocks to cover latency; each loops over tiles beyond that.
+  const int64_t max_blocks = int64_t{SmCount(*in_dev)} * 8;
+  const unsigned blocks = static_cast<unsigned>(num_tiles < max_blocks ? num_tiles : max_blocks);
+
+  DeviceGuard guard;
+  WPREP_CUDA_RETURN_IF_ERROR(cudaSetDevice(*in_dev));
+  const bool known = tiles::DispatchTile(
+      g, Launcher{g, static_cast<const uint8_t*>(in), static_cast<uint8_t*>(out), access,
+                  blocks, stream});
+  if (!known) return absl::InternalError("conversion geometry outside the supported set");
+  WPREP_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  return absl::OkStatus();
+}
+
+}  // namespace wprep

@@ -1,0 +1,17 @@
+// The CUDA engine in a build without nvcc: every call says so.
+#include "wprep/kernels/cuda_engine.h"
+
+namespace wprep {
+
+bool CudaCompiledIn() { return false; }
+int CudaDeviceCount() { return 0; }
+
+absl::Status ConvertOnCuda(const Plan&, const void*, void*, CudaStream) {
+  return absl::UnimplementedError("this wprep build has no CUDA engine (built without nvcc)");
+}
+
+absl::StatusOr<int> CudaDeviceOfPointer(const void*) {
+  return absl::UnimplementedError("this wprep build has no CUDA engine (built without nvcc)");
+}
+
+}  // namespace wprep
