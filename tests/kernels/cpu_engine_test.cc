@@ -1,1 +1,217 @@
+// Properties of the CPU engine on random shapes: round trips, retile as a composition,
+// strided inputs, thread counts, and the engine's own argument checks.
 #include <gtest/gtest.h>
+
+#include <random>
+#include <vector>
+
+#include "golden.h"
+#include "wprep/kernels/cpu_engine.h"
+#include "wprep/kernels/layout_math.h"
+#include "wprep/kernels/plan.h"
+
+namespace wprep {
+namespace {
+
+std::vector<uint8_t> Convert(const Plan& plan, const std::vector<uint8_t>& in, int threads = 2) {
+  std::vector<uint8_t> out(plan.output_bytes, 0xEE);
+  const absl::Status s = ConvertOnCpu(plan, in.data(), in.size(), out.data(), out.size(), {threads});
+  EXPECT_TRUE(s.ok()) << s;
+  return out;
+}
+
+Plan MustPlan(const ConversionSpec& spec, const std::vector<int64_t>& shape,
+              const InputBinding& b = {}) {
+  auto plan = MakePlan(spec, shape, b);
+  EXPECT_TRUE(plan.ok()) << Describe(spec) << ": " << plan.status();
+  return plan.ok() ? *plan : Plan{};
+}
+
+ConversionSpec With(ConversionSpec s, Direction d) {
+  s.direction = d;
+  return s;
+}
+
+// Every spec of the closed set the tests sweep.
+std::vector<ConversionSpec> AllSwizzleSpecs() {
+  std::vector<ConversionSpec> specs;
+  for (int mx : {-1, -2}) {
+    for (int mma : {2, 3}) {
+      ConversionSpec s;
+      s.layout = Layout::kHopperValue;
+      s.hopper = {mx, mma};
+      specs.push_back(s);
+    }
+  }
+  for (auto [bk, bn] : std::vector<std::pair<int, int>>{{128, 256}, {256, 128}, {64, 64}, {6, 10}, {384, 48}}) {
+    ConversionSpec s;
+    s.layout = Layout::kBlackwellShuffledValue;
+    s.blackwell = {bk, bn};
+    specs.push_back(s);
+  }
+  return specs;
+}
+
+std::vector<int64_t> RandomShape(std::mt19937_64& rng) {
+  auto dim = [&](int max) { return static_cast<int64_t>(rng() % max) + 1; };
+  std::vector<int64_t> shape;
+  const int lead = static_cast<int>(rng() % 3);
+  for (int i = 0; i < lead; ++i) shape.push_back(dim(3));
+  shape.push_back(2 * dim(300));
+  shape.push_back(2 * dim(300));
+  return shape;
+}
+
+TEST(InterleaveWord, IsABijectionAndDeinterleaveInvertsIt) {
+  uint32_t seen = 0;
+  for (int i = 0; i < 32; ++i) {
+    const uint32_t w = HopperInterleaveWord(1u << i);
+    EXPECT_EQ(__builtin_popcount(w), 1) << "bit " << i;
+    seen |= w;
+    EXPECT_EQ(HopperDeinterleaveWord(w), 1u << i);
+  }
+  EXPECT_EQ(seen, 0xFFFFFFFFu);
+  std::mt19937 rng(7);
+  for (int i = 0; i < 10000; ++i) {
+    const uint32_t x = rng();
+    EXPECT_EQ(HopperDeinterleaveWord(HopperInterleaveWord(x)), x);
+  }
+}
+
+TEST(HopperPlacement, SourceInvertsPlace) {
+  for (int mma : {2, 3}) {
+    for (int r = 0; r < 256; ++r) {
+      for (int c = 0; c < 64; ++c) {
+        int orow, ocol, r2, c2;
+        HopperPlace(r, c, mma, &orow, &ocol);
+        ASSERT_LT(ocol, 4 * 64);
+        HopperSource(orow, ocol, mma, &r2, &c2);
+        ASSERT_EQ(r2, r);
+        ASSERT_EQ(c2, c);
+      }
+    }
+  }
+}
+
+TEST(CpuRoundTrip, UnswizzleOfSwizzleIsIdentityOnRandomShapes) {
+  std::mt19937_64 rng(1234);
+  for (const ConversionSpec& spec : AllSwizzleSpecs()) {
+    for (int trial = 0; trial < 6; ++trial) {
+      const std::vector<int64_t> shape = RandomShape(rng);
+      SCOPED_TRACE(Describe(spec));
+      const Plan fwd = MustPlan(spec, shape);
+      const Plan back = MustPlan(With(spec, Direction::kUnswizzle), shape);
+      const auto x = testing::RandomBytes(fwd.input_bytes, rng());
+      const auto stored = Convert(fwd, x, 1 + trial % 3);
+      ASSERT_EQ(stored.size(), back.input_bytes);
+      EXPECT_EQ(Convert(back, stored, 1 + trial % 2), x);
+    }
+  }
+}
+
+TEST(CpuRoundTrip, SwizzleIgnoresNothingAndWritesZeroPadding) {
+  // Swizzling then unswizzling through different thread counts gives identical storage,
+  // and padding bytes are zero (so the poison value 0xEE never survives).
+  const std::vector<int64_t> shape = {2, 130, 66};
+  for (const ConversionSpec& spec : AllSwizzleSpecs()) {
+    const Plan fwd = MustPlan(spec, shape);
+    const auto x = testing::RandomBytes(fwd.input_bytes, 99);
+    const auto a = Convert(fwd, x, 1);
+    const auto b = Convert(fwd, x, 4);
+    EXPECT_EQ(a, b) << Describe(spec);
+    const auto zeros = std::vector<uint8_t>(fwd.input_bytes, 0);
+    const auto z = Convert(fwd, zeros, 1);
+    EXPECT_EQ(std::count(z.begin(), z.end(), 0), static_cast<long>(z.size())) << Describe(spec);
+  }
+}
+
+TEST(CpuRetile, EqualsUnswizzleThenSwizzleAndRoundTrips) {
+  std::mt19937_64 rng(77);
+  const std::vector<std::pair<BlackwellParams, BlackwellParams>> pairs = {
+      {{128, 256}, {256, 128}}, {{64, 64}, {128, 256}}, {{6, 10}, {128, 128}}, {{384, 48}, {64, 32}}};
+  for (const auto& [from, to] : pairs) {
+    for (int trial = 0; trial < 4; ++trial) {
+      const auto shape = RandomShape(rng);
+      ConversionSpec sa;
+      sa.layout = Layout::kBlackwellShuffledValue;
+      sa.blackwell = from;
+      ConversionSpec sb = sa;
+      sb.blackwell = to;
+      ConversionSpec retile = sa;
+      retile.direction = Direction::kRetile;
+      retile.blackwell_to = to;
+      ConversionSpec back = retile;
+      back.blackwell = to;
+      back.blackwell_to = from;
+      SCOPED_TRACE(Describe(retile));
+
+      // Random storage bytes, padding included: retile must ignore the input padding.
+      const Plan p_retile = MustPlan(retile, shape);
+      const auto stored_a = testing::RandomBytes(p_retile.input_bytes, rng());
+      const auto direct = Convert(p_retile, stored_a);
+      const auto canonical = Convert(MustPlan(With(sa, Direction::kUnswizzle), shape), stored_a);
+      const auto composed = Convert(MustPlan(sb, shape), canonical);
+      EXPECT_EQ(direct, composed);
+      // A -> B -> A returns A's storage with zero padding: equal to swizzle(canonical).
+      const auto again = Convert(MustPlan(back, shape), direct);
+      EXPECT_EQ(again, Convert(MustPlan(sa, shape), canonical));
+    }
+  }
+}
+
+// A strided view of the input must convert exactly like its dense copy.
+TEST(CpuStrided, StridedInputsMatchDenseCopies) {
+  std::mt19937_64 rng(5);
+  for (const ConversionSpec& base : AllSwizzleSpecs()) {
+    std::vector<ConversionSpec> specs = {base, With(base, Direction::kUnswizzle)};
+    if (base.layout == Layout::kBlackwellShuffledValue) {
+      ConversionSpec r = base;
+      r.direction = Direction::kRetile;
+      r.blackwell_to = {128, 256};
+      specs.push_back(r);
+    }
+    for (const ConversionSpec& spec : specs) {
+      for (int64_t pad : {16, 3}) {  // aligned (vector path) and unaligned (byte path)
+        const std::vector<int64_t> shape = {3, 2 * static_cast<int64_t>(rng() % 150 + 1), 2 * static_cast<int64_t>(rng() % 150 + 1)};
+        const Plan dense = MustPlan(spec, shape);
+        const auto x = testing::RandomBytes(dense.input_bytes, rng());
+        int contiguous = static_cast<int>(dense.input_shape.size()) - 1;
+        for (size_t i = 0; i < dense.input_strides.size(); ++i) {
+          if (dense.input_strides[i] == 1 && dense.input_shape[i] > 1) contiguous = static_cast<int>(i);
+        }
+        std::vector<int64_t> strides;
+        const auto buffer = testing::MakeStridedCopy(x, dense.input_shape, dense.input_strides,
+                                                     contiguous, pad, &strides);
+        const Plan strided = MustPlan(spec, shape, InputBinding{strides, buffer.size()});
+        SCOPED_TRACE(Describe(spec) + " pad=" + std::to_string(pad));
+        EXPECT_EQ(Convert(strided, buffer), Convert(dense, x));
+      }
+    }
+  }
+}
+
+TEST(CpuEngine, RejectsShortBuffersAndOverlap) {
+  ConversionSpec spec;
+  const Plan plan = MustPlan(spec, {256, 256});
+  std::vector<uint8_t> in(plan.input_bytes), out(plan.output_bytes);
+  EXPECT_EQ(ConvertOnCpu(plan, in.data(), in.size() - 1, out.data(), out.size()).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ConvertOnCpu(plan, in.data(), in.size(), out.data(), out.size() - 1).code(),
+            absl::StatusCode::kInvalidArgument);
+  std::vector<uint8_t> both(plan.output_bytes + plan.input_bytes);
+  EXPECT_EQ(ConvertOnCpu(plan, both.data(), plan.input_bytes, both.data() + 16, plan.output_bytes)
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST(CpuEngine, EmptyTensorsSucceedWithoutTouchingBuffers) {
+  for (auto shape : std::vector<std::vector<int64_t>>{{0, 256}, {256, 0}, {4, 0, 2, 2}}) {
+    for (const ConversionSpec& spec : AllSwizzleSpecs()) {
+      const Plan plan = MustPlan(spec, shape);
+      EXPECT_TRUE(ConvertOnCpu(plan, nullptr, 0, nullptr, plan.output_bytes).ok());
+    }
+  }
+}
+
+}  // namespace
+}  // namespace wprep
