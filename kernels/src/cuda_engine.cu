@@ -165,4 +165,34 @@ absl::Status ConvertOnCuda(const Plan& plan, const void* in, void* out, CudaStre
   return absl::OkStatus();
 }
 
+absl::Status ConvertHostBuffersOnCuda(const Plan& plan, const uint8_t* in, size_t in_size,
+                                      uint8_t* out, size_t out_size, int device) {
+  if (in_size < plan.input_bytes || out_size < plan.output_bytes) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "buffers of %d and %d bytes are smaller than the plan's %d-byte input and %d-byte output",
+        in_size, out_size, plan.input_bytes, plan.output_bytes));
+  }
+  if (plan.empty()) return absl::OkStatus();
+  const int count = CudaDeviceCount();
+  if (device < 0 || device >= count) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("CUDA device %d does not exist (this machine has %d)", device, count));
+  }
+  DeviceGuard guard;
+  WPREP_CUDA_RETURN_IF_ERROR(cudaSetDevice(device));
+  void* d_in = nullptr;
+  void* d_out = nullptr;
+  absl::Status status = [&]() -> absl::Status {
+    WPREP_CUDA_RETURN_IF_ERROR(cudaMalloc(&d_in, plan.input_bytes));
+    WPREP_CUDA_RETURN_IF_ERROR(cudaMalloc(&d_out, plan.output_bytes));
+    WPREP_CUDA_RETURN_IF_ERROR(cudaMemcpy(d_in, in, plan.input_bytes, cudaMemcpyHostToDevice));
+    if (auto s = ConvertOnCuda(plan, d_in, d_out, nullptr); !s.ok()) return s;
+    WPREP_CUDA_RETURN_IF_ERROR(cudaMemcpy(out, d_out, plan.output_bytes, cudaMemcpyDeviceToHost));
+    return absl::OkStatus();
+  }();
+  if (d_in != nullptr) cudaFree(d_in);
+  if (d_out != nullptr) cudaFree(d_out);
+  return status;
+}
+
 }  // namespace wprep

@@ -10,6 +10,11 @@ absl::Status ConvertOnCuda(const Plan&, const void*, void*, CudaStream) {
   return absl::UnimplementedError("this wprep build has no CUDA engine (built without nvcc)");
 }
 
+absl::Status ConvertHostBuffersOnCuda(const Plan&, const uint8_t*, size_t, uint8_t*, size_t,
+                                      int) {
+  return absl::UnimplementedError("this wprep build has no CUDA engine (built without nvcc)");
+}
+
 absl::StatusOr<int> CudaDeviceOfPointer(const void*) {
   return absl::UnimplementedError("this wprep build has no CUDA engine (built without nvcc)");
 }

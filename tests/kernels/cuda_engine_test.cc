@@ -1,1 +1,260 @@
+// The CUDA engine against the CPU engine, byte for byte. Every test skips (reported as
+// skipped, never passed) where no GPU exists.
 #include <gtest/gtest.h>
+
+#include <random>
+#include <vector>
+
+#include "golden.h"
+#include "wprep/kernels/cpu_engine.h"
+#include "wprep/kernels/cuda_engine.h"
+#include "wprep/kernels/plan.h"
+
+#if defined(WPREP_HAVE_CUDA)
+#include <cuda_runtime.h>
+#endif
+
+namespace wprep {
+namespace {
+
+#if !defined(WPREP_HAVE_CUDA)
+
+TEST(Gpu, RequiresACudaBuild) { GTEST_SKIP() << "built without CUDA"; }
+
+#else
+
+#define ASSERT_CUDA(call) ASSERT_EQ((call), cudaSuccess) << #call << ": " << cudaGetErrorString(cudaGetLastError())
+
+class GpuTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
+  }
+};
+
+// Device buffer owned by a test.
+class DeviceBuffer {
+ public:
+  DeviceBuffer(size_t n, int device) : size_(n) {
+    int prev = 0;
+    cudaGetDevice(&prev);
+    cudaSetDevice(device);
+    if (n > 0) {
+      EXPECT_EQ(cudaMalloc(&ptr_, n), cudaSuccess);
+    }
+    cudaSetDevice(prev);
+  }
+  ~DeviceBuffer() {
+    if (ptr_ != nullptr) cudaFree(ptr_);
+  }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  uint8_t* get() const { return static_cast<uint8_t*>(ptr_); }
+
+ private:
+  void* ptr_ = nullptr;
+  size_t size_;
+};
+
+std::vector<uint8_t> CpuConvert(const Plan& plan, const std::vector<uint8_t>& in) {
+  std::vector<uint8_t> out(plan.output_bytes);
+  EXPECT_TRUE(ConvertOnCpu(plan, in.data(), in.size(), out.data(), out.size()).ok());
+  return out;
+}
+
+// Runs the plan on `device` (input copied there), on `stream`; returns the output.
+std::vector<uint8_t> GpuConvert(const Plan& plan, const std::vector<uint8_t>& in, int device = 0,
+                                cudaStream_t stream = nullptr, size_t in_offset = 0) {
+  DeviceBuffer d_in(in.size() + in_offset, device), d_out(plan.output_bytes + 16, device);
+  EXPECT_EQ(cudaMemcpy(d_in.get() + in_offset, in.data(), in.size(), cudaMemcpyHostToDevice), cudaSuccess);
+  EXPECT_EQ(cudaMemset(d_out.get(), 0xEE, plan.output_bytes + 16), cudaSuccess);  // poison
+  const absl::Status s = ConvertOnCuda(plan, d_in.get() + in_offset, d_out.get(), stream);
+  EXPECT_TRUE(s.ok()) << s;
+  EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  std::vector<uint8_t> out(plan.output_bytes + 16);
+  EXPECT_EQ(cudaMemcpy(out.data(), d_out.get(), out.size(), cudaMemcpyDeviceToHost), cudaSuccess);
+  for (size_t i = plan.output_bytes; i < out.size(); ++i) {
+    EXPECT_EQ(out[i], 0xEE) << "wrote past the output at byte " << i;
+  }
+  out.resize(plan.output_bytes);
+  return out;
+}
+
+Plan MustPlan(const ConversionSpec& spec, const std::vector<int64_t>& shape,
+              const InputBinding& b = {}) {
+  auto plan = MakePlan(spec, shape, b);
+  EXPECT_TRUE(plan.ok()) << plan.status();
+  return plan.ok() ? *plan : Plan{};
+}
+
+std::vector<ConversionSpec> AllSpecs() {
+  std::vector<ConversionSpec> specs;
+  for (Direction d : {Direction::kSwizzle, Direction::kUnswizzle}) {
+    for (int mx : {-1, -2}) {
+      for (int mma : {2, 3}) {
+        ConversionSpec s;
+        s.layout = Layout::kHopperValue;
+        s.direction = d;
+        s.hopper = {mx, mma};
+        specs.push_back(s);
+      }
+    }
+    for (auto [bk, bn] : std::vector<std::pair<int, int>>{{128, 256}, {256, 128}, {64, 64}, {6, 10}}) {
+      ConversionSpec s;
+      s.layout = Layout::kBlackwellShuffledValue;
+      s.direction = d;
+      s.blackwell = {bk, bn};
+      specs.push_back(s);
+    }
+  }
+  ConversionSpec r;
+  r.layout = Layout::kBlackwellShuffledValue;
+  r.direction = Direction::kRetile;
+  r.blackwell = {128, 256};
+  r.blackwell_to = {256, 128};
+  specs.push_back(r);
+  r.blackwell = {6, 10};
+  r.blackwell_to = {64, 64};
+  specs.push_back(r);
+  return specs;
+}
+
+TEST_F(GpuTest, EveryGoldenCaseMatchesTheReference) {
+  int ran = 0;
+  for (const auto& c : testing::GoldenCases()) {
+    if (c.error.has_value()) continue;
+    SCOPED_TRACE(c.name);
+    const Plan plan = MustPlan(c.spec, c.logical_shape);
+    const auto input = testing::SplitMix64Bytes(c.input_seed, c.input_bytes);
+    const auto out = GpuConvert(plan, input);
+    EXPECT_EQ(testing::Sha256Hex(out), c.output_sha256);
+    ++ran;
+  }
+  EXPECT_GT(ran, 100);
+}
+
+TEST_F(GpuTest, RandomShapesEqualTheCpuEngine) {
+  std::mt19937_64 rng(2024);
+  for (const ConversionSpec& spec : AllSpecs()) {
+    for (int trial = 0; trial < 5; ++trial) {
+      std::vector<int64_t> shape;
+      for (int i = 0, lead = static_cast<int>(rng() % 3); i < lead; ++i) shape.push_back(static_cast<int64_t>(rng() % 3) + 1);
+      shape.push_back(2 * (static_cast<int64_t>(rng() % 700) + 1));
+      shape.push_back(2 * (static_cast<int64_t>(rng() % 700) + 1));
+      SCOPED_TRACE(Describe(spec));
+      const Plan plan = MustPlan(spec, shape);
+      const auto x = testing::RandomBytes(plan.input_bytes, rng());
+      EXPECT_EQ(GpuConvert(plan, x), CpuConvert(plan, x));
+    }
+  }
+}
+
+TEST_F(GpuTest, StridedAndMisalignedInputsEqualTheCpuEngine) {
+  std::mt19937_64 rng(11);
+  for (const ConversionSpec& spec : AllSpecs()) {
+    for (int64_t pad : {16, 3}) {
+      const std::vector<int64_t> shape = {2, 2 * static_cast<int64_t>(rng() % 300 + 1),
+                                          2 * static_cast<int64_t>(rng() % 300 + 1)};
+      const Plan dense = MustPlan(spec, shape);
+      const auto x = testing::RandomBytes(dense.input_bytes, rng());
+      int contiguous = static_cast<int>(dense.input_shape.size()) - 1;
+      for (size_t i = 0; i < dense.input_strides.size(); ++i) {
+        if (dense.input_strides[i] == 1 && dense.input_shape[i] > 1) contiguous = static_cast<int>(i);
+      }
+      std::vector<int64_t> strides;
+      const auto buffer = testing::MakeStridedCopy(x, dense.input_shape, dense.input_strides,
+                                                   contiguous, pad, &strides);
+      const Plan strided = MustPlan(spec, shape, InputBinding{strides, buffer.size()});
+      SCOPED_TRACE(Describe(spec) + " pad=" + std::to_string(pad));
+      const auto expected = CpuConvert(dense, x);
+      EXPECT_EQ(GpuConvert(strided, buffer), expected);
+      // A dense input at an odd address takes the byte path.
+      EXPECT_EQ(GpuConvert(dense, x, 0, nullptr, /*in_offset=*/1), expected);
+    }
+  }
+}
+
+TEST_F(GpuTest, RunsOnTheOwningDeviceAndKeepsTheCurrentOne) {
+  int count = CudaDeviceCount();
+  if (count < 2) GTEST_SKIP() << "needs two GPUs, found " << count;
+  ConversionSpec spec;
+  const Plan plan = MustPlan(spec, {3, 512, 256});
+  const auto x = testing::RandomBytes(plan.input_bytes, 3);
+  ASSERT_CUDA(cudaSetDevice(0));
+  cudaStream_t stream1;
+  ASSERT_CUDA(cudaSetDevice(1));
+  ASSERT_CUDA(cudaStreamCreateWithFlags(&stream1, cudaStreamNonBlocking));
+  ASSERT_CUDA(cudaSetDevice(0));
+  EXPECT_EQ(GpuConvert(plan, x, /*device=*/1, stream1), CpuConvert(plan, x));
+  int current = -1;
+  ASSERT_CUDA(cudaGetDevice(&current));
+  EXPECT_EQ(current, 0);
+  // A stream of the wrong device is refused.
+  DeviceBuffer in(plan.input_bytes, 0), out(plan.output_bytes, 0);
+  EXPECT_EQ(ConvertOnCuda(plan, in.get(), out.get(), stream1).code(),
+            absl::StatusCode::kInvalidArgument);
+  ASSERT_CUDA(cudaStreamDestroy(stream1));
+}
+
+TEST_F(GpuTest, NonDefaultStreamAndCurrentDeviceUnchanged) {
+  ConversionSpec spec;
+  spec.hopper = {-1, 2};
+  const Plan plan = MustPlan(spec, {2, 300, 200});
+  const auto x = testing::RandomBytes(plan.input_bytes, 4);
+  cudaStream_t stream;
+  ASSERT_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  EXPECT_EQ(GpuConvert(plan, x, 0, stream), CpuConvert(plan, x));
+  int current = -1;
+  ASSERT_CUDA(cudaGetDevice(&current));
+  EXPECT_EQ(current, 0);
+  ASSERT_CUDA(cudaStreamDestroy(stream));
+}
+
+TEST_F(GpuTest, EmptyTensorsLaunchNothingAndSucceed) {
+  for (const ConversionSpec& spec : AllSpecs()) {
+    for (auto shape : std::vector<std::vector<int64_t>>{{0, 256}, {256, 0}, {2, 0, 4, 4}}) {
+      const Plan plan = MustPlan(spec, shape);
+      EXPECT_TRUE(ConvertOnCuda(plan, nullptr, nullptr, nullptr).ok()) << Describe(spec);
+    }
+  }
+}
+
+TEST_F(GpuTest, RejectsHostPointersAndOverlap) {
+  ConversionSpec spec;
+  const Plan plan = MustPlan(spec, {256, 256});
+  std::vector<uint8_t> host(plan.input_bytes);
+  DeviceBuffer out(plan.output_bytes + plan.input_bytes, 0);
+  EXPECT_EQ(ConvertOnCuda(plan, host.data(), out.get(), nullptr).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ConvertOnCuda(plan, out.get(), out.get() + 16, nullptr).code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(GpuTest, ConversionsAllocateNoDeviceMemory) {
+  const auto specs = AllSpecs();
+  std::vector<Plan> plans;
+  size_t max_in = 0, max_out = 0;
+  for (const auto& s : specs) {
+    plans.push_back(MustPlan(s, {4, 1024, 1024}));
+    max_in = std::max<size_t>(max_in, plans.back().input_bytes);
+    max_out = std::max<size_t>(max_out, plans.back().output_bytes);
+  }
+  DeviceBuffer in(max_in, 0), out(max_out, 0);
+  ASSERT_CUDA(cudaMemset(in.get(), 0x5A, max_in));
+  // Warm-up loads every kernel (module loading may allocate once).
+  for (const Plan& p : plans) ASSERT_TRUE(ConvertOnCuda(p, in.get(), out.get(), nullptr).ok());
+  ASSERT_CUDA(cudaDeviceSynchronize());
+  size_t free_before = 0, total = 0, free_after = 0;
+  ASSERT_CUDA(cudaMemGetInfo(&free_before, &total));
+  for (int rep = 0; rep < 20; ++rep) {
+    for (const Plan& p : plans) ASSERT_TRUE(ConvertOnCuda(p, in.get(), out.get(), nullptr).ok());
+  }
+  ASSERT_CUDA(cudaDeviceSynchronize());
+  ASSERT_CUDA(cudaMemGetInfo(&free_after, &total));
+  EXPECT_EQ(free_after, free_before);
+}
+
+#endif  // WPREP_HAVE_CUDA
+
+}  // namespace
+}  // namespace wprep

@@ -30,6 +30,12 @@ int CudaDeviceCount();
 // plan.input_strides; `out` receives plan.output_bytes. Empty plans launch nothing.
 absl::Status ConvertOnCuda(const Plan& plan, const void* in, void* out, CudaStream stream);
 
+// Convenience for tools: copies host `in` to GPU `device`, converts there and copies the
+// result into host `out`. Unlike ConvertOnCuda it allocates (and frees) device buffers of
+// the input and output sizes, and synchronizes.
+absl::Status ConvertHostBuffersOnCuda(const Plan& plan, const uint8_t* in, size_t in_size,
+                                      uint8_t* out, size_t out_size, int device);
+
 // The CUDA device ordinal that owns `ptr`, or InvalidArgument if it is not device memory.
 absl::StatusOr<int> CudaDeviceOfPointer(const void* ptr);
 

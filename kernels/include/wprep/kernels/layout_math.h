@@ -9,6 +9,7 @@
 #define WPREP_KERNELS_LAYOUT_MATH_H_
 
 #include <cstdint>
+#include <utility>
 
 #if defined(__CUDACC__)
 #define WPREP_HD __host__ __device__ __forceinline__
@@ -120,18 +121,28 @@ constexpr BitMoves InverseInterleaveMoves() {
 }
 }  // namespace detail
 
-// Inverse of HopperInterleaveWord.
-WPREP_HD uint32_t HopperDeinterleaveWord(uint32_t w) {
-  uint32_t out = 0;
-#if defined(__CUDA_ARCH__)
-#pragma unroll
-#endif
-  for (int d = 0; d < 63; ++d) {
-    constexpr detail::BitMoves kMoves = detail::InverseInterleaveMoves();
-    const uint32_t m = kMoves.mask[d];
-    if (m != 0) out |= d >= 31 ? (w & m) << (d - 31) : (w & m) >> (31 - d);
+namespace detail {
+// One group of bits moving by kShift (compile-time, so zero groups vanish).
+template <uint32_t kMask, int kShift>
+WPREP_HD constexpr uint32_t MoveBits(uint32_t w) {
+  if constexpr (kMask == 0) {
+    return 0;
+  } else if constexpr (kShift >= 0) {
+    return (w & kMask) << kShift;
+  } else {
+    return (w & kMask) >> -kShift;
   }
-  return out;
+}
+template <size_t... kD>
+WPREP_HD constexpr uint32_t DeinterleaveWord(uint32_t w, std::index_sequence<kD...>) {
+  constexpr BitMoves kMoves = InverseInterleaveMoves();
+  return (0u | ... | MoveBits<kMoves.mask[kD], static_cast<int>(kD) - 31>(w));
+}
+}  // namespace detail
+
+// Inverse of HopperInterleaveWord.
+WPREP_HD constexpr uint32_t HopperDeinterleaveWord(uint32_t w) {
+  return detail::DeinterleaveWord(w, std::make_index_sequence<63>());
 }
 
 // ---------------------------------------------------------------------------------------

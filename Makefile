@@ -1,0 +1,57 @@
+# wprep: the two commands are `make run` and `make test`; both set up a fresh machine first.
+SHELL := /bin/bash
+BUILD ?= build
+SAN_BUILD ?= build-sanitize
+JOBS ?= $(shell nproc)
+CMAKE_FLAGS ?=
+# nvcc lives outside PATH on some machines; CMake finds it through CUDACXX.
+ifeq ($(shell command -v nvcc),)
+  ifneq ($(wildcard /usr/local/cuda/bin/nvcc),)
+    export CUDACXX ?= /usr/local/cuda/bin/nvcc
+  endif
+endif
+
+.PHONY: all deps build test test-unit test-sanitize run bench gpu-bundle clean
+
+all: build
+
+deps:
+	@bash scripts/bootstrap.sh
+
+$(BUILD)/build.ninja: | deps
+	cmake -S . -B $(BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Release $(CMAKE_FLAGS)
+
+build: deps $(BUILD)/build.ninja
+	cmake --build $(BUILD) -j $(JOBS)
+
+# Everything CI runs: the unit and integration tests, then the host tests under
+# AddressSanitizer + UndefinedBehaviorSanitizer.
+test: test-unit test-sanitize
+
+test-unit: build
+	cd $(BUILD) && ctest --output-on-failure -j $(JOBS) --timeout 600
+
+# Host code under ASan + UBSan (no CUDA in this build: its tests report skipped).
+test-sanitize: deps
+	cmake -S . -B $(SAN_BUILD) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+	  -DWPREP_SANITIZE=ON -DWPREP_ENABLE_CUDA=OFF $(CMAKE_FLAGS)
+	cmake --build $(SAN_BUILD) -j $(JOBS)
+	cd $(SAN_BUILD) && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
+	  UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+	  ctest --output-on-failure -j $(JOBS) --timeout 900
+
+# Starts the daemon in the foreground (GPU when present, else the CPU engine).
+run: build
+	@if [ -x $(BUILD)/server/wprepd ]; then exec $(BUILD)/server/wprepd $(ARGS); \
+	 else echo "wprepd is not built in this tree; try: $(BUILD)/client/cli/wprep convert --help"; exit 1; fi
+
+# Conversion timings next to a copy of the same bytes (GPU when present, and the CPU).
+bench: build
+	$(BUILD)/bench/wprep_bench $(ARGS)
+
+# Binaries + non-glibc shared libraries for the GPU machine (see scripts/gpu_bundle.sh).
+gpu-bundle: deps
+	bash scripts/gpu_bundle.sh
+
+clean:
+	rm -rf $(BUILD) $(SAN_BUILD) .bundle

@@ -1,0 +1,245 @@
+// Times every conversion of ANCHORS.md (plus a Blackwell retile) on the GPU next to a
+// device-to-device copy of the same bytes, and on the CPU next to a memcpy, in one run.
+// GPU: CUDA events around each call (warm-up, then the median of --iters calls), copy and
+// conversion interleaved so both see the same conditions. CPU: median of --cpu-reps.
+// Prints a markdown table; --csv FILE also writes every figure.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "wprep/kernels/cpu_engine.h"
+#include "wprep/kernels/cuda_engine.h"
+#include "wprep/kernels/plan.h"
+
+#if defined(WPREP_HAVE_CUDA)
+#include <cuda_runtime.h>
+#endif
+
+ABSL_FLAG(std::vector<std::string>, shapes, std::vector<std::string>({"16x4096x4096", "1x256x256"}),
+          "logical shapes to time, dims joined by x");
+ABSL_FLAG(int, iters, 200, "timed GPU calls per conversion (median reported)");
+ABSL_FLAG(int, warmup, 20, "untimed GPU calls first");
+ABSL_FLAG(bool, gpu, true, "time the CUDA engine");
+ABSL_FLAG(bool, cpu, true, "time the CPU engine");
+ABSL_FLAG(std::string, cpu_shape, "16x4096x4096", "logical shape for the CPU engine");
+ABSL_FLAG(std::vector<std::string>, cpu_threads, std::vector<std::string>({"1", "0"}),
+          "CPU thread counts (0 = all hardware threads)");
+ABSL_FLAG(int, cpu_reps, 3, "timed CPU runs per conversion (median reported)");
+ABSL_FLAG(std::string, csv, "", "also write results to this CSV file");
+
+namespace wprep {
+namespace {
+
+struct Case {
+  std::string name;
+  ConversionSpec spec;
+};
+
+std::vector<Case> Cases() {
+  std::vector<Case> cases;
+  auto hopper = [](int mx, Direction d) {
+    ConversionSpec s;
+    s.layout = Layout::kHopperValue;
+    s.direction = d;
+    s.hopper = {mx, 3};
+    return s;
+  };
+  auto blackwell = [](Direction d) {
+    ConversionSpec s;
+    s.layout = Layout::kBlackwellShuffledValue;
+    s.direction = d;
+    s.blackwell = {128, 256};
+    s.blackwell_to = {256, 128};
+    return s;
+  };
+  cases.push_back({"hopper mx-2 mma3 swizzle", hopper(-2, Direction::kSwizzle)});
+  cases.push_back({"hopper mx-2 mma3 unswizzle", hopper(-2, Direction::kUnswizzle)});
+  cases.push_back({"hopper mx-1 mma3 swizzle", hopper(-1, Direction::kSwizzle)});
+  cases.push_back({"hopper mx-1 mma3 unswizzle", hopper(-1, Direction::kUnswizzle)});
+  cases.push_back({"blackwell 128x256 swizzle", blackwell(Direction::kSwizzle)});
+  cases.push_back({"blackwell 128x256 unswizzle", blackwell(Direction::kUnswizzle)});
+  cases.push_back({"blackwell retile 128x256->256x128", blackwell(Direction::kRetile)});
+  return cases;
+}
+
+std::vector<int64_t> ParseShape(const std::string& s) {
+  std::vector<int64_t> shape;
+  for (absl::string_view d : absl::StrSplit(s, 'x')) shape.push_back(std::stoll(std::string(d)));
+  return shape;
+}
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[v.size() / 2];
+}
+
+struct Row {
+  std::string engine, shape, conversion;
+  double ms, baseline_ms;
+  uint64_t bytes;
+  std::string note;
+};
+
+std::vector<uint8_t> RandomBytes(uint64_t n) {
+  std::vector<uint8_t> v(n);
+  uint64_t x = 0x9E3779B97F4A7C15ull;
+  for (auto& b : v) {
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    b = static_cast<uint8_t>(x);
+  }
+  return v;
+}
+
+#if defined(WPREP_HAVE_CUDA)
+#define CHECK_CUDA(call)                                                                    \
+  do {                                                                                      \
+    cudaError_t bench_err_ = (call);                                                        \
+    if (bench_err_ != cudaSuccess) {                                                        \
+      std::fprintf(stderr, "%s: %s\n", #call, cudaGetErrorString(bench_err_));              \
+      std::exit(1);                                                                         \
+    }                                                                                       \
+  } while (0)
+
+void TimeGpu(const std::vector<int64_t>& shape, const std::string& shape_name,
+             std::vector<Row>* rows) {
+  const int iters = absl::GetFlag(FLAGS_iters), warmup = absl::GetFlag(FLAGS_warmup);
+  cudaStream_t stream;
+  CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  for (const Case& c : Cases()) {
+    auto plan = MakePlan(c.spec, shape);
+    if (!plan.ok()) {
+      std::fprintf(stderr, "%s: %s\n", c.name.c_str(), plan.status().ToString().c_str());
+      std::exit(1);
+    }
+    const uint64_t in_bytes = plan->input_bytes, out_bytes = plan->output_bytes;
+    void *in, *out, *copy_dst;
+    CHECK_CUDA(cudaMalloc(&in, in_bytes));
+    CHECK_CUDA(cudaMalloc(&out, out_bytes));
+    CHECK_CUDA(cudaMalloc(&copy_dst, in_bytes));
+    const auto host = RandomBytes(in_bytes);
+    CHECK_CUDA(cudaMemcpy(in, host.data(), in_bytes, cudaMemcpyHostToDevice));
+    std::vector<cudaEvent_t> ev(4 * iters);
+    for (auto& e : ev) CHECK_CUDA(cudaEventCreate(&e));
+    for (int i = 0; i < warmup; ++i) {
+      auto s = ConvertOnCuda(*plan, in, out, stream);
+      if (!s.ok()) {
+        std::fprintf(stderr, "%s: %s\n", c.name.c_str(), s.ToString().c_str());
+        std::exit(1);
+      }
+      CHECK_CUDA(cudaMemcpyAsync(copy_dst, in, in_bytes, cudaMemcpyDeviceToDevice, stream));
+    }
+    CHECK_CUDA(cudaStreamSynchronize(stream));
+    for (int i = 0; i < iters; ++i) {
+      CHECK_CUDA(cudaEventRecord(ev[4 * i], stream));
+      (void)ConvertOnCuda(*plan, in, out, stream);
+      CHECK_CUDA(cudaEventRecord(ev[4 * i + 1], stream));
+      CHECK_CUDA(cudaEventRecord(ev[4 * i + 2], stream));
+      CHECK_CUDA(cudaMemcpyAsync(copy_dst, in, in_bytes, cudaMemcpyDeviceToDevice, stream));
+      CHECK_CUDA(cudaEventRecord(ev[4 * i + 3], stream));
+      if (i % 16 == 15) CHECK_CUDA(cudaStreamSynchronize(stream));  // keep the queue short
+    }
+    CHECK_CUDA(cudaStreamSynchronize(stream));
+    std::vector<double> conv, copy;
+    for (int i = 0; i < iters; ++i) {
+      float a, b;
+      CHECK_CUDA(cudaEventElapsedTime(&a, ev[4 * i], ev[4 * i + 1]));
+      CHECK_CUDA(cudaEventElapsedTime(&b, ev[4 * i + 2], ev[4 * i + 3]));
+      conv.push_back(a);
+      copy.push_back(b);
+    }
+    for (auto& e : ev) cudaEventDestroy(e);
+    rows->push_back({"cuda", shape_name, c.name, Median(conv), Median(copy), in_bytes,
+                     "baseline: cudaMemcpyAsync D2D of the input bytes"});
+    cudaFree(in);
+    cudaFree(out);
+    cudaFree(copy_dst);
+  }
+  cudaStreamDestroy(stream);
+}
+#endif
+
+void TimeCpu(const std::vector<int64_t>& shape, const std::string& shape_name,
+             std::vector<Row>* rows) {
+  const int reps = absl::GetFlag(FLAGS_cpu_reps);
+  for (const std::string& t : absl::GetFlag(FLAGS_cpu_threads)) {
+    int threads = std::stoi(t);
+    if (threads == 0) threads = static_cast<int>(std::thread::hardware_concurrency());
+    for (const Case& c : Cases()) {
+      auto plan = MakePlan(c.spec, shape);
+      if (!plan.ok()) std::exit(1);
+      const auto in = RandomBytes(plan->input_bytes);
+      std::vector<uint8_t> out(plan->output_bytes, 1), copy(plan->input_bytes, 1);
+      std::vector<double> conv, memcpy_ms;
+      for (int r = 0; r < reps + 1; ++r) {  // first run warms pages and caches
+        auto t0 = std::chrono::steady_clock::now();
+        auto s = ConvertOnCpu(*plan, in.data(), in.size(), out.data(), out.size(), {threads});
+        auto t1 = std::chrono::steady_clock::now();
+        std::memcpy(copy.data(), in.data(), in.size());
+        auto t2 = std::chrono::steady_clock::now();
+        if (!s.ok()) std::exit(1);
+        if (r == 0) continue;
+        conv.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
+        memcpy_ms.push_back(std::chrono::duration<double, std::milli>(t2 - t1).count());
+      }
+      rows->push_back({absl::StrFormat("cpu x%d", threads), shape_name, c.name, Median(conv),
+                       Median(memcpy_ms), plan->input_bytes,
+                       "baseline: one-thread memcpy of the input bytes"});
+    }
+  }
+}
+
+}  // namespace
+}  // namespace wprep
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  using namespace wprep;
+  std::vector<Row> rows;
+  if (absl::GetFlag(FLAGS_gpu)) {
+#if defined(WPREP_HAVE_CUDA)
+    if (CudaDeviceCount() > 0) {
+      cudaDeviceProp prop{};
+      cudaGetDeviceProperties(&prop, 0);
+      std::printf("GPU: %s (%d SMs)\n", prop.name, prop.multiProcessorCount);
+      for (const std::string& s : absl::GetFlag(FLAGS_shapes)) TimeGpu(ParseShape(s), s, &rows);
+    } else {
+      std::printf("GPU: none found, GPU timings skipped\n");
+    }
+#else
+    std::printf("GPU: built without CUDA, GPU timings skipped\n");
+#endif
+  }
+  if (absl::GetFlag(FLAGS_cpu)) {
+    std::printf("CPU: %u hardware threads\n", std::thread::hardware_concurrency());
+    const std::string s = absl::GetFlag(FLAGS_cpu_shape);
+    TimeCpu(ParseShape(s), s, &rows);
+  }
+  std::printf("\n| engine | shape | conversion | time ms | baseline ms | ratio | GB/s in+out |\n");
+  std::printf("|---|---|---|---|---|---|---|\n");
+  for (const Row& r : rows) {
+    std::printf("| %s | %s | %s | %.4f | %.4f | %.2f | %.1f |\n", r.engine.c_str(),
+                r.shape.c_str(), r.conversion.c_str(), r.ms, r.baseline_ms, r.ms / r.baseline_ms,
+                2.0 * r.bytes / (r.ms * 1e6));
+  }
+  if (const std::string path = absl::GetFlag(FLAGS_csv); !path.empty()) {
+    std::ofstream f(path);
+    f << "engine,shape,conversion,ms,baseline_ms,ratio,bytes,note\n";
+    for (const Row& r : rows) {
+      f << r.engine << "," << r.shape << "," << r.conversion << "," << r.ms << ","
+        << r.baseline_ms << "," << r.ms / r.baseline_ms << "," << r.bytes << "," << r.note
+        << "\n";
+    }
+  }
+  return 0;
+}

@@ -1,0 +1,56 @@
+// wprep: command-line front end. `wprep convert --local ...` converts files in-process.
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "convert_args.h"
+#include "local_convert.h"
+
+namespace {
+
+constexpr char kUsage[] =
+    "usage: wprep <command> [flags]\n"
+    "commands:\n"
+    "  convert   convert one tensor file between MXFP4 layouts (wprep convert --help)\n";
+
+// One line, beginning with the status code name; exit status 2.
+int Fail(const absl::Status& s) {
+  std::fprintf(stderr, "%s: %s\n", absl::StatusCodeToString(s.code()).c_str(),
+               std::string(s.message()).c_str());
+  return 2;
+}
+
+int Convert(const std::vector<std::string>& args) {
+  for (const auto& a : args) {
+    if (a == "--help" || a == "-h") {
+      std::fputs(wprep::cli::kConvertUsage, stdout);
+      return 0;
+    }
+  }
+  auto parsed = wprep::cli::ParseConvertArgs(args);
+  if (!parsed.ok()) return Fail(parsed.status());
+  if (!parsed->local) {
+    return Fail(absl::UnimplementedError(
+        "this wprep build has no remote mode; use --local"));
+  }
+  auto result = wprep::cli::RunLocalConvert(*parsed);
+  if (!result.ok()) return Fail(result.status());
+  std::printf("%s\n", wprep::cli::FormatResult(*result).c_str());
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::vector<std::string> args(argv + 1, argv + argc);
+  if (args.empty() || args[0] == "--help" || args[0] == "-h" || args[0] == "help") {
+    std::fputs(kUsage, args.empty() ? stderr : stdout);
+    return args.empty() ? 2 : 0;
+  }
+  const std::string command = args[0];
+  args.erase(args.begin());
+  if (command == "convert") return Convert(args);
+  std::fprintf(stderr, "INVALID_ARGUMENT: unknown command '%s'\n%s", command.c_str(), kUsage);
+  return 2;
+}

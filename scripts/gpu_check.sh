@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Runs on the GPU machine from the repo root, with .bundle/ carried (make gpu-bundle):
+# every test binary (GPU tests included), compute-sanitizer on the CUDA engine tests, and
+# the benchmark. Full logs go to $OUT; a short table is printed last.
+set -uo pipefail
+OUT=${OUT:-/tmp/wprep-gpu-check}
+mkdir -p "$OUT"
+export LD_LIBRARY_PATH=$PWD/.bundle/lib
+export WPREP_GOLDEN_DIR=$PWD/tests/data/golden
+export WPREP_CLI=$PWD/.bundle/bin/wprep
+export WPREPD=$PWD/.bundle/bin/wprepd
+summary=()
+
+{ date -u; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv; nproc; } > "$OUT/machine.txt" 2>&1
+cat "$OUT/machine.txt"
+
+: > "$OUT/tests.log"
+for t in .bundle/bin/*_test; do
+  name=$(basename "$t")
+  echo "=== $name" >> "$OUT/tests.log"
+  timeout 300 "$t" --gtest_brief=0 >> "$OUT/tests.log" 2>&1
+  rc=$?
+  passed=$(grep -c '^\[       OK \]' <(sed -n "/=== $name\$/,/^=== /p" "$OUT/tests.log"))
+  skipped=$(grep -c '^\[  SKIPPED \] [A-Za-z]' <(sed -n "/=== $name\$/,/^=== /p" "$OUT/tests.log"))
+  failed=$(grep -c '^\[  FAILED  \] [A-Za-z].*(' <(sed -n "/=== $name\$/,/^=== /p" "$OUT/tests.log"))
+  summary+=("$(printf '%-28s rc=%-3s ok=%-4s skipped=%-3s failed=%s' "$name" "$rc" "$passed" "$skipped" "$failed")")
+done
+
+if command -v compute-sanitizer >/dev/null && [[ ${WPREP_SANITIZER:-1} == 1 ]]; then
+  timeout 240 compute-sanitizer --tool memcheck --error-exitcode 9 .bundle/bin/kernels_cuda_test \
+    --gtest_filter='*Strided*:*Empty*:*Rejects*:*Golden*' > "$OUT/memcheck.log" 2>&1
+  summary+=("compute-sanitizer memcheck rc=$? ($(grep -c 'ERROR SUMMARY: 0 errors' "$OUT/memcheck.log") clean summaries)")
+fi
+
+if [[ ${WPREP_BENCH:-1} == 1 ]]; then
+  .bundle/bin/wprep_bench --csv "$OUT/bench.csv" ${WPREP_BENCH_ARGS:-} > "$OUT/bench.txt" 2>&1
+  summary+=("bench rc=$?")
+fi
+
+echo
+grep -E '^\[  FAILED  \]|Failure' "$OUT/tests.log" | head -20
+[[ -f $OUT/bench.txt ]] && grep -E '^\||^GPU|^CPU' "$OUT/bench.txt"
+printf '%s\n' "${summary[@]}"
