@@ -41,23 +41,25 @@ absl::Status ConvertOnCpu(const Plan& plan, const uint8_t* in, size_t in_size, u
 
   const Geometry& g = plan.geometry;
   const tiles::Access access = tiles::ChooseAccess(g, in, out);
-  const int64_t num_tiles = g.NumTiles();
   int threads = options.threads > 0 ? options.threads
                                     : static_cast<int>(std::thread::hardware_concurrency());
   if (threads < 1 || plan.output_bytes < kParallelThreshold) threads = 1;
-  threads = static_cast<int>(std::min<int64_t>(threads, num_tiles));
 
-  if (!tiles::DispatchTile(g, []<Op, int, int>() {})) {
+  int64_t tiles_per_matrix = 0;
+  if (!tiles::DispatchTile(g, [&]<class T>() { tiles_per_matrix = T::TilesPerMatrix(g); })) {
     return absl::InternalError("conversion geometry outside the supported set");
   }
+  const int64_t num_tiles = g.num_matrices * tiles_per_matrix;
+  threads = static_cast<int>(std::min<int64_t>(threads, num_tiles));
+
+  // Each worker runs whole tiles: stage 1 for all 256 virtual threads, then stage 2.
   auto run_range = [&](int64_t begin, int64_t end) {
-    tiles::DispatchTile(g, [&]<Op kOp, int kMx, int kMma>() {
-      using T = tiles::Tile<kOp, kMx, kMma>;
-      alignas(16) uint8_t buffer[kTileBytes];
+    tiles::DispatchTile(g, [&]<class T>() {
+      alignas(16) uint32_t smem[T::kSmemWords];
       for (int64_t t = begin; t < end; ++t) {
-        const tiles::TileCoord c = tiles::DecodeTile(g, t);
-        T::Load(g, in, c, buffer, 0, 1, access);
-        T::Store(g, out, c, buffer, 0, 1, access);
+        const int64_t e = t / tiles_per_matrix, tile = t - e * tiles_per_matrix;
+        T::Load(g, in, out, e, tile, smem, 0, 1, access);
+        if constexpr (T::kTwoStage) T::Store(g, in, out, e, tile, smem, 0, 1, access);
       }
     });
   };

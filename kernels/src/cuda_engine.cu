@@ -26,35 +26,25 @@ absl::Status CudaError(cudaError_t err, const char* call, const char* file, int 
     }                                                                 \
   } while (0)
 
-template <Op kOp, int kMx, int kMma>
-__global__ void __launch_bounds__(kTileThreads)
+// Resident blocks per multiprocessor the register budget must allow (8 warps each).
+constexpr int kMinBlocksPerSm = 3;
+
+template <class T>
+__global__ void __launch_bounds__(kTileThreads, kMinBlocksPerSm)
     ConvertKernel(const Geometry g, const uint8_t* __restrict__ in, uint8_t* __restrict__ out,
-                  tiles::Access access) {
-  __shared__ alignas(16) uint8_t smem[kTileBytes];
-  using T = tiles::Tile<kOp, kMx, kMma>;
-  const int64_t num_tiles = g.NumTiles();
+                  tiles::Access access, int64_t tiles_per_matrix) {
+  __shared__ alignas(16) uint32_t smem[T::kSmemWords];
+  const int64_t num_tiles = g.num_matrices * tiles_per_matrix;
   for (int64_t t = blockIdx.x; t < num_tiles; t += gridDim.x) {
-    const tiles::TileCoord c = tiles::DecodeTile(g, t);
-    T::Load(g, in, c, smem, threadIdx.x, kTileThreads, access);
-    __syncthreads();
-    T::Store(g, out, c, smem, threadIdx.x, kTileThreads, access);
-    __syncthreads();
+    const int64_t e = t / tiles_per_matrix, tile = t - e * tiles_per_matrix;
+    T::Load(g, in, out, e, tile, smem, threadIdx.x, kTileThreads, access);
+    if constexpr (T::kTwoStage) {
+      __syncthreads();
+      T::Store(g, in, out, e, tile, smem, threadIdx.x, kTileThreads, access);
+      __syncthreads();
+    }
   }
 }
-
-// Launches the kernel instantiation DispatchTile picks (a functor: CUDA here is C++17).
-struct Launcher {
-  const Geometry& g;
-  const uint8_t* in;
-  uint8_t* out;
-  tiles::Access access;
-  unsigned blocks;
-  cudaStream_t stream;
-  template <Op kOp, int kMx, int kMma>
-  void operator()() const {
-    ConvertKernel<kOp, kMx, kMma><<<blocks, kTileThreads, 0, stream>>>(g, in, out, access);
-  }
-};
 
 // Multiprocessor count per device ordinal, read once.
 constexpr int kMaxDevices = 64;
@@ -72,6 +62,26 @@ int SmCount(int device) {
   }
   return n;
 }
+
+// Launches the kernel for the tile type DispatchTile picks (a functor: CUDA here is C++17).
+struct Launcher {
+  const Geometry& g;
+  const uint8_t* in;
+  uint8_t* out;
+  tiles::Access access;
+  int device;
+  cudaStream_t stream;
+  template <class T>
+  void operator()() const {
+    const int64_t tiles_per_matrix = T::TilesPerMatrix(g);
+    const int64_t num_tiles = g.num_matrices * tiles_per_matrix;
+    if (num_tiles == 0) return;
+    // Enough resident blocks to cover latency; each loops over tiles beyond that.
+    const int64_t max_blocks = int64_t{SmCount(device)} * 8;
+    const unsigned blocks = static_cast<unsigned>(num_tiles < max_blocks ? num_tiles : max_blocks);
+    ConvertKernel<T><<<blocks, kTileThreads, 0, stream>>>(g, in, out, access, tiles_per_matrix);
+  }
+};
 
 // Restores the caller's current device on scope exit.
 class DeviceGuard {
@@ -150,16 +160,12 @@ absl::Status ConvertOnCuda(const Plan& plan, const void* in, void* out, CudaStre
 
   const Geometry& g = plan.geometry;
   const tiles::Access access = tiles::ChooseAccess(g, in, out);
-  const int64_t num_tiles = g.NumTiles();
-  // Enough resident blocks to cover latency; each loops over tiles beyond that.
-  const int64_t max_blocks = int64_t{SmCount(*in_dev)} * 8;
-  const unsigned blocks = static_cast<unsigned>(num_tiles < max_blocks ? num_tiles : max_blocks);
 
   DeviceGuard guard;
   WPREP_CUDA_RETURN_IF_ERROR(cudaSetDevice(*in_dev));
   const bool known = tiles::DispatchTile(
       g, Launcher{g, static_cast<const uint8_t*>(in), static_cast<uint8_t*>(out), access,
-                  blocks, stream});
+                  *in_dev, stream});
   if (!known) return absl::InternalError("conversion geometry outside the supported set");
   WPREP_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   return absl::OkStatus();

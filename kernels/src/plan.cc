@@ -1,5 +1,6 @@
 #include "wprep/kernels/plan.h"
 
+#include <algorithm>
 #include <string>
 #include <utility>
 
@@ -14,6 +15,10 @@ namespace {
 // Every byte count and offset must stay far from int64 overflow so that kernels can
 // index with plain int64 arithmetic.
 constexpr int64_t kMaxBytes = int64_t{1} << 60;
+
+// Limits of one matrix (the last two dims), so kernels can index inside it in 32 bits.
+constexpr int64_t kMaxMatrixExtent = int64_t{1} << 31;
+constexpr int64_t kMaxMatrixBytes = int64_t{1} << 36;
 
 // Largest Blackwell block edge accepted (values); upstream uses 64..256.
 constexpr int64_t kMaxBlock = 4096;
@@ -271,7 +276,6 @@ absl::StatusOr<Plan> MakePlan(const ConversionSpec& spec, absl::Span<const int64
       std::swap(storage_shape[rank - 2], storage_shape[rank - 1]);
       std::swap(storage_strides[rank - 2], storage_strides[rank - 1]);
     }
-    const int tr = HopperTileRows(mx), tc = HopperTileCols(mx);
     if (spec.direction == Direction::kSwizzle) {
       g.op = Op::kHopperSwizzle;
       plan.input_shape = canonical_shape;
@@ -280,8 +284,6 @@ absl::StatusOr<Plan> MakePlan(const ConversionSpec& spec, absl::Span<const int64
       plan.output_shape = storage_shape;
       plan.output_strides = storage_strides;
       g.out_matrix_bytes = matrix;
-      g.tiles_a = g.q_rows_pad / tr;
-      g.tiles_b = g.q_cols_pad / tc;
     } else {
       g.op = Op::kHopperUnswizzle;
       plan.input_shape = storage_shape;
@@ -290,8 +292,6 @@ absl::StatusOr<Plan> MakePlan(const ConversionSpec& spec, absl::Span<const int64
       plan.output_shape = canonical_shape;
       plan.output_strides = DenseStrides(canonical_shape);
       g.out_matrix_bytes = canonical_matrix;
-      g.tiles_a = CeilDiv(g.q_rows, tr);
-      g.tiles_b = CeilDiv(g.q_cols, tc);
     }
   } else {
     g.kp = d0 / 2;
@@ -338,16 +338,28 @@ absl::StatusOr<Plan> MakePlan(const ConversionSpec& spec, absl::Span<const int64
     if (g.op == Op::kBlackwellUnswizzle) {
       plan.output_shape = canonical_shape;
       plan.output_strides = DenseStrides(canonical_shape);
-      g.tiles_a = CeilDiv(g.n, kBlackwellTileN);
-      g.tiles_b = CeilDiv(g.kp, kBlackwellTileK);
     } else {
       plan.output_shape = storage_shape(g.out_tiling);
       plan.output_strides = BlackwellReportedStrides(plan.output_shape);
-      g.tiles_a = CeilDiv(g.out_tiling.ntn * g.out_tiling.tile_n, kBlackwellTileN);
-      g.tiles_b = CeilDiv(g.out_tiling.kpad, kBlackwellTileK);
     }
   }
   plan.output_bytes = static_cast<uint64_t>(num_matrices * g.out_matrix_bytes);
+
+  // The engines index inside one matrix with 32-bit arithmetic.
+  for (int64_t extent :
+       {g.d0, d1, g.q_rows_pad, 4 * g.q_cols_pad, g.in_tiling.kpad, g.out_tiling.kpad,
+        g.in_tiling.ntn * g.in_tiling.tile_n, g.out_tiling.ntn * g.out_tiling.tile_n}) {
+    if (extent >= kMaxMatrixExtent) {
+      return Invalid(absl::StrFormat(
+          "logical shape %s: the last two dims must stay below 2^31 after padding, got %d",
+          ShapeString(shape), extent));
+    }
+  }
+  if (std::max(canonical_matrix, g.out_matrix_bytes) >= kMaxMatrixBytes) {
+    return Invalid(absl::StrFormat("logical shape %s: one matrix (the last two dims) must hold "
+                                   "less than 64 GiB",
+                                   ShapeString(shape)));
+  }
 
   if (auto s = BindInput(binding, contiguous_dim, plan); !s.ok()) return s;
 

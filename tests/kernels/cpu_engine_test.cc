@@ -2,6 +2,7 @@
 // strided inputs, thread counts, and the engine's own argument checks.
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <random>
 #include <vector>
 
@@ -90,6 +91,65 @@ TEST(HopperPlacement, SourceInvertsPlace) {
         ASSERT_EQ(c2, c);
       }
     }
+  }
+}
+
+// The word-level forms used by the fast tiles equal the per-byte definitions.
+TEST(WordForms, PairTransposeMatchesPairNibbles) {
+  std::mt19937 rng(3);
+  for (int trial = 0; trial < 1000; ++trial) {
+    uint32_t in[8], out[8], back[8];
+    for (auto& w : in) w = rng();
+    PairTranspose8x4(in, out);
+    for (int m = 0; m < 8; ++m) {
+      for (int t = 0; t < 4; ++t) {
+        const int p = m / 2, h = m % 2;
+        const uint32_t a = (in[2 * t] >> (8 * p)) & 255, b = (in[2 * t + 1] >> (8 * p)) & 255;
+        ASSERT_EQ((out[m] >> (8 * t)) & 255, PairNibbles(a, b, h)) << "m=" << m << " t=" << t;
+      }
+    }
+    PairTranspose8x4(out, back);
+    for (int r = 0; r < 8; ++r) ASSERT_EQ(back[r], in[r]);
+  }
+}
+
+template <int kMma>
+void CheckHopperBlocks() {
+  std::mt19937 rng(kMma);
+  // Q: 16 rows x 32 columns (one r0 group, one cr group); O: 4 rows x 128 bytes.
+  uint8_t q[16][32], o[4][128];
+  for (auto& row : q) {
+    for (auto& b : row) b = static_cast<uint8_t>(rng());
+  }
+  for (int r = 0; r < 16; ++r) {
+    for (int c = 0; c < 32; ++c) {
+      int orow, ocol;
+      HopperPlace(r, c, kMma, &orow, &ocol);
+      o[orow][ocol] = q[r][c];
+    }
+  }
+  for (int t0 = 0; t0 < 4; ++t0) {
+    for (int s0 = 0; s0 < 2; ++s0) {
+      uint32_t q0[8], q1[8], packed[16], u0[8], u1[8];
+      std::memcpy(q0, q[2 * t0 + s0], 32);
+      std::memcpy(q1, q[8 + 2 * t0 + s0], 32);
+      HopperPackBlock<kMma>(q0, q1, packed);
+      for (int w = 0; w < 16; ++w) {
+        uint32_t placed;
+        std::memcpy(&placed, &o[t0][64 * s0 + 4 * w], 4);
+        ASSERT_EQ(packed[w], HopperInterleaveWord(placed)) << "t0=" << t0 << " s0=" << s0 << " w=" << w;
+      }
+      HopperUnpackBlock<kMma>(packed, u0, u1);
+      ASSERT_EQ(std::memcmp(u0, q0, 32), 0);
+      ASSERT_EQ(std::memcmp(u1, q1, 32), 0);
+    }
+  }
+}
+
+TEST(WordForms, HopperPackBlockMatchesPlaceAndInterleave) {
+  for (int i = 0; i < 20; ++i) {
+    CheckHopperBlocks<2>();
+    CheckHopperBlocks<3>();
   }
 }
 

@@ -17,10 +17,21 @@
 #define WPREP_HD inline
 #endif
 
+// Full unrolling of constant-trip loops in device code (register arrays must be indexed
+// with constants); host compilers decide for themselves.
+#if defined(__CUDA_ARCH__)
+#define WPREP_UNROLL _Pragma("unroll")
+#else
+#define WPREP_UNROLL
+#endif
+
 namespace wprep {
 
 // Most dims a tensor may have (leading dims included).
 inline constexpr int kMaxRank = 8;
+
+// CUDA threads per tile (kernels/src/tiles.h).
+inline constexpr int kTileThreads = 256;
 
 WPREP_HD constexpr int64_t RoundUp(int64_t x, int64_t a) { return (x + a - 1) / a * a; }
 WPREP_HD constexpr int64_t CeilDiv(int64_t x, int64_t a) { return (x + a - 1) / a; }
@@ -146,6 +157,111 @@ WPREP_HD constexpr uint32_t HopperDeinterleaveWord(uint32_t w) {
 }
 
 // ---------------------------------------------------------------------------------------
+// Word-level forms of the mappings above, used by the fast tiles. Each is checked
+// against the per-byte definitions in tests/kernels/cpu_engine_test.cc.
+
+// CUDA's __byte_perm: result byte i is byte sel[i] (0-7) of the 8 bytes {b:a}.
+WPREP_HD uint32_t BytePerm(uint32_t a, uint32_t b, uint32_t sel) {
+#if defined(__CUDA_ARCH__)
+  return __byte_perm(a, b, sel);
+#else
+  const uint64_t x = (static_cast<uint64_t>(b) << 32) | a;
+  uint32_t r = 0;
+  for (int i = 0; i < 4; ++i) {
+    r |= static_cast<uint32_t>((x >> (8 * ((sel >> (4 * i)) & 7))) & 0xFF) << (8 * i);
+  }
+  return r;
+#endif
+}
+
+// Transposes the 4x4 byte matrix whose rows are w[0..3]: afterwards byte j of w[i] is
+// what byte i of w[j] was.
+WPREP_HD void Transpose4x4Bytes(uint32_t* w) {
+  const uint32_t t0 = BytePerm(w[0], w[1], 0x5140), t1 = BytePerm(w[0], w[1], 0x7362);
+  const uint32_t t2 = BytePerm(w[2], w[3], 0x5140), t3 = BytePerm(w[2], w[3], 0x7362);
+  w[0] = BytePerm(t0, t2, 0x5410);
+  w[1] = BytePerm(t0, t2, 0x7632);
+  w[2] = BytePerm(t1, t3, 0x5410);
+  w[3] = BytePerm(t1, t3, 0x7632);
+}
+
+// The PairNibbles transpose on an 8x4-byte micro-tile. in[r] holds 4 bytes (columns
+// j..j+3) of row r; out[m] holds 4 bytes of "row" m, where
+//   byte t of out[2p + h] = PairNibbles(byte p of in[2t], byte p of in[2t + 1], h).
+// With canonical rows 2k..2k+7 in, out is Blackwell storage rows n = 2j..2j+7 at bytes
+// k..k+3 (and Hopper mx_axis -2's Q rows at columns k..k+3). It is an involution.
+WPREP_HD void PairTranspose8x4(const uint32_t* in, uint32_t* out) {
+  uint32_t e[4], o[4];
+  WPREP_UNROLL
+  for (int t = 0; t < 4; ++t) {
+    const uint32_t a = in[2 * t], b = in[2 * t + 1];
+    e[t] = (a & 0x0F0F0F0Fu) | ((b & 0x0F0F0F0Fu) << 4);
+    o[t] = ((a >> 4) & 0x0F0F0F0Fu) | (b & 0xF0F0F0F0u);
+  }
+  Transpose4x4Bytes(e);
+  Transpose4x4Bytes(o);
+  WPREP_UNROLL
+  for (int p = 0; p < 4; ++p) {
+    out[2 * p] = e[p];
+    out[2 * p + 1] = o[p];
+  }
+}
+
+// One 64-byte block of a Hopper O row: O[orow, 128*cr + 64*s0 + 0..63], orow = 4*r0 + t0.
+// Its bytes come from two 32-byte pieces of Q: q0 = Q[16*r0 + 2*t0 + s0, 32*cr + 0..31]
+// and q1 = the row 8 below (w0 = 1), each as 8 little-endian words. Pack places and
+// interleaves (steps 3-4) into out[16]; Unpack is its inverse.
+template <int kMma>
+WPREP_HD void HopperPackBlock(const uint32_t* q0, const uint32_t* q1, uint32_t* out) {
+  if constexpr (kMma == 2) {
+    // ocol = 16*t1 + 8*w1 + 4*w0 + d  <-  c = 16*w1 + 4*t1 + d
+    WPREP_UNROLL
+    for (int t1 = 0; t1 < 4; ++t1) {
+      WPREP_UNROLL
+      for (int w1 = 0; w1 < 2; ++w1) {
+        out[4 * t1 + 2 * w1] = HopperInterleaveWord(q0[4 * w1 + t1]);
+        out[4 * t1 + 2 * w1 + 1] = HopperInterleaveWord(q1[4 * w1 + t1]);
+      }
+    }
+  } else {
+    // ocol = 16*t1 + 4*k + 2*w1 + w0  <-  c = 8*k + 4*w1 + t1
+    WPREP_UNROLL
+    for (int k = 0; k < 4; ++k) {
+      uint32_t w[4] = {q0[2 * k], q1[2 * k], q0[2 * k + 1], q1[2 * k + 1]};
+      Transpose4x4Bytes(w);
+      WPREP_UNROLL
+      for (int t1 = 0; t1 < 4; ++t1) out[4 * t1 + k] = HopperInterleaveWord(w[t1]);
+    }
+  }
+}
+
+template <int kMma>
+WPREP_HD void HopperUnpackBlock(const uint32_t* in, uint32_t* q0, uint32_t* q1) {
+  if constexpr (kMma == 2) {
+    WPREP_UNROLL
+    for (int t1 = 0; t1 < 4; ++t1) {
+      WPREP_UNROLL
+      for (int w1 = 0; w1 < 2; ++w1) {
+        q0[4 * w1 + t1] = HopperDeinterleaveWord(in[4 * t1 + 2 * w1]);
+        q1[4 * w1 + t1] = HopperDeinterleaveWord(in[4 * t1 + 2 * w1 + 1]);
+      }
+    }
+  } else {
+    WPREP_UNROLL
+    for (int k = 0; k < 4; ++k) {
+      uint32_t w[4];
+      WPREP_UNROLL
+      for (int t1 = 0; t1 < 4; ++t1) w[t1] = HopperDeinterleaveWord(in[4 * t1 + k]);
+      Transpose4x4Bytes(w);
+      q0[2 * k] = w[0];
+      q1[2 * k] = w[1];
+      q0[2 * k + 1] = w[2];
+      q1[2 * k + 1] = w[3];
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------
 // Blackwell shuffled value layout.
 
 // The storage geometry of one matrix for one (block_k, block_n).
@@ -196,24 +312,6 @@ WPREP_HD int64_t BlackwellStridedOffset(const BlackwellTiling& t, const int64_t*
 }
 
 // ---------------------------------------------------------------------------------------
-// Work tiles: the unit of work of one CUDA block and of one CPU task. A tile covers
-// kTileBytes of input and of output (less at the edges), staged through a buffer of
-// kTileBytes.
-
-inline constexpr int kTileThreads = 256;  // CUDA threads per tile
-inline constexpr int kTileBytes = 4096;   // kTileThreads x 16-byte chunks
-
-// Hopper: a tile is kHopperTileRows x kHopperTileCols bytes of Q. Rows are a multiple of
-// 16 and columns of 32 so HopperPlace maps a tile onto whole O rows; mx_axis -1 reads
-// 64-byte canonical row pieces, mx_axis -2 reads 64-byte pieces of 64 canonical rows.
-WPREP_HD constexpr int HopperTileRows(int mx_axis) { return mx_axis == -1 ? 64 : 128; }
-WPREP_HD constexpr int HopperTileCols(int mx_axis) { return mx_axis == -1 ? 64 : 32; }
-
-// Blackwell: a tile is kBlackwellTileN value columns x kBlackwellTileK bytes along K.
-inline constexpr int kBlackwellTileN = 64;
-inline constexpr int kBlackwellTileK = 64;
-
-// ---------------------------------------------------------------------------------------
 // The geometry of one planned conversion, as the engines consume it. Built by MakePlan;
 // plain data so it can be passed to a kernel by value.
 
@@ -254,11 +352,6 @@ struct Geometry {
 
   // Output is contiguous: bytes of one output matrix.
   int64_t out_matrix_bytes = 0;
-
-  // Tile grid per matrix (see tiles in kernels/src/tiles.h): a-tiles x b-tiles.
-  int64_t tiles_a = 0, tiles_b = 0;
-
-  WPREP_HD int64_t NumTiles() const { return num_matrices * tiles_a * tiles_b; }
 
   // Byte offset of matrix e of the input view.
   WPREP_HD int64_t InputMatrixOffset(int64_t e) const {

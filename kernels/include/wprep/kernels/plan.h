@@ -43,7 +43,7 @@ struct Plan {
 
   Geometry geometry;  // what the engines consume
 
-  bool empty() const { return output_bytes == 0 || geometry.NumTiles() == 0; }
+  bool empty() const { return output_bytes == 0; }
 };
 
 // Validates spec + logical shape (+ input binding) and returns the plan, or

@@ -1,0 +1,147 @@
+// Pieces shared by every tile (see tiles.h): how buffers may be accessed, and 16-byte,
+// 4-byte and per-byte moves that run the same on the host and the device.
+#ifndef WPREP_KERNELS_SRC_TILE_COMMON_H_
+#define WPREP_KERNELS_SRC_TILE_COMMON_H_
+
+#include <cstdint>
+#include <cstring>
+
+#include "wprep/kernels/layout_math.h"
+
+namespace wprep::tiles {
+
+inline constexpr int kChunk = 16;
+
+// Widest access every row of the input / output view allows (pointer, strides, row
+// pitch and, for Blackwell storage, tile_k, which bounds contiguous runs).
+struct Access {
+  bool vec_in = false;   // 16-byte loads
+  bool word_in = false;  // 4-byte loads
+  bool vec_out = false;  // 16-byte stores
+  bool word_out = false; // 4-byte stores
+};
+
+inline int64_t Gcd64(int64_t a, int64_t b) { return b == 0 ? (a < 0 ? -a : a) : Gcd64(b, a % b); }
+
+inline Access ChooseAccess(const Geometry& g, const void* in, const void* out) {
+  const bool bw_in = g.op == Op::kBlackwellUnswizzle || g.op == Op::kBlackwellRetile;
+  const bool bw_out = g.op == Op::kBlackwellSwizzle || g.op == Op::kBlackwellRetile;
+  const bool canonical_out = g.op == Op::kHopperUnswizzle || g.op == Op::kBlackwellUnswizzle;
+  int64_t a_in = static_cast<int64_t>(reinterpret_cast<uintptr_t>(in) % 64);
+  for (int i = 0; i < g.lead_rank; ++i) a_in = Gcd64(a_in, g.in_lead_stride[i]);
+  for (int i = 0; i < (bw_in ? 3 : 1); ++i) a_in = Gcd64(a_in, g.in_stride[i]);
+  if (bw_in) a_in = Gcd64(a_in, g.in_tiling.tile_k);
+  int64_t a_out = static_cast<int64_t>(reinterpret_cast<uintptr_t>(out) % 64);
+  a_out = Gcd64(a_out, g.out_matrix_bytes);
+  if (canonical_out) a_out = Gcd64(a_out, g.d1b);
+  if (bw_out) a_out = Gcd64(a_out, g.out_tiling.tile_k);
+  Access a;
+  a.vec_in = a_in % 16 == 0;
+  a.word_in = a_in % 4 == 0;
+  a.vec_out = a_out % 16 == 0;
+  a.word_out = a_out % 4 == 0;
+  return a;
+}
+
+// Device code uses native vector types; host code memcpy (no aliasing assumptions;
+// compilers emit single moves).
+WPREP_HD void Copy16(uint8_t* dst, const uint8_t* src) {
+#if defined(__CUDA_ARCH__)
+  *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(src);
+#else
+  std::memcpy(dst, src, kChunk);
+#endif
+}
+WPREP_HD uint32_t LoadWord(const uint8_t* p) {
+#if defined(__CUDA_ARCH__)
+  return *reinterpret_cast<const uint32_t*>(p);
+#else
+  uint32_t w;
+  std::memcpy(&w, p, 4);
+  return w;
+#endif
+}
+WPREP_HD void StoreWord(uint8_t* p, uint32_t w) {
+#if defined(__CUDA_ARCH__)
+  *reinterpret_cast<uint32_t*>(p) = w;
+#else
+  std::memcpy(p, &w, 4);
+#endif
+}
+WPREP_HD void Load4Words(uint32_t* w, const uint8_t* p) {
+#if defined(__CUDA_ARCH__)
+  const uint4 v = *reinterpret_cast<const uint4*>(p);
+  w[0] = v.x;
+  w[1] = v.y;
+  w[2] = v.z;
+  w[3] = v.w;
+#else
+  std::memcpy(w, p, kChunk);
+#endif
+}
+WPREP_HD void Store4Words(uint8_t* p, const uint32_t* w) {
+#if defined(__CUDA_ARCH__)
+  *reinterpret_cast<uint4*>(p) = make_uint4(w[0], w[1], w[2], w[3]);
+#else
+  std::memcpy(p, w, kChunk);
+#endif
+}
+
+// Reads kWords little-endian words from `src`, of which only the first `valid` bytes
+// exist (the rest read as zero; `src` is not touched when valid <= 0). `vec`: src is
+// 16-byte aligned (kWords % 4 == 0) or 4-byte aligned (otherwise).
+template <int kWords>
+WPREP_HD void LoadRowWords(const uint8_t* src, int64_t valid, uint32_t* w, bool vec) {
+  if (vec && valid >= 4 * kWords) {
+    if constexpr (kWords % 4 == 0) {
+      WPREP_UNROLL
+      for (int i = 0; i < kWords / 4; ++i) Load4Words(w + 4 * i, src + 16 * i);
+    } else {
+      WPREP_UNROLL
+      for (int i = 0; i < kWords; ++i) w[i] = LoadWord(src + 4 * i);
+    }
+    return;
+  }
+  WPREP_UNROLL
+  for (int i = 0; i < kWords; ++i) {
+    uint32_t word = 0;
+    WPREP_UNROLL
+    for (int j = 0; j < 4; ++j) {
+      if (4 * i + j < valid) word |= static_cast<uint32_t>(src[4 * i + j]) << (8 * j);
+    }
+    w[i] = word;
+  }
+}
+
+// Writes the first `valid` bytes of kWords words to `dst` (nothing when valid <= 0).
+template <int kWords>
+WPREP_HD void StoreRowWords(uint8_t* dst, int64_t valid, const uint32_t* w, bool vec) {
+  if (vec && valid >= 4 * kWords) {
+    if constexpr (kWords % 4 == 0) {
+      WPREP_UNROLL
+      for (int i = 0; i < kWords / 4; ++i) Store4Words(dst + 16 * i, w + 4 * i);
+    } else {
+      WPREP_UNROLL
+      for (int i = 0; i < kWords; ++i) StoreWord(dst + 4 * i, w[i]);
+    }
+    return;
+  }
+  // Constant indices only, so `w` can stay in registers on the device.
+  WPREP_UNROLL
+  for (int i = 0; i < kWords; ++i) {
+    WPREP_UNROLL
+    for (int j = 0; j < 4; ++j) {
+      if (4 * i + j < valid) dst[4 * i + j] = static_cast<uint8_t>(w[i] >> (8 * j));
+    }
+  }
+}
+
+// min(limit - start, kMax) clipped at 0: how many bytes of a run exist.
+WPREP_HD int64_t ValidBytes(int64_t start, int64_t limit, int64_t max) {
+  const int64_t v = limit - start;
+  return v < 0 ? 0 : (v > max ? max : v);
+}
+
+}  // namespace wprep::tiles
+
+#endif  // WPREP_KERNELS_SRC_TILE_COMMON_H_
