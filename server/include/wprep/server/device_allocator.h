@@ -1,0 +1,88 @@
+// The accounting device allocator: every device allocation of the daemon goes through
+// one DeviceAllocator per GPU (a stream-ordered cudaMemPool), which enforces the
+// --max-device-bytes budget and measures each request's peak extra device bytes.
+#ifndef WPREP_SERVER_DEVICE_ALLOCATOR_H_
+#define WPREP_SERVER_DEVICE_ALLOCATOR_H_
+
+#include <condition_variable>
+#include <cstdint>
+#include <mutex>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "wprep/kernels/cuda_engine.h"
+#include "wprep/server/metrics.h"
+
+namespace wprep::server {
+
+class DeviceAllocator {
+ public:
+  // `budget` bytes (0 = unlimited) on GPU `ordinal`; `metrics` receives the current and
+  // high-water gauges (may be null).
+  DeviceAllocator(int ordinal, uint64_t budget, DeviceMetrics* metrics);
+  DeviceAllocator(const DeviceAllocator&) = delete;
+  DeviceAllocator& operator=(const DeviceAllocator&) = delete;
+
+  // Configures the device's default memory pool (keeps freed memory for reuse).
+  absl::Status Init();
+
+  // Reserves `bytes` of the budget, waiting until they fit or `deadline` passes.
+  // RESOURCE_EXHAUSTED when `bytes` exceeds the whole budget or the wait times out.
+  absl::Status Reserve(uint64_t bytes, absl::Time deadline);
+  void Unreserve(uint64_t bytes);
+
+  // Stream-ordered allocation on this GPU (must be covered by a reservation).
+  absl::StatusOr<void*> AllocateAsync(uint64_t bytes, CudaStream stream);
+  absl::Status FreeAsync(void* ptr, uint64_t bytes, CudaStream stream);
+
+  // Bytes allocated now and the most ever allocated at once.
+  uint64_t allocated() const;
+  uint64_t high_water() const;
+  int ordinal() const { return ordinal_; }
+
+ private:
+  // Constant after construction.
+  const int ordinal_;
+  const uint64_t budget_;
+  DeviceMetrics* const metrics_;
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  uint64_t reserved_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t allocated_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t high_water_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+// The device memory of one request on one stream: a budget reservation, the buffers
+// allocated under it and the peak of their sum. The destructor frees the buffers
+// (stream-ordered), waits for the stream and returns the reservation. Not thread-safe.
+class RequestMemory {
+ public:
+  RequestMemory(DeviceAllocator* allocator, CudaStream stream)
+      : allocator_(allocator), stream_(stream) {}
+  ~RequestMemory();
+  RequestMemory(const RequestMemory&) = delete;
+  RequestMemory& operator=(const RequestMemory&) = delete;
+
+  // Reserves the request's whole need up front (see DeviceAllocator::Reserve).
+  absl::Status Reserve(uint64_t bytes, absl::Time deadline);
+  // Allocates within the reservation.
+  absl::StatusOr<void*> Allocate(uint64_t bytes);
+  // Extra device bytes held at the peak so far.
+  uint64_t peak() const { return peak_; }
+
+ private:
+  DeviceAllocator* const allocator_;
+  const CudaStream stream_;
+  uint64_t reserved_ = 0;
+  uint64_t current_ = 0;
+  uint64_t peak_ = 0;
+  std::vector<std::pair<void*, uint64_t>> buffers_;
+};
+
+}  // namespace wprep::server
+
+#endif  // WPREP_SERVER_DEVICE_ALLOCATOR_H_

@@ -1,0 +1,84 @@
+// The cache of opened CUDA IPC mappings, keyed by (GPU ordinal, 64 handle bytes):
+// bounded size, idle expiry, and reference counts for requests in flight. Every range a
+// request uses is checked against the real allocation (cuMemGetAddressRange, resolved
+// from the driver at run time). Thread-safe.
+#ifndef WPREP_SERVER_IPC_CACHE_H_
+#define WPREP_SERVER_IPC_CACHE_H_
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <utility>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+#include "wprep/server/metrics.h"
+
+namespace wprep::server {
+
+class IpcCache {
+ public:
+  // At most `max_entries` mappings; unused ones close after `idle_expiry`. `metrics` may
+  // be null.
+  IpcCache(int max_entries, absl::Duration idle_expiry, Metrics* metrics);
+  ~IpcCache();  // closes every mapping
+  IpcCache(const IpcCache&) = delete;
+  IpcCache& operator=(const IpcCache&) = delete;
+
+  struct Entry;
+
+  // A mapping held open for one request; the pointer is valid while the lease lives.
+  class Lease {
+   public:
+    Lease() = default;
+    Lease(Lease&& o) noexcept { *this = std::move(o); }
+    Lease& operator=(Lease&& o) noexcept;
+    ~Lease();
+    // base of the allocation + the requested offset, in the daemon's address space.
+    uint8_t* ptr() const { return ptr_; }
+
+   private:
+    friend class IpcCache;
+    IpcCache* cache_ = nullptr;
+    std::shared_ptr<Entry> entry_;
+    uint8_t* ptr_ = nullptr;
+  };
+
+  // Opens (or reuses) the allocation behind `handle` (the 64 bytes of a cudaIpcMemHandle_t)
+  // on GPU `ordinal` and checks that [offset, offset + size) lies inside it and that it
+  // lives on that GPU. InvalidArgument, naming `field`, for a handle that cannot be
+  // opened, belongs to another GPU, or a range outside the allocation.
+  absl::StatusOr<Lease> Acquire(int ordinal, absl::string_view handle, uint64_t offset,
+                                uint64_t size, absl::string_view field);
+
+  // Closes the mapping of `handle` on `ordinal` now, or when its last lease ends.
+  // Returns {closed now, deferred}; an unknown handle counts as neither.
+  std::pair<int, int> Release(int ordinal, absl::string_view handle);
+
+  // Closes every mapping not in use (in-use ones close when their lease ends).
+  void CloseAll();
+  size_t size() const;
+
+ private:
+  using Key = std::pair<int, std::string>;
+  void Unref(const std::shared_ptr<Entry>& entry);
+  void ExpireLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void CloseEntry(Entry& entry);
+  void PublishSizeLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // Constant after construction.
+  const size_t max_entries_;
+  const absl::Duration idle_expiry_;
+  Metrics* const metrics_;
+
+  mutable std::mutex mu_;
+  std::map<Key, std::shared_ptr<Entry>> entries_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace wprep::server
+
+#endif  // WPREP_SERVER_IPC_CACHE_H_

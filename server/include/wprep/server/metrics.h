@@ -1,0 +1,103 @@
+// The daemon's Prometheus metrics: one Metrics object built at start-up holds every
+// family; label values come from enums (never from request strings). Base units,
+// `_total` counters. Thread-safe after RegisterDevices.
+#ifndef WPREP_SERVER_METRICS_H_
+#define WPREP_SERVER_METRICS_H_
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "prometheus/counter.h"
+#include "prometheus/family.h"
+#include "prometheus/gauge.h"
+#include "prometheus/histogram.h"
+#include "prometheus/registry.h"
+#include "wprep/kernels/spec.h"
+
+namespace prometheus {
+class Exposer;
+}
+
+namespace wprep::server {
+
+enum class Method { kPlan, kConvert, kConvertStream, kListDevices, kReleaseIpcHandles };
+// How the bytes travel: inline protobuf bytes or CUDA IPC, source to destination.
+enum class Transport { kNone, kBytesToBytes, kBytesToIpc, kIpcToBytes, kIpcToIpc, kStream };
+
+const char* MethodName(Method method);
+const char* TransportName(Transport transport);
+
+// Metrics of one engine instance: the CPU engine or one GPU.
+struct DeviceMetrics {
+  prometheus::Histogram* kernel_seconds = nullptr;   // wprep_kernel_duration_seconds
+  prometheus::Gauge* allocated_bytes = nullptr;      // wprep_device_allocated_bytes
+  prometheus::Gauge* allocated_high_water_bytes = nullptr;  // ..._high_water_bytes
+  prometheus::Gauge* in_flight = nullptr;            // wprep_in_flight_requests
+  prometheus::Gauge* warm = nullptr;                 // wprep_device_warm (0/1)
+  prometheus::Counter* converted_bytes = nullptr;    // wprep_converted_bytes_total
+};
+
+// One finished RPC.
+struct RequestRecord {
+  Method method = Method::kPlan;
+  std::optional<Layout> layout;        // unset when the request had no valid spec
+  std::optional<Direction> direction;
+  Transport transport = Transport::kNone;
+  absl::StatusCode code = absl::StatusCode::kOk;
+  double seconds = 0;
+  // Extra device bytes at the request's peak; set for conversions that ran.
+  std::optional<uint64_t> peak_extra_device_bytes;
+};
+
+class Metrics {
+ public:
+  // Builds the families and, when `address` is not empty, serves them at
+  // http://address/metrics (port 0 picks a free port; see port()).
+  static absl::StatusOr<std::unique_ptr<Metrics>> Create(const std::string& address);
+  ~Metrics();
+
+  // The bound HTTP port, or 0 when not serving.
+  int port() const { return port_; }
+
+  // Creates the per-device series; `labels` are "cpu" or "gpu<ordinal>" (a closed set
+  // fixed at start-up). Call once, before serving. Index i of labels is device slot i.
+  void RegisterDevices(const std::vector<std::string>& labels);
+  DeviceMetrics& device(int slot) { return devices_[slot]; }
+
+  void RecordRequest(const RequestRecord& record);
+  void IpcCacheHit() { ipc_hits_->Increment(); }
+  void IpcCacheMiss() { ipc_misses_->Increment(); }
+  void SetIpcCacheEntries(double n) { ipc_entries_->Set(n); }
+
+  prometheus::Registry& registry() { return *registry_; }
+
+ private:
+  Metrics() = default;
+
+  // Constant after Create/RegisterDevices.
+  std::shared_ptr<prometheus::Registry> registry_;
+  std::unique_ptr<prometheus::Exposer> exposer_;
+  int port_ = 0;
+  prometheus::Family<prometheus::Counter>* requests_ = nullptr;
+  prometheus::Family<prometheus::Histogram>* request_seconds_ = nullptr;
+  prometheus::Family<prometheus::Histogram>* peak_extra_bytes_ = nullptr;
+  prometheus::Family<prometheus::Histogram>* kernel_seconds_ = nullptr;
+  prometheus::Family<prometheus::Gauge>* allocated_ = nullptr;
+  prometheus::Family<prometheus::Gauge>* high_water_ = nullptr;
+  prometheus::Family<prometheus::Gauge>* in_flight_ = nullptr;
+  prometheus::Family<prometheus::Gauge>* warm_ = nullptr;
+  prometheus::Family<prometheus::Counter>* converted_ = nullptr;
+  prometheus::Counter* ipc_hits_ = nullptr;
+  prometheus::Counter* ipc_misses_ = nullptr;
+  prometheus::Gauge* ipc_entries_ = nullptr;
+  std::vector<DeviceMetrics> devices_;
+};
+
+}  // namespace wprep::server
+
+#endif  // WPREP_SERVER_METRICS_H_

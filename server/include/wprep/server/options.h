@@ -1,0 +1,58 @@
+// Typed configuration of wprepd: one struct with defaults, filled from flags and validated
+// once at start-up.
+#ifndef WPREP_SERVER_OPTIONS_H_
+#define WPREP_SERVER_OPTIONS_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+
+namespace wprep::server {
+
+struct Options {
+  // gRPC listening addresses: "unix:///path" or "HOST:PORT" (port 0 picks a free port).
+  // Defaults to a Unix socket plus loopback TCP; never all interfaces unless asked.
+  std::vector<std::string> listen = {"unix:///tmp/wprepd.sock", "127.0.0.1:50051"};
+  // Prometheus exposition address, served at /metrics. Empty disables it.
+  std::string metrics_address = "127.0.0.1:9464";
+  // GPUs to use, by ordinal ("0") or UUID ("GPU-xxxxxxxx-..."); empty = every GPU.
+  std::vector<std::string> devices;
+  // CUDA streams per GPU; also the number of requests one GPU runs at once.
+  int streams_per_device = 4;
+  // Threads of the CPU engine per request; 0 = one per core.
+  int cpu_threads = 0;
+  // Budget of device bytes the daemon's allocator may hold per GPU; 0 = unlimited.
+  uint64_t max_device_bytes = 0;
+  // How long a request may wait for device memory before RESOURCE_EXHAUSTED.
+  absl::Duration memory_wait = absl::Seconds(10);
+  // Time given to in-flight requests after SIGTERM/SIGINT before they are cancelled.
+  absl::Duration drain_timeout = absl::Seconds(30);
+  // Largest unary message accepted or sent, bytes (streams always accept 4 MiB chunks).
+  int64_t max_message_bytes = 64ll << 20;
+  // Bound on cached IPC mappings and how long an unused one stays open.
+  int ipc_cache_entries = 256;
+  absl::Duration ipc_idle_expiry = absl::Minutes(5);
+  // When set, a file the daemon writes once it listens: one "grpc ADDR" line per
+  // listening address (TCP ones with their bound port) and one "metrics HOST:PORT" line.
+  std::string port_file;
+  // Testing hook: when set, warm-up (and so SERVING) waits until this file exists.
+  std::string warmup_gate_file;
+};
+
+// Parses flags ("--name=value" or "--name value"); args excludes argv[0]. A repeated
+// --listen or --devices accumulates (the first one replaces the default). Returns
+// InvalidArgument naming the flag for an unknown flag or a bad value.
+absl::StatusOr<Options> ParseOptions(const std::vector<std::string>& args);
+
+// Validates a filled Options (ranges, address syntax).
+absl::Status ValidateOptions(const Options& options);
+
+// The --help text.
+std::string Usage();
+
+}  // namespace wprep::server
+
+#endif  // WPREP_SERVER_OPTIONS_H_

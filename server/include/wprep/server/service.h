@@ -1,0 +1,62 @@
+// The gRPC handlers of wprep.v1.WeightPrep: admission, protobuf translation, one call
+// into the executor, then one exit through ToGrpcStatus with a log line and metrics.
+#ifndef WPREP_SERVER_SERVICE_H_
+#define WPREP_SERVER_SERVICE_H_
+
+#include <cstdint>
+
+#include "wprep/server/admission.h"
+#include "wprep/server/device_manager.h"
+#include "wprep/server/executor.h"
+#include "wprep/server/ipc_cache.h"
+#include "wprep/server/metrics.h"
+#include "wprep/v1/wprep.grpc.pb.h"
+
+namespace wprep::server {
+
+// Largest DataChunk a stream may carry.
+inline constexpr uint64_t kMaxChunkBytes = 4ull << 20;
+// Size of the output chunks the daemon sends.
+inline constexpr uint64_t kOutputChunkBytes = 1ull << 20;
+
+class WeightPrepService final : public wprep::v1::WeightPrep::Service {
+ public:
+  // Borrows everything; all must outlive the service.
+  WeightPrepService(Admission* admission, DeviceManager* devices, IpcCache* ipc,
+                    Executor* executor, Metrics* metrics, int64_t max_message_bytes);
+
+  grpc::Status Plan(grpc::ServerContext* ctx, const wprep::v1::PlanRequest* req,
+                    wprep::v1::PlanResponse* resp) override;
+  grpc::Status Convert(grpc::ServerContext* ctx, const wprep::v1::ConvertRequest* req,
+                       wprep::v1::ConvertResponse* resp) override;
+  grpc::Status ConvertStream(
+      grpc::ServerContext* ctx,
+      grpc::ServerReaderWriter<wprep::v1::ConvertStreamResponse, wprep::v1::ConvertStreamRequest>* stream)
+      override;
+  grpc::Status ListDevices(grpc::ServerContext* ctx, const wprep::v1::ListDevicesRequest* req,
+                           wprep::v1::ListDevicesResponse* resp) override;
+  grpc::Status ReleaseIpcHandles(grpc::ServerContext* ctx,
+                                 const wprep::v1::ReleaseIpcHandlesRequest* req,
+                                 wprep::v1::ReleaseIpcHandlesResponse* resp) override;
+
+ private:
+  class Scope;
+  absl::Status DoConvert(grpc::ServerContext* ctx, const wprep::v1::ConvertRequest& req,
+                         wprep::v1::ConvertResponse* resp, Scope& scope);
+  absl::Status DoConvertStream(
+      grpc::ServerContext* ctx,
+      grpc::ServerReaderWriter<wprep::v1::ConvertStreamResponse, wprep::v1::ConvertStreamRequest>* stream,
+      Scope& scope);
+
+  // Constant after construction.
+  Admission* const admission_;
+  DeviceManager* const devices_;
+  IpcCache* const ipc_;
+  Executor* const executor_;
+  Metrics* const metrics_;
+  const int64_t max_message_bytes_;
+};
+
+}  // namespace wprep::server
+
+#endif  // WPREP_SERVER_SERVICE_H_

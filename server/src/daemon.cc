@@ -1,0 +1,188 @@
+#include "wprep/server/daemon.h"
+
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <thread>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "grpcpp/ext/proto_server_reflection_plugin.h"
+#include "grpcpp/grpcpp.h"
+#include "grpcpp/health_check_service_interface.h"
+#include "wprep/server/admission.h"
+#include "wprep/server/device_manager.h"
+#include "wprep/server/executor.h"
+#include "wprep/server/ipc_cache.h"
+#include "wprep/server/log.h"
+#include "wprep/server/metrics.h"
+#include "wprep/server/service.h"
+
+namespace wprep::server {
+namespace {
+
+constexpr char kServiceName[] = "wprep.v1.WeightPrep";
+// Streams slice their input into pieces of this many bytes (whole matrices, at least one).
+constexpr uint64_t kStreamSliceBytes = 4ull << 20;
+
+sigset_t ShutdownSignals() {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGTERM);
+  sigaddset(&set, SIGINT);
+  return set;
+}
+
+// A stale socket file from an earlier run would make bind fail; remove only sockets.
+void RemoveStaleSocket(const std::string& path) {
+  struct stat st;
+  if (lstat(path.c_str(), &st) == 0 && S_ISSOCK(st.st_mode)) unlink(path.c_str());
+}
+
+bool WritePortFile(const std::string& path, const std::string& text) {
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream f(tmp, std::ios::trunc);
+    if (!(f << text)) return false;
+  }
+  return std::rename(tmp.c_str(), path.c_str()) == 0;
+}
+
+}  // namespace
+
+int RunDaemon(const Options& options) {
+  const absl::Time start = absl::Now();
+  sigset_t signals = ShutdownSignals();
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);  // inherited by every thread created below
+  signal(SIGPIPE, SIG_IGN);
+
+  absl::StatusOr<std::unique_ptr<Metrics>> metrics = Metrics::Create(options.metrics_address);
+  if (!metrics.ok()) {
+    LogLine(LogLevel::kError, "start_failed", LogQuote(metrics.status().message()));
+    return 1;
+  }
+  absl::StatusOr<std::unique_ptr<DeviceManager>> devices = DeviceManager::Create(options, metrics->get());
+  if (!devices.ok()) {
+    LogLine(LogLevel::kError, "start_failed", LogQuote(devices.status().message()));
+    return 1;
+  }
+  IpcCache ipc(options.ipc_cache_entries, options.ipc_idle_expiry, metrics->get());
+  Executor executor(devices->get(), &ipc, metrics->get(), kStreamSliceBytes, options.memory_wait);
+  Admission admission;
+  WeightPrepService service(&admission, devices->get(), &ipc, &executor, metrics->get(),
+                            options.max_message_bytes);
+
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  std::vector<int> ports(options.listen.size(), 0);
+  for (size_t i = 0; i < options.listen.size(); ++i) {
+    const std::string& addr = options.listen[i];
+    if (absl::StartsWith(addr, "unix://")) RemoveStaleSocket(addr.substr(7));
+    builder.AddListeningPort(addr, grpc::InsecureServerCredentials(), &ports[i]);
+  }
+  // Streams carry 4 MiB chunks plus framing whatever --max-message-bytes says; unary
+  // handlers enforce --max-message-bytes themselves.
+  builder.SetMaxReceiveMessageSize(static_cast<int>(
+      std::max<int64_t>(options.max_message_bytes, kMaxChunkBytes + (64 << 10))));
+  builder.SetMaxSendMessageSize(static_cast<int>(options.max_message_bytes + (64 << 10)));
+  builder.RegisterService(&service);
+  // Socket files get mode 0660: set the umask while binding, then chmod to be sure.
+  const mode_t old_umask = umask(0117);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  umask(old_umask);
+  if (server == nullptr) {
+    LogLine(LogLevel::kError, "start_failed",
+            "error=\"could not listen on every --listen address (in use, or not permitted)\"");
+    return 1;
+  }
+  grpc::HealthCheckServiceInterface* health = server->GetHealthCheckService();
+  health->SetServingStatus(false);
+  health->SetServingStatus(kServiceName, false);
+
+  std::string port_text;
+  for (size_t i = 0; i < options.listen.size(); ++i) {
+    const std::string& addr = options.listen[i];
+    if (absl::StartsWith(addr, "unix://")) {
+      chmod(addr.substr(7).c_str(), 0660);
+      absl::StrAppend(&port_text, "grpc ", addr, "\n");
+    } else if (ports[i] == 0) {
+      LogLine(LogLevel::kError, "start_failed", absl::StrCat("error=\"could not bind ", addr, "\""));
+      server->Shutdown();
+      return 1;
+    } else {
+      absl::StrAppend(&port_text, "grpc ", addr.substr(0, addr.rfind(':')), ":", ports[i], "\n");
+    }
+  }
+  if ((*metrics)->port() != 0) {
+    const std::string& m = options.metrics_address;
+    absl::StrAppend(&port_text, "metrics ", m.substr(0, m.rfind(':')), ":", (*metrics)->port(), "\n");
+  }
+  if (!options.port_file.empty() && !WritePortFile(options.port_file, port_text)) {
+    LogLine(LogLevel::kError, "start_failed", absl::StrCat("error=\"cannot write --port-file ",
+                                                           options.port_file, "\""));
+    server->Shutdown();
+    return 1;
+  }
+  LogLine(LogLevel::kInfo, "listening",
+          absl::StrCat("addresses=", LogQuote(port_text), " gpus=", (*devices)->num_gpus()));
+
+  // Warm-up runs beside the signal wait so a SIGTERM during it still shuts down cleanly.
+  std::atomic<bool> stop{false};
+  std::atomic<bool> warm_failed{false};
+  std::thread warm([&] {
+    if (!options.warmup_gate_file.empty()) {
+      while (!stop.load() && access(options.warmup_gate_file.c_str(), F_OK) != 0) {
+        absl::SleepFor(absl::Milliseconds(10));
+      }
+    }
+    if (stop.load()) return;
+    absl::Status s = (*devices)->WarmUp();
+    if (!s.ok()) {
+      LogLine(LogLevel::kError, "warmup_failed", LogQuote(s.message()));
+      warm_failed.store(true);
+      kill(getpid(), SIGTERM);
+      return;
+    }
+    if (stop.load()) return;
+    admission.SetServing();
+    health->SetServingStatus(kServiceName, true);
+    health->SetServingStatus(true);
+    LogLine(LogLevel::kInfo, "serving",
+            absl::StrCat("seconds_since_start=", absl::ToDoubleSeconds(absl::Now() - start)));
+  });
+
+  int sig = 0;
+  sigwait(&signals, &sig);
+  stop.store(true);
+  warm.join();
+  admission.StartDraining();
+  health->SetServingStatus(kServiceName, false);
+  health->SetServingStatus(false);
+  LogLine(LogLevel::kInfo, "draining",
+          absl::StrCat("signal=", sig == SIGTERM ? "SIGTERM" : "SIGINT",
+                       " in_flight=", admission.in_flight(),
+                       " drain_timeout_seconds=", absl::ToDoubleSeconds(options.drain_timeout)));
+  const bool drained = admission.WaitIdle(absl::Now() + options.drain_timeout);
+  if (!drained) {
+    LogLine(LogLevel::kWarning, "drain_timeout",
+            absl::StrCat("cancelling=", admission.in_flight()));
+  }
+  // Whatever is still running is cancelled now; Shutdown returns once handlers finish.
+  server->Shutdown(std::chrono::system_clock::now());
+  server->Wait();
+  ipc.CloseAll();
+  for (const std::string& addr : options.listen) {
+    if (absl::StartsWith(addr, "unix://")) RemoveStaleSocket(addr.substr(7));
+  }
+  LogLine(LogLevel::kInfo, "stopped", absl::StrCat("drained=", drained ? "true" : "false"));
+  return warm_failed.load() ? 1 : 0;
+}
+
+}  // namespace wprep::server

@@ -1,0 +1,248 @@
+#include "wprep/server/ipc_cache.h"
+
+#include <cstring>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "cuda_check.h"
+#include "wprep/server/log.h"
+
+#if WPREP_HAVE_CUDA
+#include <cuda.h>  // types only: libcuda is never linked, its entry points come at run time
+#endif
+
+namespace wprep::server {
+
+struct IpcCache::Entry {
+  int ordinal = 0;
+  std::string handle;
+  void* base = nullptr;      // the opened mapping (start of the exported allocation)
+  uint64_t avail = 0;        // bytes from `base` to the end of the allocation
+  int refs = 0;              // leases in flight
+  absl::Time last_used;
+  bool release_pending = false;
+  bool closed = false;
+};
+
+namespace {
+
+#if WPREP_HAVE_CUDA
+using GetAddressRangeFn = CUresult (*)(CUdeviceptr*, size_t*, CUdeviceptr);
+
+// cuMemGetAddressRange, resolved from the driver the runtime loaded (never linked).
+GetAddressRangeFn AddressRangeFn() {
+  static GetAddressRangeFn fn = []() -> GetAddressRangeFn {
+    void* p = nullptr;
+    cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
+    if (cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", &p, 12000, cudaEnableDefault,
+                                         &q) != cudaSuccess ||
+        q != cudaDriverEntryPointSuccess) {
+      cudaGetLastError();
+      return nullptr;
+    }
+    return reinterpret_cast<GetAddressRangeFn>(p);
+  }();
+  return fn;
+}
+#endif
+
+}  // namespace
+
+IpcCache::IpcCache(int max_entries, absl::Duration idle_expiry, Metrics* metrics)
+    : max_entries_(static_cast<size_t>(max_entries)), idle_expiry_(idle_expiry), metrics_(metrics) {}
+
+IpcCache::~IpcCache() { CloseAll(); }
+
+IpcCache::Lease& IpcCache::Lease::operator=(Lease&& o) noexcept {
+  if (this != &o) {
+    if (cache_ != nullptr && entry_) cache_->Unref(entry_);
+    cache_ = o.cache_;
+    entry_ = std::move(o.entry_);
+    ptr_ = o.ptr_;
+    o.cache_ = nullptr;
+    o.ptr_ = nullptr;
+  }
+  return *this;
+}
+
+IpcCache::Lease::~Lease() {
+  if (cache_ != nullptr && entry_) cache_->Unref(entry_);
+}
+
+void IpcCache::CloseEntry(Entry& e) {
+  if (e.closed) return;
+  e.closed = true;
+#if WPREP_HAVE_CUDA
+  if (e.base != nullptr) {
+    absl::Status s = WPREP_CUDA_STATUS(cudaSetDevice(e.ordinal));
+    if (s.ok()) s = WPREP_CUDA_STATUS(cudaIpcCloseMemHandle(e.base));
+    if (!s.ok()) LogLine(LogLevel::kWarning, "ipc_close_failed", LogQuote(s.message()));
+  }
+#endif
+}
+
+void IpcCache::PublishSizeLocked() {
+  if (metrics_ != nullptr) metrics_->SetIpcCacheEntries(static_cast<double>(entries_.size()));
+}
+
+void IpcCache::ExpireLocked(absl::Time now) {
+  for (auto it = entries_.begin(); it != entries_.end();) {
+    Entry& e = *it->second;
+    if (e.refs == 0 && now - e.last_used >= idle_expiry_) {
+      CloseEntry(e);
+      it = entries_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+absl::StatusOr<IpcCache::Lease> IpcCache::Acquire(int ordinal, absl::string_view handle,
+                                                  uint64_t offset, uint64_t size,
+                                                  absl::string_view field) {
+  if (handle.size() != 64) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        field, ".handle must be the 64 bytes of a cudaIpcMemHandle_t, got ", handle.size(),
+        " bytes"));
+  }
+#if !WPREP_HAVE_CUDA
+  (void)ordinal, (void)offset, (void)size;
+  return absl::InvalidArgumentError(absl::StrCat(field, ": this wprepd was built without CUDA"));
+#else
+  std::lock_guard<std::mutex> lock(mu_);
+  const absl::Time now = absl::Now();
+  ExpireLocked(now);
+  const Key key(ordinal, std::string(handle));
+  std::shared_ptr<Entry> entry;
+  if (auto it = entries_.find(key); it != entries_.end()) {
+    entry = it->second;
+    if (metrics_ != nullptr) metrics_->IpcCacheHit();
+  } else {
+    if (metrics_ != nullptr) metrics_->IpcCacheMiss();
+    if (entries_.size() >= max_entries_) {
+      // Evict the least recently used mapping that no request holds.
+      auto victim = entries_.end();
+      for (auto it = entries_.begin(); it != entries_.end(); ++it) {
+        if (it->second->refs == 0 &&
+            (victim == entries_.end() || it->second->last_used < victim->second->last_used)) {
+          victim = it;
+        }
+      }
+      if (victim == entries_.end()) {
+        return absl::ResourceExhaustedError(absl::StrCat(
+            "all ", max_entries_, " IPC mappings are in use by requests in flight; retry, or "
+            "raise --ipc-cache-entries"));
+      }
+      CloseEntry(*victim->second);
+      entries_.erase(victim);
+    }
+    // The daemon never relies on a current device: it names the GPU before each call.
+    WPREP_CUDA_RETURN_IF_ERROR(cudaSetDevice(ordinal));
+    cudaIpcMemHandle_t h;
+    std::memcpy(&h, handle.data(), sizeof(h));
+    void* base = nullptr;
+    const cudaError_t err = cudaIpcOpenMemHandle(&base, h, cudaIpcMemLazyEnablePeerAccess);
+    if (err != cudaSuccess) {
+      cudaGetLastError();  // not sticky; clear it so later calls on this thread are clean
+      return absl::InvalidArgumentError(absl::StrCat(
+          field, ".handle could not be opened on GPU ordinal ", ordinal, ": ",
+          cudaGetErrorName(err), " (", cudaGetErrorString(err),
+          "). Send the 64 bytes cudaIpcGetMemHandle returned for a live cudaMalloc "
+          "allocation of another process on the GPU named by ", field, ".device_uuid"));
+    }
+    entry = std::make_shared<Entry>();
+    entry->ordinal = ordinal;
+    entry->handle = std::string(handle);
+    entry->base = base;
+    // The mapping must live on the GPU the request named (peer mappings of another GPU's
+    // memory would also open).
+    cudaPointerAttributes attr;
+    absl::Status s = WPREP_CUDA_STATUS(cudaPointerGetAttributes(&attr, base));
+    if (s.ok() && attr.device != ordinal) {
+      s = absl::InvalidArgumentError(absl::StrCat(
+          field, ".handle belongs to an allocation on the daemon's GPU ordinal ", attr.device,
+          ", not on the GPU ", field, ".device_uuid names (daemon ordinal ", ordinal,
+          "); send that GPU's UUID"));
+    }
+    if (s.ok()) {
+      GetAddressRangeFn range_fn = AddressRangeFn();
+      CUdeviceptr range_base = 0;
+      size_t range_size = 0;
+      if (range_fn == nullptr) {
+        s = absl::InternalError("cuMemGetAddressRange is not available from the CUDA driver");
+      } else if (CUresult r = range_fn(&range_base, &range_size, reinterpret_cast<CUdeviceptr>(base));
+                 r != CUDA_SUCCESS) {
+        s = absl::InternalError(absl::StrCat("cuMemGetAddressRange failed with CUresult ", r));
+      } else {
+        entry->avail = range_base + range_size - reinterpret_cast<CUdeviceptr>(base);
+      }
+    }
+    if (!s.ok()) {
+      CloseEntry(*entry);
+      return s;
+    }
+    entries_.emplace(key, entry);
+    PublishSizeLocked();
+  }
+  if (offset > entry->avail || size > entry->avail - offset) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        field, ": offset ", offset, " + size ", size, " reaches beyond the allocation behind ",
+        field, ".handle, which has ", entry->avail, " bytes"));
+  }
+  entry->refs++;
+  entry->release_pending = false;
+  entry->last_used = now;
+  Lease lease;
+  lease.cache_ = this;
+  lease.entry_ = entry;
+  lease.ptr_ = static_cast<uint8_t*>(entry->base) + offset;
+  return lease;
+#endif
+}
+
+void IpcCache::Unref(const std::shared_ptr<Entry>& entry) {
+  std::lock_guard<std::mutex> lock(mu_);
+  entry->refs--;
+  entry->last_used = absl::Now();
+  if (entry->refs == 0 && entry->release_pending) {
+    CloseEntry(*entry);
+    entries_.erase(Key(entry->ordinal, entry->handle));
+    PublishSizeLocked();
+  }
+}
+
+std::pair<int, int> IpcCache::Release(int ordinal, absl::string_view handle) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = entries_.find(Key(ordinal, std::string(handle)));
+  if (it == entries_.end()) return {0, 0};
+  if (it->second->refs > 0) {
+    it->second->release_pending = true;
+    return {0, 1};
+  }
+  CloseEntry(*it->second);
+  entries_.erase(it);
+  PublishSizeLocked();
+  return {1, 0};
+}
+
+void IpcCache::CloseAll() {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto it = entries_.begin(); it != entries_.end();) {
+    if (it->second->refs == 0) {
+      CloseEntry(*it->second);
+      it = entries_.erase(it);
+    } else {
+      it->second->release_pending = true;
+      ++it;
+    }
+  }
+  PublishSizeLocked();
+}
+
+size_t IpcCache::size() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return entries_.size();
+}
+
+}  // namespace wprep::server

@@ -1,0 +1,181 @@
+#include "wprep/server/metrics.h"
+
+#include <exception>
+
+#include "absl/strings/str_cat.h"
+#include "prometheus/exposer.h"
+
+#ifndef WPREP_VERSION
+#define WPREP_VERSION "unknown"
+#endif
+
+namespace wprep::server {
+namespace {
+
+// 10 us .. 60 s in 1-2.5-5 steps.
+prometheus::Histogram::BucketBoundaries SecondsBuckets() {
+  return {1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2,
+          5e-2, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 25, 60};
+}
+
+// 0 (its own bucket: IPC->IPC requests allocate nothing), then 1 KiB .. 64 GiB.
+prometheus::Histogram::BucketBoundaries BytesBuckets() {
+  prometheus::Histogram::BucketBoundaries b = {0};
+  for (double x = 1024; x <= 64.0 * (1ull << 30); x *= 4) b.push_back(x);
+  return b;
+}
+
+const char* LayoutLabel(const std::optional<Layout>& l) {
+  if (!l) return "none";
+  return *l == Layout::kHopperValue ? "hopper_value" : "blackwell_shuffled_value";
+}
+
+const char* DirectionLabel(const std::optional<Direction>& d) {
+  if (!d) return "none";
+  switch (*d) {
+    case Direction::kSwizzle: return "swizzle";
+    case Direction::kUnswizzle: return "unswizzle";
+    case Direction::kRetile: return "retile";
+  }
+  return "none";
+}
+
+}  // namespace
+
+const char* MethodName(Method m) {
+  switch (m) {
+    case Method::kPlan: return "Plan";
+    case Method::kConvert: return "Convert";
+    case Method::kConvertStream: return "ConvertStream";
+    case Method::kListDevices: return "ListDevices";
+    case Method::kReleaseIpcHandles: return "ReleaseIpcHandles";
+  }
+  return "unknown";
+}
+
+const char* TransportName(Transport t) {
+  switch (t) {
+    case Transport::kNone: return "none";
+    case Transport::kBytesToBytes: return "bytes_to_bytes";
+    case Transport::kBytesToIpc: return "bytes_to_ipc";
+    case Transport::kIpcToBytes: return "ipc_to_bytes";
+    case Transport::kIpcToIpc: return "ipc_to_ipc";
+    case Transport::kStream: return "stream";
+  }
+  return "none";
+}
+
+Metrics::~Metrics() = default;
+
+absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(const std::string& address) {
+  std::unique_ptr<Metrics> m(new Metrics());
+  m->registry_ = std::make_shared<prometheus::Registry>();
+  auto& reg = *m->registry_;
+  m->requests_ = &prometheus::BuildCounter()
+                      .Name("wprep_requests_total")
+                      .Help("Finished RPCs by method, layout, direction, transport and status code")
+                      .Register(reg);
+  m->request_seconds_ = &prometheus::BuildHistogram()
+                             .Name("wprep_request_duration_seconds")
+                             .Help("RPC duration from arrival to final status, seconds")
+                             .Register(reg);
+  m->peak_extra_bytes_ = &prometheus::BuildHistogram()
+                              .Name("wprep_request_peak_extra_device_bytes")
+                              .Help("Device bytes a conversion allocated at its peak, by transport")
+                              .Register(reg);
+  m->kernel_seconds_ = &prometheus::BuildHistogram()
+                            .Name("wprep_kernel_duration_seconds")
+                            .Help("Conversion engine time per request and device, seconds")
+                            .Register(reg);
+  m->allocated_ = &prometheus::BuildGauge()
+                       .Name("wprep_device_allocated_bytes")
+                       .Help("Device bytes the daemon's allocator holds for requests now")
+                       .Register(reg);
+  m->high_water_ = &prometheus::BuildGauge()
+                        .Name("wprep_device_allocated_high_water_bytes")
+                        .Help("Highest wprep_device_allocated_bytes since start")
+                        .Register(reg);
+  m->in_flight_ = &prometheus::BuildGauge()
+                       .Name("wprep_in_flight_requests")
+                       .Help("Conversions running now, per device")
+                       .Register(reg);
+  m->warm_ = &prometheus::BuildGauge()
+                  .Name("wprep_device_warm")
+                  .Help("1 once every kernel variant ran and was checked on the device")
+                  .Register(reg);
+  m->converted_ = &prometheus::BuildCounter()
+                       .Name("wprep_converted_bytes_total")
+                       .Help("Output bytes produced, per device")
+                       .Register(reg);
+  m->ipc_hits_ = &prometheus::BuildCounter()
+                      .Name("wprep_ipc_cache_hits_total")
+                      .Help("IPC handle lookups served by an open mapping")
+                      .Register(reg)
+                      .Add({});
+  m->ipc_misses_ = &prometheus::BuildCounter()
+                        .Name("wprep_ipc_cache_misses_total")
+                        .Help("IPC handle lookups that opened a new mapping")
+                        .Register(reg)
+                        .Add({});
+  m->ipc_entries_ = &prometheus::BuildGauge()
+                         .Name("wprep_ipc_cache_entries")
+                         .Help("Open IPC mappings in the cache")
+                         .Register(reg)
+                         .Add({});
+  prometheus::BuildGauge()
+      .Name("wprep_build_info")
+      .Help("Build information; the value is always 1")
+      .Register(reg)
+      .Add({{"version", WPREP_VERSION},
+#if WPREP_HAVE_CUDA
+            {"cuda", "true"}})
+#else
+            {"cuda", "false"}})
+#endif
+      .Set(1);
+  if (!address.empty()) {
+    try {
+      m->exposer_ = std::make_unique<prometheus::Exposer>(address);
+      m->exposer_->RegisterCollectable(m->registry_);
+      const std::vector<int> ports = m->exposer_->GetListeningPorts();
+      m->port_ = ports.empty() ? 0 : ports.front();
+    } catch (const std::exception& e) {
+      // civetweb throws when it cannot bind; caught at our edge.
+      return absl::UnavailableError(absl::StrCat("cannot serve metrics on --metrics-address=",
+                                                 address, ": ", e.what()));
+    }
+  }
+  return m;
+}
+
+void Metrics::RegisterDevices(const std::vector<std::string>& labels) {
+  devices_.clear();
+  for (const std::string& l : labels) {
+    DeviceMetrics d;
+    d.kernel_seconds = &kernel_seconds_->Add({{"device", l}}, SecondsBuckets());
+    d.allocated_bytes = &allocated_->Add({{"device", l}});
+    d.allocated_high_water_bytes = &high_water_->Add({{"device", l}});
+    d.in_flight = &in_flight_->Add({{"device", l}});
+    d.warm = &warm_->Add({{"device", l}});
+    d.converted_bytes = &converted_->Add({{"device", l}});
+    devices_.push_back(d);
+  }
+}
+
+void Metrics::RecordRequest(const RequestRecord& r) {
+  const std::string code = absl::StatusCodeToString(r.code);
+  requests_
+      ->Add({{"method", MethodName(r.method)},
+             {"layout", LayoutLabel(r.layout)},
+             {"direction", DirectionLabel(r.direction)},
+             {"transport", TransportName(r.transport)},
+             {"code", code}})
+      .Increment();
+  request_seconds_->Add({{"method", MethodName(r.method)}}, SecondsBuckets()).Observe(r.seconds);
+  if (r.peak_extra_device_bytes) {
+    peak_extra_bytes_->Add({{"transport", TransportName(r.transport)}}, BytesBuckets())
+        .Observe(static_cast<double>(*r.peak_extra_device_bytes));
+  }
+}
+
+}  // namespace wprep::server

@@ -1,0 +1,201 @@
+#include "wprep/server/options.h"
+
+#include <functional>
+#include <map>
+
+#include "absl/status/status.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+
+namespace wprep::server {
+namespace {
+
+absl::Status BadValue(const std::string& flag, const std::string& value, const char* want) {
+  return absl::InvalidArgumentError(
+      absl::StrCat("--", flag, "=", value, " is not valid: expected ", want));
+}
+
+absl::Status ParseInt(const std::string& flag, const std::string& v, int64_t lo, int64_t hi,
+                      int64_t* out) {
+  int64_t x = 0;
+  if (!absl::SimpleAtoi(v, &x) || x < lo || x > hi) {
+    return BadValue(flag, v, absl::StrCat("an integer in [", lo, ", ", hi, "]").c_str());
+  }
+  *out = x;
+  return absl::OkStatus();
+}
+
+// Sizes accept a K/M/G/T suffix (binary units): "512M", "80G".
+absl::Status ParseBytes(const std::string& flag, const std::string& v, uint64_t* out) {
+  std::string digits = v;
+  uint64_t mult = 1;
+  if (!digits.empty()) {
+    switch (digits.back()) {
+      case 'K': case 'k': mult = 1ull << 10; break;
+      case 'M': case 'm': mult = 1ull << 20; break;
+      case 'G': case 'g': mult = 1ull << 30; break;
+      case 'T': case 't': mult = 1ull << 40; break;
+      default: break;
+    }
+    if (mult != 1) digits.pop_back();
+  }
+  uint64_t x = 0;
+  if (!absl::SimpleAtoi(digits, &x) || x > (~0ull) / mult) {
+    return BadValue(flag, v, "a byte count such as 1073741824, 512M or 80G");
+  }
+  *out = x * mult;
+  return absl::OkStatus();
+}
+
+absl::Status ParseDuration(const std::string& flag, const std::string& v, absl::Duration* out) {
+  absl::Duration d;
+  if (!absl::ParseDuration(v, &d) || d < absl::ZeroDuration()) {
+    return BadValue(flag, v, "a non-negative duration such as 30s or 500ms");
+  }
+  *out = d;
+  return absl::OkStatus();
+}
+
+absl::Status ValidateAddress(const std::string& addr) {
+  if (absl::StartsWith(addr, "unix://")) {
+    if (addr.size() <= 7) return absl::InvalidArgumentError("--listen unix:// needs a path");
+    return absl::OkStatus();
+  }
+  const size_t colon = addr.rfind(':');
+  int port = 0;
+  if (colon == std::string::npos || colon == 0 ||
+      !absl::SimpleAtoi(addr.substr(colon + 1), &port) || port < 0 || port > 65535) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "address '", addr, "' is not valid: expected unix:///path or HOST:PORT "
+        "(e.g. 127.0.0.1:50051)"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<Options> ParseOptions(const std::vector<std::string>& args) {
+  Options o;
+  bool listen_seen = false, devices_seen = false;
+  using Setter = std::function<absl::Status(const std::string&)>;
+  const std::map<std::string, Setter> setters = {
+      {"listen", [&](const std::string& v) {
+         if (!listen_seen) o.listen.clear();
+         listen_seen = true;
+         o.listen.push_back(v);
+         return absl::OkStatus();
+       }},
+      {"metrics-address", [&](const std::string& v) { o.metrics_address = v; return absl::OkStatus(); }},
+      {"devices", [&](const std::string& v) {
+         if (!devices_seen) o.devices.clear();
+         devices_seen = true;
+         for (absl::string_view d : absl::StrSplit(v, ',', absl::SkipEmpty())) {
+           o.devices.emplace_back(d);
+         }
+         return absl::OkStatus();
+       }},
+      {"streams-per-device", [&](const std::string& v) {
+         int64_t x;
+         auto s = ParseInt("streams-per-device", v, 1, 64, &x);
+         o.streams_per_device = static_cast<int>(x);
+         return s;
+       }},
+      {"cpu-threads", [&](const std::string& v) {
+         int64_t x;
+         auto s = ParseInt("cpu-threads", v, 0, 1024, &x);
+         o.cpu_threads = static_cast<int>(x);
+         return s;
+       }},
+      {"max-device-bytes", [&](const std::string& v) { return ParseBytes("max-device-bytes", v, &o.max_device_bytes); }},
+      {"memory-wait", [&](const std::string& v) { return ParseDuration("memory-wait", v, &o.memory_wait); }},
+      {"drain-timeout", [&](const std::string& v) { return ParseDuration("drain-timeout", v, &o.drain_timeout); }},
+      {"max-message-bytes", [&](const std::string& v) {
+         uint64_t x;
+         auto s = ParseBytes("max-message-bytes", v, &x);
+         if (s.ok() && (x < (1u << 10) || x > (2047ull << 20))) {
+           return BadValue("max-message-bytes", v, "a size between 1K and 2047M");
+         }
+         o.max_message_bytes = static_cast<int64_t>(x);
+         return s;
+       }},
+      {"ipc-cache-entries", [&](const std::string& v) {
+         int64_t x;
+         auto s = ParseInt("ipc-cache-entries", v, 1, 1 << 20, &x);
+         o.ipc_cache_entries = static_cast<int>(x);
+         return s;
+       }},
+      {"ipc-idle-expiry", [&](const std::string& v) { return ParseDuration("ipc-idle-expiry", v, &o.ipc_idle_expiry); }},
+      {"port-file", [&](const std::string& v) { o.port_file = v; return absl::OkStatus(); }},
+      {"testing-warmup-gate", [&](const std::string& v) { o.warmup_gate_file = v; return absl::OkStatus(); }},
+  };
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    if (!absl::StartsWith(a, "--")) {
+      return absl::InvalidArgumentError(absl::StrCat("unexpected argument '", a, "' (see --help)"));
+    }
+    std::string name = a.substr(2), value;
+    const size_t eq = name.find('=');
+    if (eq != std::string::npos) {
+      value = name.substr(eq + 1);
+      name.resize(eq);
+    } else {
+      auto it = setters.find(name);
+      if (it == setters.end()) {
+        return absl::InvalidArgumentError(absl::StrCat("unknown flag --", name, " (see --help)"));
+      }
+      if (i + 1 >= args.size()) {
+        return absl::InvalidArgumentError(absl::StrCat("flag --", name, " needs a value"));
+      }
+      value = args[++i];
+    }
+    auto it = setters.find(name);
+    if (it == setters.end()) {
+      return absl::InvalidArgumentError(absl::StrCat("unknown flag --", name, " (see --help)"));
+    }
+    if (absl::Status s = it->second(value); !s.ok()) return s;
+  }
+  if (absl::Status s = ValidateOptions(o); !s.ok()) return s;
+  return o;
+}
+
+absl::Status ValidateOptions(const Options& o) {
+  if (o.listen.empty()) return absl::InvalidArgumentError("at least one --listen address is needed");
+  for (const std::string& a : o.listen) {
+    if (absl::Status s = ValidateAddress(a); !s.ok()) return s;
+  }
+  if (!o.metrics_address.empty()) {
+    if (absl::Status s = ValidateAddress(o.metrics_address); !s.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("--metrics-address: ", s.message()));
+    }
+    if (absl::StartsWith(o.metrics_address, "unix://")) {
+      return absl::InvalidArgumentError("--metrics-address must be HOST:PORT");
+    }
+  }
+  if (o.streams_per_device < 1) return absl::InvalidArgumentError("--streams-per-device must be >= 1");
+  if (o.max_message_bytes < 1024) return absl::InvalidArgumentError("--max-message-bytes must be >= 1K");
+  return absl::OkStatus();
+}
+
+std::string Usage() {
+  return R"(wprepd: the wprep weight conversion daemon (gRPC service wprep.v1.WeightPrep)
+
+Flags (--name=value or --name value):
+  --listen ADDR            unix:///path or HOST:PORT; repeatable
+                           (default: unix:///tmp/wprepd.sock and 127.0.0.1:50051)
+  --metrics-address H:P    Prometheus /metrics address (default 127.0.0.1:9464; "" = off)
+  --devices LIST           GPUs by ordinal or UUID, comma separated (default: all)
+  --streams-per-device N   CUDA streams (= concurrent requests) per GPU (default 4)
+  --cpu-threads N          CPU engine threads per request, 0 = one per core (default 0)
+  --max-device-bytes N     device bytes budget per GPU, e.g. 8G; 0 = unlimited (default 0)
+  --memory-wait D          how long work waits for device memory (default 10s)
+  --drain-timeout D        time for in-flight work after SIGTERM (default 30s)
+  --max-message-bytes N    largest unary message (default 64M)
+  --ipc-cache-entries N    cached CUDA IPC mappings (default 256)
+  --ipc-idle-expiry D      unused IPC mappings close after this (default 5m)
+  --port-file PATH         write the bound addresses here once listening
+)";
+}
+
+}  // namespace wprep::server

@@ -1,0 +1,391 @@
+#include "wprep/server/service.h"
+
+#include <algorithm>
+#include <chrono>
+#include <optional>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "wprep/server/log.h"
+#include "wprep/server/proto_translate.h"
+#include "wprep/server/status.h"
+
+namespace wprep::server {
+
+namespace v1 = wprep::v1;
+
+// One RPC from arrival to final status: its id, what it asked for (as learned), and the
+// single exit that logs, records metrics and translates the status.
+class WeightPrepService::Scope {
+ public:
+  Scope(Method method, grpc::ServerContext* ctx, Metrics* metrics)
+      : ctx_(ctx), metrics_(metrics), id_(NextRequestId()), start_(absl::Now()) {
+    record_.method = method;
+    ctx_->AddInitialMetadata("x-wprep-request-id", std::to_string(id_));
+  }
+
+  void SetSpec(const ConversionSpec& spec) {
+    record_.layout = spec.layout;
+    record_.direction = spec.direction;
+  }
+  void SetTransport(Transport t) { record_.transport = t; }
+  void SetResult(uint64_t bytes_in, uint64_t bytes_out, const std::string& engine,
+                 std::optional<uint64_t> peak) {
+    bytes_in_ = bytes_in;
+    bytes_out_ = bytes_out;
+    engine_ = engine;
+    record_.peak_extra_device_bytes = peak;
+  }
+
+  // The request's deadline as absl::Time (InfiniteFuture when none).
+  absl::Time deadline() const {
+    const auto d = ctx_->deadline();
+    if (d == std::chrono::system_clock::time_point::max()) return absl::InfiniteFuture();
+    return absl::FromChrono(d);
+  }
+
+  grpc::Status Finish(absl::Status status) {
+    if (!status.ok() && ctx_->IsCancelled() && status.code() != absl::StatusCode::kDeadlineExceeded) {
+      status = absl::CancelledError(absl::StrCat("client cancelled the call (", status.message(), ")"));
+    }
+    record_.code = status.code();
+    record_.seconds = absl::ToDoubleSeconds(absl::Now() - start_);
+    if (!status.ok()) record_.peak_extra_device_bytes.reset();
+    metrics_->RecordRequest(record_);
+    std::string fields = absl::StrCat(
+        "id=", id_, " method=", MethodName(record_.method),
+        " layout=", record_.layout ? std::string(LayoutName(*record_.layout)) : "none",
+        " direction=", record_.direction ? std::string(DirectionName(*record_.direction)) : "none",
+        " transport=", TransportName(record_.transport),
+        " code=", absl::StatusCodeToString(status.code()),
+        " seconds=", record_.seconds, " bytes_in=", bytes_in_, " bytes_out=", bytes_out_);
+    if (!engine_.empty()) absl::StrAppend(&fields, " engine=", engine_);
+    if (!status.ok()) absl::StrAppend(&fields, " error=", LogQuote(status.message()));
+    LogLine(status.ok() ? LogLevel::kInfo : LogLevel::kWarning, "request", fields);
+    return ToGrpcStatus(status);
+  }
+
+ private:
+  grpc::ServerContext* ctx_;
+  Metrics* metrics_;
+  const uint64_t id_;
+  const absl::Time start_;
+  RequestRecord record_;
+  uint64_t bytes_in_ = 0, bytes_out_ = 0;
+  std::string engine_;
+};
+
+namespace {
+
+absl::Status CheckLive(grpc::ServerContext* ctx, absl::Time deadline) {
+  if (absl::Now() >= deadline) {
+    return absl::DeadlineExceededError("the request's deadline passed before its work started");
+  }
+  if (ctx->IsCancelled()) return absl::CancelledError("client cancelled the call");
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+WeightPrepService::WeightPrepService(Admission* admission, DeviceManager* devices, IpcCache* ipc,
+                                     Executor* executor, Metrics* metrics, int64_t max_message_bytes)
+    : admission_(admission),
+      devices_(devices),
+      ipc_(ipc),
+      executor_(executor),
+      metrics_(metrics),
+      max_message_bytes_(max_message_bytes) {}
+
+grpc::Status WeightPrepService::Plan(grpc::ServerContext* ctx, const v1::PlanRequest* req,
+                                     v1::PlanResponse* resp) {
+  Scope scope(Method::kPlan, ctx, metrics_);
+  absl::StatusOr<Admission::Ticket> ticket = admission_->Enter();
+  if (!ticket.ok()) return scope.Finish(ticket.status());
+  absl::StatusOr<ConversionSpec> spec = SpecFromProto(req->spec(), "spec");
+  if (!spec.ok()) return scope.Finish(spec.status());
+  scope.SetSpec(*spec);
+  InputBinding binding;
+  binding.strides.assign(req->input_strides().begin(), req->input_strides().end());
+  if (req->has_input_buffer_bytes()) binding.buffer_bytes = req->input_buffer_bytes();
+  absl::StatusOr<wprep::Plan> plan = MakePlan(*spec, ShapeFromProto(req->logical_shape()), binding);
+  if (!plan.ok()) return scope.Finish(plan.status());
+  PlanToProto(*plan, resp);
+  return scope.Finish(absl::OkStatus());
+}
+
+grpc::Status WeightPrepService::Convert(grpc::ServerContext* ctx, const v1::ConvertRequest* req,
+                                        v1::ConvertResponse* resp) {
+  Scope scope(Method::kConvert, ctx, metrics_);
+  absl::StatusOr<Admission::Ticket> ticket = admission_->Enter();
+  if (!ticket.ok()) return scope.Finish(ticket.status());
+  return scope.Finish(DoConvert(ctx, *req, resp, scope));
+}
+
+absl::Status WeightPrepService::DoConvert(grpc::ServerContext* ctx, const v1::ConvertRequest& req,
+                                          v1::ConvertResponse* resp, Scope& scope) {
+  const bool src_ipc = req.has_source_ipc();
+  const bool dst_ipc = req.has_destination_ipc();
+  scope.SetTransport(src_ipc ? (dst_ipc ? Transport::kIpcToIpc : Transport::kIpcToBytes)
+                             : (dst_ipc ? Transport::kBytesToIpc : Transport::kBytesToBytes));
+  absl::StatusOr<ConversionSpec> spec = SpecFromProto(req.spec(), "spec");
+  if (!spec.ok()) return spec.status();
+  scope.SetSpec(*spec);
+  // The transport's own limit may be higher (streams need 4 MiB chunks): enforce ours.
+  const uint64_t req_bytes = req.ByteSizeLong();
+  if (req_bytes > static_cast<uint64_t>(max_message_bytes_)) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "Convert request of ", req_bytes, " bytes exceeds --max-message-bytes=", max_message_bytes_,
+        "; send large tensors with ConvertStream or as CUDA IPC buffers"));
+  }
+  if (req.source_case() == v1::ConvertRequest::SOURCE_NOT_SET) {
+    return absl::InvalidArgumentError("source is not set: give source_bytes or source_ipc");
+  }
+  ConvertInput input;
+  ConvertOutput output;
+  if (src_ipc) {
+    absl::StatusOr<IpcBufferRef> r = IpcFromProto(req.source_ipc(), "source_ipc");
+    if (!r.ok()) return r.status();
+    input.ipc = *std::move(r);
+  } else {
+    input.bytes = &req.source_bytes();
+  }
+  if (dst_ipc) {
+    absl::StatusOr<IpcBufferRef> r = IpcFromProto(req.destination_ipc(), "destination_ipc");
+    if (!r.ok()) return r.status();
+    output.ipc = *std::move(r);
+  } else {
+    output.bytes = resp->mutable_output_bytes_inline();
+  }
+  std::optional<Uuid> preferred;
+  if (!req.device_uuid().empty()) {
+    absl::StatusOr<Uuid> u = UuidFromBytes(req.device_uuid(), "device_uuid");
+    if (!u.ok()) return u.status();
+    preferred = *u;
+  }
+  const std::vector<int64_t> shape = ShapeFromProto(req.logical_shape());
+  if (!dst_ipc) {
+    // Refuse before converting when the answer could not be sent.
+    InputBinding binding;
+    if (src_ipc) {
+      binding.strides = input.ipc->strides;
+      binding.buffer_bytes = input.ipc->size;
+    } else {
+      binding.buffer_bytes = input.bytes->size();
+    }
+    absl::StatusOr<wprep::Plan> plan = MakePlan(*spec, shape, binding);
+    if (!plan.ok()) return plan.status();
+    if (plan->output_bytes > static_cast<uint64_t>(max_message_bytes_)) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "the output has ", plan->output_bytes, " bytes, more than --max-message-bytes=",
+          max_message_bytes_, " allows inline; use ConvertStream or destination_ipc"));
+    }
+  }
+  if (absl::Status s = CheckLive(ctx, scope.deadline()); !s.ok()) return s;
+  absl::StatusOr<ConvertOutcome> outcome =
+      executor_->Convert(*spec, shape, input, output, preferred, scope.deadline());
+  if (!outcome.ok()) return outcome.status();
+  for (int64_t d : outcome->plan.output_shape) resp->add_output_shape(d);
+  for (int64_t d : outcome->plan.output_strides) resp->add_output_strides(d);
+  resp->set_output_bytes(outcome->plan.output_bytes);
+  resp->set_engine(outcome->engine);
+  resp->set_peak_extra_device_bytes(outcome->peak_extra_device_bytes);
+  scope.SetResult(outcome->plan.input_bytes, outcome->plan.output_bytes, outcome->engine,
+                  outcome->peak_extra_device_bytes);
+  return absl::OkStatus();
+}
+
+grpc::Status WeightPrepService::ConvertStream(
+    grpc::ServerContext* ctx,
+    grpc::ServerReaderWriter<v1::ConvertStreamResponse, v1::ConvertStreamRequest>* stream) {
+  Scope scope(Method::kConvertStream, ctx, metrics_);
+  scope.SetTransport(Transport::kStream);
+  absl::StatusOr<Admission::Ticket> ticket = admission_->Enter();
+  if (!ticket.ok()) return scope.Finish(ticket.status());
+  return scope.Finish(DoConvertStream(ctx, stream, scope));
+}
+
+absl::Status WeightPrepService::DoConvertStream(
+    grpc::ServerContext* ctx,
+    grpc::ServerReaderWriter<v1::ConvertStreamResponse, v1::ConvertStreamRequest>* stream,
+    Scope& scope) {
+  v1::ConvertStreamRequest msg;
+  if (!stream->Read(&msg)) {
+    if (ctx->IsCancelled()) return absl::CancelledError("client cancelled before the header");
+    return absl::InvalidArgumentError("stream ended before its header; send a header first");
+  }
+  if (!msg.has_header()) {
+    return absl::InvalidArgumentError(
+        "the first message of a ConvertStream must be a header, got a data chunk");
+  }
+  const v1::StreamRequestHeader& h = msg.header();
+  absl::StatusOr<ConversionSpec> spec = SpecFromProto(h.spec(), "header.spec");
+  if (!spec.ok()) return spec.status();
+  scope.SetSpec(*spec);
+  std::optional<Uuid> preferred;
+  if (!h.device_uuid().empty()) {
+    absl::StatusOr<Uuid> u = UuidFromBytes(h.device_uuid(), "header.device_uuid");
+    if (!u.ok()) return u.status();
+    preferred = *u;
+  }
+  if (absl::Status s = CheckLive(ctx, scope.deadline()); !s.ok()) return s;
+  absl::StatusOr<std::unique_ptr<StreamConverter>> conv =
+      executor_->StartStream(*spec, ShapeFromProto(h.logical_shape()), preferred, scope.deadline());
+  if (!conv.ok()) return conv.status();
+  StreamConverter& c = **conv;
+  const wprep::Plan& plan = c.plan();
+  {
+    v1::ConvertStreamResponse r;
+    v1::StreamResponseHeader* rh = r.mutable_header();
+    for (int64_t d : plan.output_shape) rh->add_output_shape(d);
+    for (int64_t d : plan.output_strides) rh->add_output_strides(d);
+    rh->set_output_bytes(plan.output_bytes);
+    rh->set_input_bytes(plan.input_bytes);
+    rh->set_engine(c.engine());
+    if (!stream->Write(r)) return absl::CancelledError("client went away before the header was sent");
+  }
+
+  const uint64_t expected = plan.input_bytes;
+  const uint64_t slice = c.slice_input_bytes();
+  uint64_t received = 0, sent = 0;
+  std::string pending, out;
+  pending.reserve(std::min<uint64_t>(slice, expected));
+  v1::ConvertStreamResponse chunk_msg;
+
+  auto emit = [&](absl::Span<const uint8_t> in) -> absl::Status {
+    if (absl::Status s = CheckLive(ctx, scope.deadline()); !s.ok()) return s;
+    if (absl::Status s = c.ConvertSlice(in, &out); !s.ok()) return s;
+    for (uint64_t off = 0; off < out.size(); off += kOutputChunkBytes) {
+      const uint64_t n = std::min<uint64_t>(kOutputChunkBytes, out.size() - off);
+      v1::DataChunk* dc = chunk_msg.mutable_chunk();
+      dc->set_offset(sent);
+      dc->set_data(out.data() + off, n);
+      if (!stream->Write(chunk_msg)) return absl::CancelledError("client went away mid-stream");
+      sent += n;
+    }
+    return absl::OkStatus();
+  };
+
+  while (stream->Read(&msg)) {
+    if (msg.has_header()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "a second header arrived after ", received, " input bytes; a stream carries one header"));
+    }
+    if (!msg.has_chunk()) {
+      return absl::InvalidArgumentError("a stream message carries neither header nor chunk");
+    }
+    const v1::DataChunk& ch = msg.chunk();
+    const std::string& data = ch.data();
+    if (data.size() > kMaxChunkBytes) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "chunk of ", data.size(), " bytes exceeds the ", kMaxChunkBytes,
+          "-byte (4 MiB) chunk limit; split the input into smaller chunks"));
+    }
+    if (ch.offset() != received) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "chunk at offset ", ch.offset(), " arrived after ", received,
+          " bytes; send chunks in order without gaps"));
+    }
+    if (data.size() > expected - received) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "the stream carries more than the ", expected, " input bytes the plan expects (chunk at ",
+          received, " has ", data.size(), " bytes)"));
+    }
+    received += data.size();
+    absl::string_view rest(data);
+    while (!rest.empty()) {
+      const size_t take = std::min<size_t>(rest.size(), slice - pending.size());
+      if (pending.empty() && take == slice) {
+        // A whole slice inside one chunk: convert it in place, no staging copy.
+        if (absl::Status s = emit(absl::Span<const uint8_t>(
+                reinterpret_cast<const uint8_t*>(rest.data()), take));
+            !s.ok()) {
+          return s;
+        }
+      } else {
+        pending.append(rest.data(), take);
+        if (pending.size() == slice) {
+          if (absl::Status s = emit(absl::Span<const uint8_t>(
+                  reinterpret_cast<const uint8_t*>(pending.data()), pending.size()));
+              !s.ok()) {
+            return s;
+          }
+          pending.clear();
+        }
+      }
+      rest.remove_prefix(take);
+    }
+  }
+  if (ctx->IsCancelled()) return absl::CancelledError("client cancelled mid-stream");
+  if (received < expected) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "stream ended after ", received, " of ", expected,
+        " input bytes (truncated); send the whole tensor before closing the stream"));
+  }
+  if (!pending.empty() || slice == 0) {
+    if (absl::Status s = emit(absl::Span<const uint8_t>(
+            reinterpret_cast<const uint8_t*>(pending.data()), pending.size()));
+        !s.ok()) {
+      return s;
+    }
+  }
+  if (sent != plan.output_bytes) {
+    return absl::InternalError(absl::StrCat("stream produced ", sent, " output bytes, expected ",
+                                            plan.output_bytes));
+  }
+  scope.SetResult(received, sent, c.engine(), c.peak_extra_device_bytes());
+  return absl::OkStatus();
+}
+
+grpc::Status WeightPrepService::ListDevices(grpc::ServerContext* ctx, const v1::ListDevicesRequest*,
+                                            v1::ListDevicesResponse* resp) {
+  Scope scope(Method::kListDevices, ctx, metrics_);
+  absl::StatusOr<Admission::Ticket> ticket = admission_->Enter();
+  if (!ticket.ok()) return scope.Finish(ticket.status());
+  for (size_t i = 0; i < devices_->num_gpus(); ++i) {
+    Gpu& g = devices_->gpu(i);
+    v1::DeviceInfo* d = resp->add_devices();
+    d->set_uuid(std::string(reinterpret_cast<const char*>(g.info().uuid.data()), 16));
+    d->set_name(g.info().name);
+    d->set_ordinal(g.info().ordinal);
+    d->set_compute_capability_major(g.info().cc_major);
+    d->set_compute_capability_minor(g.info().cc_minor);
+    d->set_total_memory_bytes(g.info().total_memory);
+    d->set_warm(g.warm());
+    d->set_streams(g.streams());
+    d->set_in_flight(g.in_flight());
+    d->set_allocated_bytes(g.allocator().allocated());
+  }
+  resp->set_cpu_engine(devices_->cpu_engine());
+  resp->set_cpu_threads(devices_->cpu_threads());
+  return scope.Finish(absl::OkStatus());
+}
+
+grpc::Status WeightPrepService::ReleaseIpcHandles(grpc::ServerContext* ctx,
+                                                  const v1::ReleaseIpcHandlesRequest* req,
+                                                  v1::ReleaseIpcHandlesResponse* resp) {
+  Scope scope(Method::kReleaseIpcHandles, ctx, metrics_);
+  absl::StatusOr<Admission::Ticket> ticket = admission_->Enter();
+  if (!ticket.ok()) return scope.Finish(ticket.status());
+  uint32_t released = 0, deferred = 0;
+  for (int i = 0; i < req->handles_size(); ++i) {
+    const v1::IpcHandleRef& h = req->handles(i);
+    const std::string field = absl::StrCat("handles[", i, "]");
+    if (h.handle().size() != 64) {
+      return scope.Finish(absl::InvalidArgumentError(absl::StrCat(
+          field, ".handle must be the 64 bytes of a cudaIpcMemHandle_t, got ", h.handle().size())));
+    }
+    absl::StatusOr<Uuid> u = UuidFromBytes(h.device_uuid(), field + ".device_uuid");
+    if (!u.ok()) return scope.Finish(u.status());
+    absl::StatusOr<Gpu*> g = devices_->FindByUuid(*u, field + ".device_uuid");
+    if (!g.ok()) return scope.Finish(g.status());
+    auto [r, d] = ipc_->Release((*g)->info().ordinal, h.handle());
+    released += r;
+    deferred += d;
+  }
+  resp->set_released(released);
+  resp->set_deferred(deferred);
+  return scope.Finish(absl::OkStatus());
+}
+
+}  // namespace wprep::server

@@ -1,0 +1,211 @@
+#include "daemon_harness.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "grpc/health/v1/health.grpc.pb.h"
+#include "grpcpp/create_channel.h"
+#include "grpcpp/security/credentials.h"
+
+namespace wprep::testing {
+
+std::string WprepdPath() {
+  if (const char* p = std::getenv("WPREPD"); p != nullptr && *p != '\0') return p;
+  return WPREPD_PATH;
+}
+
+std::unique_ptr<Daemon> Daemon::Start(const std::vector<std::string>& extra_args,
+                                      std::string* error, absl::Duration bound) {
+  std::unique_ptr<Daemon> d(new Daemon());
+  char tmpl[] = "/tmp/wprepd-test-XXXXXX";
+  if (mkdtemp(tmpl) == nullptr) {
+    *error = "mkdtemp failed";
+    return nullptr;
+  }
+  d->dir_ = tmpl;
+  const std::string port_file = d->dir_ + "/ports";
+  const std::string log_file = d->dir_ + "/wprepd.log";
+  std::vector<std::string> args = {WprepdPath(),
+                                   "--listen=unix://" + d->dir_ + "/wprepd.sock",
+                                   "--listen=127.0.0.1:0",
+                                   "--metrics-address=127.0.0.1:0",
+                                   "--port-file=" + port_file};
+  args.insert(args.end(), extra_args.begin(), extra_args.end());
+  std::vector<char*> argv;
+  for (std::string& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  const pid_t pid = fork();
+  if (pid < 0) {
+    *error = "fork failed";
+    return nullptr;
+  }
+  if (pid == 0) {
+    const int fd = open(log_file.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd >= 0) {
+      dup2(fd, 2);
+      dup2(fd, 1);
+    }
+    execv(argv[0], argv.data());
+    _exit(127);
+  }
+  d->pid_ = pid;
+  const absl::Time until = absl::Now() + bound;
+  while (absl::Now() < until) {
+    std::ifstream f(port_file);
+    if (f) {
+      std::string kind, addr;
+      while (f >> kind >> addr) {
+        if (kind == "grpc" && addr.rfind("unix://", 0) == 0) d->unix_target_ = addr;
+        else if (kind == "grpc") d->tcp_target_ = addr;
+        else if (kind == "metrics") d->metrics_ = addr;
+      }
+      if (!d->unix_target_.empty()) return d;
+    }
+    int status = 0;
+    if (waitpid(pid, &status, WNOHANG) == pid) {
+      d->exited_ = true;
+      *error = "wprepd exited during start-up: " + d->Log();
+      return nullptr;
+    }
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  *error = "wprepd did not write its port file: " + d->Log();
+  return nullptr;
+}
+
+Daemon::~Daemon() {
+  if (pid_ > 0 && !exited_) {
+    kill(pid_, SIGKILL);
+    int status = 0;
+    waitpid(pid_, &status, 0);
+  }
+  if (!dir_.empty()) {
+    std::error_code ec;
+    std::filesystem::remove_all(dir_, ec);
+  }
+}
+
+int Daemon::Health(const std::string& service) const {
+  auto channel = grpc::CreateChannel(unix_target_, grpc::InsecureChannelCredentials());
+  auto stub = grpc::health::v1::Health::NewStub(channel);
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  grpc::health::v1::HealthCheckRequest req;
+  req.set_service(service);
+  grpc::health::v1::HealthCheckResponse resp;
+  if (!stub->Check(&ctx, req, &resp).ok()) return -1;
+  return resp.status();
+}
+
+bool Daemon::WaitHealth(int status, absl::Duration bound) const {
+  const absl::Time until = absl::Now() + bound;
+  while (absl::Now() < until) {
+    if (Health() == status) return true;
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  return false;
+}
+
+bool Daemon::WaitServing(absl::Duration bound) const { return WaitHealth(1, bound); }
+
+void Daemon::Signal(int sig) const {
+  if (pid_ > 0 && !exited_) kill(pid_, sig);
+}
+
+int Daemon::WaitExit(absl::Duration bound) {
+  const absl::Time until = absl::Now() + bound;
+  while (absl::Now() < until) {
+    int status = 0;
+    if (waitpid(pid_, &status, WNOHANG) == pid_) {
+      exited_ = true;
+      return status;
+    }
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  return -1;
+}
+
+std::string Daemon::Log() const {
+  std::ifstream f(dir_ + "/wprepd.log");
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+std::string HttpGet(const std::string& host_port, const std::string& path) {
+  const size_t colon = host_port.rfind(':');
+  int port = 0;
+  if (colon == std::string::npos || !absl::SimpleAtoi(host_port.substr(colon + 1), &port)) return "";
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return "";
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  inet_pton(AF_INET, host_port.substr(0, colon).c_str(), &addr.sin_addr);
+  std::string body;
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) {
+    const std::string req = "GET " + path + " HTTP/1.0\r\nHost: " + host_port + "\r\n\r\n";
+    if (write(fd, req.data(), req.size()) == static_cast<ssize_t>(req.size())) {
+      char buf[65536];
+      ssize_t n;
+      while ((n = read(fd, buf, sizeof(buf))) > 0) body.append(buf, static_cast<size_t>(n));
+    }
+  }
+  close(fd);
+  const size_t hdr_end = body.find("\r\n\r\n");
+  return hdr_end == std::string::npos ? "" : body.substr(hdr_end + 4);
+}
+
+std::optional<double> MetricValue(const std::string& text, const std::string& name,
+                                  const std::map<std::string, std::string>& labels) {
+  std::optional<double> sum;
+  for (absl::string_view line : absl::StrSplit(text, '\n')) {
+    if (line.empty() || line[0] == '#') continue;
+    const size_t name_end = line.find_first_of("{ ");
+    if (name_end == absl::string_view::npos || line.substr(0, name_end) != name) continue;
+    std::map<std::string, std::string> have;
+    absl::string_view rest = line.substr(name_end);
+    if (rest[0] == '{') {
+      const size_t close = rest.find('}');
+      if (close == absl::string_view::npos) continue;
+      for (absl::string_view kv : absl::StrSplit(rest.substr(1, close - 1), ',', absl::SkipEmpty())) {
+        const size_t eq = kv.find('=');
+        if (eq == absl::string_view::npos) continue;
+        absl::string_view v = kv.substr(eq + 1);
+        if (v.size() >= 2 && v.front() == '"') v = v.substr(1, v.size() - 2);
+        have[std::string(kv.substr(0, eq))] = std::string(v);
+      }
+      rest = rest.substr(close + 1);
+    }
+    bool match = true;
+    for (const auto& [k, v] : labels) {
+      auto it = have.find(k);
+      if (it == have.end() || it->second != v) match = false;
+    }
+    if (!match) continue;
+    const size_t sp = rest.find_first_not_of(' ');
+    double value = 0;
+    if (sp == absl::string_view::npos) continue;
+    absl::string_view num = rest.substr(sp);
+    num = num.substr(0, num.find(' '));
+    if (!absl::SimpleAtod(num, &value)) continue;
+    sum = sum.value_or(0) + value;
+  }
+  return sum;
+}
+
+}  // namespace wprep::testing

@@ -1,0 +1,353 @@
+// wprepd as a real process on the CPU engine: every golden case through Convert (Unix
+// socket and TCP) and ConvertStream, concurrent clients, health transitions, SIGTERM
+// drain and metrics scraped over HTTP.
+#include <signal.h>
+#include <sys/wait.h>
+
+#include <atomic>
+#include <cstdio>
+#include <fstream>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "daemon_harness.h"
+#include "golden_rpc.h"
+#include "gtest/gtest.h"
+#include "wprep/client/client.h"
+
+namespace wprep::testing {
+namespace {
+
+using wprep::client::Client;
+using wprep::client::MakeChannel;
+
+std::unique_ptr<Daemon> StartOrDie(const std::vector<std::string>& args = {}) {
+  std::string error;
+  std::unique_ptr<Daemon> d = Daemon::Start(args, &error);
+  EXPECT_NE(d, nullptr) << error;
+  return d;
+}
+
+TEST(Daemon, EveryGoldenCaseThroughConvertOnUnixAndTcp) {
+  auto d = StartOrDie();
+  ASSERT_NE(d, nullptr);
+  ASSERT_TRUE(d->WaitServing()) << d->Log();
+  ASSERT_FALSE(d->tcp_target().empty());
+  Client unix_client(MakeChannel(d->unix_target()));
+  Client tcp_client(MakeChannel(d->tcp_target()));
+  int ok_cases = 0, error_cases = 0;
+  for (const GoldenCase& c : GoldenCases()) {
+    SCOPED_TRACE(c.name);
+    if (c.error) {
+      wprep::v1::ConvertRequest r = ConvertRequestFor(c.spec, c.logical_shape, {});
+      absl::StatusOr<wprep::v1::ConvertResponse> resp = unix_client.Convert(r);
+      EXPECT_EQ(resp.status().code(), absl::StatusCode::kInvalidArgument) << resp.status();
+      ++error_cases;
+      continue;
+    }
+    const std::vector<uint8_t> in = GoldenInput(c);
+    wprep::v1::ConvertRequest r = ConvertRequestFor(c.spec, c.logical_shape, in);
+    for (Client* client : {&unix_client, &tcp_client}) {
+      absl::StatusOr<wprep::v1::ConvertResponse> resp = client->Convert(r);
+      ASSERT_TRUE(resp.ok()) << resp.status();
+      EXPECT_TRUE(MatchesGolden(c, resp->output_bytes_inline()));
+      EXPECT_EQ(resp->output_bytes(), c.output_bytes);
+      EXPECT_EQ(std::vector<int64_t>(resp->output_shape().begin(), resp->output_shape().end()),
+                c.output_shape);
+      EXPECT_EQ(std::vector<int64_t>(resp->output_strides().begin(), resp->output_strides().end()),
+                c.output_strides);
+      EXPECT_EQ(resp->engine(), "cpu");
+    }
+    ++ok_cases;
+  }
+  EXPECT_GT(ok_cases, 0);
+  EXPECT_GT(error_cases, 0);
+}
+
+TEST(Daemon, EveryGoldenCaseThroughConvertStream) {
+  auto d = StartOrDie();
+  ASSERT_NE(d, nullptr);
+  ASSERT_TRUE(d->WaitServing()) << d->Log();
+  Client client(MakeChannel(d->unix_target()));
+  for (const GoldenCase& c : GoldenCases()) {
+    SCOPED_TRACE(c.name);
+    std::string out;
+    if (c.error) {
+      absl::StatusOr<wprep::v1::StreamResponseHeader> h =
+          client.ConvertStream(StreamHeaderFor(c.spec, c.logical_shape), {}, &out);
+      EXPECT_EQ(h.status().code(), absl::StatusCode::kInvalidArgument) << h.status();
+      continue;
+    }
+    const std::vector<uint8_t> in = GoldenInput(c);
+    // Small chunks that do not line up with matrices exercise the daemon's slicing.
+    wprep::client::StreamOptions opts;
+    opts.chunk_bytes = 4093;
+    absl::StatusOr<wprep::v1::StreamResponseHeader> h =
+        client.ConvertStream(StreamHeaderFor(c.spec, c.logical_shape), in, &out, opts);
+    ASSERT_TRUE(h.ok()) << h.status();
+    EXPECT_EQ(h->input_bytes(), c.input_bytes);
+    EXPECT_EQ(h->output_bytes(), c.output_bytes);
+    EXPECT_TRUE(MatchesGolden(c, out));
+  }
+}
+
+// Tensors with many leading-dim matrices and slices of several MiB go through the
+// daemon's slicing with whole-slice, partial and remainder pieces.
+TEST(Daemon, StreamOfManyMatricesMatchesCpuEngine) {
+  auto d = StartOrDie();
+  ASSERT_NE(d, nullptr);
+  ASSERT_TRUE(d->WaitServing()) << d->Log();
+  Client client(MakeChannel(d->unix_target()));
+  struct Case {
+    ConversionSpec spec;
+    std::vector<int64_t> shape;
+  };
+  ConversionSpec bw;
+  bw.layout = Layout::kBlackwellShuffledValue;
+  bw.direction = Direction::kSwizzle;
+  const std::vector<Case> cases = {
+      {HopperSpec(Direction::kSwizzle, -2, 3), {3, 5, 512, 1024}},   // 15 x 256 KiB
+      {HopperSpec(Direction::kSwizzle, -1, 2), {9, 2048, 4096}},      // 9 x 4 MiB
+      {bw, {7, 300, 258}},
+  };
+  for (const Case& c : cases) {
+    absl::StatusOr<Plan> plan = MakePlan(c.spec, c.shape);
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    const std::vector<uint8_t> in = RandomBytes(plan->input_bytes, 77);
+    for (uint64_t chunk : {uint64_t{1} << 20, uint64_t{4} << 20, uint64_t{777777}}) {
+      std::string out;
+      wprep::client::StreamOptions opts;
+      opts.chunk_bytes = chunk;
+      absl::StatusOr<wprep::v1::StreamResponseHeader> h =
+          client.ConvertStream(StreamHeaderFor(c.spec, c.shape), in, &out, opts);
+      ASSERT_TRUE(h.ok()) << h.status();
+      EXPECT_TRUE(out == CpuReference(c.spec, c.shape, in)) << Describe(c.spec) << " chunk " << chunk;
+    }
+  }
+}
+
+TEST(Daemon, ThirtyTwoConcurrentClientsWithMixedSizesAllExact) {
+  auto d = StartOrDie();
+  ASSERT_NE(d, nullptr);
+  ASSERT_TRUE(d->WaitServing()) << d->Log();
+  constexpr int kClients = 32;
+  const std::vector<std::vector<int64_t>> shapes = {
+      {256, 128}, {2, 512, 256}, {1024, 2048}, {130, 66}, {4, 1024, 1024}, {3, 300, 200}};
+  std::vector<std::string> failures(kClients);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kClients; ++t) {
+    threads.emplace_back([&, t] {
+      // Half the clients share nothing (own channel over TCP), half use the Unix socket.
+      Client client(MakeChannel(t % 2 == 0 ? d->unix_target() : d->tcp_target()));
+      for (int i = 0; i < 3; ++i) {
+        const auto& shape = shapes[(t + i) % shapes.size()];
+        const ConversionSpec spec = HopperSpec(i == 1 ? Direction::kUnswizzle : Direction::kSwizzle,
+                                               t % 2 == 0 ? -1 : -2, 2 + (t / 2) % 2);
+        absl::StatusOr<Plan> plan = MakePlan(spec, shape);
+        if (!plan.ok()) {
+          failures[t] = plan.status().ToString();
+          return;
+        }
+        const std::vector<uint8_t> in = RandomBytes(plan->input_bytes, 1000 + t * 10 + i);
+        std::string out;
+        if ((t + i) % 3 == 0) {
+          absl::StatusOr<wprep::v1::StreamResponseHeader> h =
+              client.ConvertStream(StreamHeaderFor(spec, shape), in, &out);
+          if (!h.ok()) {
+            failures[t] = h.status().ToString();
+            return;
+          }
+        } else {
+          absl::StatusOr<wprep::v1::ConvertResponse> r = client.Convert(ConvertRequestFor(spec, shape, in));
+          if (!r.ok()) {
+            failures[t] = r.status().ToString();
+            return;
+          }
+          out = r->output_bytes_inline();
+        }
+        if (out != CpuReference(spec, shape, in)) {
+          failures[t] = absl::StrCat("wrong bytes for ", Describe(spec), " request ", i);
+          return;
+        }
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  for (int t = 0; t < kClients; ++t) EXPECT_EQ(failures[t], "") << "client " << t;
+  EXPECT_EQ(d->Health(), 1);
+}
+
+TEST(Daemon, HealthIsNotServingUntilWarmThenServing) {
+  auto d = StartOrDie({"--testing-warmup-gate=/tmp/wprepd-gate-placeholder"});
+  ASSERT_NE(d, nullptr);
+  // The gate file does not exist: the daemon listens but must not serve.
+  EXPECT_EQ(d->Health(), 2);
+  EXPECT_EQ(d->Health("wprep.v1.WeightPrep"), 2);
+  Client client(MakeChannel(d->unix_target()));
+  absl::StatusOr<wprep::v1::ListDevicesResponse> early = client.ListDevices();
+  EXPECT_EQ(early.status().code(), absl::StatusCode::kUnavailable) << early.status();
+  EXPECT_NE(early.status().message().find("warming up"), std::string::npos) << early.status();
+  d->Signal(SIGTERM);
+  const int status = d->WaitExit();
+  ASSERT_TRUE(WIFEXITED(status)) << d->Log();
+  EXPECT_EQ(WEXITSTATUS(status), 0);
+}
+
+TEST(Daemon, HealthGoesServingWhenWarmupGateOpens) {
+  char tmpl[] = "/tmp/wprepd-gate-XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  const std::string gate = std::string(tmpl) + "/open";
+  auto d = StartOrDie({"--testing-warmup-gate=" + gate});
+  ASSERT_NE(d, nullptr);
+  EXPECT_EQ(d->Health(), 2);
+  { std::ofstream(gate) << "go"; }
+  EXPECT_TRUE(d->WaitServing()) << d->Log();
+  EXPECT_EQ(d->Health("wprep.v1.WeightPrep"), 1);
+  Client client(MakeChannel(d->unix_target()));
+  absl::StatusOr<wprep::v1::ListDevicesResponse> dev = client.ListDevices();
+  ASSERT_TRUE(dev.ok()) << dev.status();
+  EXPECT_TRUE(dev->cpu_engine());
+  std::remove(gate.c_str());
+  rmdir(tmpl);
+}
+
+// SIGTERM while a stream is in flight: health turns NOT_SERVING, new work is refused
+// with UNAVAILABLE, the in-flight stream completes byte-exact, and the process exits 0.
+TEST(Daemon, SigtermDrainsInFlightStreamAndExitsZero) {
+  auto d = StartOrDie({"--drain-timeout=120s"});
+  ASSERT_NE(d, nullptr);
+  ASSERT_TRUE(d->WaitServing()) << d->Log();
+  const ConversionSpec spec = HopperSpec(Direction::kSwizzle, -2, 3);
+  const std::vector<int64_t> shape = {4, 1024, 1024};
+  absl::StatusOr<Plan> plan = MakePlan(spec, shape);
+  ASSERT_TRUE(plan.ok());
+  const std::vector<uint8_t> in = RandomBytes(plan->input_bytes, 5);
+
+  Client client(MakeChannel(d->unix_target()));
+  grpc::ClientContext ctx;
+  auto stream = client.stub().ConvertStream(&ctx);
+  wprep::v1::ConvertStreamRequest msg;
+  *msg.mutable_header() = StreamHeaderFor(spec, shape);
+  ASSERT_TRUE(stream->Write(msg));
+  wprep::v1::ConvertStreamResponse resp;
+  ASSERT_TRUE(stream->Read(&resp));  // the daemon admitted the stream and sent its header
+  ASSERT_TRUE(resp.has_header());
+  const uint64_t half = in.size() / 2;
+  msg.mutable_chunk()->set_offset(0);
+  msg.mutable_chunk()->set_data(in.data(), half);
+  ASSERT_TRUE(stream->Write(msg));
+
+  d->Signal(SIGTERM);
+  ASSERT_TRUE(d->WaitHealth(2)) << d->Log();
+  Client other(MakeChannel(d->unix_target()));
+  absl::StatusOr<wprep::v1::ConvertResponse> refused =
+      other.Convert(ConvertRequestFor(spec, {256, 128}, RandomBytes(256 * 64, 1)));
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kUnavailable) << refused.status();
+  EXPECT_NE(refused.status().message().find("draining"), std::string::npos) << refused.status();
+
+  for (uint64_t off = half; off < in.size(); off += 1 << 20) {
+    const uint64_t n = std::min<uint64_t>(1 << 20, in.size() - off);
+    msg.mutable_chunk()->set_offset(off);
+    msg.mutable_chunk()->set_data(in.data() + off, n);
+    ASSERT_TRUE(stream->Write(msg));
+  }
+  stream->WritesDone();
+  std::string out;
+  while (stream->Read(&resp)) {
+    ASSERT_TRUE(resp.has_chunk());
+    ASSERT_EQ(resp.chunk().offset(), out.size());
+    out += resp.chunk().data();
+  }
+  grpc::Status st = stream->Finish();
+  ASSERT_TRUE(st.ok()) << st.error_message();
+  EXPECT_TRUE(out == CpuReference(spec, shape, in));
+
+  const int status = d->WaitExit();
+  ASSERT_TRUE(WIFEXITED(status)) << d->Log();
+  EXPECT_EQ(WEXITSTATUS(status), 0);
+  EXPECT_NE(d->Log().find("event=stopped drained=true"), std::string::npos) << d->Log();
+}
+
+TEST(Daemon, SigintWithNothingInFlightExitsZero) {
+  auto d = StartOrDie();
+  ASSERT_NE(d, nullptr);
+  ASSERT_TRUE(d->WaitServing()) << d->Log();
+  d->Signal(SIGINT);
+  const int status = d->WaitExit();
+  ASSERT_TRUE(WIFEXITED(status)) << d->Log();
+  EXPECT_EQ(WEXITSTATUS(status), 0);
+}
+
+TEST(Daemon, MetricsServedOverHttpMoveWithTraffic) {
+  auto d = StartOrDie();
+  ASSERT_NE(d, nullptr);
+  ASSERT_TRUE(d->WaitServing()) << d->Log();
+  ASSERT_FALSE(d->metrics_address().empty());
+  const std::string before = HttpGet(d->metrics_address(), "/metrics");
+  ASSERT_FALSE(before.empty());
+  // The documented series exist from the start.
+  for (const char* name : {"wprep_build_info", "wprep_device_warm", "wprep_ipc_cache_entries",
+                           "wprep_ipc_cache_hits_total", "wprep_ipc_cache_misses_total",
+                           "wprep_converted_bytes_total", "wprep_in_flight_requests",
+                           "wprep_device_allocated_bytes", "wprep_device_allocated_high_water_bytes"}) {
+    EXPECT_TRUE(MetricValue(before, name).has_value()) << name;
+  }
+  EXPECT_EQ(MetricValue(before, "wprep_build_info"), 1.0);
+  EXPECT_EQ(MetricValue(before, "wprep_device_warm", {{"device", "cpu"}}), 1.0);
+  EXPECT_EQ(MetricValue(before, "wprep_ipc_cache_entries"), 0.0);
+  EXPECT_EQ(MetricValue(before, "wprep_in_flight_requests", {{"device", "cpu"}}), 0.0);
+
+  Client client(MakeChannel(d->unix_target()));
+  const ConversionSpec spec = HopperSpec(Direction::kSwizzle, -1, 2);
+  constexpr int kConverts = 5;
+  uint64_t out_bytes = 0;
+  for (int i = 0; i < kConverts; ++i) {
+    absl::StatusOr<wprep::v1::ConvertResponse> r =
+        client.Convert(ConvertRequestFor(spec, {256, 128}, RandomBytes(256 * 64, i)));
+    ASSERT_TRUE(r.ok()) << r.status();
+    out_bytes += r->output_bytes();
+  }
+  std::string out;
+  const std::vector<uint8_t> sin = RandomBytes(2 * 512 * 128, 9);
+  ASSERT_TRUE(client.ConvertStream(StreamHeaderFor(spec, {2, 512, 256}), sin, &out).ok());
+  out_bytes += out.size();
+  absl::StatusOr<wprep::v1::ConvertResponse> bad =
+      client.Convert(ConvertRequestFor(spec, {256, 127}, {}));
+  ASSERT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+
+  const std::string after = HttpGet(d->metrics_address(), "/metrics");
+  EXPECT_EQ(MetricValue(after, "wprep_requests_total",
+                        {{"method", "Convert"}, {"layout", "hopper_value"}, {"direction", "swizzle"},
+                         {"transport", "bytes_to_bytes"}, {"code", "OK"}}),
+            double{kConverts});
+  EXPECT_EQ(MetricValue(after, "wprep_requests_total",
+                        {{"method", "ConvertStream"}, {"transport", "stream"}, {"code", "OK"}}),
+            1.0);
+  EXPECT_EQ(MetricValue(after, "wprep_requests_total",
+                        {{"method", "Convert"}, {"code", "INVALID_ARGUMENT"}}),
+            1.0);
+  EXPECT_EQ(MetricValue(after, "wprep_request_duration_seconds_count", {{"method", "Convert"}}),
+            double{kConverts + 1});
+  // Every duration is below the top bucket (60 s) and above 0.
+  EXPECT_EQ(MetricValue(after, "wprep_request_duration_seconds_bucket",
+                        {{"method", "Convert"}, {"le", "60"}}),
+            double{kConverts + 1});
+  EXPECT_TRUE(MetricValue(after, "wprep_request_duration_seconds_bucket",
+                          {{"method", "Convert"}, {"le", "1e-05"}})
+                  .has_value());
+  EXPECT_GT(*MetricValue(after, "wprep_request_duration_seconds_sum", {{"method", "Convert"}}), 0.0);
+  EXPECT_EQ(MetricValue(after, "wprep_converted_bytes_total", {{"device", "cpu"}}),
+            static_cast<double>(out_bytes));
+  EXPECT_GE(*MetricValue(after, "wprep_kernel_duration_seconds_count", {{"device", "cpu"}}),
+            double{kConverts + 1});
+  // The CPU engine allocates no device memory: its peaks are all in the 0 bucket.
+  EXPECT_EQ(MetricValue(after, "wprep_request_peak_extra_device_bytes_bucket",
+                        {{"transport", "bytes_to_bytes"}, {"le", "0"}}),
+            double{kConverts});
+  EXPECT_EQ(MetricValue(after, "wprep_request_peak_extra_device_bytes_count",
+                        {{"transport", "bytes_to_bytes"}}),
+            double{kConverts});
+}
+
+}  // namespace
+}  // namespace wprep::testing

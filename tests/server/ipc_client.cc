@@ -1,0 +1,294 @@
+// wprep_ipc_client: the GPU tests' client process. It allocates with cudaMalloc in its
+// own process and sends CUDA IPC handles to a running wprepd, checking every output
+// byte for byte against the reference vectors. Prints "OK ..." lines; exit 0 when every
+// check passed, 1 on a failed check, 2 on bad usage, 3 when it has no GPU.
+//
+//   wprep_ipc_client --target=unix:///path --mode=ipc2ipc|bytes2ipc|ipc2bytes
+//       [--alloc-device=N] [--current-device=M] [--repeat=R] [--no-release]
+//   wprep_ipc_client --target=... --mode=bad-garbage|bad-beyond|bad-wrong-uuid
+//   wprep_ipc_client --target=... --mode=loop-big      (converts until killed)
+#include <cstdio>
+#include <cstring>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "golden.h"
+#include "wprep/client/client.h"
+#include "wprep/kernels/plan.h"
+
+#if WPREP_HAVE_CUDA
+#include <cuda_runtime.h>
+#endif
+
+namespace {
+
+namespace v1 = wprep::v1;
+using wprep::testing::GoldenCase;
+
+int Fail(const std::string& what) {
+  std::printf("FAIL %s\n", what.c_str());
+  std::fflush(stdout);
+  return 1;
+}
+
+#if WPREP_HAVE_CUDA
+#define CHECK_CUDA(call)                                                               \
+  do {                                                                                 \
+    cudaError_t e_ = (call);                                                           \
+    if (e_ != cudaSuccess) return Fail(absl::StrCat(#call, ": ", cudaGetErrorString(e_))); \
+  } while (0)
+
+struct Args {
+  std::string target, mode;
+  int alloc_device = 0, current_device = -1, repeat = 1;
+  bool release = true;
+};
+
+// One device allocation with a tensor at `offset`, and its IPC handle.
+struct DeviceBuffer {
+  void* base = nullptr;
+  uint64_t offset = 0, size = 0, alloc = 0;
+  std::string handle;
+};
+
+int Alloc(uint64_t size, uint64_t offset, DeviceBuffer* b) {
+  b->offset = offset;
+  b->size = size;
+  b->alloc = size + offset + 4096;
+  CHECK_CUDA(cudaMalloc(&b->base, b->alloc));
+  CHECK_CUDA(cudaMemset(b->base, 0xEE, b->alloc));
+  cudaIpcMemHandle_t h;
+  CHECK_CUDA(cudaIpcGetMemHandle(&h, b->base));
+  b->handle.assign(reinterpret_cast<const char*>(&h), sizeof(h));
+  return 0;
+}
+
+v1::CudaIpcBuffer Ipc(const DeviceBuffer& b, const std::string& uuid) {
+  v1::CudaIpcBuffer r;
+  r.set_handle(b.handle);
+  r.set_offset(b.offset);
+  r.set_size(b.size);
+  r.set_device_uuid(uuid);
+  return r;
+}
+
+std::string Expected(const GoldenCase& c) {
+  if (!c.output_file.empty()) {
+    std::vector<uint8_t> v = wprep::testing::ReadFile(c.output_file);
+    return std::string(v.begin(), v.end());
+  }
+  return "";  // compared by sha256
+}
+
+bool Matches(const GoldenCase& c, const std::string& got) {
+  if (got.size() != c.output_bytes) return false;
+  if (!c.output_file.empty()) return got == Expected(c);
+  return wprep::testing::Sha256Hex(std::vector<uint8_t>(got.begin(), got.end())) == c.output_sha256;
+}
+
+int RunCases(const Args& a, wprep::client::Client& client, const std::string& uuid) {
+  struct Item {
+    const GoldenCase* c;
+    DeviceBuffer in, out;
+  };
+  std::vector<Item> items;
+  for (const GoldenCase& c : wprep::testing::GoldenCases()) {
+    if (c.error || c.input_bytes == 0 || c.output_bytes == 0) continue;
+    Item it{&c, {}, {}};
+    const std::vector<uint8_t> in = wprep::testing::SplitMix64Bytes(c.input_seed, c.input_bytes);
+    if (int r = Alloc(c.input_bytes, 256, &it.in); r != 0) return r;
+    CHECK_CUDA(cudaMemcpy(static_cast<uint8_t*>(it.in.base) + 256, in.data(), in.size(),
+                          cudaMemcpyHostToDevice));
+    if (int r = Alloc(c.output_bytes, 512, &it.out); r != 0) return r;
+    items.push_back(std::move(it));
+  }
+  const bool src_ipc = a.mode != "bytes2ipc";
+  const bool dst_ipc = a.mode != "ipc2bytes";
+  int converted = 0;
+  for (int rep = 0; rep < a.repeat; ++rep) {
+    for (Item& it : items) {
+      const GoldenCase& c = *it.c;
+      v1::ConvertRequest req;
+      *req.mutable_spec() = wprep::client::SpecToProto(c.spec);
+      for (int64_t d : c.logical_shape) req.add_logical_shape(d);
+      if (src_ipc) {
+        *req.mutable_source_ipc() = Ipc(it.in, uuid);
+      } else {
+        const std::vector<uint8_t> in = wprep::testing::SplitMix64Bytes(c.input_seed, c.input_bytes);
+        req.set_source_bytes(std::string(in.begin(), in.end()));
+      }
+      if (dst_ipc) {
+        *req.mutable_destination_ipc() = Ipc(it.out, uuid);
+        CHECK_CUDA(cudaMemset(static_cast<uint8_t*>(it.out.base) + it.out.offset, 0xEE, c.output_bytes));
+      }
+      // The client's current device may differ from the buffers' GPU: the daemon goes
+      // by the UUID alone.
+      if (a.current_device >= 0) CHECK_CUDA(cudaSetDevice(a.current_device));
+      absl::StatusOr<v1::ConvertResponse> resp = client.Convert(req);
+      CHECK_CUDA(cudaSetDevice(a.alloc_device));
+      if (!resp.ok()) return Fail(absl::StrCat(c.name, ": ", resp.status().ToString()));
+      std::string got;
+      if (dst_ipc) {
+        got.resize(c.output_bytes);
+        CHECK_CUDA(cudaMemcpy(got.data(), static_cast<uint8_t*>(it.out.base) + it.out.offset,
+                              c.output_bytes, cudaMemcpyDeviceToHost));
+        // Bytes past the output must be untouched.
+        unsigned char after = 0;
+        CHECK_CUDA(cudaMemcpy(&after, static_cast<uint8_t*>(it.out.base) + it.out.offset + c.output_bytes,
+                              1, cudaMemcpyDeviceToHost));
+        if (after != 0xEE) return Fail(absl::StrCat(c.name, ": wrote past the output"));
+      } else {
+        got = resp->output_bytes_inline();
+      }
+      if (!Matches(c, got)) return Fail(absl::StrCat(c.name, ": output differs from the reference"));
+      if (resp->engine().rfind("cuda:", 0) != 0) return Fail(absl::StrCat(c.name, ": engine ", resp->engine()));
+      if (src_ipc && dst_ipc && resp->peak_extra_device_bytes() != 0) {
+        return Fail(absl::StrCat(c.name, ": IPC->IPC used ", resp->peak_extra_device_bytes(),
+                                 " extra device bytes"));
+      }
+      ++converted;
+    }
+  }
+  if (a.release) {
+    v1::ReleaseIpcHandlesRequest rel;
+    for (const Item& it : items) {
+      for (const DeviceBuffer* b : {&it.in, &it.out}) {
+        v1::IpcHandleRef* h = rel.add_handles();
+        h->set_handle(b->handle);
+        h->set_device_uuid(uuid);
+      }
+    }
+    absl::StatusOr<v1::ReleaseIpcHandlesResponse> r = client.ReleaseIpcHandles(rel);
+    if (!r.ok()) return Fail(absl::StrCat("ReleaseIpcHandles: ", r.status().ToString()));
+    std::printf("OK released=%u deferred=%u\n", r->released(), r->deferred());
+  }
+  for (Item& it : items) {
+    cudaFree(it.in.base);
+    cudaFree(it.out.base);
+  }
+  std::printf("OK mode=%s cases=%zu converted=%d\n", a.mode.c_str(), items.size(), converted);
+  return converted > 0 ? 0 : Fail("no case converted");
+}
+
+int ExpectInvalid(wprep::client::Client& client, const v1::ConvertRequest& req, const char* part) {
+  absl::StatusOr<v1::ConvertResponse> r = client.Convert(req);
+  if (r.status().code() != absl::StatusCode::kInvalidArgument ||
+      r.status().message().find(part) == absl::string_view::npos) {
+    return Fail(absl::StrCat("expected INVALID_ARGUMENT with '", part, "', got ", r.status().ToString()));
+  }
+  std::printf("OK %s\n", r.status().ToString().c_str());
+  return 0;
+}
+
+int RunBad(const Args& a, wprep::client::Client& client, const std::string& uuid) {
+  DeviceBuffer in, out;
+  const uint64_t n = 256 * 64;
+  if (int r = Alloc(n, 0, &in); r != 0) return r;
+  if (int r = Alloc(n, 0, &out); r != 0) return r;
+  v1::ConvertRequest req;
+  wprep::ConversionSpec spec;
+  spec.hopper.mx_axis = -1;
+  spec.hopper.mma_version = 2;
+  *req.mutable_spec() = wprep::client::SpecToProto(spec);
+  req.add_logical_shape(256);
+  req.add_logical_shape(128);
+  *req.mutable_source_ipc() = Ipc(in, uuid);
+  *req.mutable_destination_ipc() = Ipc(out, uuid);
+  int rc = 0;
+  if (a.mode == "bad-garbage") {
+    std::string garbage(64, '\0');
+    for (int i = 0; i < 64; ++i) garbage[i] = static_cast<char>(i * 37 + 11);
+    req.mutable_source_ipc()->set_handle(garbage);
+    rc = ExpectInvalid(client, req, "could not be opened");
+  } else if (a.mode == "bad-beyond") {
+    req.mutable_source_ipc()->set_offset(in.alloc - 100);  // n bytes from here overrun it
+    rc = ExpectInvalid(client, req, "beyond the allocation");
+  } else if (a.mode == "bad-wrong-uuid") {
+    int count = 0;
+    CHECK_CUDA(cudaGetDeviceCount(&count));
+    if (count < 2) return Fail("bad-wrong-uuid needs two GPUs");
+    cudaDeviceProp other;
+    CHECK_CUDA(cudaGetDeviceProperties(&other, (a.alloc_device + 1) % count));
+    req.mutable_source_ipc()->set_device_uuid(std::string(other.uuid.bytes, 16));
+    req.mutable_destination_ipc()->set_device_uuid(std::string(other.uuid.bytes, 16));
+    rc = ExpectInvalid(client, req, "belongs to an allocation on");
+  } else {
+    return Fail("unknown mode " + a.mode);
+  }
+  cudaFree(in.base);
+  cudaFree(out.base);
+  return rc;
+}
+
+// IPC->IPC conversions of a 256 MiB tensor in a loop, until the process is killed.
+int RunLoopBig(wprep::client::Client& client, const std::string& uuid) {
+  wprep::ConversionSpec spec;  // Hopper mx_axis -2 swizzle
+  const std::vector<int64_t> shape = {8, 8192, 8192};
+  absl::StatusOr<wprep::Plan> plan = wprep::MakePlan(spec, shape);
+  if (!plan.ok()) return Fail(plan.status().ToString());
+  DeviceBuffer in, out;
+  if (int r = Alloc(plan->input_bytes, 0, &in); r != 0) return r;
+  if (int r = Alloc(plan->output_bytes, 0, &out); r != 0) return r;
+  v1::ConvertRequest req;
+  *req.mutable_spec() = wprep::client::SpecToProto(spec);
+  for (int64_t d : shape) req.add_logical_shape(d);
+  *req.mutable_source_ipc() = Ipc(in, uuid);
+  *req.mutable_destination_ipc() = Ipc(out, uuid);
+  std::printf("STARTED\n");
+  std::fflush(stdout);
+  for (;;) {
+    absl::StatusOr<v1::ConvertResponse> r = client.Convert(req);
+    if (!r.ok()) return Fail(r.status().ToString());
+  }
+}
+#endif  // WPREP_HAVE_CUDA
+
+}  // namespace
+
+int main(int argc, char** argv) {
+#if !WPREP_HAVE_CUDA
+  (void)argc, (void)argv;
+  std::printf("SKIP no CUDA in this build\n");
+  return 3;
+#else
+  Args a;
+  for (int i = 1; i < argc; ++i) {
+    std::string s = argv[i];
+    auto val = [&](const char* flag) -> const char* {
+      const size_t n = std::strlen(flag);
+      return s.compare(0, n, flag) == 0 ? argv[i] + n : nullptr;
+    };
+    if (const char* v = val("--target=")) a.target = v;
+    else if (const char* v = val("--mode=")) a.mode = v;
+    else if (const char* v = val("--alloc-device=")) a.alloc_device = std::atoi(v);
+    else if (const char* v = val("--current-device=")) a.current_device = std::atoi(v);
+    else if (const char* v = val("--repeat=")) a.repeat = std::atoi(v);
+    else if (s == "--no-release") a.release = false;
+    else {
+      std::fprintf(stderr, "unknown argument %s\n", argv[i]);
+      return 2;
+    }
+  }
+  if (a.target.empty() || a.mode.empty()) {
+    std::fprintf(stderr, "usage: wprep_ipc_client --target=ADDR --mode=MODE [...]\n");
+    return 2;
+  }
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
+    std::printf("SKIP no GPU\n");
+    return 3;
+  }
+  if (a.alloc_device >= count) return Fail("--alloc-device beyond the GPUs present");
+  CHECK_CUDA(cudaSetDevice(a.alloc_device));
+  cudaDeviceProp prop;
+  CHECK_CUDA(cudaGetDeviceProperties(&prop, a.alloc_device));
+  const std::string uuid(prop.uuid.bytes, 16);
+  wprep::client::Client client(wprep::client::MakeChannel(a.target));
+  if (a.mode == "ipc2ipc" || a.mode == "bytes2ipc" || a.mode == "ipc2bytes") return RunCases(a, client, uuid);
+  if (a.mode == "loop-big") return RunLoopBig(client, uuid);
+  return RunBad(a, client, uuid);
+#endif
+}

@@ -1,0 +1,225 @@
+// wprep_rpc_bench: end-to-end figures of wprepd (a program, not a test).
+//
+//   wprep_rpc_bench [--target=unix:///path] [--iters=N] [--stream-runs=N] [-- wprepd flags]
+//
+// Without --target it starts wprepd itself (WPREPD env or the built binary) on a Unix
+// socket and reports start-to-SERVING. Then, with a GPU: 1 MiB and 128 MiB Hopper
+// mx_axis=-2 swizzle IPC->IPC end-to-end p50 next to the kernel's own p50 (cudaEvent
+// timing of the same kernel in this process), and the first request after SERVING;
+// always: 128 MiB bytes->bytes ConvertStream GB/s over the Unix socket.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "daemon_harness.h"
+#include "golden.h"
+#include "wprep/client/client.h"
+#include "wprep/kernels/cuda_engine.h"
+#include "wprep/kernels/plan.h"
+
+#if WPREP_HAVE_CUDA
+#include <cuda_runtime.h>
+#endif
+
+namespace {
+
+namespace v1 = wprep::v1;
+using Clock = std::chrono::steady_clock;
+
+double Ms(Clock::duration d) { return std::chrono::duration<double, std::milli>(d).count(); }
+
+double Median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+wprep::ConversionSpec HopperMx2Swizzle() {
+  wprep::ConversionSpec s;
+  s.layout = wprep::Layout::kHopperValue;
+  s.direction = wprep::Direction::kSwizzle;
+  s.hopper.mx_axis = -2;
+  s.hopper.mma_version = 3;
+  return s;
+}
+
+#if WPREP_HAVE_CUDA
+#define BENCH_CUDA(call)                                                          \
+  do {                                                                            \
+    cudaError_t e_ = (call);                                                      \
+    if (e_ != cudaSuccess) {                                                      \
+      std::fprintf(stderr, "%s: %s\n", #call, cudaGetErrorString(e_));            \
+      return false;                                                               \
+    }                                                                             \
+  } while (0)
+
+// IPC->IPC p50 of `shape` next to the kernel's p50; `first_ms` receives the first call.
+bool BenchIpc(wprep::client::Client& client, const std::vector<int64_t>& shape, int iters,
+              const char* label, double* first_ms) {
+  const wprep::ConversionSpec spec = HopperMx2Swizzle();
+  absl::StatusOr<wprep::Plan> plan = wprep::MakePlan(spec, shape);
+  if (!plan.ok()) return false;
+  void *in = nullptr, *out = nullptr;
+  BENCH_CUDA(cudaSetDevice(0));
+  BENCH_CUDA(cudaMalloc(&in, plan->input_bytes));
+  BENCH_CUDA(cudaMalloc(&out, plan->output_bytes));
+  std::vector<uint8_t> host = wprep::testing::RandomBytes(plan->input_bytes, 42);
+  BENCH_CUDA(cudaMemcpy(in, host.data(), host.size(), cudaMemcpyHostToDevice));
+  cudaIpcMemHandle_t hin, hout;
+  BENCH_CUDA(cudaIpcGetMemHandle(&hin, in));
+  BENCH_CUDA(cudaIpcGetMemHandle(&hout, out));
+  cudaDeviceProp prop;
+  BENCH_CUDA(cudaGetDeviceProperties(&prop, 0));
+  v1::ConvertRequest req;
+  *req.mutable_spec() = wprep::client::SpecToProto(spec);
+  for (int64_t d : shape) req.add_logical_shape(d);
+  auto* s = req.mutable_source_ipc();
+  s->set_handle(std::string(reinterpret_cast<const char*>(&hin), 64));
+  s->set_size(plan->input_bytes);
+  s->set_device_uuid(std::string(prop.uuid.bytes, 16));
+  auto* d = req.mutable_destination_ipc();
+  d->set_handle(std::string(reinterpret_cast<const char*>(&hout), 64));
+  d->set_size(plan->output_bytes);
+  d->set_device_uuid(std::string(prop.uuid.bytes, 16));
+  std::vector<double> rpc;
+  for (int i = 0; i < iters + 1; ++i) {
+    const auto t0 = Clock::now();
+    absl::StatusOr<v1::ConvertResponse> r = client.Convert(req);
+    const double ms = Ms(Clock::now() - t0);
+    if (!r.ok()) {
+      std::fprintf(stderr, "Convert: %s\n", r.status().ToString().c_str());
+      return false;
+    }
+    if (i == 0 && first_ms != nullptr) *first_ms = ms;
+    if (i > 0) rpc.push_back(ms);
+  }
+  // The same kernel in this process, timed with events.
+  cudaStream_t st;
+  BENCH_CUDA(cudaStreamCreate(&st));
+  cudaEvent_t e0, e1;
+  BENCH_CUDA(cudaEventCreate(&e0));
+  BENCH_CUDA(cudaEventCreate(&e1));
+  std::vector<double> kernel;
+  for (int i = 0; i < iters + 1; ++i) {
+    BENCH_CUDA(cudaEventRecord(e0, st));
+    if (!wprep::ConvertOnCuda(*plan, in, out, st).ok()) return false;
+    BENCH_CUDA(cudaEventRecord(e1, st));
+    BENCH_CUDA(cudaEventSynchronize(e1));
+    float ms = 0;
+    BENCH_CUDA(cudaEventElapsedTime(&ms, e0, e1));
+    if (i > 0) kernel.push_back(ms);
+  }
+  v1::ReleaseIpcHandlesRequest rel;
+  for (const std::string& h : {s->handle(), d->handle()}) {
+    auto* x = rel.add_handles();
+    x->set_handle(h);
+    x->set_device_uuid(std::string(prop.uuid.bytes, 16));
+  }
+  (void)client.ReleaseIpcHandles(rel);
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  cudaStreamDestroy(st);
+  cudaFree(in);
+  cudaFree(out);
+  std::printf("%s_ipc_to_ipc_rpc_p50_ms %.4f\n%s_kernel_p50_ms %.4f\n%s_rpc_minus_kernel_ms %.4f\n",
+              label, Median(rpc), label, Median(kernel), label, Median(rpc) - Median(kernel));
+  return true;
+}
+#endif
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string target;
+  int iters = 100, stream_runs = 5;
+  std::vector<std::string> daemon_args;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a == "--") {
+      daemon_args.assign(argv + i + 1, argv + argc);
+      break;
+    }
+    if (a.rfind("--target=", 0) == 0) target = a.substr(9);
+    else if (a.rfind("--iters=", 0) == 0) iters = std::max(1, std::atoi(a.c_str() + 8));
+    else if (a.rfind("--stream-runs=", 0) == 0) stream_runs = std::max(1, std::atoi(a.c_str() + 14));
+    else {
+      std::fprintf(stderr, "usage: wprep_rpc_bench [--target=ADDR] [--iters=N] [--stream-runs=N] [-- wprepd flags]\n");
+      return 2;
+    }
+  }
+  std::unique_ptr<wprep::testing::Daemon> daemon;
+  if (target.empty()) {
+    std::string error;
+    const auto t0 = Clock::now();
+    daemon = wprep::testing::Daemon::Start(daemon_args, &error);
+    if (daemon == nullptr || !daemon->WaitServing()) {
+      std::fprintf(stderr, "wprepd did not start: %s\n", error.c_str());
+      return 1;
+    }
+    std::printf("start_to_serving_ms %.2f\n", Ms(Clock::now() - t0));
+    target = daemon->unix_target();
+  }
+  wprep::client::Client client(wprep::client::MakeChannel(target, 512 << 20));
+  absl::StatusOr<v1::ListDevicesResponse> devs = client.ListDevices();
+  if (!devs.ok()) {
+    std::fprintf(stderr, "ListDevices: %s\n", devs.status().ToString().c_str());
+    return 1;
+  }
+  std::printf("engine %s\n", devs->cpu_engine() ? "cpu" : "cuda");
+
+  if (!devs->cpu_engine() && wprep::CudaDeviceCount() > 0) {
+#if WPREP_HAVE_CUDA
+    double first_ms = 0;
+    if (!BenchIpc(client, {2048, 1024}, iters, "1MiB", &first_ms)) return 1;
+    std::printf("first_request_after_serving_ms %.4f (1 MiB IPC->IPC, includes opening the handles)\n",
+                first_ms);
+    if (!BenchIpc(client, {8192, 32768}, std::max(5, iters / 4), "128MiB", nullptr)) return 1;
+#endif
+  } else {
+    // The CPU engine: the first and warm 1 MiB bytes->bytes Convert.
+    const wprep::ConversionSpec spec = HopperMx2Swizzle();
+    std::vector<uint8_t> in = wprep::testing::RandomBytes(1 << 20, 7);
+    v1::ConvertRequest req;
+    *req.mutable_spec() = wprep::client::SpecToProto(spec);
+    req.add_logical_shape(2048);
+    req.add_logical_shape(1024);
+    req.set_source_bytes(std::string(in.begin(), in.end()));
+    std::vector<double> ms;
+    for (int i = 0; i < iters + 1; ++i) {
+      const auto t0 = Clock::now();
+      if (!client.Convert(req).ok()) return 1;
+      ms.push_back(Ms(Clock::now() - t0));
+    }
+    std::printf("first_request_after_serving_ms %.4f (1 MiB bytes->bytes, CPU engine)\n", ms[0]);
+    ms.erase(ms.begin());
+    std::printf("1MiB_bytes_to_bytes_rpc_p50_ms %.4f\n", Median(ms));
+  }
+
+  // 128 MiB bytes->bytes through ConvertStream: 32 matrices of 4 MiB, 1 MiB chunks.
+  const std::vector<int64_t> shape = {32, 4096, 2048};
+  absl::StatusOr<wprep::Plan> plan = wprep::MakePlan(HopperMx2Swizzle(), shape);
+  if (!plan.ok()) return 1;
+  std::vector<uint8_t> in = wprep::testing::RandomBytes(plan->input_bytes, 9);
+  v1::StreamRequestHeader h;
+  *h.mutable_spec() = wprep::client::SpecToProto(HopperMx2Swizzle());
+  for (int64_t d : shape) h.add_logical_shape(d);
+  std::vector<double> gbs;
+  std::string out;
+  for (int i = 0; i < stream_runs; ++i) {
+    const auto t0 = Clock::now();
+    absl::StatusOr<v1::StreamResponseHeader> r = client.ConvertStream(h, in, &out);
+    const double s = Ms(Clock::now() - t0) / 1e3;
+    if (!r.ok()) {
+      std::fprintf(stderr, "ConvertStream: %s\n", r.status().ToString().c_str());
+      return 1;
+    }
+    gbs.push_back(static_cast<double>(plan->input_bytes) / s / 1e9);
+  }
+  std::printf("128MiB_stream_bytes_to_bytes_GBps_median %.3f (of %d runs; 128 MiB / round trip)\n",
+              Median(gbs), stream_runs);
+  return 0;
+}

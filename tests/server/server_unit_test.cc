@@ -1,0 +1,92 @@
+// Unit tests of the daemon's small pieces: flags, the status translation, UUIDs, the
+// accounting allocator's budget.
+#include "gtest/gtest.h"
+#include "absl/time/clock.h"
+#include "wprep/server/device_allocator.h"
+#include "wprep/server/device_manager.h"
+#include "wprep/server/options.h"
+#include "wprep/server/status.h"
+
+namespace wprep::server {
+namespace {
+
+TEST(Options, DefaultsAreLocalOnly) {
+  absl::StatusOr<Options> o = ParseOptions({});
+  ASSERT_TRUE(o.ok()) << o.status();
+  ASSERT_EQ(o->listen.size(), 2u);
+  EXPECT_EQ(o->listen[0], "unix:///tmp/wprepd.sock");
+  EXPECT_EQ(o->listen[1], "127.0.0.1:50051");
+  EXPECT_EQ(o->metrics_address, "127.0.0.1:9464");
+  for (const std::string& a : o->listen) EXPECT_EQ(a.find("0.0.0.0"), std::string::npos);
+}
+
+TEST(Options, RepeatedListenReplacesTheDefaultsAndAccumulates) {
+  absl::StatusOr<Options> o =
+      ParseOptions({"--listen=unix:///run/w.sock", "--listen", "0.0.0.0:7000", "--devices=0,GPU-1",
+                    "--max-device-bytes=8G", "--drain-timeout=5s", "--streams-per-device", "2"});
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->listen, (std::vector<std::string>{"unix:///run/w.sock", "0.0.0.0:7000"}));
+  EXPECT_EQ(o->devices, (std::vector<std::string>{"0", "GPU-1"}));
+  EXPECT_EQ(o->max_device_bytes, 8ull << 30);
+  EXPECT_EQ(o->drain_timeout, absl::Seconds(5));
+  EXPECT_EQ(o->streams_per_device, 2);
+}
+
+TEST(Options, BadFlagsNameTheFlag) {
+  struct Bad {
+    std::vector<std::string> args;
+    std::string part;
+  };
+  for (const Bad& b : std::vector<Bad>{{{"--nope=1"}, "--nope"},
+                                       {{"--streams-per-device=0"}, "streams-per-device"},
+                                       {{"--max-device-bytes=lots"}, "max-device-bytes"},
+                                       {{"--drain-timeout=-3s"}, "drain-timeout"},
+                                       {{"--listen=localhost"}, "localhost"},
+                                       {{"--listen"}, "needs a value"},
+                                       {{"stray"}, "stray"}}) {
+    absl::StatusOr<Options> o = ParseOptions(b.args);
+    EXPECT_EQ(o.status().code(), absl::StatusCode::kInvalidArgument) << b.args[0];
+    EXPECT_NE(o.status().message().find(b.part), absl::string_view::npos) << o.status();
+  }
+}
+
+TEST(Status, TranslationKeepsCodeAndMessage) {
+  EXPECT_TRUE(ToGrpcStatus(absl::OkStatus()).ok());
+  const grpc::Status s = ToGrpcStatus(absl::InvalidArgumentError("block_k must be even, got 7"));
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(s.error_message(), "block_k must be even, got 7");
+  EXPECT_EQ(ToGrpcStatus(absl::ResourceExhaustedError("x")).error_code(),
+            grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_EQ(ToGrpcStatus(absl::UnavailableError("x")).error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_EQ(ToGrpcStatus(absl::DeadlineExceededError("x")).error_code(),
+            grpc::StatusCode::DEADLINE_EXCEEDED);
+  EXPECT_STREQ(GrpcCodeName(grpc::StatusCode::INVALID_ARGUMENT), "INVALID_ARGUMENT");
+}
+
+TEST(Uuid, FormatAndParseRoundTrip) {
+  Uuid u{};
+  for (int i = 0; i < 16; ++i) u[i] = static_cast<uint8_t>(i * 17);
+  const std::string text = FormatUuid(u);
+  EXPECT_EQ(text, "GPU-00112233-4455-6677-8899-aabbccddeeff");
+  absl::StatusOr<Uuid> back = ParseUuid(text);
+  ASSERT_TRUE(back.ok());
+  EXPECT_EQ(*back, u);
+  EXPECT_FALSE(ParseUuid("GPU-0011").ok());
+  EXPECT_FALSE(ParseUuid("GPU-zz112233-4455-6677-8899-aabbccddeeff").ok());
+  EXPECT_EQ(UuidFromBytes("short", "f").status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(DeviceAllocator, BudgetRejectsWhatCanNeverFitAndTimesOutWhenFull) {
+  DeviceAllocator a(0, 1000, nullptr);
+  EXPECT_EQ(a.Reserve(1001, absl::InfiniteFuture()).code(), absl::StatusCode::kResourceExhausted);
+  ASSERT_TRUE(a.Reserve(600, absl::InfiniteFuture()).ok());
+  // 600 + 600 > 1000: waits, and with a past deadline gives up at once.
+  const absl::Status s = a.Reserve(600, absl::Now() - absl::Seconds(1));
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(s.message().find("retry"), absl::string_view::npos);
+  a.Unreserve(600);
+  EXPECT_TRUE(a.Reserve(1000, absl::Now() - absl::Seconds(1)).ok());
+}
+
+}  // namespace
+}  // namespace wprep::server
