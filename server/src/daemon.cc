@@ -1,10 +1,13 @@
 #include "wprep/server/daemon.h"
 
+#include <malloc.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <condition_variable>
+#include <mutex>
 #include <cstdio>
 #include <fstream>
 #include <memory>
@@ -61,6 +64,10 @@ int RunDaemon(const Options& options) {
   sigset_t signals = ShutdownSignals();
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);  // inherited by every thread created below
   signal(SIGPIPE, SIG_IGN);
+  // Tensor buffers are many MiB: keep them in the heap for reuse instead of mmap/munmap
+  // (and page faults) per request; the janitor below returns memory once the daemon idles.
+  mallopt(M_MMAP_THRESHOLD, 32 << 20);
+  mallopt(M_TRIM_THRESHOLD, 1 << 30);
 
   absl::StatusOr<std::unique_ptr<Metrics>> metrics = Metrics::Create(options.metrics_address);
   if (!metrics.ok()) {
@@ -158,9 +165,33 @@ int RunDaemon(const Options& options) {
             absl::StrCat("seconds_since_start=", absl::ToDoubleSeconds(absl::Now() - start)));
   });
 
+  // Housekeeping while serving: idle IPC mappings expire even without traffic, and once
+  // requests stop for a while the heap is trimmed back to its idle size.
+  std::mutex janitor_mu;
+  std::condition_variable janitor_cv;
+  std::thread janitor([&] {
+    uint64_t trimmed_at = 0;
+    std::unique_lock<std::mutex> lock(janitor_mu);
+    while (!stop.load()) {
+      janitor_cv.wait_for(lock, std::chrono::seconds(1));
+      if (stop.load()) break;
+      ipc.ExpireIdle();
+      const uint64_t admitted = admission.admitted();
+      if (admitted != trimmed_at && admission.IdleFor(absl::Seconds(2))) {
+        malloc_trim(0);
+        trimmed_at = admitted;
+      }
+    }
+  });
+
   int sig = 0;
   sigwait(&signals, &sig);
-  stop.store(true);
+  {
+    std::lock_guard<std::mutex> lock(janitor_mu);
+    stop.store(true);
+  }
+  janitor_cv.notify_all();
+  janitor.join();
   warm.join();
   admission.StartDraining();
   health->SetServingStatus(kServiceName, false);

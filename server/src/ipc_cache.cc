@@ -226,6 +226,13 @@ std::pair<int, int> IpcCache::Release(int ordinal, absl::string_view handle) {
   return {1, 0};
 }
 
+void IpcCache::ExpireIdle() {
+  std::lock_guard<std::mutex> lock(mu_);
+  const size_t before = entries_.size();
+  ExpireLocked(absl::Now());
+  if (entries_.size() != before) PublishSizeLocked();
+}
+
 void IpcCache::CloseAll() {
   std::lock_guard<std::mutex> lock(mu_);
   for (auto it = entries_.begin(); it != entries_.end();) {

@@ -2,9 +2,16 @@
 
 #include <algorithm>
 #include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <mutex>
 #include <optional>
 #include <string>
+#include <thread>
+#include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "wprep/server/log.h"
@@ -85,6 +92,95 @@ absl::Status CheckLive(grpc::ServerContext* ctx, absl::Time deadline) {
   if (ctx->IsCancelled()) return absl::CancelledError("client cancelled the call");
   return absl::OkStatus();
 }
+
+// Hands whole input slices from the reading thread to a converter thread that converts
+// and sends them, at most kSlicesInFlight at a time. Buffers are recycled so a long
+// stream allocates a few slices' worth of memory once.
+class SlicePipeline {
+ public:
+  static constexpr size_t kSlicesInFlight = 2;
+  using Work = std::function<absl::Status(const std::string& in, uint64_t* sent)>;
+
+  explicit SlicePipeline(Work work) : work_(std::move(work)), thread_([this] { Run(); }) {}
+  ~SlicePipeline() { Stop(); }
+
+  // A recycled (or new) empty buffer for the next slice.
+  std::string TakeBuffer() {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (free_.empty()) return std::string();
+    std::string b = std::move(free_.back());
+    free_.pop_back();
+    b.clear();
+    return b;
+  }
+  // Queues a slice; waits while kSlicesInFlight are queued. The converter's error, if any.
+  absl::Status Push(std::string slice) {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return queue_.size() < kSlicesInFlight || !status_.ok(); });
+    if (!status_.ok()) return status_;
+    queue_.push_back(std::move(slice));
+    cv_.notify_all();
+    return absl::OkStatus();
+  }
+  // No more slices: waits for the converter and returns the output bytes sent.
+  absl::StatusOr<uint64_t> Finish() {
+    Stop();
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!status_.ok()) return status_;
+    return sent_;
+  }
+  // Stops the converter and returns `why` (or the converter's own earlier error).
+  absl::Status Abort(absl::Status why) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (status_.ok()) status_ = why;
+      queue_.clear();
+      cv_.notify_all();
+    }
+    Stop();
+    std::lock_guard<std::mutex> lock(mu_);
+    return status_;
+  }
+
+ private:
+  void Stop() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      closed_ = true;
+      cv_.notify_all();
+    }
+    if (thread_.joinable()) thread_.join();
+  }
+  void Run() {
+    for (;;) {
+      std::string slice;
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        cv_.wait(lock, [&] { return !queue_.empty() || closed_ || !status_.ok(); });
+        if (!status_.ok() || queue_.empty()) return;
+        slice = std::move(queue_.front());
+        queue_.pop_front();
+      }
+      uint64_t sent = sent_;  // only this thread writes sent_ while running
+      absl::Status s = work_(slice, &sent);
+      std::lock_guard<std::mutex> lock(mu_);
+      sent_ = sent;
+      if (free_.size() < kSlicesInFlight + 1) free_.push_back(std::move(slice));
+      if (!s.ok() && status_.ok()) status_ = s;
+      cv_.notify_all();
+    }
+  }
+
+  Work work_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::string> queue_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::string> free_ ABSL_GUARDED_BY(mu_);
+  absl::Status status_ ABSL_GUARDED_BY(mu_);
+  bool closed_ ABSL_GUARDED_BY(mu_) = false;
+  uint64_t sent_ = 0;
+  std::thread thread_;  // last: starts once every member above exists
+};
 
 }  // namespace
 
@@ -247,93 +343,91 @@ absl::Status WeightPrepService::DoConvertStream(
 
   const uint64_t expected = plan.input_bytes;
   const uint64_t slice = c.slice_input_bytes();
-  uint64_t received = 0, sent = 0;
-  std::string pending, out;
-  pending.reserve(std::min<uint64_t>(slice, expected));
-  v1::ConvertStreamResponse chunk_msg;
-
-  auto emit = [&](absl::Span<const uint8_t> in) -> absl::Status {
-    if (absl::Status s = CheckLive(ctx, scope.deadline()); !s.ok()) return s;
-    if (absl::Status s = c.ConvertSlice(in, &out); !s.ok()) return s;
-    for (uint64_t off = 0; off < out.size(); off += kOutputChunkBytes) {
-      const uint64_t n = std::min<uint64_t>(kOutputChunkBytes, out.size() - off);
-      v1::DataChunk* dc = chunk_msg.mutable_chunk();
-      dc->set_offset(sent);
-      dc->set_data(out.data() + off, n);
-      if (!stream->Write(chunk_msg)) return absl::CancelledError("client went away mid-stream");
-      sent += n;
-    }
-    return absl::OkStatus();
-  };
+  uint64_t received = 0;
+  std::string out;  // used by the converter thread only; outlives the pipeline
+  // Receiving and converting overlap: this thread reads chunks into whole slices and a
+  // converter thread converts and sends them; at most kSlicesInFlight slices are held.
+  SlicePipeline pipeline(
+      [&](const std::string& in, uint64_t* sent) -> absl::Status {
+        if (absl::Status s = CheckLive(ctx, scope.deadline()); !s.ok()) return s;
+        if (absl::Status s = c.ConvertSlice(absl::Span<const uint8_t>(
+                                 reinterpret_cast<const uint8_t*>(in.data()), in.size()),
+                                 &out);
+            !s.ok()) {
+          return s;
+        }
+        v1::ConvertStreamResponse chunk_msg;
+        for (uint64_t off = 0; off < out.size(); off += kOutputChunkBytes) {
+          const uint64_t n = std::min<uint64_t>(kOutputChunkBytes, out.size() - off);
+          v1::DataChunk* dc = chunk_msg.mutable_chunk();
+          dc->set_offset(*sent);
+          dc->set_data(out.data() + off, n);
+          if (!stream->Write(chunk_msg)) return absl::CancelledError("client went away mid-stream");
+          *sent += n;
+        }
+        return absl::OkStatus();
+      });
+  std::string pending = pipeline.TakeBuffer();
 
   while (stream->Read(&msg)) {
     if (msg.has_header()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "a second header arrived after ", received, " input bytes; a stream carries one header"));
+      return pipeline.Abort(absl::InvalidArgumentError(absl::StrCat(
+          "a second header arrived after ", received, " input bytes; a stream carries one header")));
     }
     if (!msg.has_chunk()) {
-      return absl::InvalidArgumentError("a stream message carries neither header nor chunk");
+      return pipeline.Abort(absl::InvalidArgumentError("a stream message carries neither header nor chunk"));
     }
     const v1::DataChunk& ch = msg.chunk();
     const std::string& data = ch.data();
     if (data.size() > kMaxChunkBytes) {
-      return absl::InvalidArgumentError(absl::StrCat(
+      return pipeline.Abort(absl::InvalidArgumentError(absl::StrCat(
           "chunk of ", data.size(), " bytes exceeds the ", kMaxChunkBytes,
-          "-byte (4 MiB) chunk limit; split the input into smaller chunks"));
+          "-byte (4 MiB) chunk limit; split the input into smaller chunks")));
     }
     if (ch.offset() != received) {
-      return absl::InvalidArgumentError(absl::StrCat(
+      return pipeline.Abort(absl::InvalidArgumentError(absl::StrCat(
           "chunk at offset ", ch.offset(), " arrived after ", received,
-          " bytes; send chunks in order without gaps"));
+          " bytes; send chunks in order without gaps")));
     }
     if (data.size() > expected - received) {
-      return absl::InvalidArgumentError(absl::StrCat(
+      return pipeline.Abort(absl::InvalidArgumentError(absl::StrCat(
           "the stream carries more than the ", expected, " input bytes the plan expects (chunk at ",
-          received, " has ", data.size(), " bytes)"));
+          received, " has ", data.size(), " bytes)")));
     }
     received += data.size();
+    if (pending.empty() && data.size() == slice) {
+      // A chunk that is exactly one slice moves through without a copy.
+      std::string whole = std::move(*msg.mutable_chunk()->mutable_data());
+      if (absl::Status s = pipeline.Push(std::move(whole)); !s.ok()) return pipeline.Abort(s);
+      continue;
+    }
     absl::string_view rest(data);
     while (!rest.empty()) {
       const size_t take = std::min<size_t>(rest.size(), slice - pending.size());
-      if (pending.empty() && take == slice) {
-        // A whole slice inside one chunk: convert it in place, no staging copy.
-        if (absl::Status s = emit(absl::Span<const uint8_t>(
-                reinterpret_cast<const uint8_t*>(rest.data()), take));
-            !s.ok()) {
-          return s;
-        }
-      } else {
-        pending.append(rest.data(), take);
-        if (pending.size() == slice) {
-          if (absl::Status s = emit(absl::Span<const uint8_t>(
-                  reinterpret_cast<const uint8_t*>(pending.data()), pending.size()));
-              !s.ok()) {
-            return s;
-          }
-          pending.clear();
-        }
-      }
+      pending.append(rest.data(), take);
       rest.remove_prefix(take);
+      if (pending.size() == slice) {
+        if (absl::Status s = pipeline.Push(std::move(pending)); !s.ok()) return pipeline.Abort(s);
+        pending = pipeline.TakeBuffer();
+      }
     }
   }
-  if (ctx->IsCancelled()) return absl::CancelledError("client cancelled mid-stream");
+  if (ctx->IsCancelled()) return pipeline.Abort(absl::CancelledError("client cancelled mid-stream"));
   if (received < expected) {
-    return absl::InvalidArgumentError(absl::StrCat(
+    return pipeline.Abort(absl::InvalidArgumentError(absl::StrCat(
         "stream ended after ", received, " of ", expected,
-        " input bytes (truncated); send the whole tensor before closing the stream"));
+        " input bytes (truncated); send the whole tensor before closing the stream")));
   }
   if (!pending.empty() || slice == 0) {
-    if (absl::Status s = emit(absl::Span<const uint8_t>(
-            reinterpret_cast<const uint8_t*>(pending.data()), pending.size()));
-        !s.ok()) {
-      return s;
-    }
+    if (absl::Status s = pipeline.Push(std::move(pending)); !s.ok()) return pipeline.Abort(s);
   }
-  if (sent != plan.output_bytes) {
-    return absl::InternalError(absl::StrCat("stream produced ", sent, " output bytes, expected ",
+  absl::StatusOr<uint64_t> sent = pipeline.Finish();
+  if (!sent.ok()) return sent.status();
+  if (*sent != plan.output_bytes) {
+    return absl::InternalError(absl::StrCat("stream produced ", *sent, " output bytes, expected ",
                                             plan.output_bytes));
   }
-  scope.SetResult(received, sent, c.engine(), c.peak_extra_device_bytes());
+  scope.SetResult(received, *sent, c.engine(), c.peak_extra_device_bytes());
   return absl::OkStatus();
 }
 

@@ -44,6 +44,7 @@ class Admission {
           "wprepd is draining for shutdown and accepts no new work; retry on another instance");
     }
     ++in_flight_;
+    ++admitted_;
     return Ticket(this);
   }
 
@@ -69,10 +70,21 @@ class Admission {
     std::lock_guard<std::mutex> lock(mu_);
     return in_flight_;
   }
+  // Requests admitted since start, and when the last one ended (for idle housekeeping).
+  uint64_t admitted() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return admitted_;
+  }
+  // True when nothing is in flight and nothing ended within `quiet`.
+  bool IdleFor(absl::Duration quiet) const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return in_flight_ == 0 && absl::Now() - last_leave_ >= quiet;
+  }
 
  private:
   void Leave() {
     std::lock_guard<std::mutex> lock(mu_);
+    last_leave_ = absl::Now();
     if (--in_flight_ == 0) idle_.notify_all();
   }
 
@@ -80,6 +92,8 @@ class Admission {
   std::condition_variable idle_;
   State state_ ABSL_GUARDED_BY(mu_) = State::kWarming;
   int in_flight_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t admitted_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Time last_leave_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
 };
 
 }  // namespace wprep::server

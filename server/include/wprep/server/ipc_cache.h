@@ -59,6 +59,9 @@ class IpcCache {
   // Returns {closed now, deferred}; an unknown handle counts as neither.
   std::pair<int, int> Release(int ordinal, absl::string_view handle);
 
+  // Closes mappings unused for the idle expiry (also done on every Acquire).
+  void ExpireIdle();
+
   // Closes every mapping not in use (in-use ones close when their lease ends).
   void CloseAll();
   size_t size() const;
