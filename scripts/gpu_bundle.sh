@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
-# Builds Release (sm_90 + sm_100 machine code, PTX) here and gathers into .bundle/ every
+# Builds Release (sm_90 machine code) here and gathers into .bundle/ every
 # test, tool and benchmark binary plus the non-glibc shared libraries they need, so the
 # GPU machine (which has no gRPC/protobuf/abseil) can run them with
 # LD_LIBRARY_PATH=.bundle/lib. .bundle/ is git-ignored: pass it to the device in `carry`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${BUILD:-build}
-cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release ${CMAKE_FLAGS:-}
+# The H200 needs sm_90 only; the shipped default (sm_90 + sm_100 + PTX) triples binary
+# size, and the carried tree is limited to 64 MiB.
+cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=${CUDA_ARCHS:-90-real} ${CMAKE_FLAGS:-}
 cmake --build "$BUILD" -j "$(nproc)"
 
 rm -rf .bundle

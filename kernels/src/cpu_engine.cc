@@ -52,14 +52,20 @@ absl::Status ConvertOnCpu(const Plan& plan, const uint8_t* in, size_t in_size, u
   const int64_t num_tiles = g.num_matrices * tiles_per_matrix;
   threads = static_cast<int>(std::min<int64_t>(threads, num_tiles));
 
-  // Each worker runs whole tiles: stage 1 for all 256 virtual threads, then stage 2.
+  // Each worker runs whole tiles: Fetch and Stage for every virtual thread, then Store.
   auto run_range = [&](int64_t begin, int64_t end) {
     tiles::DispatchTile(g, [&]<class T>() {
       alignas(16) uint32_t smem[T::kSmemWords];
       for (int64_t t = begin; t < end; ++t) {
         const int64_t e = t / tiles_per_matrix, tile = t - e * tiles_per_matrix;
-        T::Load(g, in, out, e, tile, smem, 0, 1, access);
-        if constexpr (T::kTwoStage) T::Store(g, in, out, e, tile, smem, 0, 1, access);
+        for (int vt = 0; vt < kTileThreads; ++vt) {
+          tiles::Regs regs;
+          T::Fetch(g, in, e, tile, vt, access, regs);
+          T::Stage(g, in, out, e, tile, vt, access, regs, smem);
+        }
+        if constexpr (T::kTwoStage) {
+          for (int vt = 0; vt < kTileThreads; ++vt) T::Store(g, out, e, tile, vt, access, smem);
+        }
       }
     });
   };

@@ -26,23 +26,32 @@ absl::Status CudaError(cudaError_t err, const char* call, const char* file, int 
     }                                                                 \
   } while (0)
 
-// Resident blocks per multiprocessor the register budget must allow (8 warps each).
-constexpr int kMinBlocksPerSm = 3;
-
 template <class T>
-__global__ void __launch_bounds__(kTileThreads, kMinBlocksPerSm)
+__global__ void __launch_bounds__(kTileThreads, T::kMinBlocks)
     ConvertKernel(const Geometry g, const uint8_t* __restrict__ in, uint8_t* __restrict__ out,
                   tiles::Access access, int64_t tiles_per_matrix) {
   __shared__ alignas(16) uint32_t smem[T::kSmemWords];
   const int64_t num_tiles = g.num_matrices * tiles_per_matrix;
-  for (int64_t t = blockIdx.x; t < num_tiles; t += gridDim.x) {
+  const int vt = threadIdx.x;
+  int64_t t = blockIdx.x;
+  tiles::Regs cur, next;
+  if (t < num_tiles) T::Fetch(g, in, t / tiles_per_matrix, t % tiles_per_matrix, vt, access, cur);
+  // The next tile's loads are issued before this tile's stores, so each thread keeps
+  // global loads in flight while it writes.
+  for (; t < num_tiles; t += gridDim.x) {
     const int64_t e = t / tiles_per_matrix, tile = t - e * tiles_per_matrix;
-    T::Load(g, in, out, e, tile, smem, threadIdx.x, kTileThreads, access);
+    const int64_t tn = t + gridDim.x;
     if constexpr (T::kTwoStage) {
+      T::Stage(g, in, out, e, tile, vt, access, cur, smem);
       __syncthreads();
-      T::Store(g, in, out, e, tile, smem, threadIdx.x, kTileThreads, access);
+      if (tn < num_tiles) T::Fetch(g, in, tn / tiles_per_matrix, tn % tiles_per_matrix, vt, access, next);
+      T::Store(g, out, e, tile, vt, access, smem);
       __syncthreads();
+    } else {
+      if (tn < num_tiles) T::Fetch(g, in, tn / tiles_per_matrix, tn % tiles_per_matrix, vt, access, next);
+      T::Stage(g, in, out, e, tile, vt, access, cur, smem);
     }
+    cur = next;
   }
 }
 
@@ -63,6 +72,25 @@ int SmCount(int device) {
   return n;
 }
 
+// Resident blocks of ConvertKernel<T> per multiprocessor on `device` (the current
+// device), read once.
+template <class T>
+int BlocksPerSm(int device) {
+  static std::atomic<int> cache[kMaxDevices];
+  if (device < 0 || device >= kMaxDevices) return 1;
+  int n = cache[device].load(std::memory_order_relaxed);
+  if (n == 0) {
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, ConvertKernel<T>, kTileThreads, 0) !=
+            cudaSuccess ||
+        n <= 0) {
+      cudaGetLastError();
+      n = 1;
+    }
+    cache[device].store(n, std::memory_order_relaxed);
+  }
+  return n;
+}
+
 // Launches the kernel for the tile type DispatchTile picks (a functor: CUDA here is C++17).
 struct Launcher {
   const Geometry& g;
@@ -76,8 +104,8 @@ struct Launcher {
     const int64_t tiles_per_matrix = T::TilesPerMatrix(g);
     const int64_t num_tiles = g.num_matrices * tiles_per_matrix;
     if (num_tiles == 0) return;
-    // Enough resident blocks to cover latency; each loops over tiles beyond that.
-    const int64_t max_blocks = int64_t{SmCount(device)} * 8;
+    // One wave of resident blocks; each loops over tiles (no partial last wave).
+    const int64_t max_blocks = int64_t{SmCount(device)} * BlocksPerSm<T>(device);
     const unsigned blocks = static_cast<unsigned>(num_tiles < max_blocks ? num_tiles : max_blocks);
     ConvertKernel<T><<<blocks, kTileThreads, 0, stream>>>(g, in, out, access, tiles_per_matrix);
   }

@@ -3,9 +3,9 @@
 // costs a few instructions. Each tile is written for kTileThreads cooperating threads;
 // thread t of a CUDA block runs virtual thread t, the CPU engine runs them in turn.
 //
-// Two-stage tiles stage 128 x 128 bytes in `smem` as 128 rows of 32 words with a pitch
-// of kPitch = 33 words (the odd pitch spreads both access patterns over the banks):
-//   Hopper mx_axis -2: Q rows x Q columns;  Blackwell: storage n x k.
+// The two-stage tile (Hopper mx_axis -2) stages a 128 x 128-byte window of Q in `smem` as
+// 128 rows of 32 words with a pitch of kPitch = 33 words (the odd pitch spreads both
+// access patterns over the banks).
 // Micro-tile threads cover (jg, rg): 16 groups of 4 bytes along a canonical row x 32
 // groups of 8 canonical rows; neighbouring threads take neighbouring jg so global
 // accesses along canonical rows coalesce.
@@ -26,38 +26,6 @@ WPREP_HD void MicroTileCoords(int mt, int* jg, int* rg) {
   *rg = ((mt >> 3) & 3) | ((mt >> 6) << 2);
 }
 
-// Loads canonical rows row0 + 0..7 at bytes col..col+3 and turns them into the 8 rows of
-// the pair-transposed side, stored at smem rows 8*jg + m, word column rg.
-WPREP_HD void CanonicalMicroTileToSmem(const Geometry& g, const uint8_t* mat, int64_t row0,
-                                       int64_t col, int jg, int rg, uint32_t* smem, bool word) {
-  uint32_t w[8], p[8];
-  WPREP_UNROLL
-  for (int m = 0; m < 8; ++m) {
-    const int64_t row = row0 + m;
-    const int64_t valid = row < g.d0 ? ValidBytes(col, g.d1b, 4) : 0;
-    LoadRowWords<1>(valid > 0 ? mat + row * g.in_stride[0] + col : mat, valid, &w[m], word);
-  }
-  PairTranspose8x4(w, p);
-  WPREP_UNROLL
-  for (int m = 0; m < 8; ++m) smem[(8 * jg + m) * kPitch + rg] = p[m];
-}
-
-// The inverse: smem rows 8*jg + m, word column rg -> canonical rows row0 + 0..7 at
-// bytes col..col+3 (clipped to the matrix).
-WPREP_HD void SmemMicroTileToCanonical(const Geometry& g, uint8_t* mat, int64_t row0, int64_t col,
-                                       int jg, int rg, const uint32_t* smem, bool word) {
-  uint32_t p[8], w[8];
-  WPREP_UNROLL
-  for (int m = 0; m < 8; ++m) p[m] = smem[(8 * jg + m) * kPitch + rg];
-  PairTranspose8x4(p, w);
-  WPREP_UNROLL
-  for (int m = 0; m < 8; ++m) {
-    const int64_t row = row0 + m;
-    const int64_t valid = row < g.d0 ? ValidBytes(col, g.d1b, 4) : 0;
-    StoreRowWords<1>(valid > 0 ? mat + row * g.d1b + col : mat, valid, &w[m], word);
-  }
-}
-
 // Byte offset of (n, k) in a Blackwell matrix; 32-bit arithmetic (MakePlan bounds every
 // in-matrix extent by 2^31).
 WPREP_HD int64_t StorageOffset(const BlackwellTiling& t, const int64_t* strides, int64_t n,
@@ -69,20 +37,33 @@ WPREP_HD int64_t StorageOffset(const BlackwellTiling& t, const int64_t* strides,
   return kt * strides[0] + nt * strides[1] + nn * strides[2] + kk;
 }
 
+// Every fast tile has three steps per virtual thread `vt`, so a kernel can fetch the next
+// tile while it finishes the current one:
+//   Fetch(g, in, e, tile, vt, acc, regs)          global loads into registers;
+//   Stage(g, in, out, e, tile, vt, acc, regs, smem)   registers -> smem (two-stage tiles) or
+//                                                 -> the output (single-stage tiles);
+//   Store(g, out, e, tile, vt, acc, smem)          smem -> the output (two-stage tiles).
+struct Regs {
+  uint32_t w[16];
+};
+
 // ---------------------------------------------------------------------------------------
-// Hopper, mx_axis -1: Q is the canonical matrix, so each thread moves one 64-byte O block
-// straight between global memory and registers.
+// Hopper, mx_axis -1: Q is the canonical matrix, so each virtual thread moves one 64-byte
+// O block straight between global memory and registers.
 
 template <Op kOp, int kMma>
 struct HopperMx1Tile {
   static constexpr int kSmemWords = 1;
   static constexpr bool kTwoStage = false;
   static constexpr bool kSwizzle = kOp == Op::kHopperSwizzle;
+  // Resident blocks the register budget must allow (measured best on an H200, see
+  // docs/PERFORMANCE.md): the pack needs room, the unpack less.
+  static constexpr int kMinBlocks = kSwizzle ? 2 : 3;
 
   // Blocks per O row and O rows visited: all of O for swizzle; for unswizzle only blocks
   // that hold some of the tensor.
-  WPREP_HD static int64_t BlocksPerRow(const Geometry& g) {
-    return kSwizzle ? g.q_cols_pad / 16 : 2 * CeilDiv(g.q_cols, 32);
+  WPREP_HD static int32_t BlocksPerRow(const Geometry& g) {
+    return static_cast<int32_t>(kSwizzle ? g.q_cols_pad / 16 : 2 * CeilDiv(g.q_cols, 32));
   }
   WPREP_HD static int64_t Rows(const Geometry& g) {
     return kSwizzle ? g.q_rows_pad / 4 : RoundUp(g.q_rows, 16) / 4;
@@ -90,40 +71,112 @@ struct HopperMx1Tile {
   WPREP_HD static int64_t TilesPerMatrix(const Geometry& g) {
     return CeilDiv(Rows(g) * BlocksPerRow(g), kTileThreads);
   }
+  // Unit of virtual thread vt: O row, block, and the Q rows r0, r0 + 8 and columns c0.. it
+  // needs. False past the end.
+  struct Unit {
+    int32_t orow, blk;
+    int64_t r0, r1, c0, v0, v1;  // v*: bytes of Q rows r0 / r1 that exist from c0
+  };
+  WPREP_HD static bool GetUnit(const Geometry& g, int64_t tile, int vt, Unit* u) {
+    const int32_t nblk = BlocksPerRow(g);
+    const int64_t id = tile * kTileThreads + vt;
+    if (id >= Rows(g) * nblk) return false;
+    u->orow = static_cast<int32_t>(id) / nblk;
+    u->blk = static_cast<int32_t>(id) - u->orow * nblk;
+    u->r0 = 16 * (u->orow >> 2) + 2 * (u->orow & 3) + (u->blk & 1);
+    u->r1 = u->r0 + 8;
+    u->c0 = 32 * (u->blk >> 1);
+    u->v0 = u->r0 < g.d0 ? ValidBytes(u->c0, g.d1b, 32) : 0;
+    u->v1 = u->r1 < g.d0 ? ValidBytes(u->c0, g.d1b, 32) : 0;
+    return true;
+  }
 
-  WPREP_HD static void Load(const Geometry& g, const uint8_t* in, uint8_t* out, int64_t e,
-                            int64_t tile, uint32_t*, int tid, int nthreads, Access acc) {
-    const int32_t nblk = static_cast<int32_t>(BlocksPerRow(g));
-    const int64_t units = Rows(g) * nblk;
-    const uint8_t* src_mat = in + g.InputMatrixOffset(e);
-    uint8_t* dst_mat = out + e * g.out_matrix_bytes;
-    const int64_t o_pitch = 4 * g.q_cols_pad;
-    for (int t = tid; t < kTileThreads; t += nthreads) {
-      const int64_t u = tile * kTileThreads + t;
-      if (u >= units) break;
-      const int32_t orow = static_cast<int32_t>(u) / nblk;
-      const int32_t blk = static_cast<int32_t>(u) - orow * nblk;
-      const int64_t r0 = 16 * (orow >> 2) + 2 * (orow & 3) + (blk & 1), r1 = r0 + 8;
-      const int64_t c0 = 32 * (blk >> 1);
-      const int64_t v0 = r0 < g.d0 ? ValidBytes(c0, g.d1b, 32) : 0;
-      const int64_t v1 = r1 < g.d0 ? ValidBytes(c0, g.d1b, 32) : 0;
-      uint32_t q0[8], q1[8], o[16];
-      if constexpr (kSwizzle) {
-        LoadRowWords<8>(v0 > 0 ? src_mat + r0 * g.in_stride[0] + c0 : src_mat, v0, q0, acc.vec_in);
-        LoadRowWords<8>(v1 > 0 ? src_mat + r1 * g.in_stride[0] + c0 : src_mat, v1, q1, acc.vec_in);
-        HopperPackBlock<kMma>(q0, q1, o);
-        StoreRowWords<16>(dst_mat + orow * o_pitch + 64 * blk, 64, o, acc.vec_out);
-      } else {
-        LoadRowWords<16>(src_mat + orow * g.in_stride[0] + 64 * blk, 64, o, acc.vec_in);
-        HopperUnpackBlock<kMma>(o, q0, q1);
-        StoreRowWords<8>(v0 > 0 ? dst_mat + r0 * g.d1b + c0 : dst_mat, v0, q0, acc.vec_out);
-        StoreRowWords<8>(v1 > 0 ? dst_mat + r1 * g.d1b + c0 : dst_mat, v1, q1, acc.vec_out);
-      }
+  WPREP_HD static void Fetch(const Geometry& g, const uint8_t* in, int64_t e, int64_t tile, int vt,
+                             Access acc, Regs& r) {
+    Unit u;
+    if (!GetUnit(g, tile, vt, &u)) return;
+    const uint8_t* mat = in + g.InputMatrixOffset(e);
+    if constexpr (kSwizzle) {
+      LoadRowWords<8>(u.v0 > 0 ? mat + u.r0 * g.in_stride[0] + u.c0 : mat, u.v0, r.w, acc.vec_in);
+      LoadRowWords<8>(u.v1 > 0 ? mat + u.r1 * g.in_stride[0] + u.c0 : mat, u.v1, r.w + 8,
+                      acc.vec_in);
+    } else {
+      LoadRowWords<16>(mat + u.orow * g.in_stride[0] + 64 * u.blk, 64, r.w, acc.vec_in);
     }
   }
-  WPREP_HD static void Store(const Geometry&, const uint8_t*, uint8_t*, int64_t, int64_t,
-                             uint32_t*, int, int, Access) {}
+  WPREP_HD static void Stage(const Geometry& g, const uint8_t*, uint8_t* out, int64_t e, int64_t tile, int vt,
+                             Access acc, const Regs& r, uint32_t*) {
+    Unit u;
+    if (!GetUnit(g, tile, vt, &u)) return;
+    uint8_t* mat = out + e * g.out_matrix_bytes;
+    uint32_t o[16];
+    if constexpr (kSwizzle) {
+      HopperPackBlock<kMma>(r.w, r.w + 8, o);
+      StoreRowWords<16>(mat + u.orow * (4 * g.q_cols_pad) + 64 * u.blk, 64, o, acc.vec_out);
+    } else {
+      HopperUnpackBlock<kMma>(r.w, o, o + 8);
+      StoreRowWords<8>(u.v0 > 0 ? mat + u.r0 * g.d1b + u.c0 : mat, u.v0, o, acc.vec_out);
+      StoreRowWords<8>(u.v1 > 0 ? mat + u.r1 * g.d1b + u.c0 : mat, u.v1, o + 8, acc.vec_out);
+    }
+  }
+  WPREP_HD static void Store(const Geometry&, uint8_t*, int64_t, int64_t, int, Access, uint32_t*) {}
 };
+
+// Loads the two canonical micro-tiles of virtual thread vt (rows row0(rg).., bytes
+// col0 + 4*jg) into r.w[0..7] and r.w[8..15].
+template <class RowOf>
+WPREP_HD void FetchMicroTiles(const Geometry& g, const uint8_t* mat, int vt, int64_t col0,
+                              RowOf row_of, bool word, Regs& r) {
+  WPREP_UNROLL
+  for (int i = 0; i < 2; ++i) {
+    int jg, rg;
+    MicroTileCoords(vt + kTileThreads * i, &jg, &rg);
+    const int64_t col = col0 + 4 * jg;
+    WPREP_UNROLL
+    for (int m = 0; m < 8; ++m) {
+      const int64_t row = row_of(rg) + m;
+      const int64_t valid = row < g.d0 ? ValidBytes(col, g.d1b, 4) : 0;
+      LoadRowWords<1>(valid > 0 ? mat + row * g.in_stride[0] + col : mat, valid, &r.w[8 * i + m],
+                      word);
+    }
+  }
+}
+
+// Pair-transposes the fetched micro-tiles into smem rows 8*jg.., word column rg.
+WPREP_HD void StageMicroTiles(int vt, const Regs& r, uint32_t* smem) {
+  WPREP_UNROLL
+  for (int i = 0; i < 2; ++i) {
+    int jg, rg;
+    MicroTileCoords(vt + kTileThreads * i, &jg, &rg);
+    uint32_t p[8];
+    PairTranspose8x4(r.w + 8 * i, p);
+    WPREP_UNROLL
+    for (int m = 0; m < 8; ++m) smem[(8 * jg + m) * kPitch + rg] = p[m];
+  }
+}
+
+// The inverse for the two micro-tiles of vt: smem -> canonical rows row_of(rg).., bytes
+// col0 + 4*jg, clipped to the matrix.
+template <class RowOf>
+WPREP_HD void StoreMicroTiles(const Geometry& g, uint8_t* mat, int vt, int64_t col0, RowOf row_of,
+                              bool word, const uint32_t* smem) {
+  WPREP_UNROLL
+  for (int i = 0; i < 2; ++i) {
+    int jg, rg;
+    MicroTileCoords(vt + kTileThreads * i, &jg, &rg);
+    uint32_t p[8], w[8];
+    WPREP_UNROLL
+    for (int m = 0; m < 8; ++m) p[m] = smem[(8 * jg + m) * kPitch + rg];
+    PairTranspose8x4(p, w);
+    const int64_t col = col0 + 4 * jg;
+    WPREP_UNROLL
+    for (int m = 0; m < 8; ++m) {
+      const int64_t row = row_of(rg) + m;
+      const int64_t valid = row < g.d0 ? ValidBytes(col, g.d1b, 4) : 0;
+      StoreRowWords<1>(valid > 0 ? mat + row * g.d1b + col : mat, valid, &w[m], word);
+    }
+  }
+}
 
 // ---------------------------------------------------------------------------------------
 // Hopper, mx_axis -2: Q is the pair transpose of the canonical matrix. A tile is a
@@ -133,6 +186,7 @@ template <Op kOp, int kMma>
 struct HopperMx2Tile {
   static constexpr int kSmemWords = kWindowWords;
   static constexpr bool kTwoStage = true;
+  static constexpr int kMinBlocks = 4;
   static constexpr bool kSwizzle = kOp == Op::kHopperSwizzle;
 
   WPREP_HD static int64_t TilesAlongCols(const Geometry& g) {
@@ -141,95 +195,99 @@ struct HopperMx2Tile {
   WPREP_HD static int64_t TilesPerMatrix(const Geometry& g) {
     return CeilDiv(kSwizzle ? g.q_rows_pad : g.q_rows, kWindow) * TilesAlongCols(g);
   }
-
-  // Canonical side of the window: rows 2*qc0 + 8*rg.., bytes qr0/2 + 4*jg.
-  WPREP_HD static void CanonicalSide(const Geometry& g, int64_t tile, int64_t* qr0, int64_t* qc0) {
+  WPREP_HD static void Window(const Geometry& g, int64_t tile, int64_t* qr0, int64_t* qc0) {
     *qr0 = tile / TilesAlongCols(g) * kWindow;
     *qc0 = tile % TilesAlongCols(g) * kWindow;
   }
-
-  // O side: thread t owns 64-byte block blk = t & 7 of O row qr0/4 + (t >> 3); its Q rows
-  // are r0 (and r0 + 8), Q columns 32*cr.. within the window.
-  WPREP_HD static bool OBlock(const Geometry& g, int64_t qc0, int t, int* orow_l, int* blk,
+  // O side: vt owns 64-byte block blk = vt & 7 of O row qr0/4 + (vt >> 3); its Q rows are
+  // r0 and r0 + 8, Q word columns 8*(blk >> 1).. of the window. False if the block lies
+  // outside the storage.
+  WPREP_HD static bool OBlock(const Geometry& g, int64_t qc0, int vt, int* orow_l, int* blk,
                               int* r0) {
-    *blk = t & 7;
-    *orow_l = t >> 3;
+    *blk = vt & 7;
+    *orow_l = vt >> 3;
     *r0 = 16 * (*orow_l >> 2) + 2 * (*orow_l & 3) + (*blk & 1);
-    return qc0 + 32 * (*blk >> 1) < g.q_cols_pad;  // block exists in storage
+    return qc0 + 32 * (*blk >> 1) < g.q_cols_pad;
   }
 
-  WPREP_HD static void Load(const Geometry& g, const uint8_t* in, uint8_t*, int64_t e,
-                            int64_t tile, uint32_t* smem, int tid, int nthreads, Access acc) {
+  WPREP_HD static void Fetch(const Geometry& g, const uint8_t* in, int64_t e, int64_t tile, int vt,
+                             Access acc, Regs& r) {
     int64_t qr0, qc0;
-    CanonicalSide(g, tile, &qr0, &qc0);
+    Window(g, tile, &qr0, &qc0);
     const uint8_t* mat = in + g.InputMatrixOffset(e);
-    for (int t = tid; t < kTileThreads; t += nthreads) {
-      if constexpr (kSwizzle) {
-        WPREP_UNROLL
-        for (int i = 0; i < 2; ++i) {
-          int jg, rg;
-          MicroTileCoords(t + kTileThreads * i, &jg, &rg);
-          CanonicalMicroTileToSmem(g, mat, 2 * qc0 + 8 * rg, qr0 / 2 + 4 * jg, jg, rg, smem,
-                                   acc.word_in);
-        }
-      } else {
-        int orow_l, blk, r0;
-        if (!OBlock(g, qc0, t, &orow_l, &blk, &r0)) continue;
-        uint32_t o[16], q0[8], q1[8];
-        LoadRowWords<16>(mat + (qr0 / 4 + orow_l) * g.in_stride[0] + 4 * qc0 + 64 * blk, 64, o,
-                         acc.vec_in);
-        HopperUnpackBlock<kMma>(o, q0, q1);
-        const int cw = 8 * (blk >> 1);
-        WPREP_UNROLL
-        for (int i = 0; i < 8; ++i) {
-          smem[r0 * kPitch + cw + i] = q0[i];
-          smem[(r0 + 8) * kPitch + cw + i] = q1[i];
-        }
+    if constexpr (kSwizzle) {
+      FetchMicroTiles(g, mat, vt, qr0 / 2, [qc0](int rg) { return 2 * qc0 + 8 * rg; },
+                      acc.word_in, r);
+    } else {
+      int orow_l, blk, r0;
+      if (!OBlock(g, qc0, vt, &orow_l, &blk, &r0)) return;
+      LoadRowWords<16>(mat + (qr0 / 4 + orow_l) * g.in_stride[0] + 4 * qc0 + 64 * blk, 64, r.w,
+                       acc.vec_in);
+    }
+  }
+
+  WPREP_HD static void Stage(const Geometry& g, const uint8_t*, uint8_t*, int64_t, int64_t tile, int vt, Access,
+                             const Regs& r, uint32_t* smem) {
+    if constexpr (kSwizzle) {
+      StageMicroTiles(vt, r, smem);
+    } else {
+      int64_t qr0, qc0;
+      Window(g, tile, &qr0, &qc0);
+      int orow_l, blk, r0;
+      if (!OBlock(g, qc0, vt, &orow_l, &blk, &r0)) return;
+      uint32_t q[16];
+      HopperUnpackBlock<kMma>(r.w, q, q + 8);
+      const int cw = 8 * (blk >> 1);
+      WPREP_UNROLL
+      for (int i = 0; i < 8; ++i) {
+        smem[r0 * kPitch + cw + i] = q[i];
+        smem[(r0 + 8) * kPitch + cw + i] = q[8 + i];
       }
     }
   }
 
-  WPREP_HD static void Store(const Geometry& g, const uint8_t*, uint8_t* out, int64_t e,
-                             int64_t tile, uint32_t* smem, int tid, int nthreads, Access acc) {
+  WPREP_HD static void Store(const Geometry& g, uint8_t* out, int64_t e, int64_t tile, int vt,
+                             Access acc, uint32_t* smem) {
     int64_t qr0, qc0;
-    CanonicalSide(g, tile, &qr0, &qc0);
+    Window(g, tile, &qr0, &qc0);
     uint8_t* mat = out + e * g.out_matrix_bytes;
-    for (int t = tid; t < kTileThreads; t += nthreads) {
-      if constexpr (kSwizzle) {
-        int orow_l, blk, r0;
-        if (!OBlock(g, qc0, t, &orow_l, &blk, &r0)) continue;
-        uint32_t q0[8], q1[8], o[16];
-        const int cw = 8 * (blk >> 1);
-        WPREP_UNROLL
-        for (int i = 0; i < 8; ++i) {
-          q0[i] = smem[r0 * kPitch + cw + i];
-          q1[i] = smem[(r0 + 8) * kPitch + cw + i];
-        }
-        HopperPackBlock<kMma>(q0, q1, o);
-        StoreRowWords<16>(mat + (qr0 / 4 + orow_l) * (4 * g.q_cols_pad) + 4 * qc0 + 64 * blk, 64,
-                          o, acc.vec_out);
-      } else {
-        WPREP_UNROLL
-        for (int i = 0; i < 2; ++i) {
-          int jg, rg;
-          MicroTileCoords(t + kTileThreads * i, &jg, &rg);
-          SmemMicroTileToCanonical(g, mat, 2 * qc0 + 8 * rg, qr0 / 2 + 4 * jg, jg, rg, smem,
-                                   acc.word_out);
-        }
+    if constexpr (kSwizzle) {
+      int orow_l, blk, r0;
+      if (!OBlock(g, qc0, vt, &orow_l, &blk, &r0)) return;
+      uint32_t q[16], o[16];
+      const int cw = 8 * (blk >> 1);
+      WPREP_UNROLL
+      for (int i = 0; i < 8; ++i) {
+        q[i] = smem[r0 * kPitch + cw + i];
+        q[8 + i] = smem[(r0 + 8) * kPitch + cw + i];
       }
+      HopperPackBlock<kMma>(q, q + 8, o);
+      StoreRowWords<16>(mat + (qr0 / 4 + orow_l) * (4 * g.q_cols_pad) + 4 * qc0 + 64 * blk, 64, o,
+                        acc.vec_out);
+    } else {
+      StoreMicroTiles(g, mat, vt, qr0 / 2, [qc0](int rg) { return 2 * qc0 + 8 * rg; },
+                      acc.word_out, smem);
     }
   }
 };
 
 // ---------------------------------------------------------------------------------------
 // Blackwell (tile_k a multiple of 16): a tile is 128 value columns (n0..) x 128 K bytes
-// (k0..); swizzle and unswizzle stage storage rows [n][k] in smem, retile moves 16-byte
-// chunks straight from one tiling to the other.
+// (k0..). Swizzle and unswizzle pair-transpose micro-tiles in registers and write them
+// straight out; retile moves 16-byte chunks from one tiling to the other. No smem.
+
+// Micro-tile `mt` (0..511) for register-only Blackwell tiles: 8-row group rg in the low
+// lane bits, so the storage side (k bytes 4*rg..) is contiguous across 8 lanes.
+WPREP_HD void DirectMicroTileCoords(int mt, int* jg, int* rg) {
+  *rg = (mt & 7) | ((mt >> 7) << 3);
+  *jg = (mt >> 3) & 15;
+}
 
 template <Op kOp>
 struct BlackwellTile {
-  static constexpr int kSmemWords = kOp == Op::kBlackwellRetile ? 1 : kWindowWords;
-  static constexpr bool kTwoStage = kOp != Op::kBlackwellRetile;
+  static constexpr int kSmemWords = 1;
+  static constexpr bool kTwoStage = false;
+  static constexpr int kMinBlocks = 4;
   static constexpr int kChunksPerThread = kWindow * kWindow / kChunk / kTileThreads;  // 4
 
   // Windows cover the output tiling's padded extent (swizzle, retile) or the tensor.
@@ -247,91 +305,118 @@ struct BlackwellTile {
     *n0 = tile / tiles_k * kWindow;
     *k0 = tile % tiles_k * kWindow;
   }
-  // Chunk i of thread t: storage row nl, 16-byte column kc.
-  WPREP_HD static void Chunk(int t, int i, int* nl, int* kc) {
-    const int q = t + kTileThreads * i;
+  // Chunk i of virtual thread vt (retile): storage row nl, 16-byte column kc.
+  WPREP_HD static void Chunk(int vt, int i, int* nl, int* kc) {
+    const int q = vt + kTileThreads * i;
     *kc = q & 7;
     *nl = q >> 3;
   }
-  // Input storage chunk at (n, k): the bytes with n < N and k < K/2 (padding reads as 0).
-  WPREP_HD static void LoadStorageChunk(const Geometry& g, const uint8_t* mat, int64_t n,
-                                        int64_t k, uint32_t* w, bool vec) {
-    const int64_t valid = n < g.n ? ValidBytes(k, g.kp, kChunk) : 0;
-    LoadRowWords<4>(valid > 0 ? mat + StorageOffset(g.in_tiling, g.in_stride, n, k) : mat, valid,
-                    w, vec);
+  // Storage rows n..n+7 at byte k: offsets of each row (rows within one n-tile advance by
+  // tile_k).
+  WPREP_HD static void RowOffsets(const BlackwellTiling& t, const int64_t* strides, int64_t n,
+                                  int64_t k, int64_t* off) {
+    const int64_t first = StorageOffset(t, strides, n, k);
+    const int64_t step = strides == nullptr ? t.tile_k : strides[2];
+    const bool one_tile = n % t.tile_n + 8 <= t.tile_n;
+    WPREP_UNROLL
+    for (int m = 0; m < 8; ++m) off[m] = one_tile ? first + m * step : StorageOffset(t, strides, n + m, k);
   }
 
-  WPREP_HD static void Load(const Geometry& g, const uint8_t* in, uint8_t* out, int64_t e,
-                            int64_t tile, uint32_t* smem, int tid, int nthreads, Access acc) {
+  WPREP_HD static void Fetch(const Geometry& g, const uint8_t* in, int64_t e, int64_t tile, int vt,
+                             Access acc, Regs& r) {
     int64_t n0, k0;
     Origin(g, tile, &n0, &k0);
     const uint8_t* mat = in + g.InputMatrixOffset(e);
-    for (int t = tid; t < kTileThreads; t += nthreads) {
-      if constexpr (kOp == Op::kBlackwellSwizzle) {
-        WPREP_UNROLL
-        for (int i = 0; i < 2; ++i) {
-          int jg, rg;
-          MicroTileCoords(t + kTileThreads * i, &jg, &rg);
-          CanonicalMicroTileToSmem(g, mat, 2 * k0 + 8 * rg, n0 / 2 + 4 * jg, jg, rg, smem,
-                                   acc.word_in);
-        }
-      } else {
-        uint32_t w[kChunksPerThread][4];
-        WPREP_UNROLL
-        for (int i = 0; i < kChunksPerThread; ++i) {
-          int nl, kc;
-          Chunk(t, i, &nl, &kc);
-          LoadStorageChunk(g, mat, n0 + nl, k0 + 16 * kc, w[i], acc.vec_in);
-        }
-        WPREP_UNROLL
-        for (int i = 0; i < kChunksPerThread; ++i) {
-          int nl, kc;
-          Chunk(t, i, &nl, &kc);
-          if constexpr (kOp == Op::kBlackwellUnswizzle) {
-            WPREP_UNROLL
-            for (int j = 0; j < 4; ++j) smem[nl * kPitch + 4 * kc + j] = w[i][j];
-          } else {  // retile: straight to the output tiling
-            const int64_t n = n0 + nl, k = k0 + 16 * kc;
-            if (n >= ExtentN(g) || k >= ExtentK(g)) continue;
-            StoreRowWords<4>(out + e * g.out_matrix_bytes + StorageOffset(g.out_tiling, nullptr, n, k),
-                             kChunk, w[i], acc.vec_out);
+    if constexpr (kOp == Op::kBlackwellRetile) {
+      // Input storage bytes with n < N and k < K/2; padding reads as 0.
+      WPREP_UNROLL
+      for (int i = 0; i < kChunksPerThread; ++i) {
+        int nl, kc;
+        Chunk(vt, i, &nl, &kc);
+        const int64_t n = n0 + nl, k = k0 + 16 * kc;
+        const int64_t valid = n < g.n ? ValidBytes(k, g.kp, kChunk) : 0;
+        LoadRowWords<4>(valid > 0 ? mat + StorageOffset(g.in_tiling, g.in_stride, n, k) : mat,
+                        valid, r.w + 4 * i, acc.vec_in);
+      }
+    } else {
+      WPREP_UNROLL
+      for (int i = 0; i < 2; ++i) {
+        int jg, rg;
+        DirectMicroTileCoords(vt + kTileThreads * i, &jg, &rg);
+        if constexpr (kOp == Op::kBlackwellSwizzle) {
+          // Canonical rows 2*(k0 + 4*rg) + m, bytes n0/2 + 4*jg.
+          const int64_t row0 = 2 * (k0 + 4 * rg), col = n0 / 2 + 4 * jg;
+          WPREP_UNROLL
+          for (int m = 0; m < 8; ++m) {
+            const int64_t row = row0 + m;
+            const int64_t valid = row < g.d0 ? ValidBytes(col, g.d1b, 4) : 0;
+            LoadRowWords<1>(valid > 0 ? mat + row * g.in_stride[0] + col : mat, valid,
+                            &r.w[8 * i + m], acc.word_in);
+          }
+        } else {
+          // Storage rows n0 + 8*jg + m, bytes k0 + 4*rg: those with n < N, k < K/2.
+          const int64_t n = n0 + 8 * jg, k = k0 + 4 * rg;
+          const int64_t valid_k = ValidBytes(k, g.kp, 4);
+          int64_t off[8];
+          if (valid_k > 0) RowOffsets(g.in_tiling, g.in_stride, n, k, off);
+          WPREP_UNROLL
+          for (int m = 0; m < 8; ++m) {
+            const int64_t valid = n + m < g.n ? valid_k : 0;
+            LoadRowWords<1>(valid > 0 ? mat + off[m] : mat, valid, &r.w[8 * i + m], acc.word_in);
           }
         }
       }
     }
   }
 
-  WPREP_HD static void Store(const Geometry& g, const uint8_t*, uint8_t* out, int64_t e,
-                             int64_t tile, uint32_t* smem, int tid, int nthreads, Access acc) {
-    if constexpr (kOp == Op::kBlackwellRetile) return;
+  WPREP_HD static void Stage(const Geometry& g, const uint8_t*, uint8_t* out, int64_t e,
+                             int64_t tile, int vt, Access acc, const Regs& r, uint32_t*) {
     int64_t n0, k0;
     Origin(g, tile, &n0, &k0);
     uint8_t* mat = out + e * g.out_matrix_bytes;
-    for (int t = tid; t < kTileThreads; t += nthreads) {
-      if constexpr (kOp == Op::kBlackwellSwizzle) {
-        WPREP_UNROLL
-        for (int i = 0; i < kChunksPerThread; ++i) {
-          int nl, kc;
-          Chunk(t, i, &nl, &kc);
-          const int64_t n = n0 + nl, k = k0 + 16 * kc;
-          if (n >= ExtentN(g) || k >= ExtentK(g)) continue;
-          uint32_t w[4];
+    if constexpr (kOp == Op::kBlackwellRetile) {
+      WPREP_UNROLL
+      for (int i = 0; i < kChunksPerThread; ++i) {
+        int nl, kc;
+        Chunk(vt, i, &nl, &kc);
+        const int64_t n = n0 + nl, k = k0 + 16 * kc;
+        if (n >= ExtentN(g) || k >= ExtentK(g)) continue;
+        StoreRowWords<4>(mat + StorageOffset(g.out_tiling, nullptr, n, k), kChunk, r.w + 4 * i,
+                         acc.vec_out);
+      }
+    } else {
+      WPREP_UNROLL
+      for (int i = 0; i < 2; ++i) {
+        int jg, rg;
+        DirectMicroTileCoords(vt + kTileThreads * i, &jg, &rg);
+        uint32_t p[8];
+        PairTranspose8x4(r.w + 8 * i, p);
+        if constexpr (kOp == Op::kBlackwellSwizzle) {
+          // Storage rows n0 + 8*jg + m (inside the padded extent), bytes k0 + 4*rg.
+          const int64_t n = n0 + 8 * jg, k = k0 + 4 * rg;
+          if (k >= ExtentK(g)) continue;
+          int64_t off[8];
+          RowOffsets(g.out_tiling, nullptr, n, k, off);
           WPREP_UNROLL
-          for (int j = 0; j < 4; ++j) w[j] = smem[nl * kPitch + 4 * kc + j];
-          StoreRowWords<4>(mat + StorageOffset(g.out_tiling, nullptr, n, k), kChunk, w,
-                           acc.vec_out);
-        }
-      } else {
-        WPREP_UNROLL
-        for (int i = 0; i < 2; ++i) {
-          int jg, rg;
-          MicroTileCoords(t + kTileThreads * i, &jg, &rg);
-          SmemMicroTileToCanonical(g, mat, 2 * k0 + 8 * rg, n0 / 2 + 4 * jg, jg, rg, smem,
-                                   acc.word_out);
+          for (int m = 0; m < 8; ++m) {
+            if (n + m < ExtentN(g)) StoreRowWords<1>(mat + off[m], 4, &p[m], acc.word_out);
+          }
+        } else {
+          // Canonical rows 2*(k0 + 4*rg) + m, bytes n0/2 + 4*jg, clipped to the matrix.
+          const int64_t row0 = 2 * (k0 + 4 * rg), col = n0 / 2 + 4 * jg;
+          WPREP_UNROLL
+          for (int m = 0; m < 8; ++m) {
+            const int64_t row = row0 + m;
+            const int64_t valid = row < g.d0 ? ValidBytes(col, g.d1b, 4) : 0;
+            StoreRowWords<1>(valid > 0 ? mat + row * g.d1b + col : mat, valid, &p[m],
+                             acc.word_out);
+          }
         }
       }
     }
   }
+
+  WPREP_HD static void Store(const Geometry&, uint8_t*, int64_t, int64_t, int, Access, uint32_t*) {}
 };
 
 }  // namespace wprep::tiles

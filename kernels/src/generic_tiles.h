@@ -5,7 +5,7 @@
 #ifndef WPREP_KERNELS_SRC_GENERIC_TILES_H_
 #define WPREP_KERNELS_SRC_GENERIC_TILES_H_
 
-#include "tile_common.h"
+#include "fast_tiles.h"
 
 namespace wprep::tiles {
 
@@ -62,6 +62,7 @@ template <Op kOp>
 struct GenericTile {
   static constexpr int kSmemWords = kGenericTileBytes / 4;
   static constexpr bool kTwoStage = true;
+  static constexpr int kMinBlocks = 4;
   static constexpr int kWidth = kBlackwellTileN / 2;  // canonical bytes per window row
 
   // Windows over (n, k): the output tiling's padded extent for swizzle and retile, the
@@ -75,8 +76,12 @@ struct GenericTile {
     return TilesN(g) * CeilDiv(k_extent, kBlackwellTileK);
   }
 
-  WPREP_HD static void Load(const Geometry& g, const uint8_t* in, uint8_t*, int64_t e,
-                            int64_t tile, uint32_t* smem, int tid, int nthreads, Access) {
+  // The fast-tile steps (fast_tiles.h): all input is read in Stage.
+  WPREP_HD static void Fetch(const Geometry&, const uint8_t*, int64_t, int64_t, int, Access,
+                             Regs&) {}
+  WPREP_HD static void Stage(const Geometry& g, const uint8_t* in, uint8_t*, int64_t e,
+                             int64_t tile, int vt, Access, const Regs&, uint32_t* smem) {
+    const int tid = vt, nthreads = kTileThreads;
     const int64_t n0 = tile % TilesN(g) * kBlackwellTileN, k0 = tile / TilesN(g) * kBlackwellTileK;
     auto* buf = reinterpret_cast<uint8_t*>(smem);
     if constexpr (kOp == Op::kBlackwellSwizzle) {
@@ -86,8 +91,9 @@ struct GenericTile {
     }
   }
 
-  WPREP_HD static void Store(const Geometry& g, const uint8_t*, uint8_t* out, int64_t e,
-                             int64_t tile, uint32_t* smem, int tid, int nthreads, Access) {
+  WPREP_HD static void Store(const Geometry& g, uint8_t* out, int64_t e, int64_t tile, int vt,
+                             Access, uint32_t* smem) {
+    const int tid = vt, nthreads = kTileThreads;
     const int64_t n0 = tile % TilesN(g) * kBlackwellTileN, k0 = tile / TilesN(g) * kBlackwellTileK;
     const auto* buf = reinterpret_cast<const uint8_t*>(smem);
     if constexpr (kOp == Op::kBlackwellSwizzle) {

@@ -1,11 +1,9 @@
 // A tile is the unit of work of one CUDA block (kTileThreads threads) and of one CPU
 // task: the body is written once (fast_tiles.h, generic_tiles.h) and runs in both
-// engines. Every tile type T provides
-//   T::kSmemWords, T::kTwoStage,
-//   T::TilesPerMatrix(g)                      tiles of one matrix,
-//   T::Load(g, in, out, e, tile, smem, tid, nthreads, access)   stage 1,
-//   T::Store(...)                             stage 2 (after a barrier, if kTwoStage).
-// Virtual threads tid, tid + nthreads, ... < kTileThreads are run by each caller.
+// engines. Every tile type T provides T::kSmemWords, T::kTwoStage,
+// T::TilesPerMatrix(g) and the per-virtual-thread steps Fetch, Stage and Store described
+// in fast_tiles.h. A CUDA block runs one virtual thread per thread (kTileThreads); the
+// CPU engine runs them in turn.
 #ifndef WPREP_KERNELS_SRC_TILES_H_
 #define WPREP_KERNELS_SRC_TILES_H_
 

@@ -9,7 +9,6 @@
 #define WPREP_KERNELS_LAYOUT_MATH_H_
 
 #include <cstdint>
-#include <utility>
 
 #if defined(__CUDACC__)
 #define WPREP_HD __host__ __device__ __forceinline__
@@ -93,67 +92,28 @@ WPREP_HD void HopperSource(T orow, T ocol, int mma_version, T* r, T* c) {
   *r = 16 * r0 + 8 * w0 + 2 * t0 + s0;
 }
 
-namespace detail {
-WPREP_HD constexpr uint32_t HopperS(uint32_t n) { return ((n & 8) << 12) | ((n & 7) << 6); }
-WPREP_HD constexpr uint32_t HopperS4(uint32_t n) {
-  return ((n & 8) << 11) | ((n & 6) << 9) | ((n & 1) << 13);
-}
-WPREP_HD constexpr uint32_t HopperF(uint32_t b) {
-  return HopperS(b & 15) | HopperS(b >> 4) << 16;
-}
-WPREP_HD constexpr uint32_t HopperG(uint32_t b) {
-  return HopperS4(b & 15) | HopperS4(b >> 4) << 16;
-}
-}  // namespace detail
-
 // Step 4: four consecutive bytes of an O row, as the little-endian word x, become the
-// interleaved word. A fixed permutation of the 32 bits.
+// interleaved word W = f(b0) | f(b1) >> 3 | f(b2) >> 6 | g(b3) (LAYOUTS.md). W is a fixed
+// permutation of x's bits; it is computed here nibble-parallel: `a` gathers the nibbles
+// of b0 and b1 (low nibbles in bytes 0-1, high nibbles in bytes 2-3), `b` those of b2 and
+// b3, so each field moves with one mask and one shift for both halves of W. Checked bit
+// for bit against the formula in tests/kernels/cpu_engine_test.cc.
 WPREP_HD constexpr uint32_t HopperInterleaveWord(uint32_t x) {
-  return detail::HopperF(x & 255) | detail::HopperF((x >> 8) & 255) >> 3 |
-         detail::HopperF((x >> 16) & 255) >> 6 | detail::HopperG(x >> 24);
+  const uint32_t a = (x & 0x00000F0Fu) | ((x << 12) & 0x0F0F0000u);
+  const uint32_t b = ((x >> 16) & 0x00000F0Fu) | ((x >> 4) & 0x0F0F0000u);
+  return ((a & 0x00070007u) << 6) | ((a & 0x00080008u) << 12) | ((a & 0x07000700u) >> 5) |
+         ((a & 0x08000800u) << 1) | (b & 0x00070007u) | ((b & 0x00080008u) << 6) |
+         ((b & 0x01000100u) << 5) | ((b & 0x06000600u) << 1) | ((b & 0x08000800u) << 3);
 }
 
-namespace detail {
-// The inverse permutation, derived from HopperInterleaveWord at compile time and stored
-// as one mask per shift distance (index = shift + 31) so that it costs one
-// and/shift/or per distinct distance rather than one per bit.
-struct BitMoves {
-  uint32_t mask[63];
-};
-constexpr BitMoves InverseInterleaveMoves() {
-  BitMoves moves{};
-  for (int i = 0; i < 32; ++i) {
-    const uint32_t w = HopperInterleaveWord(1u << i);
-    int p = 0;
-    while (((w >> p) & 1u) == 0) ++p;
-    moves.mask[i - p + 31] |= 1u << p;  // bit p of the interleaved word returns to bit i
-  }
-  return moves;
-}
-}  // namespace detail
-
-namespace detail {
-// One group of bits moving by kShift (compile-time, so zero groups vanish).
-template <uint32_t kMask, int kShift>
-WPREP_HD constexpr uint32_t MoveBits(uint32_t w) {
-  if constexpr (kMask == 0) {
-    return 0;
-  } else if constexpr (kShift >= 0) {
-    return (w & kMask) << kShift;
-  } else {
-    return (w & kMask) >> -kShift;
-  }
-}
-template <size_t... kD>
-WPREP_HD constexpr uint32_t DeinterleaveWord(uint32_t w, std::index_sequence<kD...>) {
-  constexpr BitMoves kMoves = InverseInterleaveMoves();
-  return (0u | ... | MoveBits<kMoves.mask[kD], static_cast<int>(kD) - 31>(w));
-}
-}  // namespace detail
-
-// Inverse of HopperInterleaveWord.
+// Inverse of HopperInterleaveWord: every field moved back.
 WPREP_HD constexpr uint32_t HopperDeinterleaveWord(uint32_t w) {
-  return detail::DeinterleaveWord(w, std::make_index_sequence<63>());
+  const uint32_t a = ((w >> 6) & 0x00070007u) | ((w >> 12) & 0x00080008u) |
+                     ((w << 5) & 0x07000700u) | ((w >> 1) & 0x08000800u);
+  const uint32_t b = (w & 0x00070007u) | ((w >> 6) & 0x00080008u) | ((w >> 5) & 0x01000100u) |
+                     ((w >> 1) & 0x06000600u) | ((w >> 3) & 0x08000800u);
+  return (a & 0x00000F0Fu) | ((a >> 12) & 0x0000F0F0u) | ((b & 0x00000F0Fu) << 16) |
+         ((b << 4) & 0xF0F00000u);
 }
 
 // ---------------------------------------------------------------------------------------
