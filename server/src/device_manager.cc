@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <thread>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
@@ -171,13 +172,25 @@ absl::StatusOr<std::unique_ptr<DeviceManager>> DeviceManager::Create(const Optio
   dm->cpu_metrics_ = &metrics->device(0);
   for (size_t i = 0; i < infos.size(); ++i) {
     const int slot = static_cast<int>(i) + 1;
-    auto gpu = std::make_unique<Gpu>(infos[i], slot, options.max_device_bytes, &metrics->device(slot));
-    if (absl::Status s = gpu->Init(options.streams_per_device); !s.ok()) return s;
+    dm->gpus_.push_back(
+        std::make_unique<Gpu>(infos[i], slot, options.max_device_bytes, &metrics->device(slot)));
+  }
+  // Contexts, streams and pools of all GPUs are created at once: start-up time does not
+  // grow with the number of GPUs.
+  std::vector<absl::Status> init(dm->gpus_.size());
+  {
+    std::vector<std::thread> threads;
+    for (size_t i = 0; i < dm->gpus_.size(); ++i) {
+      threads.emplace_back([&, i] { init[i] = dm->gpus_[i]->Init(options.streams_per_device); });
+    }
+    for (auto& t : threads) t.join();
+  }
+  for (size_t i = 0; i < infos.size(); ++i) {
+    if (!init[i].ok()) return init[i];
     LogLine(LogLevel::kInfo, "gpu_found",
             absl::StrCat("ordinal=", infos[i].ordinal, " uuid=", FormatUuid(infos[i].uuid),
                          " name=", LogQuote(infos[i].name), " cc=", infos[i].cc_major, ".",
                          infos[i].cc_minor, " streams=", options.streams_per_device));
-    dm->gpus_.push_back(std::move(gpu));
   }
   if (dm->gpus_.empty()) {
     LogLine(LogLevel::kInfo, "cpu_engine", absl::StrCat("threads=", options.cpu_threads));
@@ -236,6 +249,7 @@ std::vector<ConversionSpec> WarmUpSpecs() {
 absl::Status WarmOne(Gpu& gpu, const Plan& plan, const std::vector<uint8_t>& in) {
   absl::StatusOr<Gpu::StreamLease> lease = gpu.AcquireStream(absl::Now() + absl::Seconds(30));
   if (!lease.ok()) return lease.status();
+  WPREP_CUDA_RETURN_IF_ERROR(cudaSetDevice(gpu.info().ordinal));
   std::vector<uint8_t> expected(plan.output_bytes), got(plan.output_bytes, 0xAB);
   if (absl::Status s = ConvertOnCpu(plan, in.data(), in.size(), expected.data(), expected.size());
       !s.ok()) {
@@ -269,7 +283,7 @@ absl::Status WarmOne(Gpu& gpu, const Plan& plan, const std::vector<uint8_t>& in)
 }  // namespace
 
 absl::Status DeviceManager::WarmUp() {
-  for (auto& g : gpus_) {
+  auto warm_one_gpu = [](Gpu& g) -> absl::Status {
     const absl::Time start = absl::Now();
 #if WPREP_HAVE_CUDA
     for (const ConversionSpec& spec : WarmUpSpecs()) {
@@ -281,13 +295,26 @@ absl::Status DeviceManager::WarmUp() {
         x ^= x << 13, x ^= x >> 7, x ^= x << 17;
         b = static_cast<uint8_t>(x);
       }
-      if (absl::Status s = WarmOne(*g, *plan, in); !s.ok()) return s;
+      if (absl::Status s = WarmOne(g, *plan, in); !s.ok()) return s;
     }
 #endif
-    g->set_warm(true);
+    g.set_warm(true);
     LogLine(LogLevel::kInfo, "gpu_warm",
-            absl::StrCat("uuid=", FormatUuid(g->info().uuid), " variants=", WarmUpSpecs().size(),
+            absl::StrCat("uuid=", FormatUuid(g.info().uuid), " variants=", WarmUpSpecs().size(),
                          " seconds=", absl::ToDoubleSeconds(absl::Now() - start)));
+    return absl::OkStatus();
+  };
+  // Every GPU warms at once, each on its own thread.
+  std::vector<absl::Status> results(gpus_.size());
+  {
+    std::vector<std::thread> threads;
+    for (size_t i = 0; i < gpus_.size(); ++i) {
+      threads.emplace_back([&, i] { results[i] = warm_one_gpu(*gpus_[i]); });
+    }
+    for (auto& t : threads) t.join();
+  }
+  for (const absl::Status& s : results) {
+    if (!s.ok()) return s;
   }
   if (cpu_metrics_ != nullptr) cpu_metrics_->warm->Set(gpus_.empty() ? 1 : 0);
   return absl::OkStatus();

@@ -165,6 +165,7 @@ class GpuStreamConverter final : public SlicedConverter {
   absl::Status Init(const Plan& plan, uint64_t target, absl::Time memory_deadline) {
     InitSlicing(plan, target);
     engine_ = absl::StrCat("cuda:", FormatUuid(gpu_.info().uuid));
+    WPREP_CUDA_RETURN_IF_ERROR(cudaSetDevice(gpu_.info().ordinal));
     const uint64_t slice_out = matrix_in_ == 0 ? matrix_out_ : slice_in_ / matrix_in_ * matrix_out_;
     mem_ = std::make_unique<RequestMemory>(&gpu_.allocator(), lease_.stream());
     if (absl::Status s = mem_->Reserve(slice_in_ + slice_out, memory_deadline); !s.ok()) return s;
@@ -182,6 +183,7 @@ class GpuStreamConverter final : public SlicedConverter {
     if (!p.ok()) return p.status();
     out->resize((*p)->output_bytes);
     cudaStream_t st = lease_.stream();
+    WPREP_CUDA_RETURN_IF_ERROR(cudaSetDevice(gpu_.info().ordinal));
     if (!in.empty()) {
       WPREP_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(d_in_, in.data(), in.size(), cudaMemcpyHostToDevice, st));
     }
@@ -317,6 +319,9 @@ absl::Status Executor::RunOnGpu(Gpu& gpu, const Plan& plan, const ConvertInput& 
   absl::StatusOr<Gpu::StreamLease> lease = gpu.AcquireStream(deadline);
   if (!lease.ok()) return lease.status();
   cudaStream_t st = lease->stream();
+  // Events and copies below belong to this GPU: name it rather than trust the thread's
+  // current device (the daemon never relies on one).
+  WPREP_CUDA_RETURN_IF_ERROR(cudaSetDevice(ordinal));
   RequestMemory mem(&gpu.allocator(), st);
   const uint64_t need = (input.ipc ? 0 : plan.input_bytes) + (output.ipc ? 0 : plan.output_bytes);
   if (absl::Status s = mem.Reserve(need, std::min(deadline, absl::Now() + memory_wait_)); !s.ok()) {
