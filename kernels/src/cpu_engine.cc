@@ -57,14 +57,15 @@ absl::Status ConvertOnCpu(const Plan& plan, const uint8_t* in, size_t in_size, u
     tiles::DispatchTile(g, [&]<class T>() {
       alignas(16) uint32_t smem[T::kSmemWords];
       for (int64_t t = begin; t < end; ++t) {
-        const int64_t e = t / tiles_per_matrix, tile = t - e * tiles_per_matrix;
+        const int64_t e = t / tiles_per_matrix;
+        const tiles::TileCtx ctx = T::Context(g, in, out, e, t - e * tiles_per_matrix);
         for (int vt = 0; vt < kTileThreads; ++vt) {
           tiles::Regs regs;
-          T::Fetch(g, in, e, tile, vt, access, regs);
-          T::Stage(g, in, out, e, tile, vt, access, regs, smem);
+          T::Fetch(g, ctx, vt, access, regs);
+          T::Stage(g, ctx, vt, access, regs, smem);
         }
         if constexpr (T::kTwoStage) {
-          for (int vt = 0; vt < kTileThreads; ++vt) T::Store(g, out, e, tile, vt, access, smem);
+          for (int vt = 0; vt < kTileThreads; ++vt) T::Store(g, ctx, vt, access, smem);
         }
       }
     });

@@ -29,31 +29,45 @@ absl::Status CudaError(cudaError_t err, const char* call, const char* file, int 
 template <class T>
 __global__ void __launch_bounds__(kTileThreads, T::kMinBlocks)
     ConvertKernel(const Geometry g, const uint8_t* __restrict__ in, uint8_t* __restrict__ out,
-                  tiles::Access access, int64_t tiles_per_matrix) {
+                  tiles::Access access, uint32_t tiles_per_matrix, uint32_t num_tiles) {
   __shared__ alignas(16) uint32_t smem[T::kSmemWords];
-  const int64_t num_tiles = g.num_matrices * tiles_per_matrix;
   const int vt = threadIdx.x;
-  int64_t t = blockIdx.x;
+  // Tile indices fit 32 bits (ConvertOnCuda checks), so splitting them is cheap.
+  auto context = [&](uint32_t t) {
+    const uint32_t e = t / tiles_per_matrix;
+    return T::Context(g, in, out, e, t - e * tiles_per_matrix);
+  };
+  uint32_t t = blockIdx.x;
+  if (t >= num_tiles) return;
+  tiles::TileCtx ctx = context(t);
   tiles::Regs cur, next;
-  if (t < num_tiles) T::Fetch(g, in, t / tiles_per_matrix, t % tiles_per_matrix, vt, access, cur);
+  T::Fetch(g, ctx, vt, access, cur);
   // The next tile's loads are issued before this tile's stores, so each thread keeps
   // global loads in flight while it writes.
-  for (; t < num_tiles; t += gridDim.x) {
-    const int64_t e = t / tiles_per_matrix, tile = t - e * tiles_per_matrix;
-    const int64_t tn = t + gridDim.x;
+  for (;;) {
+    const uint32_t tn = t + gridDim.x;
+    const bool more = tn < num_tiles;
+    tiles::TileCtx next_ctx = ctx;
+    if (more) next_ctx = context(tn);
     if constexpr (T::kTwoStage) {
-      T::Stage(g, in, out, e, tile, vt, access, cur, smem);
+      T::Stage(g, ctx, vt, access, cur, smem);
       __syncthreads();
-      if (tn < num_tiles) T::Fetch(g, in, tn / tiles_per_matrix, tn % tiles_per_matrix, vt, access, next);
-      T::Store(g, out, e, tile, vt, access, smem);
+      if (more) T::Fetch(g, next_ctx, vt, access, next);
+      T::Store(g, ctx, vt, access, smem);
       __syncthreads();
     } else {
-      if (tn < num_tiles) T::Fetch(g, in, tn / tiles_per_matrix, tn % tiles_per_matrix, vt, access, next);
-      T::Stage(g, in, out, e, tile, vt, access, cur, smem);
+      if (more) T::Fetch(g, next_ctx, vt, access, next);
+      T::Stage(g, ctx, vt, access, cur, smem);
     }
+    if (!more) break;
+    t = tn;
+    ctx = next_ctx;
     cur = next;
   }
 }
+
+// Tiles of one launch: indices stay below 2^31 (2^31 tiles of >= 4 KiB is 8 TiB).
+constexpr int64_t kMaxTiles = (int64_t{1} << 31) - 1;
 
 // Multiprocessor count per device ordinal, read once.
 constexpr int kMaxDevices = 64;
@@ -99,15 +113,22 @@ struct Launcher {
   tiles::Access access;
   int device;
   cudaStream_t stream;
+  int64_t* too_many_tiles;  // set instead of launching when the grid would not fit
   template <class T>
   void operator()() const {
     const int64_t tiles_per_matrix = T::TilesPerMatrix(g);
     const int64_t num_tiles = g.num_matrices * tiles_per_matrix;
     if (num_tiles == 0) return;
+    if (num_tiles > kMaxTiles) {
+      *too_many_tiles = num_tiles;
+      return;
+    }
     // One wave of resident blocks; each loops over tiles (no partial last wave).
     const int64_t max_blocks = int64_t{SmCount(device)} * BlocksPerSm<T>(device);
     const unsigned blocks = static_cast<unsigned>(num_tiles < max_blocks ? num_tiles : max_blocks);
-    ConvertKernel<T><<<blocks, kTileThreads, 0, stream>>>(g, in, out, access, tiles_per_matrix);
+    ConvertKernel<T><<<blocks, kTileThreads, 0, stream>>>(
+        g, in, out, access, static_cast<uint32_t>(tiles_per_matrix),
+        static_cast<uint32_t>(num_tiles));
   }
 };
 
@@ -191,10 +212,16 @@ absl::Status ConvertOnCuda(const Plan& plan, const void* in, void* out, CudaStre
 
   DeviceGuard guard;
   WPREP_CUDA_RETURN_IF_ERROR(cudaSetDevice(*in_dev));
+  int64_t too_many_tiles = 0;
   const bool known = tiles::DispatchTile(
       g, Launcher{g, static_cast<const uint8_t*>(in), static_cast<uint8_t*>(out), access,
-                  *in_dev, stream});
+                  *in_dev, stream, &too_many_tiles});
   if (!known) return absl::InternalError("conversion geometry outside the supported set");
+  if (too_many_tiles > 0) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "tensor needs %d tiles; one launch takes at most %d (split the leading dims)",
+        too_many_tiles, kMaxTiles));
+  }
   WPREP_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   return absl::OkStatus();
 }

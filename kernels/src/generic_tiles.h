@@ -15,9 +15,8 @@ inline constexpr int kGenericTileBytes = kBlackwellTileN * kBlackwellTileK;
 
 // Canonical rows [row0, row0 + kRows) x bytes [col0, col0 + kWidth) <-> buf[kRows][kWidth].
 template <int kRows, int kWidth>
-WPREP_HD void GenericLoadCanonical(const Geometry& g, const uint8_t* in, int64_t e, int64_t row0,
+WPREP_HD void GenericLoadCanonical(const Geometry& g, const uint8_t* base, int64_t row0,
                                    int64_t col0, uint8_t* buf, int tid, int nthreads) {
-  const uint8_t* base = in + g.InputMatrixOffset(e);
   for (int q = tid; q < kRows * kWidth; q += nthreads) {
     const int64_t row = row0 + q / kWidth, col = col0 + q % kWidth;
     buf[q] = row < g.d0 && col < g.d1b ? base[row * g.in_stride[0] + col] : 0;
@@ -25,9 +24,8 @@ WPREP_HD void GenericLoadCanonical(const Geometry& g, const uint8_t* in, int64_t
 }
 
 template <int kRows, int kWidth, class ByteFn>
-WPREP_HD void GenericStoreCanonical(const Geometry& g, uint8_t* out, int64_t e, int64_t row0,
+WPREP_HD void GenericStoreCanonical(const Geometry& g, uint8_t* base, int64_t row0,
                                     int64_t col0, ByteFn byte_fn, int tid, int nthreads) {
-  uint8_t* base = out + e * g.out_matrix_bytes;
   for (int q = tid; q < kRows * kWidth; q += nthreads) {
     const int rl = q / kWidth, cl = q % kWidth;
     const int64_t row = row0 + rl, col = col0 + cl;
@@ -36,9 +34,8 @@ WPREP_HD void GenericStoreCanonical(const Geometry& g, uint8_t* out, int64_t e, 
 }
 
 // Input-tiling bytes with n < N and k < K/2 (zero elsewhere: input padding is ignored).
-WPREP_HD void GenericLoadStorage(const Geometry& g, const uint8_t* in, int64_t e, int64_t n0,
+WPREP_HD void GenericLoadStorage(const Geometry& g, const uint8_t* base, int64_t n0,
                                  int64_t k0, uint8_t* buf, int tid, int nthreads) {
-  const uint8_t* base = in + g.InputMatrixOffset(e);
   for (int q = tid; q < kGenericTileBytes; q += nthreads) {
     const int64_t n = n0 + q / kBlackwellTileK, k = k0 + q % kBlackwellTileK;
     buf[q] = n < g.n && k < g.kp ? base[BlackwellStridedOffset(g.in_tiling, g.in_stride, n, k)] : 0;
@@ -47,10 +44,9 @@ WPREP_HD void GenericLoadStorage(const Geometry& g, const uint8_t* in, int64_t e
 
 // Output-tiling bytes of the window inside the padded extent; byte_fn(nl, kl).
 template <class ByteFn>
-WPREP_HD void GenericStoreStorage(const Geometry& g, uint8_t* out, int64_t e, int64_t n0,
+WPREP_HD void GenericStoreStorage(const Geometry& g, uint8_t* base, int64_t n0,
                                   int64_t k0, ByteFn byte_fn, int tid, int nthreads) {
   const BlackwellTiling& t = g.out_tiling;
-  uint8_t* base = out + e * g.out_matrix_bytes;
   for (int q = tid; q < kGenericTileBytes; q += nthreads) {
     const int nl = q / kBlackwellTileK, kl = q % kBlackwellTileK;
     const int64_t n = n0 + nl, k = k0 + kl;
@@ -76,25 +72,32 @@ struct GenericTile {
     return TilesN(g) * CeilDiv(k_extent, kBlackwellTileK);
   }
 
+  WPREP_HD static TileCtx Context(const Geometry& g, const uint8_t* in, uint8_t* out, int64_t e,
+                                  int64_t tile) {
+    TileCtx c = MakeCtx(g, in, out, e, 0, 1, 0);
+    c.a0 = tile % TilesN(g) * kBlackwellTileN;
+    c.b0 = tile / TilesN(g) * kBlackwellTileK;
+    return c;
+  }
+
   // The fast-tile steps (fast_tiles.h): all input is read in Stage.
-  WPREP_HD static void Fetch(const Geometry&, const uint8_t*, int64_t, int64_t, int, Access,
-                             Regs&) {}
-  WPREP_HD static void Stage(const Geometry& g, const uint8_t* in, uint8_t*, int64_t e,
-                             int64_t tile, int vt, Access, const Regs&, uint32_t* smem) {
+  WPREP_HD static void Fetch(const Geometry&, const TileCtx&, int, Access, Regs&) {}
+  WPREP_HD static void Stage(const Geometry& g, const TileCtx& ctx, int vt, Access, const Regs&,
+                             uint32_t* smem) {
     const int tid = vt, nthreads = kTileThreads;
-    const int64_t n0 = tile % TilesN(g) * kBlackwellTileN, k0 = tile / TilesN(g) * kBlackwellTileK;
+    const int64_t n0 = ctx.a0, k0 = ctx.b0;
     auto* buf = reinterpret_cast<uint8_t*>(smem);
     if constexpr (kOp == Op::kBlackwellSwizzle) {
-      GenericLoadCanonical<2 * kBlackwellTileK, kWidth>(g, in, e, 2 * k0, n0 / 2, buf, tid, nthreads);
+      GenericLoadCanonical<2 * kBlackwellTileK, kWidth>(g, ctx.in, 2 * k0, n0 / 2, buf, tid, nthreads);
     } else {
-      GenericLoadStorage(g, in, e, n0, k0, buf, tid, nthreads);
+      GenericLoadStorage(g, ctx.in, n0, k0, buf, tid, nthreads);
     }
   }
 
-  WPREP_HD static void Store(const Geometry& g, uint8_t* out, int64_t e, int64_t tile, int vt,
-                             Access, uint32_t* smem) {
+  WPREP_HD static void Store(const Geometry& g, const TileCtx& ctx, int vt, Access,
+                             uint32_t* smem) {
     const int tid = vt, nthreads = kTileThreads;
-    const int64_t n0 = tile % TilesN(g) * kBlackwellTileN, k0 = tile / TilesN(g) * kBlackwellTileK;
+    const int64_t n0 = ctx.a0, k0 = ctx.b0;
     const auto* buf = reinterpret_cast<const uint8_t*>(smem);
     if constexpr (kOp == Op::kBlackwellSwizzle) {
       // Storage (n, k) = PairNibbles(canonical (2k, n/2), (2k + 1, n/2), n & 1).
@@ -102,18 +105,18 @@ struct GenericTile {
         return PairNibbles(buf[2 * kl * kWidth + (nl >> 1)], buf[(2 * kl + 1) * kWidth + (nl >> 1)],
                            nl & 1);
       };
-      GenericStoreStorage(g, out, e, n0, k0, byte, tid, nthreads);
+      GenericStoreStorage(g, ctx.out, n0, k0, byte, tid, nthreads);
     } else if constexpr (kOp == Op::kBlackwellUnswizzle) {
       // Canonical (i, jb) = PairNibbles(storage (2jb, i/2), (2jb + 1, i/2), i & 1).
       auto byte = [buf](int il, int jbl) -> uint8_t {
         return PairNibbles(buf[2 * jbl * kBlackwellTileK + (il >> 1)],
                            buf[(2 * jbl + 1) * kBlackwellTileK + (il >> 1)], il & 1);
       };
-      GenericStoreCanonical<2 * kBlackwellTileK, kWidth>(g, out, e, 2 * k0, n0 / 2, byte, tid,
+      GenericStoreCanonical<2 * kBlackwellTileK, kWidth>(g, ctx.out, 2 * k0, n0 / 2, byte, tid,
                                                          nthreads);
     } else {
       auto byte = [buf](int nl, int kl) -> uint8_t { return buf[nl * kBlackwellTileK + kl]; };
-      GenericStoreStorage(g, out, e, n0, k0, byte, tid, nthreads);
+      GenericStoreStorage(g, ctx.out, n0, k0, byte, tid, nthreads);
     }
   }
 };

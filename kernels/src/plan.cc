@@ -355,6 +355,11 @@ absl::StatusOr<Plan> MakePlan(const ConversionSpec& spec, absl::Span<const int64
           ShapeString(shape), extent));
     }
   }
+  if (num_matrices >= kMaxMatrixExtent) {
+    return Invalid(absl::StrFormat("logical shape %s: at most 2^31 - 1 matrices (product of the "
+                                   "leading dims), got %d",
+                                   ShapeString(shape), num_matrices));
+  }
   if (std::max(canonical_matrix, g.out_matrix_bytes) >= kMaxMatrixBytes) {
     return Invalid(absl::StrFormat("logical shape %s: one matrix (the last two dims) must hold "
                                    "less than 64 GiB",

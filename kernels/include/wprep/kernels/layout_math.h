@@ -224,6 +224,29 @@ WPREP_HD void HopperUnpackBlock(const uint32_t* in, uint32_t* q0, uint32_t* q1) 
 // ---------------------------------------------------------------------------------------
 // Blackwell shuffled value layout.
 
+// Division of 32-bit dividends below 2^31 by a fixed divisor with a multiply and a shift
+// (the round-up method of Granlund and Montgomery, as in CUTLASS's FastDivmod).
+struct FastDivisor {
+  uint32_t divisor = 1;
+  uint32_t multiplier = 0;
+  uint32_t shift = 0;
+
+  FastDivisor() = default;
+  WPREP_HD explicit FastDivisor(uint32_t d) : divisor(d) {
+    while ((uint64_t{1} << shift) < d) ++shift;
+    multiplier = static_cast<uint32_t>(((uint64_t{1} << 32) * ((uint64_t{1} << shift) - d)) / d + 1);
+  }
+  // x / divisor, for 0 <= x < 2^31.
+  WPREP_HD uint32_t Div(uint32_t x) const {
+#if defined(__CUDA_ARCH__)
+    const uint32_t hi = __umulhi(x, multiplier);
+#else
+    const uint32_t hi = static_cast<uint32_t>((uint64_t{x} * multiplier) >> 32);
+#endif
+    return (hi + x) >> shift;
+  }
+};
+
 // The storage geometry of one matrix for one (block_k, block_n).
 struct BlackwellTiling {
   int64_t tile_k = 0;  // bytes along K (block_k / 2)
@@ -231,6 +254,7 @@ struct BlackwellTiling {
   int64_t ntk = 0;     // tiles along K
   int64_t ntn = 0;     // tiles along N
   int64_t kpad = 0;    // padded K bytes = ntk * tile_k
+  FastDivisor div_k, div_n;  // by tile_k and tile_n
 };
 
 WPREP_HD constexpr int64_t Gcd(int64_t a, int64_t b) {
@@ -252,6 +276,8 @@ WPREP_HD BlackwellTiling MakeBlackwellTiling(int64_t block_k, int64_t block_n, i
   t.kpad = RoundUp(kp, align_k);
   t.ntk = t.kpad / t.tile_k;
   t.ntn = CeilDiv(n, t.tile_n);
+  t.div_k = FastDivisor(static_cast<uint32_t>(t.tile_k));
+  t.div_n = FastDivisor(static_cast<uint32_t>(t.tile_n));
   return t;
 }
 
