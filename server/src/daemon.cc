@@ -64,10 +64,6 @@ int RunDaemon(const Options& options) {
   sigset_t signals = ShutdownSignals();
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);  // inherited by every thread created below
   signal(SIGPIPE, SIG_IGN);
-  // Tensor buffers are many MiB: keep them in the heap for reuse instead of mmap/munmap
-  // (and page faults) per request; the janitor below returns memory once the daemon idles.
-  mallopt(M_MMAP_THRESHOLD, 32 << 20);
-  mallopt(M_TRIM_THRESHOLD, 1 << 30);
 
   absl::StatusOr<std::unique_ptr<Metrics>> metrics = Metrics::Create(options.metrics_address);
   if (!metrics.ok()) {
@@ -178,8 +174,9 @@ int RunDaemon(const Options& options) {
       ipc.ExpireIdle();
       const uint64_t admitted = admission.admitted();
       if (admitted != trimmed_at && admission.IdleFor(absl::Seconds(2))) {
-        malloc_trim(0);
+        const int released = malloc_trim(0);
         trimmed_at = admitted;
+        LogLine(LogLevel::kInfo, "idle_trim", absl::StrCat("heap_released=", released != 0));
       }
     }
   });
