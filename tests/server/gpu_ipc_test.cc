@@ -234,6 +234,35 @@ TEST(GpuIpc, TwoGpusConvertAtOnce) {
   EXPECT_GT(*MetricValue(m, "wprep_converted_bytes_total", {{"device", "gpu1"}}), 0);
 }
 
+TEST(GpuDaemon, DeviceByteBudgetRefusesWhatCanNeverFit) {
+  SKIP_WITHOUT_GPUS(1);
+  std::string error;
+  auto d = Daemon::Start({"--max-device-bytes=1M"}, &error);
+  ASSERT_NE(d, nullptr) << error;
+  ASSERT_TRUE(d->WaitServing()) << d->Log();
+  Client client(MakeChannel(d->unix_target()));
+  const ConversionSpec spec = HopperSpec(Direction::kSwizzle, -1, 2);
+  // bytes->bytes needs input + output on the device: 2 x 1 MiB > the 1 MiB budget.
+  absl::StatusOr<wprep::v1::ConvertResponse> big =
+      client.Convert(ConvertRequestFor(spec, {2048, 1024}, RandomBytes(1 << 20, 1)));
+  EXPECT_EQ(big.status().code(), absl::StatusCode::kResourceExhausted) << big.status();
+  EXPECT_NE(big.status().message().find("--max-device-bytes"), std::string::npos) << big.status();
+  // What fits still runs, and the peak is what it allocated.
+  const std::vector<uint8_t> in = RandomBytes(256 * 64, 2);
+  absl::StatusOr<wprep::v1::ConvertResponse> small = client.Convert(ConvertRequestFor(spec, {256, 128}, in));
+  ASSERT_TRUE(small.ok()) << small.status();
+  EXPECT_TRUE(small->output_bytes_inline() == CpuReference(spec, {256, 128}, in));
+  EXPECT_EQ(small->peak_extra_device_bytes(), 2u * 256 * 64);
+  // A stream of the big tensor fits: it holds one leading-dim slice at a time.
+  std::string out;
+  const std::vector<uint8_t> sin = RandomBytes(8 * 256 * 64, 3);
+  absl::StatusOr<wprep::v1::StreamResponseHeader> h =
+      client.ConvertStream(StreamHeaderFor(spec, {8, 256, 128}), sin, &out);
+  ASSERT_TRUE(h.ok()) << h.status();
+  EXPECT_TRUE(out == CpuReference(spec, {8, 256, 128}, sin));
+  EXPECT_EQ(d->Health(), 1);
+}
+
 TEST(GpuIpc, ClientKilledMidRequestLeavesTheDaemonServing) {
   SKIP_WITHOUT_GPUS(1);
   auto d = StartGpuDaemon();
