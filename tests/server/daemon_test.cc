@@ -2,6 +2,7 @@
 // socket and TCP) and ConvertStream, concurrent clients, health transitions, SIGTERM
 // drain and metrics scraped over HTTP.
 #include <signal.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 
 #include <atomic>
@@ -266,6 +267,31 @@ TEST(Daemon, SigtermDrainsInFlightStreamAndExitsZero) {
   ASSERT_TRUE(WIFEXITED(status)) << d->Log();
   EXPECT_EQ(WEXITSTATUS(status), 0);
   EXPECT_NE(d->Log().find("event=stopped drained=true"), std::string::npos) << d->Log();
+}
+
+TEST(Daemon, UnixSocketIsGroupOnlyAndRequestsAreLoggedWithIds) {
+  auto d = StartOrDie();
+  ASSERT_NE(d, nullptr);
+  ASSERT_TRUE(d->WaitServing()) << d->Log();
+  struct stat st;
+  ASSERT_EQ(stat((d->dir() + "/wprepd.sock").c_str(), &st), 0);
+  EXPECT_TRUE(S_ISSOCK(st.st_mode));
+  EXPECT_EQ(st.st_mode & 0777, 0660u);
+  Client client(MakeChannel(d->unix_target()));
+  grpc::ClientContext ctx;
+  wprep::v1::ConvertRequest r = ConvertRequestFor(HopperSpec(Direction::kSwizzle, -1, 2), {256, 127}, {});
+  wprep::v1::ConvertResponse resp;
+  EXPECT_EQ(client.stub().Convert(&ctx, r, &resp).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  // The request id comes back as metadata and names the request's log line.
+  auto it = ctx.GetServerInitialMetadata().find("x-wprep-request-id");
+  ASSERT_NE(it, ctx.GetServerInitialMetadata().end());
+  const std::string id(it->second.data(), it->second.size());
+  const std::string log = d->Log();
+  const size_t line = log.find("event=request id=" + id + " method=Convert");
+  ASSERT_NE(line, std::string::npos) << log;
+  const std::string text = log.substr(line, log.find('\n', line) - line);
+  EXPECT_NE(text.find("code=INVALID_ARGUMENT"), std::string::npos) << text;
+  EXPECT_NE(text.find("error="), std::string::npos) << text;
 }
 
 TEST(Daemon, SigintWithNothingInFlightExitsZero) {
