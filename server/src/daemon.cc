@@ -174,6 +174,7 @@ int RunDaemon(const Options& options) {
       ipc.ExpireIdle();
       const uint64_t admitted = admission.admitted();
       if (admitted != trimmed_at && admission.IdleFor(absl::Seconds(2))) {
+        (*devices)->pinned().Trim();
         const int released = malloc_trim(0);
         trimmed_at = admitted;
         LogLine(LogLevel::kInfo, "idle_trim", absl::StrCat("heap_released=", released != 0));

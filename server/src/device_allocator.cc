@@ -146,3 +146,85 @@ absl::StatusOr<void*> RequestMemory::Allocate(uint64_t bytes) {
 }
 
 }  // namespace wprep::server
+
+namespace wprep::server {
+
+PinnedHostPool::~PinnedHostPool() { Trim(); }
+
+PinnedHostPool::Buffer& PinnedHostPool::Buffer::operator=(Buffer&& o) noexcept {
+  if (this != &o) {
+    if (pool_ != nullptr && data_ != nullptr) pool_->Put(data_, capacity_);
+    pool_ = o.pool_;
+    data_ = o.data_;
+    capacity_ = o.capacity_;
+    o.pool_ = nullptr;
+    o.data_ = nullptr;
+    o.capacity_ = 0;
+  }
+  return *this;
+}
+
+PinnedHostPool::Buffer::~Buffer() {
+  if (pool_ != nullptr && data_ != nullptr) pool_->Put(data_, capacity_);
+}
+
+absl::StatusOr<PinnedHostPool::Buffer> PinnedHostPool::Get(uint64_t bytes) {
+  uint64_t cap = 64 << 10;
+  while (cap < bytes) cap <<= 1;
+  Buffer b;
+  b.pool_ = this;
+  b.capacity_ = cap;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (size_t i = 0; i < free_.size(); ++i) {
+      if (free_[i].first == cap) {
+        b.data_ = free_[i].second;
+        cached_ -= cap;
+        free_.erase(free_.begin() + static_cast<std::ptrdiff_t>(i));
+        return b;
+      }
+    }
+  }
+#if WPREP_HAVE_CUDA
+  void* p = nullptr;
+  const cudaError_t err = cudaHostAlloc(&p, cap, cudaHostAllocPortable);
+  if (err != cudaSuccess) {
+    cudaGetLastError();
+    return absl::ResourceExhaustedError(absl::StrCat("cudaHostAlloc of ", cap,
+                                                     " pinned bytes failed: ", cudaGetErrorName(err)));
+  }
+  b.data_ = static_cast<uint8_t*>(p);
+  return b;
+#else
+  b.pool_ = nullptr;
+  return absl::FailedPreconditionError("pinned host memory needs CUDA");
+#endif
+}
+
+void PinnedHostPool::Put(uint8_t* data, uint64_t capacity) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (cached_ + capacity <= max_cached_) {
+      free_.emplace_back(capacity, data);
+      cached_ += capacity;
+      return;
+    }
+  }
+#if WPREP_HAVE_CUDA
+  cudaFreeHost(data);
+#endif
+}
+
+void PinnedHostPool::Trim() {
+  std::vector<std::pair<uint64_t, uint8_t*>> drop;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    drop.swap(free_);
+    cached_ = 0;
+  }
+#if WPREP_HAVE_CUDA
+  for (auto& [cap, p] : drop) cudaFreeHost(p);
+#endif
+}
+
+}  // namespace wprep::server

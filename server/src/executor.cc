@@ -1,6 +1,7 @@
 #include "wprep/server/executor.h"
 
 #include <algorithm>
+#include <cstring>
 #include <map>
 
 #include "absl/strings/str_cat.h"
@@ -108,21 +109,22 @@ class CpuStreamConverter final : public SlicedConverter {
     InitSlicing(plan, target);
     engine_ = "cpu";
   }
-  absl::Status ConvertSlice(absl::Span<const uint8_t> in, std::string* out) override {
+  absl::StatusOr<absl::Span<const uint8_t>> ConvertSlice(absl::Span<const uint8_t> in) override {
     absl::StatusOr<const Plan*> p = SlicePlan(in.size());
     if (!p.ok()) return p.status();
-    out->resize((*p)->output_bytes);
+    out_.resize((*p)->output_bytes);
     const absl::Time start = absl::Now();
-    absl::Status s = ConvertOnCpu(**p, in.data(), in.size(), reinterpret_cast<uint8_t*>(out->data()),
-                                  out->size(), CpuOptions{threads_});
+    absl::Status s = ConvertOnCpu(**p, in.data(), in.size(), out_.data(), out_.size(), CpuOptions{threads_});
+    if (!s.ok()) return s;
     if (metrics_ != nullptr) {
       metrics_->kernel_seconds->Observe(SecondsSince(start));
-      metrics_->converted_bytes->Increment(static_cast<double>(out->size()));
+      metrics_->converted_bytes->Increment(static_cast<double>(out_.size()));
     }
-    return s;
+    return absl::Span<const uint8_t>(out_);
   }
 
  private:
+  std::vector<uint8_t> out_;
   int threads_;
   DeviceMetrics* metrics_;
   CpuInFlight in_flight_;
@@ -160,13 +162,20 @@ class KernelTimer {
 
 class GpuStreamConverter final : public SlicedConverter {
  public:
-  GpuStreamConverter(Gpu& gpu, Gpu::StreamLease lease) : gpu_(gpu), lease_(std::move(lease)) {}
+  GpuStreamConverter(Gpu& gpu, Gpu::StreamLease lease, PinnedHostPool* pinned)
+      : gpu_(gpu), lease_(std::move(lease)), pool_(pinned) {}
 
   absl::Status Init(const Plan& plan, uint64_t target, absl::Time memory_deadline) {
     InitSlicing(plan, target);
     engine_ = absl::StrCat("cuda:", FormatUuid(gpu_.info().uuid));
     WPREP_CUDA_RETURN_IF_ERROR(cudaSetDevice(gpu_.info().ordinal));
     const uint64_t slice_out = matrix_in_ == 0 ? matrix_out_ : slice_in_ / matrix_in_ * matrix_out_;
+    absl::StatusOr<PinnedHostPool::Buffer> pin_in = pool_->Get(slice_in_);
+    if (!pin_in.ok()) return pin_in.status();
+    absl::StatusOr<PinnedHostPool::Buffer> pin_out = pool_->Get(slice_out);
+    if (!pin_out.ok()) return pin_out.status();
+    pinned_in_ = *std::move(pin_in);
+    pinned_out_ = *std::move(pin_out);
     mem_ = std::make_unique<RequestMemory>(&gpu_.allocator(), lease_.stream());
     if (absl::Status s = mem_->Reserve(slice_in_ + slice_out, memory_deadline); !s.ok()) return s;
     absl::StatusOr<void*> a = mem_->Allocate(slice_in_);
@@ -178,31 +187,39 @@ class GpuStreamConverter final : public SlicedConverter {
     return absl::OkStatus();
   }
 
-  absl::Status ConvertSlice(absl::Span<const uint8_t> in, std::string* out) override {
+  absl::StatusOr<absl::Span<const uint8_t>> ConvertSlice(absl::Span<const uint8_t> in) override {
     absl::StatusOr<const Plan*> p = SlicePlan(in.size());
     if (!p.ok()) return p.status();
-    out->resize((*p)->output_bytes);
+    const uint64_t out_bytes = (*p)->output_bytes;
     cudaStream_t st = lease_.stream();
     WPREP_CUDA_RETURN_IF_ERROR(cudaSetDevice(gpu_.info().ordinal));
     if (!in.empty()) {
-      WPREP_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(d_in_, in.data(), in.size(), cudaMemcpyHostToDevice, st));
+      // Staged through pinned memory so the copy is DMA, not a driver-staged pageable copy.
+      std::memcpy(pinned_in_.data(), in.data(), in.size());
+      WPREP_CUDA_RETURN_IF_ERROR(
+          cudaMemcpyAsync(d_in_, pinned_in_.data(), in.size(), cudaMemcpyHostToDevice, st));
     }
     KernelTimer timer(st);
     if (absl::Status s = ConvertOnCuda(**p, d_in_, d_out_, st); !s.ok()) return s;
     timer.Stop();
-    if (!out->empty()) {
-      WPREP_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(out->data(), d_out_, out->size(), cudaMemcpyDeviceToHost, st));
+    if (out_bytes > 0) {
+      WPREP_CUDA_RETURN_IF_ERROR(
+          cudaMemcpyAsync(pinned_out_.data(), d_out_, out_bytes, cudaMemcpyDeviceToHost, st));
     }
     WPREP_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(st));
     timer.Report(gpu_.metrics()->kernel_seconds);
-    gpu_.metrics()->converted_bytes->Increment(static_cast<double>(out->size()));
-    return absl::OkStatus();
+    gpu_.metrics()->converted_bytes->Increment(static_cast<double>(out_bytes));
+    return absl::Span<const uint8_t>(pinned_out_.data(), out_bytes);
   }
   uint64_t peak_extra_device_bytes() const override { return mem_ ? mem_->peak() : 0; }
 
  private:
   Gpu& gpu_;
-  Gpu::StreamLease lease_;               // destroyed after mem_ (declared first)
+  // Destroyed in reverse order: mem_ (frees, waits for the stream) before the pinned
+  // buffers return to the pool and the stream returns to the GPU.
+  Gpu::StreamLease lease_;
+  PinnedHostPool* pool_;
+  PinnedHostPool::Buffer pinned_in_, pinned_out_;
   std::unique_ptr<RequestMemory> mem_;
   void* d_in_ = nullptr;
   void* d_out_ = nullptr;
@@ -322,6 +339,18 @@ absl::Status Executor::RunOnGpu(Gpu& gpu, const Plan& plan, const ConvertInput& 
   // Events and copies below belong to this GPU: name it rather than trust the thread's
   // current device (the daemon never relies on one).
   WPREP_CUDA_RETURN_IF_ERROR(cudaSetDevice(ordinal));
+  // Pinned staging for the inline sides (declared before `mem`, whose destructor waits for
+  // the stream, so no copy still reads them when they return to the pool). When pinned
+  // memory is short the copies fall back to pageable memory.
+  PinnedHostPool::Buffer pin_in, pin_out;
+  if (!input.ipc && plan.input_bytes > 0) {
+    absl::StatusOr<PinnedHostPool::Buffer> b = devices_->pinned().Get(plan.input_bytes);
+    if (b.ok()) pin_in = *std::move(b);
+  }
+  if (!output.ipc && plan.output_bytes > 0) {
+    absl::StatusOr<PinnedHostPool::Buffer> b = devices_->pinned().Get(plan.output_bytes);
+    if (b.ok()) pin_out = *std::move(b);
+  }
   RequestMemory mem(&gpu.allocator(), st);
   const uint64_t need = (input.ipc ? 0 : plan.input_bytes) + (output.ipc ? 0 : plan.output_bytes);
   if (absl::Status s = mem.Reserve(need, std::min(deadline, absl::Now() + memory_wait_)); !s.ok()) {
@@ -333,8 +362,12 @@ absl::Status Executor::RunOnGpu(Gpu& gpu, const Plan& plan, const ConvertInput& 
     absl::StatusOr<void*> p = mem.Allocate(plan.input_bytes);
     if (!p.ok()) return p.status();
     if (plan.input_bytes > 0) {
-      WPREP_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(*p, input.bytes->data(), plan.input_bytes,
-                                                 cudaMemcpyHostToDevice, st));
+      const void* src = input.bytes->data();
+      if (pin_in.data() != nullptr) {
+        std::memcpy(pin_in.data(), input.bytes->data(), plan.input_bytes);
+        src = pin_in.data();
+      }
+      WPREP_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(*p, src, plan.input_bytes, cudaMemcpyHostToDevice, st));
     }
     d_in = *p;
   }
@@ -346,15 +379,16 @@ absl::Status Executor::RunOnGpu(Gpu& gpu, const Plan& plan, const ConvertInput& 
   KernelTimer timer(st);
   if (absl::Status s = ConvertOnCuda(plan, d_in, d_out, st); !s.ok()) return s;
   timer.Stop();
-  if (!output.ipc) {
-    output.bytes->resize(plan.output_bytes);
-    if (plan.output_bytes > 0) {
-      WPREP_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(output.bytes->data(), d_out, plan.output_bytes,
-                                                 cudaMemcpyDeviceToHost, st));
-    }
+  if (!output.ipc && pin_out.data() == nullptr) output.bytes->resize(plan.output_bytes);
+  if (!output.ipc && plan.output_bytes > 0) {
+    void* dst = pin_out.data() != nullptr ? static_cast<void*>(pin_out.data()) : output.bytes->data();
+    WPREP_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst, d_out, plan.output_bytes, cudaMemcpyDeviceToHost, st));
   }
   // The client reads its IPC destination as soon as we answer: finish before replying.
   WPREP_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(st));
+  if (!output.ipc && pin_out.data() != nullptr) {
+    output.bytes->assign(reinterpret_cast<const char*>(pin_out.data()), plan.output_bytes);
+  }
   timer.Report(gpu.metrics()->kernel_seconds);
   gpu.metrics()->converted_bytes->Increment(static_cast<double>(plan.output_bytes));
   outcome->peak_extra_device_bytes = mem.peak();
@@ -385,7 +419,7 @@ absl::StatusOr<std::unique_ptr<StreamConverter>> Executor::StartStream(
 #if WPREP_HAVE_CUDA
   absl::StatusOr<Gpu::StreamLease> lease = gpu->AcquireStream(deadline);
   if (!lease.ok()) return lease.status();
-  auto conv = std::make_unique<GpuStreamConverter>(*gpu, *std::move(lease));
+  auto conv = std::make_unique<GpuStreamConverter>(*gpu, *std::move(lease), &devices_->pinned());
   if (absl::Status s = conv->Init(*plan, stream_slice_bytes_, std::min(deadline, absl::Now() + memory_wait_));
       !s.ok()) {
     return s;

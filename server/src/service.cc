@@ -344,24 +344,20 @@ absl::Status WeightPrepService::DoConvertStream(
   const uint64_t expected = plan.input_bytes;
   const uint64_t slice = c.slice_input_bytes();
   uint64_t received = 0;
-  std::string out;  // used by the converter thread only; outlives the pipeline
   // Receiving and converting overlap: this thread reads chunks into whole slices and a
   // converter thread converts and sends them; at most kSlicesInFlight slices are held.
   SlicePipeline pipeline(
       [&](const std::string& in, uint64_t* sent) -> absl::Status {
         if (absl::Status s = CheckLive(ctx, scope.deadline()); !s.ok()) return s;
-        if (absl::Status s = c.ConvertSlice(absl::Span<const uint8_t>(
-                                 reinterpret_cast<const uint8_t*>(in.data()), in.size()),
-                                 &out);
-            !s.ok()) {
-          return s;
-        }
+        absl::StatusOr<absl::Span<const uint8_t>> out = c.ConvertSlice(
+            absl::Span<const uint8_t>(reinterpret_cast<const uint8_t*>(in.data()), in.size()));
+        if (!out.ok()) return out.status();
         v1::ConvertStreamResponse chunk_msg;
-        for (uint64_t off = 0; off < out.size(); off += kOutputChunkBytes) {
-          const uint64_t n = std::min<uint64_t>(kOutputChunkBytes, out.size() - off);
+        for (uint64_t off = 0; off < out->size(); off += kOutputChunkBytes) {
+          const uint64_t n = std::min<uint64_t>(kOutputChunkBytes, out->size() - off);
           v1::DataChunk* dc = chunk_msg.mutable_chunk();
           dc->set_offset(*sent);
-          dc->set_data(out.data() + off, n);
+          dc->set_data(out->data() + off, n);
           if (!stream->Write(chunk_msg)) return absl::CancelledError("client went away mid-stream");
           *sent += n;
         }

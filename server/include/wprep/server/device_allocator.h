@@ -83,6 +83,47 @@ class RequestMemory {
   std::vector<std::pair<void*, uint64_t>> buffers_;
 };
 
+// Pinned (page-locked, portable to every GPU) host staging buffers, pooled so copies
+// between host and device run as DMA without a cudaHostAlloc per request. Buffers are
+// rounded up to a power of two (at least 64 KiB); at most `max_cached_bytes` stay cached.
+// Thread-safe.
+class PinnedHostPool {
+ public:
+  explicit PinnedHostPool(uint64_t max_cached_bytes) : max_cached_(max_cached_bytes) {}
+  ~PinnedHostPool();
+  PinnedHostPool(const PinnedHostPool&) = delete;
+  PinnedHostPool& operator=(const PinnedHostPool&) = delete;
+
+  // A pinned buffer of at least `bytes`, returned to the pool when destroyed.
+  class Buffer {
+   public:
+    Buffer() = default;
+    Buffer(Buffer&& o) noexcept { *this = std::move(o); }
+    Buffer& operator=(Buffer&& o) noexcept;
+    ~Buffer();
+    uint8_t* data() const { return data_; }
+    uint64_t capacity() const { return capacity_; }
+
+   private:
+    friend class PinnedHostPool;
+    PinnedHostPool* pool_ = nullptr;
+    uint8_t* data_ = nullptr;
+    uint64_t capacity_ = 0;
+  };
+
+  absl::StatusOr<Buffer> Get(uint64_t bytes);
+  // Frees every cached buffer (buffers in use return to an empty pool later).
+  void Trim();
+
+ private:
+  void Put(uint8_t* data, uint64_t capacity);
+
+  const uint64_t max_cached_;
+  std::mutex mu_;
+  std::vector<std::pair<uint64_t, uint8_t*>> free_ ABSL_GUARDED_BY(mu_);
+  uint64_t cached_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
 }  // namespace wprep::server
 
 #endif  // WPREP_SERVER_DEVICE_ALLOCATOR_H_

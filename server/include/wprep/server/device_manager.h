@@ -110,6 +110,9 @@ class DeviceManager {
   // The GPU with the fewest requests in flight, or nullptr when none is in use.
   Gpu* LeastLoaded();
 
+  // Pinned host staging buffers shared by every GPU.
+  PinnedHostPool& pinned() { return pinned_; }
+
   bool cpu_engine() const { return gpus_.empty(); }
   int cpu_threads() const { return cpu_threads_; }
   DeviceMetrics* cpu_metrics() const { return cpu_metrics_; }
@@ -118,6 +121,7 @@ class DeviceManager {
   DeviceManager() = default;
   // Constant after Create.
   std::vector<std::unique_ptr<Gpu>> gpus_;
+  PinnedHostPool pinned_{512ull << 20};
   int cpu_threads_ = 0;
   DeviceMetrics* cpu_metrics_ = nullptr;
 };

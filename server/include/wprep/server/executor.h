@@ -56,8 +56,9 @@ class StreamConverter {
   const std::string& engine() const { return engine_; }
   // Input bytes of a full slice; the last slice may be shorter. 0 when the input is empty.
   uint64_t slice_input_bytes() const { return slice_in_; }
-  // Converts `in` (a full slice, or the last, shorter one) into `out` (resized).
-  virtual absl::Status ConvertSlice(absl::Span<const uint8_t> in, std::string* out) = 0;
+  // Converts `in` (a full slice, or the last, shorter one). The output bytes stay valid
+  // until the next call.
+  virtual absl::StatusOr<absl::Span<const uint8_t>> ConvertSlice(absl::Span<const uint8_t> in) = 0;
   virtual uint64_t peak_extra_device_bytes() const { return 0; }
 
  protected:
