@@ -132,19 +132,31 @@ struct Launcher {
   }
 };
 
-// Restores the caller's current device on scope exit.
-class DeviceGuard {
+// Makes `device` current for its scope and restores the caller's device after; touches
+// nothing when it is current already (the common case costs one cudaGetDevice).
+class ScopedDevice {
  public:
-  DeviceGuard() { ok_ = cudaGetDevice(&previous_) == cudaSuccess; }
-  ~DeviceGuard() {
-    if (ok_) cudaSetDevice(previous_);
+  explicit ScopedDevice(int device) {
+    if (cudaGetDevice(&previous_) != cudaSuccess) {
+      cudaGetLastError();
+      previous_ = -1;
+    }
+    if (previous_ != device) {
+      status_ = cudaSetDevice(device);
+      switched_ = status_ == cudaSuccess && previous_ >= 0;
+    }
   }
-  DeviceGuard(const DeviceGuard&) = delete;
-  DeviceGuard& operator=(const DeviceGuard&) = delete;
+  ~ScopedDevice() {
+    if (switched_) cudaSetDevice(previous_);
+  }
+  ScopedDevice(const ScopedDevice&) = delete;
+  ScopedDevice& operator=(const ScopedDevice&) = delete;
+  cudaError_t status() const { return status_; }
 
  private:
-  int previous_ = 0;
-  bool ok_ = false;
+  int previous_ = -1;
+  bool switched_ = false;
+  cudaError_t status_ = cudaSuccess;
 };
 
 bool Overlap(const void* a, uint64_t na, const void* b, uint64_t nb) {
@@ -210,8 +222,8 @@ absl::Status ConvertOnCuda(const Plan& plan, const void* in, void* out, CudaStre
   const Geometry& g = plan.geometry;
   const tiles::Access access = tiles::ChooseAccess(g, in, out);
 
-  DeviceGuard guard;
-  WPREP_CUDA_RETURN_IF_ERROR(cudaSetDevice(*in_dev));
+  ScopedDevice scoped(*in_dev);
+  WPREP_CUDA_RETURN_IF_ERROR(scoped.status());
   int64_t too_many_tiles = 0;
   const bool known = tiles::DispatchTile(
       g, Launcher{g, static_cast<const uint8_t*>(in), static_cast<uint8_t*>(out), access,
@@ -239,8 +251,8 @@ absl::Status ConvertHostBuffersOnCuda(const Plan& plan, const uint8_t* in, size_
     return absl::InvalidArgumentError(
         absl::StrFormat("CUDA device %d does not exist (this machine has %d)", device, count));
   }
-  DeviceGuard guard;
-  WPREP_CUDA_RETURN_IF_ERROR(cudaSetDevice(device));
+  ScopedDevice scoped(device);
+  WPREP_CUDA_RETURN_IF_ERROR(scoped.status());
   void* d_in = nullptr;
   void* d_out = nullptr;
   absl::Status status = [&]() -> absl::Status {

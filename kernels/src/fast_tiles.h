@@ -82,7 +82,7 @@ struct HopperMx1Tile {
   static constexpr bool kSwizzle = kOp == Op::kHopperSwizzle;
   // Resident blocks the register budget must allow (measured best on an H200, see
   // docs/PERFORMANCE.md): the pack needs room, the unpack less.
-  static constexpr int kMinBlocks = kSwizzle ? 2 : 3;
+  static constexpr int kMinBlocks = 3;
 
   // Blocks per O row and O rows visited: all of O for swizzle; for unswizzle only blocks
   // that hold some of the tensor.
@@ -163,6 +163,11 @@ WPREP_HD void FetchMicroTiles(const Geometry& g, const uint8_t* mat, int vt, int
     const int64_t valid_col = ValidBytes(col, g.d1b, 4);
     const int64_t row0 = row_of(rg);
     const uint8_t* p = mat + row0 * g.in_stride[0] + col;
+    if (word && valid_col == 4 && row0 + 8 <= g.d0) {  // interior: eight plain word loads
+      WPREP_UNROLL
+      for (int m = 0; m < 8; ++m) r.w[8 * i + m] = LoadWord(p + m * g.in_stride[0]);
+      continue;
+    }
     WPREP_UNROLL
     for (int m = 0; m < 8; ++m) {
       const int64_t valid = row0 + m < g.d0 ? valid_col : 0;
@@ -201,6 +206,11 @@ WPREP_HD void StoreMicroTiles(const Geometry& g, uint8_t* mat, int vt, int64_t c
     const int64_t valid_col = ValidBytes(col, g.d1b, 4);
     const int64_t row0 = row_of(rg);
     uint8_t* q = mat + row0 * g.d1b + col;
+    if (word && valid_col == 4 && row0 + 8 <= g.d0) {  // interior: eight plain word stores
+      WPREP_UNROLL
+      for (int m = 0; m < 8; ++m) StoreWord(q + m * g.d1b, w[m]);
+      continue;
+    }
     WPREP_UNROLL
     for (int m = 0; m < 8; ++m) {
       const int64_t valid = row0 + m < g.d0 ? valid_col : 0;

@@ -339,12 +339,15 @@ struct Geometry {
   // Output is contiguous: bytes of one output matrix.
   int64_t out_matrix_bytes = 0;
 
-  // Byte offset of matrix e of the input view.
+  // Byte offset of matrix e of the input view. MakePlan keeps E below 2^31, so the
+  // leading-dim split is 32-bit.
   WPREP_HD int64_t InputMatrixOffset(int64_t e) const {
+    uint32_t rest = static_cast<uint32_t>(e);
     int64_t off = 0;
     for (int i = lead_rank - 1; i >= 0; --i) {
-      const int64_t idx = e % lead_shape[i];
-      e /= lead_shape[i];
+      const uint32_t dim = static_cast<uint32_t>(lead_shape[i]);
+      const uint32_t idx = rest % dim;
+      rest /= dim;
       off += idx * in_lead_stride[i];
     }
     return off;
