@@ -157,13 +157,7 @@ TEST_F(GpuTest, StridedAndMisalignedInputsEqualTheCpuEngine) {
                                           2 * static_cast<int64_t>(rng() % 300 + 1)};
       const Plan dense = MustPlan(spec, shape);
       const auto x = testing::RandomBytes(dense.input_bytes, rng());
-      int contiguous = static_cast<int>(dense.input_shape.size()) - 1;
-      for (size_t i = 0; i < dense.input_strides.size(); ++i) {
-        if (dense.input_strides[i] == 1 && dense.input_shape[i] > 1) contiguous = static_cast<int>(i);
-      }
-      std::vector<int64_t> strides;
-      const auto buffer = testing::MakeStridedCopy(x, dense.input_shape, dense.input_strides,
-                                                   contiguous, pad, &strides);
+      const auto [buffer, strides] = testing::MakeStridedInput(dense, x, pad);
       const Plan strided = MustPlan(spec, shape, InputBinding{strides, buffer.size()});
       SCOPED_TRACE(Describe(spec) + " pad=" + std::to_string(pad));
       const auto expected = CpuConvert(dense, x);

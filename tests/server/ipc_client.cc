@@ -28,7 +28,7 @@ namespace {
 namespace v1 = wprep::v1;
 using wprep::testing::GoldenCase;
 
-int Fail(const std::string& what) {
+[[maybe_unused]] int Fail(const std::string& what) {
   std::printf("FAIL %s\n", what.c_str());
   std::fflush(stdout);
   return 1;

@@ -123,11 +123,17 @@ std::vector<uint8_t> RandomBytes(uint64_t n, uint64_t seed) {
   return out;
 }
 
-std::vector<uint8_t> MakeStridedCopy(const std::vector<uint8_t>& dense,
-                                     const std::vector<int64_t>& shape,
-                                     const std::vector<int64_t>& dense_strides,
-                                     int contiguous_dim, int64_t pad,
-                                     std::vector<int64_t>* strides) {
+StridedInput MakeStridedInput(const Plan& dense_plan, const std::vector<uint8_t>& dense,
+                              int64_t pad) {
+  const std::vector<int64_t>& shape = dense_plan.input_shape;
+  const std::vector<int64_t>& dense_strides = dense_plan.input_strides;
+  // The dim the layout keeps contiguous: stride 1 (the last dim unless all are size 1).
+  int contiguous_dim = static_cast<int>(shape.size()) - 1;
+  for (size_t i = 0; i < dense_strides.size(); ++i) {
+    if (dense_strides[i] == 1 && shape[i] > 1) contiguous_dim = static_cast<int>(i);
+  }
+  StridedInput result;
+  std::vector<int64_t>* strides = &result.strides;
   const int rank = static_cast<int>(shape.size());
   // Memory order of the dense tensor, outermost first; the contiguous dim innermost.
   std::vector<int> order(rank);
@@ -146,7 +152,8 @@ std::vector<uint8_t> MakeStridedCopy(const std::vector<uint8_t>& dense,
   for (int64_t d : shape) numel *= d;
   int64_t span = numel == 0 ? 0 : 1;
   for (int i = 0; i < rank && numel > 0; ++i) span += (shape[i] - 1) * (*strides)[i];
-  std::vector<uint8_t> out(static_cast<size_t>(span), 0xA5);  // poison between rows
+  std::vector<uint8_t>& out = result.buffer;
+  out.assign(static_cast<size_t>(span), 0xA5);  // poison between rows
   std::vector<int64_t> idx(rank, 0);
   for (int64_t n = 0; n < numel; ++n) {
     int64_t src = 0, dst = 0;
@@ -160,7 +167,7 @@ std::vector<uint8_t> MakeStridedCopy(const std::vector<uint8_t>& dense,
       idx[i] = 0;
     }
   }
-  return out;
+  return result;
 }
 
 }  // namespace wprep::testing

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "wprep/kernels/plan.h"
 #include "wprep/kernels/spec.h"
 
 namespace wprep::testing {
@@ -45,15 +46,15 @@ std::vector<uint8_t> ReadFile(const std::string& path);
 // A reproducible random byte vector.
 std::vector<uint8_t> RandomBytes(uint64_t n, uint64_t seed);
 
-// Strides in elements -> a strided copy of a dense tensor `dense` of `shape`: returns
-// the backing buffer; `strides` receives byte strides with each dim padded by `pad`
-// bytes (leading dims) so the view is not dense. The innermost dim stays contiguous
-// unless `contiguous_dim` names another dim.
-std::vector<uint8_t> MakeStridedCopy(const std::vector<uint8_t>& dense,
-                                     const std::vector<int64_t>& shape,
-                                     const std::vector<int64_t>& dense_strides,
-                                     int contiguous_dim, int64_t pad,
-                                     std::vector<int64_t>* strides);
+// A non-dense copy of the input `dense` of `dense_plan` (planned with default strides):
+// every dim but the contiguous one gets `pad` extra bytes per step, the gaps are
+// poisoned. Plan the same conversion with InputBinding{strides, buffer.size()} to read it.
+struct StridedInput {
+  std::vector<uint8_t> buffer;
+  std::vector<int64_t> strides;
+};
+StridedInput MakeStridedInput(const Plan& dense_plan, const std::vector<uint8_t>& dense,
+                              int64_t pad);
 
 }  // namespace wprep::testing
 
