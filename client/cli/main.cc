@@ -1,4 +1,5 @@
-// wprep: command-line front end. `wprep convert --local ...` converts files in-process.
+// wprep: command-line front end. `wprep convert --local ...` converts files in-process;
+// `wprep convert --target ADDR ...` has a running wprepd do it.
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -6,6 +7,9 @@
 #include "absl/status/status.h"
 #include "convert_args.h"
 #include "local_convert.h"
+#if defined(WPREP_CLI_REMOTE)
+#include "remote_convert.h"
+#endif
 
 namespace {
 
@@ -30,11 +34,16 @@ int Convert(const std::vector<std::string>& args) {
   }
   auto parsed = wprep::cli::ParseConvertArgs(args);
   if (!parsed.ok()) return Fail(parsed.status());
+#if defined(WPREP_CLI_REMOTE)
+  auto result = parsed->local ? wprep::cli::RunLocalConvert(*parsed)
+                              : wprep::cli::RunRemoteConvert(*parsed);
+#else
   if (!parsed->local) {
     return Fail(absl::UnimplementedError(
-        "this wprep build has no remote mode; use --local"));
+        "this wprep build has no remote mode (built without gRPC); use --local"));
   }
   auto result = wprep::cli::RunLocalConvert(*parsed);
+#endif
   if (!result.ok()) return Fail(result.status());
   std::printf("%s\n", wprep::cli::FormatResult(*result).c_str());
   return 0;
