@@ -1,5 +1,6 @@
 // wprepd: the wprep conversion daemon. See wprep/server/options.h for the flags.
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -19,5 +20,9 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "wprepd: %s\n", std::string(options.status().message()).c_str());
     return 2;
   }
-  return wprep::server::RunDaemon(*options);
+  const int rc = wprep::server::RunDaemon(*options);
+  // Everything of ours is drained and torn down. Skip static destructors: gRPC's library
+  // shutdown at exit can wait seconds for peers' idle connections to go away.
+  std::fflush(nullptr);
+  std::_Exit(rc);
 }

@@ -198,19 +198,26 @@ int RunDaemon(const Options& options) {
           absl::StrCat("signal=", sig == SIGTERM ? "SIGTERM" : "SIGINT",
                        " in_flight=", admission.in_flight(),
                        " drain_timeout_seconds=", absl::ToDoubleSeconds(options.drain_timeout)));
-  const bool drained = admission.WaitIdle(absl::Now() + options.drain_timeout);
+  const absl::Time drain_deadline = absl::Now() + options.drain_timeout;
+  const bool drained = admission.WaitIdle(drain_deadline);
   if (!drained) {
     LogLine(LogLevel::kWarning, "drain_timeout",
             absl::StrCat("cancelling=", admission.in_flight()));
   }
-  // Whatever is still running is cancelled now; Shutdown returns once handlers finish.
-  server->Shutdown(std::chrono::system_clock::now());
+  // A handler that returned has not necessarily sent its final status yet: give gRPC a
+  // second to deliver those (it takes microseconds), then cancel whatever remains.
+  server->Shutdown(absl::ToChronoTime(drained ? absl::Now() + absl::Seconds(1) : absl::Now()));
   server->Wait();
   ipc.CloseAll();
   for (const std::string& addr : options.listen) {
     if (absl::StartsWith(addr, "unix://")) RemoveStaleSocket(addr.substr(7));
   }
   LogLine(LogLevel::kInfo, "stopped", absl::StrCat("drained=", drained ? "true" : "false"));
+  // Deliberately not destroyed: the stopped grpc::Server's destructor waits (about 10 s)
+  // for peers to close their idle connections, and stopping the metrics HTTP server waits
+  // for its 2 s poll. Neither holds anything that outlives the process, which exits next.
+  (void)server.release();
+  (void)metrics->release();
   return warm_failed.load() ? 1 : 0;
 }
 

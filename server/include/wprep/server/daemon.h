@@ -11,6 +11,8 @@ namespace wprep::server {
 // Runs the daemon until SIGTERM or SIGINT and returns the process exit code (0 after a
 // clean drain, 1 when it could not start). Must be called from the main thread before
 // any other thread exists: it blocks the shutdown signals so one thread can wait for them.
+// After it returns the process should exit: the stopped gRPC and metrics servers are left
+// to the process exit rather than waiting for peers to hang up.
 int RunDaemon(const Options& options);
 
 }  // namespace wprep::server
