@@ -30,6 +30,10 @@ if command -v compute-sanitizer >/dev/null && [[ ${WPREP_SANITIZER:-1} == 1 ]]; 
   timeout 240 compute-sanitizer --tool memcheck --error-exitcode 9 .bundle/bin/kernels_cuda_test \
     --gtest_filter='*Strided*:*Empty*:*Rejects*:*Golden*' > "$OUT/memcheck.log" 2>&1
   summary+=("compute-sanitizer memcheck rc=$? ($(grep -c 'ERROR SUMMARY: 0 errors' "$OUT/memcheck.log") clean summaries)")
+  # Shared-memory races between the two stages of a tile.
+  timeout 300 compute-sanitizer --tool racecheck --error-exitcode 9 .bundle/bin/kernels_cuda_test \
+    --gtest_filter='*Golden*' >> "$OUT/memcheck.log" 2>&1
+  summary+=("compute-sanitizer racecheck rc=$?")
 fi
 
 if [[ ${WPREP_BENCH:-1} == 1 ]]; then

@@ -30,7 +30,11 @@ template <class T>
 __global__ void __launch_bounds__(kTileThreads, T::kMinBlocks)
     ConvertKernel(const Geometry g, const uint8_t* __restrict__ in, uint8_t* __restrict__ out,
                   tiles::Access access, uint32_t tiles_per_matrix, uint32_t num_tiles) {
-  __shared__ alignas(16) uint32_t smem[T::kSmemWords];
+  // Two-stage tiles alternate between two buffers, so one barrier per tile suffices: a
+  // warp staging tile t+1 into one buffer has passed the barrier of tile t, which every
+  // warp reaches only after storing tile t-1 from that buffer.
+  constexpr int kBuffers = T::kTwoStage ? 2 : 1;
+  __shared__ alignas(16) uint32_t smem[kBuffers][T::kSmemWords];
   const int vt = threadIdx.x;
   // Tile indices fit 32 bits (ConvertOnCuda checks), so splitting them is cheap.
   auto context = [&](uint32_t t) {
@@ -44,20 +48,19 @@ __global__ void __launch_bounds__(kTileThreads, T::kMinBlocks)
   T::Fetch(g, ctx, vt, access, cur);
   // The next tile's loads are issued before this tile's stores, so each thread keeps
   // global loads in flight while it writes.
-  for (;;) {
+  for (int buf = 0;; buf ^= kBuffers - 1) {
     const uint32_t tn = t + gridDim.x;
     const bool more = tn < num_tiles;
     tiles::TileCtx next_ctx = ctx;
     if (more) next_ctx = context(tn);
     if constexpr (T::kTwoStage) {
-      T::Stage(g, ctx, vt, access, cur, smem);
+      T::Stage(g, ctx, vt, access, cur, smem[buf]);
       __syncthreads();
       if (more) T::Fetch(g, next_ctx, vt, access, next);
-      T::Store(g, ctx, vt, access, smem);
-      __syncthreads();
+      T::Store(g, ctx, vt, access, smem[buf]);
     } else {
       if (more) T::Fetch(g, next_ctx, vt, access, next);
-      T::Stage(g, ctx, vt, access, cur, smem);
+      T::Stage(g, ctx, vt, access, cur, smem[buf]);
     }
     if (!more) break;
     t = tn;
