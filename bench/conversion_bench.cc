@@ -35,6 +35,7 @@ ABSL_FLAG(std::vector<std::string>, cpu_threads, std::vector<std::string>({"1", 
           "CPU thread counts (0 = all hardware threads)");
 ABSL_FLAG(int, cpu_reps, 3, "timed CPU runs per conversion (median reported)");
 ABSL_FLAG(std::string, csv, "", "also write results to this CSV file");
+ABSL_FLAG(std::string, only, "", "time only conversions whose name contains this text");
 
 namespace wprep {
 namespace {
@@ -68,6 +69,8 @@ std::vector<Case> Cases() {
   cases.push_back({"blackwell 128x256 swizzle", blackwell(Direction::kSwizzle)});
   cases.push_back({"blackwell 128x256 unswizzle", blackwell(Direction::kUnswizzle)});
   cases.push_back({"blackwell retile 128x256->256x128", blackwell(Direction::kRetile)});
+  const std::string only = absl::GetFlag(FLAGS_only);
+  std::erase_if(cases, [&](const Case& c) { return c.name.find(only) == std::string::npos; });
   return cases;
 }
 

@@ -9,6 +9,7 @@ export LD_LIBRARY_PATH=$PWD/.bundle/lib
 export WPREP_GOLDEN_DIR=$PWD/tests/data/golden
 export WPREP_CLI=$PWD/.bundle/bin/wprep
 export WPREPD=$PWD/.bundle/bin/wprepd
+export WPREP_IPC_CLIENT_PATH=$PWD/.bundle/bin/wprep_ipc_client
 summary=()
 
 { date -u; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv; nproc; } > "$OUT/machine.txt" 2>&1
@@ -41,7 +42,13 @@ if [[ ${WPREP_BENCH:-1} == 1 ]]; then
   summary+=("bench rc=$?")
 fi
 
+if [[ ${WPREP_RPC_BENCH:-1} == 1 && -x .bundle/bin/wprep_rpc_bench ]]; then
+  timeout 300 .bundle/bin/wprep_rpc_bench --iters=200 --stream-runs=9 > "$OUT/rpc_bench.txt" 2>&1
+  summary+=("rpc bench rc=$?")
+fi
+
 echo
 grep -E '^\[  FAILED  \]|Failure' "$OUT/tests.log" | head -20
+[[ -f $OUT/rpc_bench.txt ]] && tail -25 "$OUT/rpc_bench.txt"
 [[ -f $OUT/bench.txt ]] && grep -E '^\||^GPU|^CPU' "$OUT/bench.txt"
 printf '%s\n' "${summary[@]}"

@@ -121,26 +121,31 @@ struct HopperMx1Tile {
     return true;
   }
 
+  // Every lane reaches the block store (StoreBlock64). Loads stay per lane: L1 already
+  // merges the four 16-byte loads of a block (quad-exchanged loads measured slower).
   WPREP_HD static void Fetch(const Geometry& g, const TileCtx& ctx, int vt, Access acc, Regs& r) {
     Unit u;
-    if (!GetUnit(g, ctx, vt, &u)) return;
+    const bool active = GetUnit(g, ctx, vt, &u);
     const int64_t rs = g.in_stride[0];
     if constexpr (kSwizzle) {
+      if (!active) return;
       LoadRowWords<8>(u.v0 > 0 ? ctx.in + u.r0 * rs + u.c0 : ctx.in, u.v0, r.w, acc.vec_in);
       LoadRowWords<8>(u.v1 > 0 ? ctx.in + u.r1 * rs + u.c0 : ctx.in, u.v1, r.w + 8, acc.vec_in);
     } else {
-      LoadRowWords<16>(ctx.in + u.orow * rs + 64 * u.blk, 64, r.w, acc.vec_in);
+      if (active) LoadRowWords<16>(ctx.in + u.orow * rs + 64 * u.blk, 64, r.w, acc.vec_in);
     }
   }
   WPREP_HD static void Stage(const Geometry& g, const TileCtx& ctx, int vt, Access acc,
                              const Regs& r, uint32_t*) {
     Unit u;
-    if (!GetUnit(g, ctx, vt, &u)) return;
+    const bool active = GetUnit(g, ctx, vt, &u);
     uint32_t o[16];
     if constexpr (kSwizzle) {
       HopperPackBlock<kMma>(r.w, r.w + 8, o);
-      StoreRowWords<16>(ctx.out + u.orow * (4 * g.q_cols_pad) + 64 * u.blk, 64, o, acc.vec_out);
+      StoreBlock64(active ? ctx.out + u.orow * (4 * g.q_cols_pad) + 64 * u.blk : ctx.out, o, active,
+                   acc.vec_out);
     } else {
+      if (!active) return;
       HopperUnpackBlock<kMma>(r.w, o, o + 8);
       StoreRowWords<8>(u.v0 > 0 ? ctx.out + u.r0 * g.d1b + u.c0 : ctx.out, u.v0, o, acc.vec_out);
       StoreRowWords<8>(u.v1 > 0 ? ctx.out + u.r1 * g.d1b + u.c0 : ctx.out, u.v1, o + 8,
@@ -227,8 +232,9 @@ template <Op kOp, int kMma>
 struct HopperMx2Tile {
   static constexpr int kSmemWords = kWindowWords;
   static constexpr bool kTwoStage = true;
-  static constexpr int kMinBlocks = 4;
   static constexpr bool kSwizzle = kOp == Op::kHopperSwizzle;
+  // Swizzle needs 80 registers to pack without spilling; unswizzle fits 64 (4 blocks).
+  static constexpr int kMinBlocks = kSwizzle ? 3 : 4;
 
   WPREP_HD static int64_t TilesAlongCols(const Geometry& g) {
     return CeilDiv(kSwizzle ? g.q_cols_pad : g.q_cols, kWindow);
@@ -286,7 +292,7 @@ struct HopperMx2Tile {
                              uint32_t* smem) {
     if constexpr (kSwizzle) {
       int orow_l, blk, r0;
-      if (!OBlock(g, ctx, vt, &orow_l, &blk, &r0)) return;
+      const bool active = OBlock(g, ctx, vt, &orow_l, &blk, &r0);
       uint32_t q[16], o[16];
       const int cw = 8 * (blk >> 1);
       WPREP_UNROLL
@@ -295,8 +301,8 @@ struct HopperMx2Tile {
         q[8 + i] = smem[(r0 + 8) * kPitch + cw + i];
       }
       HopperPackBlock<kMma>(q, q + 8, o);
-      StoreRowWords<16>(ctx.out + (ctx.a0 / 4 + orow_l) * (4 * g.q_cols_pad) + 4 * ctx.b0 + 64 * blk,
-                        64, o, acc.vec_out);
+      StoreBlock64(ctx.out + (ctx.a0 / 4 + orow_l) * (4 * g.q_cols_pad) + 4 * ctx.b0 + 64 * blk, o,
+                   active, acc.vec_out);
     } else {
       const int64_t qc0 = ctx.b0;
       StoreMicroTiles(g, ctx.out, vt, ctx.a0 / 2, [qc0](int rg) { return 2 * qc0 + 8 * rg; },

@@ -38,7 +38,9 @@ Helper Spawn(const std::vector<std::string>& args) {
   int fds[2];
   Helper h;
   if (pipe(fds) != 0) return h;
-  std::vector<std::string> all = {WPREP_IPC_CLIENT_PATH};
+  // $WPREP_IPC_CLIENT_PATH overrides the built path (the GPU bundle moves binaries).
+  const char* env = std::getenv("WPREP_IPC_CLIENT_PATH");
+  std::vector<std::string> all = {env != nullptr && *env != '\0' ? env : WPREP_IPC_CLIENT_PATH};
   all.insert(all.end(), args.begin(), args.end());
   std::vector<char*> argv;
   for (std::string& a : all) argv.push_back(a.data());
