@@ -227,6 +227,9 @@ absl::Status ConvertOnCuda(const Plan& plan, const void* in, void* out, CudaStre
 
   ScopedDevice scoped(*in_dev);
   WPREP_CUDA_RETURN_IF_ERROR(scoped.status());
+  // A failed call of the caller's may have left an error behind; the launch check below
+  // must see only the launch's own.
+  cudaGetLastError();
   int64_t too_many_tiles = 0;
   const bool known = tiles::DispatchTile(
       g, Launcher{g, static_cast<const uint8_t*>(in), static_cast<uint8_t*>(out), access,

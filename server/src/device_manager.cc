@@ -141,7 +141,9 @@ absl::StatusOr<std::unique_ptr<DeviceManager>> DeviceManager::Create(const Optio
     infos.push_back(std::move(info));
   }
 #endif
-  if (!options.devices.empty()) {
+  if (options.devices == std::vector<std::string>{"cpu"}) {
+    infos.clear();  // --devices=cpu: the CPU engine serves everything
+  } else if (!options.devices.empty()) {
     std::vector<GpuInfo> chosen;
     for (const std::string& d : options.devices) {
       int ordinal = -1;

@@ -142,7 +142,10 @@ absl::StatusOr<IpcCache::Lease> IpcCache::Acquire(int ordinal, absl::string_view
     cudaIpcMemHandle_t h;
     std::memcpy(&h, handle.data(), sizeof(h));
     void* base = nullptr;
-    const cudaError_t err = cudaIpcOpenMemHandle(&base, h, cudaIpcMemLazyEnablePeerAccess);
+    // No lazy peer enabling: a handle of another GPU's memory must fail to open here
+    // rather than map over the peer link (cudaPointerGetAttributes then reports this
+    // GPU, so the check below cannot catch it; seen on an H200 pair).
+    const cudaError_t err = cudaIpcOpenMemHandle(&base, h, 0);
     if (err != cudaSuccess) {
       cudaGetLastError();  // not sticky; clear it so later calls on this thread are clean
       return absl::InvalidArgumentError(absl::StrCat(

@@ -185,7 +185,8 @@ Flags (--name=value or --name value):
   --listen ADDR            unix:///path or HOST:PORT; repeatable
                            (default: unix:///tmp/wprepd.sock and 127.0.0.1:50051)
   --metrics-address H:P    Prometheus /metrics address (default 127.0.0.1:9464; "" = off)
-  --devices LIST           GPUs by ordinal or UUID, comma separated (default: all)
+  --devices LIST           GPUs by ordinal or UUID, comma separated (default: all);
+                           "cpu" = use no GPU, the CPU engine serves every request
   --streams-per-device N   CUDA streams (= concurrent requests) per GPU (default 4)
   --cpu-threads N          CPU engine threads per request, 0 = one per core (default 0)
   --max-device-bytes N     device bytes budget per GPU, e.g. 8G; 0 = unlimited (default 0)

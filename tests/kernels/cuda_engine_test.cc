@@ -67,7 +67,14 @@ std::vector<uint8_t> GpuConvert(const Plan& plan, const std::vector<uint8_t>& in
                                 cudaStream_t stream = nullptr, size_t in_offset = 0) {
   DeviceBuffer d_in(in.size() + in_offset, device), d_out(plan.output_bytes + 16, device);
   EXPECT_EQ(cudaMemcpy(d_in.get() + in_offset, in.data(), in.size(), cudaMemcpyHostToDevice), cudaSuccess);
-  EXPECT_EQ(cudaMemset(d_out.get(), 0xEE, plan.output_bytes + 16), cudaSuccess);  // poison
+  {  // cudaMemset needs the buffer's device current; the conversion itself must not.
+    int current = 0;
+    cudaGetDevice(&current);
+    cudaSetDevice(device);
+    EXPECT_EQ(cudaMemset(d_out.get(), 0xEE, plan.output_bytes + 16), cudaSuccess);  // poison
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    cudaSetDevice(current);
+  }
   const absl::Status s = ConvertOnCuda(plan, d_in.get() + in_offset, d_out.get(), stream);
   EXPECT_TRUE(s.ok()) << s;
   EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);

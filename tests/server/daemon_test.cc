@@ -29,8 +29,10 @@ std::unique_ptr<Daemon> StartOrDie(const std::vector<std::string>& args = {}) {
   return d;
 }
 
+// The CPU-engine tests pin the daemon to the CPU (--devices=cpu) so they test the same
+// thing on a GPU machine.
 TEST(Daemon, EveryGoldenCaseThroughConvertOnUnixAndTcp) {
-  auto d = StartOrDie();
+  auto d = StartOrDie({"--devices=cpu"});
   ASSERT_NE(d, nullptr);
   ASSERT_TRUE(d->WaitServing()) << d->Log();
   ASSERT_FALSE(d->tcp_target().empty());
@@ -198,7 +200,7 @@ TEST(Daemon, HealthGoesServingWhenWarmupGateOpens) {
   char tmpl[] = "/tmp/wprepd-gate-XXXXXX";
   ASSERT_NE(mkdtemp(tmpl), nullptr);
   const std::string gate = std::string(tmpl) + "/open";
-  auto d = StartOrDie({"--testing-warmup-gate=" + gate});
+  auto d = StartOrDie({"--testing-warmup-gate=" + gate, "--devices=cpu"});
   ASSERT_NE(d, nullptr);
   EXPECT_EQ(d->Health(), 2);
   { std::ofstream(gate) << "go"; }
@@ -305,7 +307,7 @@ TEST(Daemon, SigintWithNothingInFlightExitsZero) {
 }
 
 TEST(Daemon, MetricsServedOverHttpMoveWithTraffic) {
-  auto d = StartOrDie();
+  auto d = StartOrDie({"--devices=cpu"});
   ASSERT_NE(d, nullptr);
   ASSERT_TRUE(d->WaitServing()) << d->Log();
   ASSERT_FALSE(d->metrics_address().empty());
