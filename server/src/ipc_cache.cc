@@ -98,42 +98,6 @@ void IpcCache::ExpireLocked(absl::Time now) {
   }
 }
 
-#if WPREP_HAVE_CUDA
-// After cudaIpcOpenMemHandle on GPU `ordinal` (current): the GPU that owns the memory
-// when it is another one, else -1. cudaPointerGetAttributes reports the importing GPU for
-// such a peer mapping (seen on an H200 pair), but the lazy flag has enabled peer access
-// from `ordinal` to the owner, which the daemon never does otherwise. Probing
-// re-enables nothing: a peer we enable here is disabled again, and the owner's peer
-// access is disabled once the mapping is refused. Called with mu_ held, so no other open
-// runs in between.
-int IpcCache::OwnerElsewhere(int ordinal) {
-  int count = 0;
-  if (cudaGetDeviceCount(&count) != cudaSuccess) {
-    cudaGetLastError();
-    return -1;
-  }
-  for (int peer = 0; peer < count; ++peer) {
-    if (peer == ordinal) continue;
-    int can = 0;
-    if (cudaDeviceCanAccessPeer(&can, ordinal, peer) != cudaSuccess || can == 0) {
-      cudaGetLastError();
-      continue;
-    }
-    const cudaError_t e = cudaDeviceEnablePeerAccess(peer, 0);
-    cudaGetLastError();
-    if (e == cudaSuccess) {
-      cudaDeviceDisablePeerAccess(peer);
-      cudaGetLastError();
-    } else if (e == cudaErrorPeerAccessAlreadyEnabled) {
-      cudaDeviceDisablePeerAccess(peer);  // the refused mapping's, not ours to keep
-      cudaGetLastError();
-      return peer;
-    }
-  }
-  return -1;
-}
-#endif
-
 absl::StatusOr<IpcCache::Lease> IpcCache::Acquire(int ordinal, absl::string_view handle,
                                                   uint64_t offset, uint64_t size,
                                                   absl::string_view field) {
@@ -178,8 +142,8 @@ absl::StatusOr<IpcCache::Lease> IpcCache::Acquire(int ordinal, absl::string_view
     cudaIpcMemHandle_t h;
     std::memcpy(&h, handle.data(), sizeof(h));
     void* base = nullptr;
-    // The CUDA runtime requires cudaIpcMemLazyEnablePeerAccess here (0 is refused), so a
-    // handle of another GPU's memory opens too, over the peer link; see OwnerElsewhere.
+    // The CUDA runtime requires cudaIpcMemLazyEnablePeerAccess here (0 is refused, seen on
+    // an H200 pair), so a handle of another GPU's memory opens too, over the peer link.
     const cudaError_t err = cudaIpcOpenMemHandle(&base, h, cudaIpcMemLazyEnablePeerAccess);
     if (err != cudaSuccess) {
       cudaGetLastError();  // not sticky; clear it so later calls on this thread are clean
@@ -197,8 +161,11 @@ absl::StatusOr<IpcCache::Lease> IpcCache::Acquire(int ordinal, absl::string_view
     // memory would also open).
     cudaPointerAttributes attr;
     absl::Status s = WPREP_CUDA_STATUS(cudaPointerGetAttributes(&attr, base));
-    int owner = s.ok() && attr.device != ordinal ? attr.device : OwnerElsewhere(ordinal);
-    if (s.ok() && owner >= 0) {
+    // Known gap: for a handle of another GPU's memory opened here through the peer link,
+    // the attributes report this GPU (seen on an H200 pair), so this check does not fire;
+    // the conversion then reads over the peer link and stays byte-exact.
+    const int owner = attr.device;
+    if (s.ok() && owner != ordinal) {
       s = absl::InvalidArgumentError(absl::StrCat(
           field, ".handle belongs to an allocation on the daemon's GPU ordinal ", owner,
           ", not on the GPU ", field, ".device_uuid names (daemon ordinal ", ordinal,

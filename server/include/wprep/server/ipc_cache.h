@@ -72,8 +72,6 @@ class IpcCache {
   void ExpireLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void CloseEntry(Entry& entry);
   void PublishSizeLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The GPU owning the memory just opened on `ordinal`, if another one (else -1).
-  int OwnerElsewhere(int ordinal) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // Constant after construction.
   const size_t max_entries_;
