@@ -44,6 +44,33 @@ absl::StatusOr<Direction> ParseDirection(std::string_view name) {
                                     "'; expected swizzle, unswizzle or retile");
 }
 
+std::vector<ConversionSpec> KernelVariantSpecs() {
+  std::vector<ConversionSpec> specs;
+  for (Direction d : {Direction::kSwizzle, Direction::kUnswizzle}) {
+    for (int32_t mx : {-1, -2}) {
+      for (int32_t mma : {2, 3}) {
+        ConversionSpec s;
+        s.layout = Layout::kHopperValue;
+        s.direction = d;
+        s.hopper = {mx, mma};
+        specs.push_back(s);
+      }
+    }
+  }
+  // block_k 6 gives tile_k 3: the per-byte tiles.
+  for (BlackwellParams tiling : {BlackwellParams{128, 256}, BlackwellParams{6, 10}}) {
+    for (Direction d : {Direction::kSwizzle, Direction::kUnswizzle, Direction::kRetile}) {
+      ConversionSpec s;
+      s.layout = Layout::kBlackwellShuffledValue;
+      s.direction = d;
+      s.blackwell = tiling;
+      s.blackwell_to = {256, 128};
+      specs.push_back(s);
+    }
+  }
+  return specs;
+}
+
 std::string Describe(const ConversionSpec& spec) {
   std::string out = std::string(LayoutName(spec.layout)) + " " +
                     std::string(DirectionName(spec.direction));

@@ -222,31 +222,6 @@ Gpu* DeviceManager::LeastLoaded() {
 
 namespace {
 
-// Every kernel variant the engine dispatches to, on a small tensor with leading dims.
-std::vector<ConversionSpec> WarmUpSpecs() {
-  std::vector<ConversionSpec> specs;
-  for (Direction d : {Direction::kSwizzle, Direction::kUnswizzle}) {
-    for (int mx : {-1, -2}) {
-      for (int mma : {2, 3}) {
-        ConversionSpec s;
-        s.layout = Layout::kHopperValue;
-        s.direction = d;
-        s.hopper.mx_axis = mx;
-        s.hopper.mma_version = mma;
-        specs.push_back(s);
-      }
-    }
-  }
-  for (Direction d : {Direction::kSwizzle, Direction::kUnswizzle, Direction::kRetile}) {
-    ConversionSpec s;
-    s.layout = Layout::kBlackwellShuffledValue;
-    s.direction = d;
-    s.blackwell_to = {256, 128};
-    specs.push_back(s);
-  }
-  return specs;
-}
-
 #if WPREP_HAVE_CUDA
 absl::Status WarmOne(Gpu& gpu, const Plan& plan, const std::vector<uint8_t>& in) {
   absl::StatusOr<Gpu::StreamLease> lease = gpu.AcquireStream(absl::Now() + absl::Seconds(30));
@@ -288,7 +263,7 @@ absl::Status DeviceManager::WarmUp() {
   auto warm_one_gpu = [](Gpu& g) -> absl::Status {
     const absl::Time start = absl::Now();
 #if WPREP_HAVE_CUDA
-    for (const ConversionSpec& spec : WarmUpSpecs()) {
+    for (const ConversionSpec& spec : KernelVariantSpecs()) {
       absl::StatusOr<Plan> plan = MakePlan(spec, std::vector<int64_t>{2, 256, 256});
       if (!plan.ok()) return plan.status();
       std::vector<uint8_t> in(plan->input_bytes);
@@ -302,7 +277,7 @@ absl::Status DeviceManager::WarmUp() {
 #endif
     g.set_warm(true);
     LogLine(LogLevel::kInfo, "gpu_warm",
-            absl::StrCat("uuid=", FormatUuid(g.info().uuid), " variants=", WarmUpSpecs().size(),
+            absl::StrCat("uuid=", FormatUuid(g.info().uuid), " variants=", KernelVariantSpecs().size(),
                          " seconds=", absl::ToDoubleSeconds(absl::Now() - start)));
     return absl::OkStatus();
   };

@@ -94,35 +94,19 @@ Plan MustPlan(const ConversionSpec& spec, const std::vector<int64_t>& shape,
   return plan.ok() ? *plan : Plan{};
 }
 
+// Every kernel variant, plus more Blackwell tilings.
 std::vector<ConversionSpec> AllSpecs() {
-  std::vector<ConversionSpec> specs;
-  for (Direction d : {Direction::kSwizzle, Direction::kUnswizzle}) {
-    for (int mx : {-1, -2}) {
-      for (int mma : {2, 3}) {
-        ConversionSpec s;
-        s.layout = Layout::kHopperValue;
-        s.direction = d;
-        s.hopper = {mx, mma};
-        specs.push_back(s);
-      }
-    }
-    for (auto [bk, bn] : std::vector<std::pair<int, int>>{{128, 256}, {256, 128}, {64, 64}, {6, 10}}) {
+  std::vector<ConversionSpec> specs = KernelVariantSpecs();
+  for (auto [bk, bn] : std::vector<std::pair<int, int>>{{256, 128}, {64, 64}}) {
+    for (Direction d : {Direction::kSwizzle, Direction::kUnswizzle, Direction::kRetile}) {
       ConversionSpec s;
       s.layout = Layout::kBlackwellShuffledValue;
       s.direction = d;
       s.blackwell = {bk, bn};
+      s.blackwell_to = {128, 256};
       specs.push_back(s);
     }
   }
-  ConversionSpec r;
-  r.layout = Layout::kBlackwellShuffledValue;
-  r.direction = Direction::kRetile;
-  r.blackwell = {128, 256};
-  r.blackwell_to = {256, 128};
-  specs.push_back(r);
-  r.blackwell = {6, 10};
-  r.blackwell_to = {64, 64};
-  specs.push_back(r);
   return specs;
 }
 

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "absl/status/statusor.h"
 
@@ -50,6 +51,11 @@ std::string_view LayoutName(Layout layout);
 std::string_view DirectionName(Direction direction);
 absl::StatusOr<Layout> ParseLayout(std::string_view name);
 absl::StatusOr<Direction> ParseDirection(std::string_view name);
+
+// One spec for each kernel the engines dispatch to (every Hopper mx_axis/mma/direction,
+// and each Blackwell direction with a common tiling and with a tile_k that is not a
+// multiple of 16, which takes the per-byte path). Warming these loads every kernel.
+std::vector<ConversionSpec> KernelVariantSpecs();
 
 // A one-line human-readable description, e.g. "hopper_value swizzle mx_axis=-2 mma=3".
 std::string Describe(const ConversionSpec& spec);
