@@ -26,18 +26,6 @@ WPREP_HD void MicroTileCoords(int mt, int* jg, int* rg) {
   *rg = ((mt >> 3) & 3) | ((mt >> 6) << 2);
 }
 
-// Byte offset of (n, k) in a Blackwell matrix, dense (strides == nullptr) or through
-// the input view's (kt, nt, n') strides. 32-bit division (MakePlan bounds every in-matrix
-// extent by 2^31).
-WPREP_HD int64_t StorageOffset(const BlackwellTiling& t, const int64_t* strides, int64_t n,
-                               int64_t k) {
-  const uint32_t kt = t.div_k.Div(static_cast<uint32_t>(k));
-  const uint32_t nt = t.div_n.Div(static_cast<uint32_t>(n));
-  const int64_t kk = k - int64_t{kt} * t.tile_k, nn = n - int64_t{nt} * t.tile_n;
-  if (strides == nullptr) return ((int64_t{kt} * t.ntn + nt) * t.tile_n + nn) * t.tile_k + kk;
-  return kt * strides[0] + nt * strides[1] + nn * strides[2] + kk;
-}
-
 // Where one tile works, computed once per tile: its matrix, the base of that matrix in
 // the input view and in the output, and the tile's origin (a0, b0) in the tile type's own
 // coordinates.
@@ -360,7 +348,7 @@ struct BlackwellTile {
         Chunk(vt, i, &nl, &kc);
         const int64_t n = ctx.a0 + nl, k = ctx.b0 + 16 * kc;
         const int64_t valid = n < g.n ? ValidBytes(k, g.kp, kChunk) : 0;
-        LoadRowWords<4>(valid > 0 ? ctx.in + StorageOffset(g.in_tiling, g.in_stride, n, k) : ctx.in,
+        LoadRowWords<4>(valid > 0 ? ctx.in + BlackwellOffset(g.in_tiling, g.in_stride, n, k) : ctx.in,
                         valid, r.w + 4 * i, acc.vec_in);
       }
     }
@@ -381,7 +369,7 @@ struct BlackwellTile {
         } else {  // retile: straight to the output tiling
           const int64_t n = ctx.a0 + nl, k = ctx.b0 + 16 * kc;
           if (n >= ExtentN(g) || k >= ExtentK(g)) continue;
-          StoreRowWords<4>(ctx.out + StorageOffset(g.out_tiling, nullptr, n, k), kChunk,
+          StoreRowWords<4>(ctx.out + BlackwellOffset(g.out_tiling, nullptr, n, k), kChunk,
                            r.w + 4 * i, acc.vec_out);
         }
       }
@@ -400,7 +388,7 @@ struct BlackwellTile {
         uint32_t w[4];
         WPREP_UNROLL
         for (int j = 0; j < 4; ++j) w[j] = smem[nl * kPitch + 4 * kc + j];
-        StoreRowWords<4>(ctx.out + StorageOffset(g.out_tiling, nullptr, n, k), kChunk, w,
+        StoreRowWords<4>(ctx.out + BlackwellOffset(g.out_tiling, nullptr, n, k), kChunk, w,
                          acc.vec_out);
       }
     } else if constexpr (kOp == Op::kBlackwellUnswizzle) {

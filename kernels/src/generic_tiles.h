@@ -38,7 +38,7 @@ WPREP_HD void GenericLoadStorage(const Geometry& g, const uint8_t* base, int64_t
                                  int64_t k0, uint8_t* buf, int tid, int nthreads) {
   for (int q = tid; q < kGenericTileBytes; q += nthreads) {
     const int64_t n = n0 + q / kBlackwellTileK, k = k0 + q % kBlackwellTileK;
-    buf[q] = n < g.n && k < g.kp ? base[BlackwellStridedOffset(g.in_tiling, g.in_stride, n, k)] : 0;
+    buf[q] = n < g.n && k < g.kp ? base[BlackwellOffset(g.in_tiling, g.in_stride, n, k)] : 0;
   }
 }
 
@@ -50,7 +50,7 @@ WPREP_HD void GenericStoreStorage(const Geometry& g, uint8_t* base, int64_t n0,
   for (int q = tid; q < kGenericTileBytes; q += nthreads) {
     const int nl = q / kBlackwellTileK, kl = q % kBlackwellTileK;
     const int64_t n = n0 + nl, k = k0 + kl;
-    if (n < t.ntn * t.tile_n && k < t.kpad) base[BlackwellOffset(t, n, k)] = byte_fn(nl, kl);
+    if (n < t.ntn * t.tile_n && k < t.kpad) base[BlackwellOffset(t, nullptr, n, k)] = byte_fn(nl, kl);
   }
 }
 

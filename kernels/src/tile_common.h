@@ -45,13 +45,6 @@ inline Access ChooseAccess(const Geometry& g, const void* in, const void* out) {
 
 // Device code uses native vector types; host code memcpy (no aliasing assumptions;
 // compilers emit single moves).
-WPREP_HD void Copy16(uint8_t* dst, const uint8_t* src) {
-#if defined(__CUDA_ARCH__)
-  *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(src);
-#else
-  std::memcpy(dst, src, kChunk);
-#endif
-}
 WPREP_HD uint32_t LoadWord(const uint8_t* p) {
 #if defined(__CUDA_ARCH__)
   return *reinterpret_cast<const uint32_t*>(p);

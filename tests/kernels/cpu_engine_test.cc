@@ -63,6 +63,20 @@ std::vector<int64_t> RandomShape(std::mt19937_64& rng) {
   return shape;
 }
 
+TEST(FastDivisor, EqualsDivisionBelow2To31) {
+  std::mt19937 rng(5);
+  for (uint32_t d : {1u, 2u, 3u, 5u, 7u, 10u, 32u, 48u, 64u, 96u, 128u, 192u, 255u, 256u, 1000u, 2048u, 4095u}) {
+    const FastDivisor fd(d);
+    for (uint32_t x : {0u, 1u, d - 1, d, d + 1, 2 * d - 1, 2 * d, 0x7FFFFFFFu, 0x7FFFFFFFu - d}) {
+      ASSERT_EQ(fd.Div(x), x / d) << x << " / " << d;
+    }
+    for (int i = 0; i < 20000; ++i) {
+      const uint32_t x = rng() & 0x7FFFFFFFu;
+      ASSERT_EQ(fd.Div(x), x / d) << x << " / " << d;
+    }
+  }
+}
+
 // LAYOUTS.md step 4, written out as the contract states it.
 uint32_t ContractS(uint32_t n) { return ((n & 8) << 12) | ((n & 7) << 6); }
 uint32_t ContractS4(uint32_t n) { return ((n & 8) << 11) | ((n & 6) << 9) | ((n & 1) << 13); }

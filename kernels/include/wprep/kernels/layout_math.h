@@ -281,19 +281,15 @@ WPREP_HD BlackwellTiling MakeBlackwellTiling(int64_t block_k, int64_t block_n, i
   return t;
 }
 
-// Byte offset, inside one contiguous storage matrix, of (n, k): value column n, byte k
-// along K.
-WPREP_HD int64_t BlackwellOffset(const BlackwellTiling& t, int64_t n, int64_t k) {
-  const int64_t kt = k / t.tile_k, kk = k - kt * t.tile_k;
-  const int64_t nt = n / t.tile_n, nn = n - nt * t.tile_n;
-  return ((kt * t.ntn + nt) * t.tile_n + nn) * t.tile_k + kk;
-}
-
-// Same, for a storage view with byte strides (s_kt, s_nt, s_n) and contiguous tile_k.
-WPREP_HD int64_t BlackwellStridedOffset(const BlackwellTiling& t, const int64_t* strides,
-                                        int64_t n, int64_t k) {
-  const int64_t kt = k / t.tile_k, kk = k - kt * t.tile_k;
-  const int64_t nt = n / t.tile_n, nn = n - nt * t.tile_n;
+// Byte offset of (n, k) (value column n, byte k along K) in one Blackwell storage matrix:
+// dense when strides == nullptr, else through a view's (kt, nt, n') byte strides (tile_k
+// contiguous). 32-bit division: MakePlan bounds every in-matrix extent by 2^31.
+WPREP_HD int64_t BlackwellOffset(const BlackwellTiling& t, const int64_t* strides, int64_t n,
+                                 int64_t k) {
+  const uint32_t kt = t.div_k.Div(static_cast<uint32_t>(k));
+  const uint32_t nt = t.div_n.Div(static_cast<uint32_t>(n));
+  const int64_t kk = k - int64_t{kt} * t.tile_k, nn = n - int64_t{nt} * t.tile_n;
+  if (strides == nullptr) return ((int64_t{kt} * t.ntn + nt) * t.tile_n + nn) * t.tile_k + kk;
   return kt * strides[0] + nt * strides[1] + nn * strides[2] + kk;
 }
 
