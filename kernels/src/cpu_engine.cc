@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "absl/strings/str_format.h"
+#include "buffers.h"
 #include "tiles.h"
 
 namespace wprep {
@@ -13,10 +14,6 @@ namespace {
 // Below this many output bytes a conversion runs on the calling thread: starting
 // threads would cost more than the work.
 constexpr uint64_t kParallelThreshold = 1 << 20;
-
-bool Overlap(const uint8_t* a, uint64_t na, const uint8_t* b, uint64_t nb) {
-  return na > 0 && nb > 0 && a < b + nb && b < a + na;
-}
 
 }  // namespace
 
@@ -34,10 +31,7 @@ absl::Status ConvertOnCpu(const Plan& plan, const uint8_t* in, size_t in_size, u
   if (in == nullptr || out == nullptr) {
     return absl::InvalidArgumentError("input and output buffers must not be null");
   }
-  if (Overlap(in, plan.input_bytes, out, plan.output_bytes)) {
-    return absl::InvalidArgumentError("input and output buffers overlap; in-place conversion "
-                                      "is not supported");
-  }
+  if (auto s = CheckDisjoint(plan, in, out); !s.ok()) return s;
 
   const Geometry& g = plan.geometry;
   const tiles::Access access = tiles::ChooseAccess(g, in, out);

@@ -5,26 +5,13 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "buffers.h"
 #include "tiles.h"
 #include "wprep/kernels/cuda_engine.h"
+#include "wprep/kernels/cuda_status.h"
 
 namespace wprep {
 namespace {
-
-// Turns a CUDA error into a Status naming the call, the error, file and line.
-absl::Status CudaError(cudaError_t err, const char* call, const char* file, int line) {
-  return absl::InternalError(absl::StrFormat("%s failed: %s (%s) at %s:%d", call,
-                                             cudaGetErrorName(err), cudaGetErrorString(err),
-                                             file, line));
-}
-
-#define WPREP_CUDA_RETURN_IF_ERROR(call)                              \
-  do {                                                                \
-    const cudaError_t wprep_err_ = (call);                            \
-    if (wprep_err_ != cudaSuccess) {                                  \
-      return CudaError(wprep_err_, #call, __FILE__, __LINE__);        \
-    }                                                                 \
-  } while (0)
 
 template <class T>
 __global__ void __launch_bounds__(kTileThreads, T::kMinBlocks)
@@ -72,37 +59,22 @@ __global__ void __launch_bounds__(kTileThreads, T::kMinBlocks)
 // Tiles of one launch: indices stay below 2^31 (2^31 tiles of >= 4 KiB is 8 TiB).
 constexpr int64_t kMaxTiles = (int64_t{1} << 31) - 1;
 
-// Multiprocessor count per device ordinal, read once.
+// Blocks of ConvertKernel<T> that fit on `device` (the current device) at once:
+// multiprocessors x resident blocks per multiprocessor, read once per kernel and device.
 constexpr int kMaxDevices = 64;
-std::atomic<int> g_sm_count[kMaxDevices];
-
-int SmCount(int device) {
-  if (device < 0 || device >= kMaxDevices) return 132;
-  int n = g_sm_count[device].load(std::memory_order_relaxed);
-  if (n == 0) {
-    if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device) != cudaSuccess ||
-        n <= 0) {
-      n = 132;
-    }
-    g_sm_count[device].store(n, std::memory_order_relaxed);
-  }
-  return n;
-}
-
-// Resident blocks of ConvertKernel<T> per multiprocessor on `device` (the current
-// device), read once.
 template <class T>
-int BlocksPerSm(int device) {
-  static std::atomic<int> cache[kMaxDevices];
+int64_t MaxResidentBlocks(int device) {
+  static std::atomic<int64_t> cache[kMaxDevices];
   if (device < 0 || device >= kMaxDevices) return 1;
-  int n = cache[device].load(std::memory_order_relaxed);
+  int64_t n = cache[device].load(std::memory_order_relaxed);
   if (n == 0) {
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, ConvertKernel<T>, kTileThreads, 0) !=
-            cudaSuccess ||
-        n <= 0) {
+    int sms = 0, per_sm = 0;
+    if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess ||
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, ConvertKernel<T>, kTileThreads,
+                                                      0) != cudaSuccess) {
       cudaGetLastError();
-      n = 1;
     }
+    n = int64_t{sms > 0 ? sms : 1} * (per_sm > 0 ? per_sm : 1);
     cache[device].store(n, std::memory_order_relaxed);
   }
   return n;
@@ -127,7 +99,7 @@ struct Launcher {
       return;
     }
     // One wave of resident blocks; each loops over tiles (no partial last wave).
-    const int64_t max_blocks = int64_t{SmCount(device)} * BlocksPerSm<T>(device);
+    const int64_t max_blocks = MaxResidentBlocks<T>(device);
     const unsigned blocks = static_cast<unsigned>(num_tiles < max_blocks ? num_tiles : max_blocks);
     ConvertKernel<T><<<blocks, kTileThreads, 0, stream>>>(
         g, in, out, access, static_cast<uint32_t>(tiles_per_matrix),
@@ -161,12 +133,6 @@ class ScopedDevice {
   bool switched_ = false;
   cudaError_t status_ = cudaSuccess;
 };
-
-bool Overlap(const void* a, uint64_t na, const void* b, uint64_t nb) {
-  const auto* pa = static_cast<const uint8_t*>(a);
-  const auto* pb = static_cast<const uint8_t*>(b);
-  return na > 0 && nb > 0 && pa < pb + nb && pb < pa + na;
-}
 
 }  // namespace
 
@@ -217,10 +183,7 @@ absl::Status ConvertOnCuda(const Plan& plan, const void* in, void* out, CudaStre
           "stream belongs to CUDA device %d but the data is on device %d", stream_dev, *in_dev));
     }
   }
-  if (Overlap(in, plan.input_bytes, out, plan.output_bytes)) {
-    return absl::InvalidArgumentError(
-        "input and output buffers overlap; in-place conversion is not supported");
-  }
+  if (auto s = CheckDisjoint(plan, in, out); !s.ok()) return s;
 
   const Geometry& g = plan.geometry;
   const tiles::Access access = tiles::ChooseAccess(g, in, out);

@@ -3,7 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
-#include "cuda_check.h"
+#include "wprep/kernels/cuda_status.h"
 #include "wprep/server/log.h"
 
 namespace wprep::server {

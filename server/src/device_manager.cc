@@ -10,7 +10,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
-#include "cuda_check.h"
+#include "wprep/kernels/cuda_status.h"
 #include "wprep/kernels/cpu_engine.h"
 #include "wprep/kernels/plan.h"
 #include "wprep/server/log.h"

@@ -6,7 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "cuda_check.h"
+#include "wprep/kernels/cuda_status.h"
 #include "wprep/kernels/cpu_engine.h"
 #include "wprep/kernels/cuda_engine.h"
 

@@ -5,7 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "cuda_check.h"
+#include "wprep/kernels/cuda_status.h"
 #include "wprep/server/log.h"
 
 #if WPREP_HAVE_CUDA
