@@ -2,6 +2,8 @@
 # Runs on the GPU machine from the repo root, with .bundle/ carried (make gpu-bundle):
 # every test binary (GPU tests included), compute-sanitizer on the CUDA engine tests, and
 # the benchmark. Full logs go to $OUT; a short table is printed last.
+# Env: WPREP_TESTS (glob of test binaries, default *_test), WPREP_SANITIZER, WPREP_BENCH,
+# WPREP_RPC_BENCH (0 skips), WPREP_BENCH_ARGS.
 set -uo pipefail
 OUT=${OUT:-/tmp/wprep-gpu-check}
 mkdir -p "$OUT"
@@ -16,7 +18,7 @@ summary=()
 cat "$OUT/machine.txt"
 
 : > "$OUT/tests.log"
-for t in .bundle/bin/*_test; do
+for t in .bundle/bin/${WPREP_TESTS:-*_test}; do
   name=$(basename "$t")
   echo "=== $name" >> "$OUT/tests.log"
   timeout 300 "$t" --gtest_brief=0 >> "$OUT/tests.log" 2>&1

@@ -4,11 +4,25 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
 #include "wprep/server/daemon.h"
+#include "wprep/server/ipc_owner.h"
 #include "wprep/server/options.h"
 
 int main(int argc, char** argv) {
   std::vector<std::string> args(argv + 1, argv + argc);
+  // Internal: the daemon runs itself in this mode once at start (see ipc_owner.h).
+  constexpr char kExportFlag[] = "--export-ipc-handles=";
+  if (args.size() == 1 && args[0].rfind(kExportFlag, 0) == 0) {
+    std::vector<int> ordinals;
+    for (absl::string_view o : absl::StrSplit(args[0].substr(sizeof(kExportFlag) - 1), ',')) {
+      int v = 0;
+      if (!absl::SimpleAtoi(o, &v)) return 2;
+      ordinals.push_back(v);
+    }
+    return wprep::server::ExportIpcHandlesMain(ordinals);
+  }
   for (const std::string& a : args) {
     if (a == "--help" || a == "-h") {
       std::fputs(wprep::server::Usage().c_str(), stdout);

@@ -15,6 +15,7 @@ absl::StatusOr<ConvertResult> RunRemoteConvert(const ConvertArgs& args) {
   *header.mutable_spec() = wprep::client::SpecToProto(args.spec);
   for (int64_t d : args.shape) header.add_logical_shape(d);
 
+  wprep::client::TuneHeapForStreaming();  // this process exists to stream one tensor
   wprep::client::Client client(wprep::client::MakeChannel(args.target));
   std::string output;
   auto response = client.ConvertStream(header, *input, &output);

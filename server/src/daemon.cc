@@ -23,6 +23,7 @@
 #include "wprep/server/device_manager.h"
 #include "wprep/server/executor.h"
 #include "wprep/server/ipc_cache.h"
+#include "wprep/server/ipc_owner.h"
 #include "wprep/server/log.h"
 #include "wprep/server/metrics.h"
 #include "wprep/server/service.h"
@@ -61,6 +62,11 @@ bool WritePortFile(const std::string& path, const std::string& text) {
 
 int RunDaemon(const Options& options) {
   const absl::Time start = absl::Now();
+  // Streams allocate and free many 1-4 MiB buffers (messages, slices). glibc's defaults
+  // mmap each one and return it on free, so every chunk pays page faults on first touch;
+  // keep them in the heap instead. The janitor below trims the heap once traffic stops.
+  mallopt(M_MMAP_THRESHOLD, 32 << 20);
+  mallopt(M_TRIM_THRESHOLD, 512 << 20);
   sigset_t signals = ShutdownSignals();
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);  // inherited by every thread created below
   signal(SIGPIPE, SIG_IGN);
@@ -146,7 +152,21 @@ int RunDaemon(const Options& options) {
       }
     }
     if (stop.load()) return;
+    // Learning which handle bytes name the exporting GPU (a child process, ~0.2 s) runs
+    // beside the warm-up; both finish before SERVING.
+    std::vector<int> ordinals;
+    for (size_t i = 0; i < (*devices)->num_gpus(); ++i) {
+      ordinals.push_back((*devices)->gpu(i).info().ordinal);
+    }
+    std::thread calibrate([&ipc, ordinals] {
+      IpcOwnerMap map = IpcOwnerMap::Calibrate("/proc/self/exe", ordinals);
+      LogLine(LogLevel::kInfo, "ipc_owner_check",
+              absl::StrCat("enabled=", map.enabled() ? "true" : "false",
+                           " detail=", LogQuote(map.description())));
+      ipc.SetOwnerMap(std::move(map));
+    });
     absl::Status s = (*devices)->WarmUp();
+    calibrate.join();
     if (!s.ok()) {
       LogLine(LogLevel::kError, "warmup_failed", LogQuote(s.message()));
       warm_failed.store(true);

@@ -1,6 +1,7 @@
 #include "wprep/server/ipc_cache.h"
 
 #include <cstring>
+#include <optional>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -111,6 +112,15 @@ absl::StatusOr<IpcCache::Lease> IpcCache::Acquire(int ordinal, absl::string_view
   return absl::InvalidArgumentError(absl::StrCat(field, ": this wprepd was built without CUDA"));
 #else
   std::lock_guard<std::mutex> lock(mu_);
+  // The memory must live on the GPU the request names: an opened mapping cannot tell (see
+  // ipc_owner.h), the handle's own bytes can.
+  if (std::optional<int> owner = owner_map_.Owner(handle); owner && *owner != ordinal) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        field, ".handle was exported from memory on the daemon's GPU ordinal ", *owner,
+        ", but ", field, ".device_uuid names the GPU at daemon ordinal ", ordinal,
+        "; send the UUID of the GPU that holds the allocation (ListDevices maps ordinals to "
+        "UUIDs)"));
+  }
   const absl::Time now = absl::Now();
   ExpireLocked(now);
   const Key key(ordinal, std::string(handle));
@@ -142,8 +152,9 @@ absl::StatusOr<IpcCache::Lease> IpcCache::Acquire(int ordinal, absl::string_view
     cudaIpcMemHandle_t h;
     std::memcpy(&h, handle.data(), sizeof(h));
     void* base = nullptr;
+    const absl::Time open_start = absl::Now();
     // The CUDA runtime requires cudaIpcMemLazyEnablePeerAccess here (0 is refused, seen on
-    // an H200 pair), so a handle of another GPU's memory opens too, over the peer link.
+    // an H200 pair), so a handle of another GPU's memory would open too, over the peer link.
     const cudaError_t err = cudaIpcOpenMemHandle(&base, h, cudaIpcMemLazyEnablePeerAccess);
     if (err != cudaSuccess) {
       cudaGetLastError();  // not sticky; clear it so later calls on this thread are clean
@@ -157,32 +168,17 @@ absl::StatusOr<IpcCache::Lease> IpcCache::Acquire(int ordinal, absl::string_view
     entry->ordinal = ordinal;
     entry->handle = std::string(handle);
     entry->base = base;
-    // The mapping must live on the GPU the request named (peer mappings of another GPU's
-    // memory would also open).
-    cudaPointerAttributes attr;
-    absl::Status s = WPREP_CUDA_STATUS(cudaPointerGetAttributes(&attr, base));
-    // Known gap: for a handle of another GPU's memory opened here through the peer link,
-    // the attributes report this GPU (seen on an H200 pair), so this check does not fire;
-    // the conversion then reads over the peer link and stays byte-exact.
-    const int owner = attr.device;
-    if (s.ok() && owner != ordinal) {
-      s = absl::InvalidArgumentError(absl::StrCat(
-          field, ".handle belongs to an allocation on the daemon's GPU ordinal ", owner,
-          ", not on the GPU ", field, ".device_uuid names (daemon ordinal ", ordinal,
-          "); send that GPU's UUID"));
-    }
-    if (s.ok()) {
-      GetAddressRangeFn range_fn = AddressRangeFn();
-      CUdeviceptr range_base = 0;
-      size_t range_size = 0;
-      if (range_fn == nullptr) {
-        s = absl::InternalError("cuMemGetAddressRange is not available from the CUDA driver");
-      } else if (CUresult r = range_fn(&range_base, &range_size, reinterpret_cast<CUdeviceptr>(base));
-                 r != CUDA_SUCCESS) {
-        s = absl::InternalError(absl::StrCat("cuMemGetAddressRange failed with CUresult ", r));
-      } else {
-        entry->avail = range_base + range_size - reinterpret_cast<CUdeviceptr>(base);
-      }
+    absl::Status s;
+    GetAddressRangeFn range_fn = AddressRangeFn();
+    CUdeviceptr range_base = 0;
+    size_t range_size = 0;
+    if (range_fn == nullptr) {
+      s = absl::InternalError("cuMemGetAddressRange is not available from the CUDA driver");
+    } else if (CUresult r = range_fn(&range_base, &range_size, reinterpret_cast<CUdeviceptr>(base));
+               r != CUDA_SUCCESS) {
+      s = absl::InternalError(absl::StrCat("cuMemGetAddressRange failed with CUresult ", r));
+    } else {
+      entry->avail = range_base + range_size - reinterpret_cast<CUdeviceptr>(base);
     }
     if (!s.ok()) {
       CloseEntry(*entry);
@@ -190,6 +186,9 @@ absl::StatusOr<IpcCache::Lease> IpcCache::Acquire(int ordinal, absl::string_view
     }
     entries_.emplace(key, entry);
     PublishSizeLocked();
+    LogLine(LogLevel::kInfo, "ipc_open",
+            absl::StrCat("ordinal=", ordinal, " bytes=", entry->avail,
+                         " seconds=", absl::ToDoubleSeconds(absl::Now() - open_start)));
   }
   if (offset > entry->avail || size > entry->avail - offset) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -205,6 +204,11 @@ absl::StatusOr<IpcCache::Lease> IpcCache::Acquire(int ordinal, absl::string_view
   lease.ptr_ = static_cast<uint8_t*>(entry->base) + offset;
   return lease;
 #endif
+}
+
+void IpcCache::SetOwnerMap(IpcOwnerMap map) {
+  std::lock_guard<std::mutex> lock(mu_);
+  owner_map_ = std::move(map);
 }
 
 void IpcCache::Unref(const std::shared_ptr<Entry>& entry) {

@@ -14,6 +14,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "absl/types/span.h"
 #include "wprep/server/log.h"
 #include "wprep/server/proto_translate.h"
 #include "wprep/server/status.h"
@@ -93,43 +94,41 @@ absl::Status CheckLive(grpc::ServerContext* ctx, absl::Time deadline) {
   return absl::OkStatus();
 }
 
-// Hands whole input slices from the reading thread to a converter thread that converts
-// and sends them, at most kSlicesInFlight at a time. Buffers are recycled so a long
-// stream allocates a few slices' worth of memory once.
-class SlicePipeline {
+// One stage of the stream pipeline: a thread that takes items from a bounded queue and
+// works on each; the first error stops it and is returned to whoever pushes next. Items
+// are recycled (TakeBuffer) so a long stream allocates its buffers once.
+template <typename T>
+class Stage {
  public:
-  static constexpr size_t kSlicesInFlight = 2;
-  using Work = std::function<absl::Status(const std::string& in, uint64_t* sent)>;
+  using Work = std::function<absl::Status(T& item)>;
 
-  explicit SlicePipeline(Work work) : work_(std::move(work)), thread_([this] { Run(); }) {}
-  ~SlicePipeline() { Stop(); }
+  Stage(size_t depth, Work work) : depth_(depth), work_(std::move(work)), thread_([this] { Run(); }) {}
+  ~Stage() { Stop(); }
 
-  // A recycled (or new) empty buffer for the next slice.
-  std::string TakeBuffer() {
+  // A recycled item (its old contents kept, string capacity included) or a new one.
+  T TakeBuffer() {
     std::lock_guard<std::mutex> lock(mu_);
-    if (free_.empty()) return std::string();
-    std::string b = std::move(free_.back());
+    if (free_.empty()) return T();
+    T b = std::move(free_.back());
     free_.pop_back();
-    b.clear();
     return b;
   }
-  // Queues a slice; waits while kSlicesInFlight are queued. The converter's error, if any.
-  absl::Status Push(std::string slice) {
+  // Queues an item; waits while `depth` are queued. The stage's error, if any.
+  absl::Status Push(T item) {
     std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait(lock, [&] { return queue_.size() < kSlicesInFlight || !status_.ok(); });
+    cv_.wait(lock, [&] { return queue_.size() < depth_ || !status_.ok(); });
     if (!status_.ok()) return status_;
-    queue_.push_back(std::move(slice));
+    queue_.push_back(std::move(item));
     cv_.notify_all();
     return absl::OkStatus();
   }
-  // No more slices: waits for the converter and returns the output bytes sent.
-  absl::StatusOr<uint64_t> Finish() {
+  // No more items: waits until every queued one is done; the first error, if any.
+  absl::Status Finish() {
     Stop();
     std::lock_guard<std::mutex> lock(mu_);
-    if (!status_.ok()) return status_;
-    return sent_;
+    return status_;
   }
-  // Stops the converter and returns `why` (or the converter's own earlier error).
+  // Drops what is queued, stops, and returns `why` (or the stage's own earlier error).
   absl::Status Abort(absl::Status why) {
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -137,9 +136,7 @@ class SlicePipeline {
       queue_.clear();
       cv_.notify_all();
     }
-    Stop();
-    std::lock_guard<std::mutex> lock(mu_);
-    return status_;
+    return Finish();
   }
 
  private:
@@ -153,33 +150,91 @@ class SlicePipeline {
   }
   void Run() {
     for (;;) {
-      std::string slice;
+      T item;
       {
         std::unique_lock<std::mutex> lock(mu_);
         cv_.wait(lock, [&] { return !queue_.empty() || closed_ || !status_.ok(); });
         if (!status_.ok() || queue_.empty()) return;
-        slice = std::move(queue_.front());
+        item = std::move(queue_.front());
         queue_.pop_front();
       }
-      uint64_t sent = sent_;  // only this thread writes sent_ while running
-      absl::Status s = work_(slice, &sent);
+      absl::Status s = work_(item);
       std::lock_guard<std::mutex> lock(mu_);
-      sent_ = sent;
-      if (free_.size() < kSlicesInFlight + 1) free_.push_back(std::move(slice));
+      if (free_.size() < depth_ + 1) free_.push_back(std::move(item));
       if (!s.ok() && status_.ok()) status_ = s;
       cv_.notify_all();
     }
   }
 
+  const size_t depth_;
   Work work_;
   std::mutex mu_;
   std::condition_variable cv_;
-  std::deque<std::string> queue_ ABSL_GUARDED_BY(mu_);
-  std::vector<std::string> free_ ABSL_GUARDED_BY(mu_);
+  std::deque<T> queue_ ABSL_GUARDED_BY(mu_);
+  std::vector<T> free_ ABSL_GUARDED_BY(mu_);
   absl::Status status_ ABSL_GUARDED_BY(mu_);
   bool closed_ ABSL_GUARDED_BY(mu_) = false;
-  uint64_t sent_ = 0;
   std::thread thread_;  // last: starts once every member above exists
+};
+
+// Receiving, converting and sending overlap: the RPC's thread reads chunks into whole input
+// slices, a converter thread converts each slice and cuts its output into chunk messages,
+// and a sender thread writes those. Memory held: kSlicesQueued input slices and
+// kChunksQueued output chunks, plus one of each in the works.
+class StreamPipeline {
+ public:
+  static constexpr size_t kSlicesQueued = 2;
+  static constexpr size_t kChunksQueued = 8;
+  using Convert = std::function<absl::StatusOr<absl::Span<const uint8_t>>(const std::string& in)>;
+
+  StreamPipeline(Convert convert,
+                 grpc::ServerReaderWriter<v1::ConvertStreamResponse, v1::ConvertStreamRequest>* stream)
+      : sender_(kChunksQueued,
+                [this, stream](v1::ConvertStreamResponse& msg) -> absl::Status {
+                  if (!stream->Write(msg)) return absl::CancelledError("client went away mid-stream");
+                  sent_ += msg.chunk().data().size();  // only the sender thread writes it
+                  return absl::OkStatus();
+                }),
+        converter_(kSlicesQueued, [this, convert = std::move(convert)](std::string& in) -> absl::Status {
+          absl::StatusOr<absl::Span<const uint8_t>> out = convert(in);
+          if (!out.ok()) return out.status();
+          for (uint64_t off = 0; off < out->size(); off += kOutputChunkBytes) {
+            const uint64_t n = std::min<uint64_t>(kOutputChunkBytes, out->size() - off);
+            v1::ConvertStreamResponse msg = sender_.TakeBuffer();
+            v1::DataChunk* dc = msg.mutable_chunk();
+            dc->set_offset(produced_);
+            dc->set_data(out->data() + off, n);
+            produced_ += n;
+            if (absl::Status s = sender_.Push(std::move(msg)); !s.ok()) return s;
+          }
+          return absl::OkStatus();
+        }) {}
+
+  // An empty buffer (recycled when possible) for the next input slice.
+  std::string TakeBuffer() {
+    std::string b = converter_.TakeBuffer();
+    b.clear();
+    return b;
+  }
+  absl::Status Push(std::string slice) { return converter_.Push(std::move(slice)); }
+  // No more input: waits until everything is converted and sent; the output bytes sent.
+  absl::StatusOr<uint64_t> Finish() {
+    absl::Status s = converter_.Finish();
+    if (!s.ok()) return sender_.Abort(s);
+    if (s = sender_.Finish(); !s.ok()) return s;
+    return sent_;
+  }
+  // Stops both threads (the sender first, so a converter waiting for room wakes up).
+  absl::Status Abort(absl::Status why) {
+    absl::Status s = sender_.Abort(why);
+    return converter_.Abort(s);
+  }
+
+ private:
+  uint64_t produced_ = 0;  // converter thread only
+  uint64_t sent_ = 0;      // sender thread only; read after it stopped
+  Stage<v1::ConvertStreamResponse> sender_;  // before converter_: it outlives it
+  Stage<std::string> converter_;
 };
 
 }  // namespace
@@ -344,26 +399,15 @@ absl::Status WeightPrepService::DoConvertStream(
   const uint64_t expected = plan.input_bytes;
   const uint64_t slice = c.slice_input_bytes();
   uint64_t received = 0;
-  // Receiving and converting overlap: this thread reads chunks into whole slices and a
-  // converter thread converts and sends them; at most kSlicesInFlight slices are held.
-  SlicePipeline pipeline(
-      [&](const std::string& in, uint64_t* sent) -> absl::Status {
+  StreamPipeline pipeline(
+      [&](const std::string& in) -> absl::StatusOr<absl::Span<const uint8_t>> {
         if (absl::Status s = CheckLive(ctx, scope.deadline()); !s.ok()) return s;
-        absl::StatusOr<absl::Span<const uint8_t>> out = c.ConvertSlice(
+        return c.ConvertSlice(
             absl::Span<const uint8_t>(reinterpret_cast<const uint8_t*>(in.data()), in.size()));
-        if (!out.ok()) return out.status();
-        v1::ConvertStreamResponse chunk_msg;
-        for (uint64_t off = 0; off < out->size(); off += kOutputChunkBytes) {
-          const uint64_t n = std::min<uint64_t>(kOutputChunkBytes, out->size() - off);
-          v1::DataChunk* dc = chunk_msg.mutable_chunk();
-          dc->set_offset(*sent);
-          dc->set_data(out->data() + off, n);
-          if (!stream->Write(chunk_msg)) return absl::CancelledError("client went away mid-stream");
-          *sent += n;
-        }
-        return absl::OkStatus();
-      });
+      },
+      stream);
   std::string pending = pipeline.TakeBuffer();
+  pending.reserve(slice);
 
   while (stream->Read(&msg)) {
     if (msg.has_header()) {
@@ -405,6 +449,7 @@ absl::Status WeightPrepService::DoConvertStream(
       if (pending.size() == slice) {
         if (absl::Status s = pipeline.Push(std::move(pending)); !s.ok()) return pipeline.Abort(s);
         pending = pipeline.TakeBuffer();
+        pending.reserve(slice);
       }
     }
   }

@@ -214,11 +214,13 @@ int RunBad(const Args& a, wprep::client::Client& client, const std::string& uuid
     CHECK_CUDA(cudaGetDeviceProperties(&other, (a.alloc_device + 1) % count));
     req.mutable_source_ipc()->set_device_uuid(std::string(other.uuid.bytes, 16));
     req.mutable_destination_ipc()->set_device_uuid(std::string(other.uuid.bytes, 16));
-    // With peer access the handle opens on the named GPU and the daemon sees the memory
-    // lives elsewhere; without it the open itself fails. Either is INVALID_ARGUMENT.
+    // The handle would open on the named GPU over the peer link; the daemon must refuse it
+    // before that and name the GPU that holds the memory (the same ordinal here: client and
+    // daemon see the same GPUs).
     absl::StatusOr<v1::ConvertResponse> r = client.Convert(req);
-    const bool named = r.status().message().find("belongs to an allocation on") != absl::string_view::npos ||
-                       r.status().message().find("could not be opened") != absl::string_view::npos;
+    const bool named =
+        r.status().message().find(absl::StrCat("exported from memory on the daemon's GPU ordinal ",
+                                               a.alloc_device, ",")) != absl::string_view::npos;
     if (r.status().code() != absl::StatusCode::kInvalidArgument || !named) {
       return Fail(absl::StrCat("wrong-uuid: got ", r.status().ToString()));
     }

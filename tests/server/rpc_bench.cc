@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -154,6 +155,7 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
+  wprep::client::TuneHeapForStreaming();
   std::unique_ptr<wprep::testing::Daemon> daemon;
   if (target.empty()) {
     std::string error;
@@ -227,5 +229,18 @@ int main(int argc, char** argv) {
   }
   std::printf("128MiB_stream_bytes_to_bytes_GBps_median %.3f (of %d runs; 128 MiB / round trip)\n",
               Median(gbs), stream_runs);
+  if (daemon != nullptr) {
+    // The daemon's own account of the first requests (log lines: request, ipc_open).
+    std::istringstream log(daemon->Log());
+    int shown = 0;
+    for (std::string line; std::getline(log, line) && shown < 12;) {
+      if (line.find("event=request") == std::string::npos &&
+          line.find("event=ipc_open") == std::string::npos) {
+        continue;
+      }
+      std::printf("daemon_log %s\n", line.c_str());
+      ++shown;
+    }
+  }
   return 0;
 }

@@ -1,9 +1,10 @@
 // Unit tests of the daemon's small pieces: flags, the status translation, UUIDs, the
-// accounting allocator's budget.
+// accounting allocator's budget, the IPC owner map's calibration.
 #include "gtest/gtest.h"
 #include "absl/time/clock.h"
 #include "wprep/server/device_allocator.h"
 #include "wprep/server/device_manager.h"
+#include "wprep/server/ipc_owner.h"
 #include "wprep/server/options.h"
 #include "wprep/server/status.h"
 
@@ -86,6 +87,52 @@ TEST(DeviceAllocator, BudgetRejectsWhatCanNeverFitAndTimesOutWhenFull) {
   EXPECT_NE(s.message().find("retry"), absl::string_view::npos);
   a.Unreserve(600);
   EXPECT_TRUE(a.Reserve(1000, absl::Now() - absl::Seconds(1)).ok());
+}
+
+// A synthetic handle shaped like those seen on driver 580: a per-process pointer in bytes
+// 0-7, a per-process id in bytes 8-9, the GPU's id at byte 32, a per-allocation counter at
+// byte 40.
+std::string FakeHandle(uint8_t process, uint8_t gpu_id, uint8_t allocation) {
+  std::string h(64, '\0');
+  for (int i = 0; i < 6; ++i) h[i] = static_cast<char>(0x30 + 7 * process + i);
+  h[8] = static_cast<char>(0x1c + process);
+  h[9] = 0x28;
+  h[32] = static_cast<char>(gpu_id);
+  h[40] = static_cast<char>(allocation);
+  return h;
+}
+
+TEST(IpcOwnerMap, FindsTheBytesThatNameTheGpuAcrossProcesses) {
+  // Process 1 (the daemon) and process 2 (its child) each export two handles per GPU.
+  std::vector<std::vector<std::string>> samples = {
+      {FakeHandle(1, 6, 1), FakeHandle(1, 6, 2), FakeHandle(2, 6, 1), FakeHandle(2, 6, 2)},
+      {FakeHandle(1, 7, 3), FakeHandle(1, 7, 4), FakeHandle(2, 7, 3), FakeHandle(2, 7, 4)}};
+  IpcOwnerMap m = IpcOwnerMap::FromSamples({0, 1}, samples);
+  ASSERT_TRUE(m.enabled()) << m.description();
+  EXPECT_EQ(m.description(), "handle bytes [32] identify the exporting GPU");
+  // A third process (a client) on either GPU, any allocation.
+  EXPECT_EQ(m.Owner(FakeHandle(3, 6, 9)), 0);
+  EXPECT_EQ(m.Owner(FakeHandle(3, 7, 9)), 1);
+  EXPECT_EQ(m.Owner(FakeHandle(3, 5, 9)), std::nullopt);  // a GPU this daemon does not serve
+  EXPECT_EQ(m.Owner("short"), std::nullopt);
+}
+
+TEST(IpcOwnerMap, StaysOffWhenNoByteNamesTheGpu) {
+  // Per-process bytes differ between the GPUs of one process too (a context pointer):
+  // with only one process they would look like a GPU id; two processes expose them.
+  std::vector<std::vector<std::string>> samples = {
+      {FakeHandle(1, 0, 1), FakeHandle(1, 0, 2), FakeHandle(3, 0, 1), FakeHandle(3, 0, 2)},
+      {FakeHandle(2, 0, 3), FakeHandle(2, 0, 4), FakeHandle(4, 0, 3), FakeHandle(4, 0, 4)}};
+  IpcOwnerMap m = IpcOwnerMap::FromSamples({0, 1}, samples);
+  EXPECT_FALSE(m.enabled());
+  EXPECT_NE(m.description().find("no byte"), std::string::npos) << m.description();
+  EXPECT_EQ(m.Owner(FakeHandle(1, 0, 1)), std::nullopt);
+}
+
+TEST(IpcOwnerMap, OneGpuOrTooFewSamplesLeaveItOff) {
+  EXPECT_FALSE(IpcOwnerMap::FromSamples({0}, {{FakeHandle(1, 6, 1), FakeHandle(2, 6, 1)}}).enabled());
+  EXPECT_FALSE(IpcOwnerMap::FromSamples({0, 1}, {{FakeHandle(1, 6, 1)}, {FakeHandle(1, 7, 1)}}).enabled());
+  EXPECT_FALSE(IpcOwnerMap::Calibrate("/nonexistent", {0}).enabled());
 }
 
 }  // namespace

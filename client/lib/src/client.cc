@@ -1,5 +1,7 @@
 #include "wprep/client/client.h"
 
+#include <malloc.h>
+
 #include <algorithm>
 #include <thread>
 
@@ -16,6 +18,11 @@ void ApplyOptions(const CallOptions& o, grpc::ClientContext* ctx) {
 }
 
 }  // namespace
+
+void TuneHeapForStreaming() {
+  mallopt(M_MMAP_THRESHOLD, 32 << 20);
+  mallopt(M_TRIM_THRESHOLD, 512 << 20);
+}
 
 std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target, int max_message_bytes) {
   grpc::ChannelArguments args;
@@ -83,9 +90,9 @@ absl::StatusOr<wprep::v1::StreamResponseHeader> Client::ConvertStream(
     *msg.mutable_header() = header;
     if (!stream->Write(msg)) return;
     const uint64_t chunk = std::max<uint64_t>(1, options.chunk_bytes);
+    wprep::v1::ConvertStreamRequest c;  // reused: its data buffer is allocated once
     for (uint64_t off = 0; off < input.size(); off += chunk) {
       const uint64_t n = std::min<uint64_t>(chunk, input.size() - off);
-      wprep::v1::ConvertStreamRequest c;
       c.mutable_chunk()->set_offset(off);
       c.mutable_chunk()->set_data(input.data() + off, n);
       if (!stream->Write(c)) return;

@@ -16,6 +16,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "wprep/server/ipc_owner.h"
 #include "wprep/server/metrics.h"
 
 namespace wprep::server {
@@ -49,11 +50,15 @@ class IpcCache {
   };
 
   // Opens (or reuses) the allocation behind `handle` (the 64 bytes of a cudaIpcMemHandle_t)
-  // on GPU `ordinal` and checks that [offset, offset + size) lies inside it and that it
-  // lives on that GPU. InvalidArgument, naming `field`, for a handle that cannot be
+  // on GPU `ordinal` and checks that [offset, offset + size) lies inside it and, where the
+  // owner map can tell, that it lives on that GPU. InvalidArgument, naming `field`, for a handle that cannot be
   // opened, belongs to another GPU, or a range outside the allocation.
   absl::StatusOr<Lease> Acquire(int ordinal, absl::string_view handle, uint64_t offset,
                                 uint64_t size, absl::string_view field);
+
+  // Sets which GPU each handle's memory lives on (from IpcOwnerMap::Calibrate); until
+  // then, and when the map is off, a handle is opened on the GPU the request names.
+  void SetOwnerMap(IpcOwnerMap map);
 
   // Closes the mapping of `handle` on `ordinal` now, or when its last lease ends.
   // Returns {closed now, deferred}; an unknown handle counts as neither.
@@ -79,6 +84,7 @@ class IpcCache {
   Metrics* const metrics_;
 
   mutable std::mutex mu_;
+  IpcOwnerMap owner_map_ ABSL_GUARDED_BY(mu_) = IpcOwnerMap::Disabled("not calibrated yet");
   std::map<Key, std::shared_ptr<Entry>> entries_ ABSL_GUARDED_BY(mu_);
 };
 

@@ -20,6 +20,11 @@ namespace wprep::client {
 
 // A channel to "unix:///path" or "HOST:PORT" (insecure: wprepd listens on local
 // addresses), accepting messages up to `max_message_bytes`.
+// For programs that stream large tensors: keeps glibc's multi-MiB buffers (messages,
+// chunks) in the heap instead of mapping and unmapping each one, which otherwise costs a
+// page fault per 4 KiB on every chunk. Process-wide; call once early in main().
+void TuneHeapForStreaming();
+
 std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target,
                                            int max_message_bytes = 256 << 20);
 
