@@ -15,7 +15,7 @@ rm -rf .bundle
 mkdir -p .bundle/bin .bundle/lib
 mapfile -t bins < <(find "$BUILD" -type f -executable \
   \( -name '*_test' -o -name 'wprep' -o -name 'wprepd' -o -name 'wprep_bench' \
-     -o -name 'wprep_rpc_bench' -o -name 'wprep_ipc_*' \) -not -path '*/CMakeFiles/*')
+     -o -name 'wprep_rpc_bench' -o -name 'wprep_ipc_*' -o -name 'wprep_memory_soak' \) -not -path '*/CMakeFiles/*')
 for b in "${bins[@]}"; do
   cp "$b" .bundle/bin/
   strip --strip-unneeded ".bundle/bin/$(basename "$b")" 2>/dev/null || true

@@ -16,7 +16,7 @@ absl::StatusOr<ConvertResult> RunRemoteConvert(const ConvertArgs& args) {
   for (int64_t d : args.shape) header.add_logical_shape(d);
 
   wprep::client::TuneHeapForStreaming();  // this process exists to stream one tensor
-  wprep::client::Client client(wprep::client::MakeChannel(args.target));
+  wprep::client::Client client(args.target);  // two connections: large tensors stripe
   std::string output;
   auto response = client.ConvertStream(header, *input, &output);
   if (!response.ok()) return response.status();

@@ -51,7 +51,12 @@ GetAddressRangeFn AddressRangeFn() {
 }  // namespace
 
 IpcCache::IpcCache(int max_entries, absl::Duration idle_expiry, Metrics* metrics)
-    : max_entries_(static_cast<size_t>(max_entries)), idle_expiry_(idle_expiry), metrics_(metrics) {}
+    : max_entries_(static_cast<size_t>(max_entries)), idle_expiry_(idle_expiry), metrics_(metrics) {
+#if WPREP_HAVE_CUDA
+  // Resolved now rather than inside the first request that opens a handle.
+  (void)AddressRangeFn();
+#endif
+}
 
 IpcCache::~IpcCache() { CloseAll(); }
 

@@ -183,8 +183,8 @@ class Stage {
 // kChunksQueued output chunks, plus one of each in the works.
 class StreamPipeline {
  public:
-  static constexpr size_t kSlicesQueued = 2;
-  static constexpr size_t kChunksQueued = 8;
+  static constexpr size_t kSlicesQueued = 4;
+  static constexpr size_t kChunksQueued = 16;
   using Convert = std::function<absl::StatusOr<absl::Span<const uint8_t>>(const std::string& in)>;
 
   StreamPipeline(Convert convert,

@@ -94,6 +94,43 @@ TEST(Daemon, EveryGoldenCaseThroughConvertStream) {
   }
 }
 
+// A client with three connections stripes every tensor with a leading dim (the minimum
+// size set to 0) into up to three concurrent streams: the output bytes and the header
+// (shape and strides of the whole tensor, as the reference reports them) must be those
+// of the unstriped conversion.
+TEST(Daemon, StripedStreamsMatchEveryGoldenCase) {
+  auto d = StartOrDie();
+  ASSERT_NE(d, nullptr);
+  ASSERT_TRUE(d->WaitServing()) << d->Log();
+  Client client(d->unix_target(), 3);
+  wprep::client::StreamOptions opts;
+  opts.stripe_min_bytes = 0;
+  opts.chunk_bytes = 4093;
+  int striped = 0;
+  for (const GoldenCase& c : GoldenCases()) {
+    if (c.error || c.logical_shape.size() < 3) continue;
+    SCOPED_TRACE(c.name);
+    striped += c.logical_shape[0] >= 2;
+    std::string out;
+    absl::StatusOr<wprep::v1::StreamResponseHeader> h =
+        client.ConvertStream(StreamHeaderFor(c.spec, c.logical_shape), GoldenInput(c), &out, opts);
+    ASSERT_TRUE(h.ok()) << h.status();
+    EXPECT_TRUE(MatchesGolden(c, out));
+    EXPECT_EQ(std::vector<int64_t>(h->output_shape().begin(), h->output_shape().end()), c.output_shape);
+    EXPECT_EQ(std::vector<int64_t>(h->output_strides().begin(), h->output_strides().end()),
+              c.output_strides);
+    EXPECT_EQ(h->output_bytes(), c.output_bytes);
+    EXPECT_EQ(h->input_bytes(), c.input_bytes);
+  }
+  EXPECT_GT(striped, 5);  // the golden set has multi-matrix cases to stripe
+  // A striped stream that the daemon refuses fails as a whole, with the daemon's status.
+  std::string out;
+  const std::vector<uint8_t> short_input(100, 0);
+  absl::StatusOr<wprep::v1::StreamResponseHeader> bad = client.ConvertStream(
+      StreamHeaderFor(HopperSpec(Direction::kSwizzle, -1, 3), {4, 64, 64}), short_input, &out, opts);
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument) << bad.status();
+}
+
 // Tensors with many leading-dim matrices and slices of several MiB go through the
 // daemon's slicing with whole-slice, partial and remainder pieces.
 TEST(Daemon, StreamOfManyMatricesMatchesCpuEngine) {

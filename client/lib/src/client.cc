@@ -24,10 +24,13 @@ void TuneHeapForStreaming() {
   mallopt(M_TRIM_THRESHOLD, 512 << 20);
 }
 
-std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target, int max_message_bytes) {
+std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target, int max_message_bytes,
+                                           int connection) {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(max_message_bytes);
   args.SetMaxSendMessageSize(max_message_bytes);
+  // Channels whose arguments differ get their own subchannel, hence their own connection.
+  args.SetInt("wprep.connection", connection);
   return grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);
 }
 
@@ -54,15 +57,22 @@ wprep::v1::ConversionSpec SpecToProto(const ConversionSpec& spec) {
   return p;
 }
 
-Client::Client(std::shared_ptr<grpc::Channel> channel)
-    : stub_(wprep::v1::WeightPrep::NewStub(std::move(channel))) {}
+Client::Client(std::shared_ptr<grpc::Channel> channel) {
+  stubs_.push_back(wprep::v1::WeightPrep::NewStub(std::move(channel)));
+}
+
+Client::Client(const std::string& target, int connections, int max_message_bytes) {
+  for (int i = 0; i < std::max(1, connections); ++i) {
+    stubs_.push_back(wprep::v1::WeightPrep::NewStub(MakeChannel(target, max_message_bytes, i)));
+  }
+}
 
 absl::StatusOr<wprep::v1::PlanResponse> Client::Plan(const wprep::v1::PlanRequest& request,
                                                      const CallOptions& options) {
   grpc::ClientContext ctx;
   ApplyOptions(options, &ctx);
   wprep::v1::PlanResponse resp;
-  grpc::Status s = stub_->Plan(&ctx, request, &resp);
+  grpc::Status s = stubs_.front()->Plan(&ctx, request, &resp);
   if (!s.ok()) return FromGrpcStatus(s);
   return resp;
 }
@@ -72,7 +82,7 @@ absl::StatusOr<wprep::v1::ConvertResponse> Client::Convert(const wprep::v1::Conv
   grpc::ClientContext ctx;
   ApplyOptions(options, &ctx);
   wprep::v1::ConvertResponse resp;
-  grpc::Status s = stub_->Convert(&ctx, request, &resp);
+  grpc::Status s = stubs_.front()->Convert(&ctx, request, &resp);
   if (!s.ok()) return FromGrpcStatus(s);
   return resp;
 }
@@ -80,9 +90,67 @@ absl::StatusOr<wprep::v1::ConvertResponse> Client::Convert(const wprep::v1::Conv
 absl::StatusOr<wprep::v1::StreamResponseHeader> Client::ConvertStream(
     const wprep::v1::StreamRequestHeader& header, absl::Span<const uint8_t> input,
     std::string* output, const StreamOptions& options) {
+  const PlaceOutput whole = [output](uint64_t total) {
+    output->resize(total);
+    return reinterpret_cast<uint8_t*>(output->data());
+  };
+  const int64_t d0 = header.logical_shape_size() >= 3 ? header.logical_shape(0) : 0;
+  const int parts = static_cast<int>(std::min<int64_t>(static_cast<int64_t>(stubs_.size()), d0));
+  if (parts < 2 || input.size() < options.stripe_min_bytes) {
+    return StreamOne(*stubs_.front(), header, input, whole, options);
+  }
+  // Striped: the full tensor's plan first (its output shape, strides and sizes), then one
+  // stream per part of the first dim, each writing its own range of the output.
+  wprep::v1::PlanRequest plan_req;
+  *plan_req.mutable_spec() = header.spec();
+  *plan_req.mutable_logical_shape() = header.logical_shape();
+  absl::StatusOr<wprep::v1::PlanResponse> plan = Plan(plan_req, options);
+  if (!plan.ok()) return plan.status();
+  if (plan->input_bytes() != input.size() || plan->input_bytes() % d0 != 0 ||
+      plan->output_bytes() % d0 != 0) {
+    return StreamOne(*stubs_.front(), header, input, whole, options);  // the daemon explains
+  }
+  const uint64_t in_per = plan->input_bytes() / static_cast<uint64_t>(d0);
+  const uint64_t out_per = plan->output_bytes() / static_cast<uint64_t>(d0);
+  output->resize(plan->output_bytes());
+  uint8_t* out = reinterpret_cast<uint8_t*>(output->data());
+  std::vector<absl::StatusOr<wprep::v1::StreamResponseHeader>> results(
+      static_cast<size_t>(parts), absl::UnknownError("not run"));
+  std::vector<std::thread> threads;
+  int64_t first = 0;
+  for (int i = 0; i < parts; ++i) {
+    const int64_t count = d0 / parts + (i < d0 % parts ? 1 : 0);
+    threads.emplace_back([&, i, first, count] {
+      wprep::v1::StreamRequestHeader h = header;
+      h.set_logical_shape(0, count);
+      const uint64_t want = out_per * static_cast<uint64_t>(count);
+      uint8_t* dst = out + out_per * static_cast<uint64_t>(first);
+      results[static_cast<size_t>(i)] = StreamOne(
+          *stubs_[static_cast<size_t>(i)], h,
+          input.subspan(in_per * static_cast<uint64_t>(first), in_per * static_cast<uint64_t>(count)),
+          [dst, want](uint64_t total) { return total == want ? dst : nullptr; }, options);
+    });
+    first += count;
+  }
+  for (std::thread& t : threads) t.join();
+  for (const auto& r : results) {
+    if (!r.ok()) return r.status();
+  }
+  wprep::v1::StreamResponseHeader rh;
+  *rh.mutable_output_shape() = plan->output_shape();
+  *rh.mutable_output_strides() = plan->output_strides();
+  rh.set_output_bytes(plan->output_bytes());
+  rh.set_input_bytes(plan->input_bytes());
+  rh.set_engine(results.front()->engine());
+  return rh;
+}
+
+absl::StatusOr<wprep::v1::StreamResponseHeader> Client::StreamOne(
+    wprep::v1::WeightPrep::Stub& stub, const wprep::v1::StreamRequestHeader& header,
+    absl::Span<const uint8_t> input, const PlaceOutput& place, const StreamOptions& options) {
   grpc::ClientContext ctx;
   ApplyOptions(options, &ctx);
-  auto stream = stub_->ConvertStream(&ctx);
+  auto stream = stub.ConvertStream(&ctx);
   // The writer runs beside the reader: the daemon answers slices while input still flows,
   // and a full window in one direction must not block the other.
   std::thread writer([&] {
@@ -103,21 +171,28 @@ absl::StatusOr<wprep::v1::StreamResponseHeader> Client::ConvertStream(
   wprep::v1::StreamResponseHeader rh;
   bool have_header = false;
   absl::Status local;
+  uint8_t* out = nullptr;
   uint64_t got = 0;
   while (stream->Read(&msg)) {
     if (msg.has_header()) {
       rh = msg.header();
       have_header = true;
-      output->resize(rh.output_bytes());
+      out = place(rh.output_bytes());
+      if (out == nullptr && rh.output_bytes() > 0) {
+        local = absl::DataLossError(absl::StrCat("daemon announced ", rh.output_bytes(),
+                                                 " output bytes for a stripe of another size"));
+        ctx.TryCancel();
+        break;
+      }
     } else if (msg.has_chunk()) {
       const auto& c = msg.chunk();
-      if (!have_header || c.offset() != got || c.data().size() > output->size() - got) {
+      if (!have_header || c.offset() != got || c.data().size() > rh.output_bytes() - got) {
         local = absl::DataLossError(absl::StrCat("daemon sent an out-of-order chunk at offset ",
                                                  c.offset(), " after ", got, " bytes"));
         ctx.TryCancel();
         break;
       }
-      std::copy(c.data().begin(), c.data().end(), output->begin() + static_cast<int64_t>(got));
+      std::copy(c.data().begin(), c.data().end(), out + got);
       got += c.data().size();
     }
   }
@@ -136,7 +211,7 @@ absl::StatusOr<wprep::v1::ListDevicesResponse> Client::ListDevices(const CallOpt
   grpc::ClientContext ctx;
   ApplyOptions(options, &ctx);
   wprep::v1::ListDevicesResponse resp;
-  grpc::Status s = stub_->ListDevices(&ctx, wprep::v1::ListDevicesRequest(), &resp);
+  grpc::Status s = stubs_.front()->ListDevices(&ctx, wprep::v1::ListDevicesRequest(), &resp);
   if (!s.ok()) return FromGrpcStatus(s);
   return resp;
 }
@@ -146,7 +221,7 @@ absl::StatusOr<wprep::v1::ReleaseIpcHandlesResponse> Client::ReleaseIpcHandles(
   grpc::ClientContext ctx;
   ApplyOptions(options, &ctx);
   wprep::v1::ReleaseIpcHandlesResponse resp;
-  grpc::Status s = stub_->ReleaseIpcHandles(&ctx, request, &resp);
+  grpc::Status s = stubs_.front()->ReleaseIpcHandles(&ctx, request, &resp);
   if (!s.ok()) return FromGrpcStatus(s);
   return resp;
 }
