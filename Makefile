@@ -11,7 +11,7 @@ ifeq ($(shell command -v nvcc),)
   endif
 endif
 
-.PHONY: all deps build test test-unit test-sanitize run bench gpu-bundle clean
+.PHONY: all deps build test test-unit test-sanitize run bench soak-memory gpu-bundle clean
 
 all: build
 
@@ -48,6 +48,11 @@ run: build
 # Conversion timings next to a copy of the same bytes (GPU when present, and the CPU).
 bench: build
 	$(BUILD)/bench/wprep_bench $(ARGS)
+
+# wprepd's host RSS and device memory before, during and after 10,000 mixed requests
+# (CPU engine; ARGS go to wprep_memory_soak, e.g. ARGS="--requests=2000").
+soak-memory: build
+	$(BUILD)/tests/server/wprep_memory_soak $(ARGS) -- --devices=cpu
 
 # Binaries + non-glibc shared libraries for the GPU machine (see scripts/gpu_bundle.sh).
 gpu-bundle: deps

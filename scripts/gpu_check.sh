@@ -3,7 +3,7 @@
 # every test binary (GPU tests included), compute-sanitizer on the CUDA engine tests, and
 # the benchmark. Full logs go to $OUT; a short table is printed last.
 # Env: WPREP_TESTS (glob of test binaries, default *_test), WPREP_SANITIZER, WPREP_BENCH,
-# WPREP_RPC_BENCH (0 skips), WPREP_BENCH_ARGS.
+# WPREP_RPC_BENCH, WPREP_SOAK (0 skips), WPREP_BENCH_ARGS.
 set -uo pipefail
 OUT=${OUT:-/tmp/wprep-gpu-check}
 mkdir -p "$OUT"
@@ -49,8 +49,14 @@ if [[ ${WPREP_RPC_BENCH:-1} == 1 && -x .bundle/bin/wprep_rpc_bench ]]; then
   summary+=("rpc bench rc=$?")
 fi
 
+if [[ ${WPREP_SOAK:-1} == 1 && -x .bundle/bin/wprep_memory_soak ]]; then
+  timeout 300 .bundle/bin/wprep_memory_soak > "$OUT/memory_soak.txt" 2>&1
+  summary+=("memory soak rc=$?")
+fi
+
 echo
 grep -E '^\[  FAILED  \]|Failure' "$OUT/tests.log" | head -20
-[[ -f $OUT/rpc_bench.txt ]] && tail -25 "$OUT/rpc_bench.txt"
+[[ -f $OUT/rpc_bench.txt ]] && grep -v '^daemon_log' "$OUT/rpc_bench.txt"
+[[ -f $OUT/memory_soak.txt ]] && tail -12 "$OUT/memory_soak.txt"
 [[ -f $OUT/bench.txt ]] && grep -E '^\||^GPU|^CPU' "$OUT/bench.txt"
 printf '%s\n' "${summary[@]}"
