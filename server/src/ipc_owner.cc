@@ -30,7 +30,9 @@ constexpr int kHandlesPerGpu = 2;
 
 #if WPREP_HAVE_CUDA
 // Two handles of fresh allocations on `ordinal` (2 MiB each: separate allocations, so the
-// handles differ wherever the allocation shows); empty on failure.
+// handles differ wherever the allocation shows); empty on failure. These are the daemon's
+// only device allocations outside the accounting allocator: made and freed once at start,
+// before SERVING, so no request's figures see them.
 std::vector<std::string> ExportHandles(int ordinal) {
   std::vector<std::string> out;
   if (cudaSetDevice(ordinal) != cudaSuccess) return {};
