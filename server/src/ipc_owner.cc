@@ -27,6 +27,8 @@ namespace {
 
 constexpr size_t kHandleBytes = 64;
 constexpr int kHandlesPerGpu = 2;
+constexpr char kFewerThanTwoGpus[] =
+    "fewer than two GPUs: no other served GPU a handle could be confused with";
 
 #if WPREP_HAVE_CUDA
 // Two handles of fresh allocations on `ordinal` (2 MiB each: separate allocations, so the
@@ -65,9 +67,8 @@ bool ChildHandles(const std::string& self_exe, const std::vector<int>& ordinals,
   posix_spawn_file_actions_adddup2(&actions, fds[1], STDOUT_FILENO);
   posix_spawn_file_actions_addclose(&actions, fds[0]);
   posix_spawn_file_actions_addclose(&actions, fds[1]);
-  const std::string flag = absl::StrCat("--export-ipc-handles=", absl::StrJoin(ordinals, ","));
   std::string arg0 = self_exe;
-  std::string arg1 = flag;
+  std::string arg1 = absl::StrCat("--export-ipc-handles=", absl::StrJoin(ordinals, ","));
   char* argv[] = {arg0.data(), arg1.data(), nullptr};
   pid_t pid = -1;
   const int rc = posix_spawn(&pid, self_exe.c_str(), &actions, nullptr, argv, environ);
@@ -108,10 +109,17 @@ bool ChildHandles(const std::string& self_exe, const std::vector<int>& ordinals,
     for (size_t g = 0; g < ordinals.size(); ++g) {
       if (ordinals[g] != ordinal) continue;
       for (size_t i = 1; i < f.size(); ++i) {
-        if (f[i].size() != 2 * kHandleBytes) continue;
-        std::string bytes = absl::HexStringToBytes(f[i]);
-        (*samples)[g].push_back(std::move(bytes));
+        if (f[i].size() == 2 * kHandleBytes) (*samples)[g].push_back(absl::HexStringToBytes(f[i]));
       }
+    }
+  }
+  // Without the child's handles of a GPU, that GPU's samples would all come from this
+  // process, and bytes that only name the process could pass for a GPU id.
+  for (size_t g = 0; g < ordinals.size(); ++g) {
+    if ((*samples)[g].size() != kHandlesPerGpu) {
+      *error = absl::StrCat("the handle-exporting child gave ", (*samples)[g].size(), " of ",
+                            kHandlesPerGpu, " handles for GPU ", ordinals[g]);
+      return false;
     }
   }
   return true;
@@ -128,9 +136,7 @@ IpcOwnerMap IpcOwnerMap::Disabled(std::string why) {
 
 IpcOwnerMap IpcOwnerMap::FromSamples(const std::vector<int>& ordinals,
                                      const std::vector<std::vector<std::string>>& samples) {
-  if (ordinals.size() < 2) {
-    return Disabled("fewer than two GPUs: no other served GPU a handle could be confused with");
-  }
+  if (ordinals.size() < 2) return Disabled(kFewerThanTwoGpus);
   if (samples.size() != ordinals.size()) return Disabled("no handle samples");
   for (const std::vector<std::string>& s : samples) {
     if (s.size() < 2) return Disabled("too few handle samples of a GPU");
@@ -165,9 +171,7 @@ IpcOwnerMap IpcOwnerMap::FromSamples(const std::vector<int>& ordinals,
 }
 
 IpcOwnerMap IpcOwnerMap::Calibrate(const std::string& self_exe, const std::vector<int>& ordinals) {
-  if (ordinals.size() < 2) {
-    return Disabled("fewer than two GPUs: no other served GPU a handle could be confused with");
-  }
+  if (ordinals.size() < 2) return Disabled(kFewerThanTwoGpus);
 #if !WPREP_HAVE_CUDA
   (void)self_exe;
   return Disabled("built without CUDA");

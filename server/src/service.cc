@@ -210,10 +210,11 @@ class StreamPipeline {
           return absl::OkStatus();
         }) {}
 
-  // An empty buffer (recycled when possible) for the next input slice.
-  std::string TakeBuffer() {
+  // An empty buffer (recycled when possible) with room for a `slice`-byte input slice.
+  std::string TakeBuffer(uint64_t slice) {
     std::string b = converter_.TakeBuffer();
     b.clear();
+    b.reserve(slice);
     return b;
   }
   absl::Status Push(std::string slice) { return converter_.Push(std::move(slice)); }
@@ -406,8 +407,7 @@ absl::Status WeightPrepService::DoConvertStream(
             absl::Span<const uint8_t>(reinterpret_cast<const uint8_t*>(in.data()), in.size()));
       },
       stream);
-  std::string pending = pipeline.TakeBuffer();
-  pending.reserve(slice);
+  std::string pending = pipeline.TakeBuffer(slice);
 
   while (stream->Read(&msg)) {
     if (msg.has_header()) {
@@ -448,8 +448,7 @@ absl::Status WeightPrepService::DoConvertStream(
       rest.remove_prefix(take);
       if (pending.size() == slice) {
         if (absl::Status s = pipeline.Push(std::move(pending)); !s.ok()) return pipeline.Abort(s);
-        pending = pipeline.TakeBuffer();
-        pending.reserve(slice);
+        pending = pipeline.TakeBuffer(slice);
       }
     }
   }

@@ -241,28 +241,11 @@ int main(int argc, char** argv) {
                 connections, Median(gbs), runs.c_str());
   }
   if (daemon != nullptr) {
-    // The daemon's own time per IPC->IPC request (its log's seconds=: handler entry to
-    // final status, kernel and stream sync included), by input size.
+    // From the daemon's log, in one pass: its own time per IPC->IPC request (seconds=:
+    // handler entry to final status, kernel and stream sync included) by input size, and
+    // the lines of the requests that opened IPC handles (ipc_open and the request after
+    // them) and of its first requests.
     std::map<std::string, std::vector<double>> handler_ms;
-    {
-      std::istringstream all(daemon->Log());
-      for (std::string line; std::getline(all, line);) {
-        if (line.find("event=request") == std::string::npos ||
-            line.find("transport=ipc_to_ipc code=OK") == std::string::npos) {
-          continue;
-        }
-        const size_t sp = line.find(" seconds="), bp = line.find(" bytes_in=");
-        if (sp == std::string::npos || bp == std::string::npos) continue;
-        const double sec = std::atof(line.c_str() + sp + 9);
-        handler_ms[line.substr(bp + 10, line.find(' ', bp + 10) - bp - 10)].push_back(sec * 1e3);
-      }
-    }
-    for (const auto& [bytes, v] : handler_ms) {
-      std::printf("daemon_handler_ipc_to_ipc_bytes_%s_p50_ms %.4f (of %zu)\n", bytes.c_str(),
-                  Median(v), v.size());
-    }
-    // The daemon's own account of the requests that opened IPC handles (ipc_open lines and
-    // the request line after them) and of its first requests.
     std::istringstream log(daemon->Log());
     bool after_open = false;
     int requests = 0;
@@ -273,6 +256,16 @@ int main(int argc, char** argv) {
         std::printf("daemon_log %s\n", line.c_str());
       }
       if (open || request) after_open = open;
+      const size_t sp = line.find(" seconds="), bp = line.find(" bytes_in=");
+      if (request && line.find("transport=ipc_to_ipc code=OK") != std::string::npos &&
+          sp != std::string::npos && bp != std::string::npos) {
+        const double sec = std::atof(line.c_str() + sp + 9);
+        handler_ms[line.substr(bp + 10, line.find(' ', bp + 10) - bp - 10)].push_back(sec * 1e3);
+      }
+    }
+    for (const auto& [bytes, v] : handler_ms) {
+      std::printf("daemon_handler_ipc_to_ipc_bytes_%s_p50_ms %.4f (of %zu)\n", bytes.c_str(),
+                  Median(v), v.size());
     }
   }
   return 0;

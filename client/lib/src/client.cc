@@ -17,6 +17,20 @@ void ApplyOptions(const CallOptions& o, grpc::ClientContext* ctx) {
   if (o.timeout) ctx->set_deadline(std::chrono::system_clock::now() + *o.timeout);
 }
 
+// One unary call of `method` on `stub`, its grpc::Status translated.
+template <typename Request, typename Response>
+absl::StatusOr<Response> Unary(wprep::v1::WeightPrep::Stub& stub,
+                               grpc::Status (wprep::v1::WeightPrep::Stub::*method)(
+                                   grpc::ClientContext*, const Request&, Response*),
+                               const Request& request, const CallOptions& options) {
+  grpc::ClientContext ctx;
+  ApplyOptions(options, &ctx);
+  Response resp;
+  grpc::Status s = (stub.*method)(&ctx, request, &resp);
+  if (!s.ok()) return FromGrpcStatus(s);
+  return resp;
+}
+
 }  // namespace
 
 void TuneHeapForStreaming() {
@@ -69,22 +83,12 @@ Client::Client(const std::string& target, int connections, int max_message_bytes
 
 absl::StatusOr<wprep::v1::PlanResponse> Client::Plan(const wprep::v1::PlanRequest& request,
                                                      const CallOptions& options) {
-  grpc::ClientContext ctx;
-  ApplyOptions(options, &ctx);
-  wprep::v1::PlanResponse resp;
-  grpc::Status s = stubs_.front()->Plan(&ctx, request, &resp);
-  if (!s.ok()) return FromGrpcStatus(s);
-  return resp;
+  return Unary(*stubs_.front(), &wprep::v1::WeightPrep::Stub::Plan, request, options);
 }
 
 absl::StatusOr<wprep::v1::ConvertResponse> Client::Convert(const wprep::v1::ConvertRequest& request,
                                                            const CallOptions& options) {
-  grpc::ClientContext ctx;
-  ApplyOptions(options, &ctx);
-  wprep::v1::ConvertResponse resp;
-  grpc::Status s = stubs_.front()->Convert(&ctx, request, &resp);
-  if (!s.ok()) return FromGrpcStatus(s);
-  return resp;
+  return Unary(*stubs_.front(), &wprep::v1::WeightPrep::Stub::Convert, request, options);
 }
 
 absl::StatusOr<wprep::v1::StreamResponseHeader> Client::ConvertStream(
@@ -208,22 +212,13 @@ absl::StatusOr<wprep::v1::StreamResponseHeader> Client::StreamOne(
 }
 
 absl::StatusOr<wprep::v1::ListDevicesResponse> Client::ListDevices(const CallOptions& options) {
-  grpc::ClientContext ctx;
-  ApplyOptions(options, &ctx);
-  wprep::v1::ListDevicesResponse resp;
-  grpc::Status s = stubs_.front()->ListDevices(&ctx, wprep::v1::ListDevicesRequest(), &resp);
-  if (!s.ok()) return FromGrpcStatus(s);
-  return resp;
+  return Unary(*stubs_.front(), &wprep::v1::WeightPrep::Stub::ListDevices,
+               wprep::v1::ListDevicesRequest(), options);
 }
 
 absl::StatusOr<wprep::v1::ReleaseIpcHandlesResponse> Client::ReleaseIpcHandles(
     const wprep::v1::ReleaseIpcHandlesRequest& request, const CallOptions& options) {
-  grpc::ClientContext ctx;
-  ApplyOptions(options, &ctx);
-  wprep::v1::ReleaseIpcHandlesResponse resp;
-  grpc::Status s = stubs_.front()->ReleaseIpcHandles(&ctx, request, &resp);
-  if (!s.ok()) return FromGrpcStatus(s);
-  return resp;
+  return Unary(*stubs_.front(), &wprep::v1::WeightPrep::Stub::ReleaseIpcHandles, request, options);
 }
 
 }  // namespace wprep::client
