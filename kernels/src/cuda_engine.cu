@@ -11,6 +11,69 @@
 #include "wprep/kernels/cuda_status.h"
 
 namespace wprep {
+namespace async_fetch {
+
+// Asynchronous fetch (sm_80+ cp.async): each thread copies the words its Fetch names
+// into its own slot of shared memory, kStages tiles ahead, so loads stay in flight
+// through the interleave and the stores of the tiles before them without holding
+// registers. Slots are thread-private (no barrier guards them): a thread reads its slot
+// back after cp.async.wait_group, and refills it only after the words were consumed.
+
+__device__ __forceinline__ void CpAsync16(uint32_t* dst, const uint8_t* src) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(src) : "memory");
+}
+__device__ __forceinline__ void CpAsync4(uint32_t* dst, const uint8_t* src) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(s), "l"(src) : "memory");
+}
+__device__ __forceinline__ void CpAsyncCommit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int kPending>
+__device__ __forceinline__ void CpAsyncWait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
+}
+
+inline constexpr int kSlotWords = 16 * kTileThreads;  // one thread's 16 words, for every thread
+
+// The loader of tiles::Regs's interface that targets a slot: 16-byte chunk c of thread
+// vt at words (c * kTileThreads + vt) * 4, so a warp's 16-byte copies and read-backs
+// are contiguous.
+struct SlotLoader {
+  uint32_t* slot;
+  int vt;
+  __device__ uint32_t* At(int k) const { return slot + ((k >> 2) * kTileThreads + vt) * 4 + (k & 3); }
+  template <int kWords>
+  __device__ void Row(int k, const uint8_t* src, int64_t valid, bool vec) {
+    if (vec && valid >= 4 * kWords) {
+      if constexpr (kWords % 4 == 0) {
+#pragma unroll
+        for (int i = 0; i < kWords / 4; ++i) CpAsync16(At(k + 4 * i), src + 16 * i);
+      } else {  // vec: 4-byte aligned at least
+#pragma unroll
+        for (int i = 0; i < kWords; ++i) CpAsync4(At(k + i), src + 4 * i);
+      }
+      return;
+    }
+    uint32_t w[kWords];  // edges and unaligned views: plain loads, as Regs does
+    tiles::LoadRowWords<kWords>(src, valid, w, vec);
+#pragma unroll
+    for (int i = 0; i < kWords; ++i) *At(k + i) = w[i];
+  }
+  __device__ void Word(int k, const uint8_t* p) { CpAsync4(At(k), p); }
+  __device__ void Read(tiles::Regs& r) const {
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      const uint4 v = *reinterpret_cast<const uint4*>(At(4 * c));
+      r.w[4 * c] = v.x;
+      r.w[4 * c + 1] = v.y;
+      r.w[4 * c + 2] = v.z;
+      r.w[4 * c + 3] = v.w;
+    }
+  }
+};
+
+}  // namespace async_fetch
+
 namespace {
 
 template <class T>
@@ -56,22 +119,85 @@ __global__ void __launch_bounds__(kTileThreads, T::kMinBlocks)
   }
 }
 
+// Dynamic shared memory of ConvertKernelAsync<T, kStages>: two windows, kStages slots.
+template <class T>
+constexpr int WindowWords() {
+  return T::kTwoStage ? (T::kSmemWords + 3) / 4 * 4 : 0;
+}
+template <class T, int kStages>
+constexpr size_t AsyncSmemBytes() {
+  return sizeof(uint32_t) * (2 * WindowWords<T>() + kStages * async_fetch::kSlotWords);
+}
+
+// Resident blocks the register budget must allow: as many as shared memory admits, up to
+// three (an H200 SM has 228 KiB: two windows and two slots take 66 KiB a block).
+template <class T, int kStages>
+constexpr int AsyncMinBlocks() {
+  return T::kTwoStage && kStages > 2 ? 2 : 3;
+}
+
+template <class T, int kStages>
+__global__ void __launch_bounds__(kTileThreads, (AsyncMinBlocks<T, kStages>()))
+    ConvertKernelAsync(const Geometry g, const uint8_t* __restrict__ in,
+                       uint8_t* __restrict__ out, tiles::Access access,
+                       uint32_t tiles_per_matrix, uint32_t num_tiles) {
+  extern __shared__ uint4 dynamic_smem[];
+  uint32_t* const windows = reinterpret_cast<uint32_t*>(dynamic_smem);
+  uint32_t* const slots = windows + 2 * WindowWords<T>();
+  const int vt = threadIdx.x;
+  auto context = [&](uint32_t t) {
+    const uint32_t e = t / tiles_per_matrix;
+    return T::Context(g, in, out, e, t - e * tiles_per_matrix);
+  };
+  // Every thread commits one group per call, fetched or not, so wait_group counts match.
+  auto fetch = [&](uint32_t t, int s) {
+    if (t < num_tiles) {
+      async_fetch::SlotLoader ld{slots + s * async_fetch::kSlotWords, vt};
+      T::Fetch(g, context(t), vt, access, ld);
+    }
+    async_fetch::CpAsyncCommit();
+  };
+  uint32_t t = blockIdx.x;
+  if (t >= num_tiles) return;
+#pragma unroll
+  for (int s = 0; s < kStages; ++s) fetch(t + s * gridDim.x, s);
+  int buf = 0, s = 0;
+  for (; t < num_tiles; t += gridDim.x) {
+    async_fetch::CpAsyncWait<kStages - 1>();
+    tiles::Regs cur;
+    async_fetch::SlotLoader{slots + s * async_fetch::kSlotWords, vt}.Read(cur);
+    const tiles::TileCtx ctx = context(t);
+    uint32_t* const window = windows + buf * WindowWords<T>();
+    T::Stage(g, ctx, vt, access, cur, window);
+    // Same double-buffer argument as ConvertKernel: one barrier per tile.
+    if constexpr (T::kTwoStage) __syncthreads();
+    // Stage has consumed the slot's words (its stores depend on them), so refill it.
+    fetch(t + kStages * gridDim.x, s);
+    if constexpr (T::kTwoStage) T::Store(g, ctx, vt, access, window);
+    buf ^= 1;
+    s = s + 1 == kStages ? 0 : s + 1;
+  }
+}
+
 // Tiles of one launch: indices stay below 2^31 (2^31 tiles of >= 4 KiB is 8 TiB).
 constexpr int64_t kMaxTiles = (int64_t{1} << 31) - 1;
 
-// Blocks of ConvertKernel<T> that fit on `device` (the current device) at once:
-// multiprocessors x resident blocks per multiprocessor, read once per kernel and device.
+// Blocks of `kernel` (T's kernel with kStages) that fit on `device` (the current
+// device) at once: multiprocessors x resident blocks per multiprocessor, read once per
+// kernel and device. Also raises the kernel's dynamic shared memory limit there.
 constexpr int kMaxDevices = 64;
-template <class T>
-int64_t MaxResidentBlocks(int device) {
+template <class T, int kStages, class Kernel>
+int64_t MaxResidentBlocks(int device, Kernel kernel, size_t smem) {
   static std::atomic<int64_t> cache[kMaxDevices];
   if (device < 0 || device >= kMaxDevices) return 1;
   int64_t n = cache[device].load(std::memory_order_relaxed);
   if (n == 0) {
     int sms = 0, per_sm = 0;
     if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess ||
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, ConvertKernel<T>, kTileThreads,
-                                                      0) != cudaSuccess) {
+        (smem > 0 && cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                          static_cast<int>(smem)) != cudaSuccess) ||
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kTileThreads, smem) !=
+            cudaSuccess) {
       cudaGetLastError();
     }
     n = int64_t{sms > 0 ? sms : 1} * (per_sm > 0 ? per_sm : 1);
@@ -98,12 +224,29 @@ struct Launcher {
       *too_many_tiles = num_tiles;
       return;
     }
-    // One wave of resident blocks; each loops over tiles (no partial last wave).
-    const int64_t max_blocks = MaxResidentBlocks<T>(device);
-    const unsigned blocks = static_cast<unsigned>(num_tiles < max_blocks ? num_tiles : max_blocks);
-    ConvertKernel<T><<<blocks, kTileThreads, 0, stream>>>(
-        g, in, out, access, static_cast<uint32_t>(tiles_per_matrix),
-        static_cast<uint32_t>(num_tiles));
+    Launch<T, T::kAsyncStages>(tiles_per_matrix, num_tiles);
+  }
+  template <class T, int kStages>
+  void Launch(int64_t tiles_per_matrix, int64_t num_tiles) const {
+    if constexpr (kStages > 0) {
+      constexpr size_t smem = AsyncSmemBytes<T, kStages>();
+      auto* kernel = ConvertKernelAsync<T, kStages>;
+      const int64_t max_blocks = MaxResidentBlocks<T, kStages>(device, kernel, smem);
+      const unsigned blocks =
+          static_cast<unsigned>(num_tiles < max_blocks ? num_tiles : max_blocks);
+      kernel<<<blocks, kTileThreads, smem, stream>>>(g, in, out, access,
+                                                     static_cast<uint32_t>(tiles_per_matrix),
+                                                     static_cast<uint32_t>(num_tiles));
+    } else {
+      // One wave of resident blocks; each loops over tiles (no partial last wave).
+      auto* kernel = ConvertKernel<T>;
+      const int64_t max_blocks = MaxResidentBlocks<T, 0>(device, kernel, 0);
+      const unsigned blocks =
+          static_cast<unsigned>(num_tiles < max_blocks ? num_tiles : max_blocks);
+      kernel<<<blocks, kTileThreads, 0, stream>>>(g, in, out, access,
+                                                  static_cast<uint32_t>(tiles_per_matrix),
+                                                  static_cast<uint32_t>(num_tiles));
+    }
   }
 };
 

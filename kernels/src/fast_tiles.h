@@ -55,8 +55,18 @@ WPREP_HD TileCtx MakeCtx(const Geometry& g, const uint8_t* in, uint8_t* out, int
 //   Stage(g, ctx, vt, acc, regs, smem)   registers -> smem (two-stage tiles) or -> the
 //                                        output (single-stage tiles);
 //   Store(g, ctx, vt, acc, smem)         smem -> the output (two-stage tiles).
+// A tile's Fetch writes its 16 words through a loader: Regs loads them into registers
+// now; the CUDA engine's asynchronous loader (cuda_engine.cu) copies them into shared
+// memory for a later tile iteration, so the same Fetch serves both.
+//   Row<kWords>(k, src, valid, vec)  words k.. from a row, as LoadRowWords;
+//   Word(k, p)                       word k from a 4-byte aligned, existing word.
 struct Regs {
   uint32_t w[16];
+  template <int kWords>
+  WPREP_HD void Row(int k, const uint8_t* src, int64_t valid, bool vec) {
+    LoadRowWords<kWords>(src, valid, w + k, vec);
+  }
+  WPREP_HD void Word(int k, const uint8_t* p) { w[k] = LoadWord(p); }
 };
 
 // ---------------------------------------------------------------------------------------
@@ -71,6 +81,10 @@ struct HopperMx1Tile {
   // Resident blocks the register budget must allow (measured best on an H200, see
   // docs/PERFORMANCE.md): the pack needs room, the unpack less.
   static constexpr int kMinBlocks = 3;
+  // Tiles fetched ahead through shared memory on the GPU (cuda_engine.cu). Swizzle: 1.17x
+  // the copy with 2 against 1.21x with none; unswizzle 1.53x against 1.25x (H200, 128 MiB,
+  // docs/PERFORMANCE.md).
+  static constexpr int kAsyncStages = kSwizzle ? 2 : 0;
 
   // Blocks per O row and O rows visited: all of O for swizzle; for unswizzle only blocks
   // that hold some of the tensor.
@@ -111,16 +125,17 @@ struct HopperMx1Tile {
 
   // Every lane reaches the block store (StoreBlock64). Loads stay per lane: L1 already
   // merges the four 16-byte loads of a block (quad-exchanged loads measured slower).
-  WPREP_HD static void Fetch(const Geometry& g, const TileCtx& ctx, int vt, Access acc, Regs& r) {
+  template <class Ld>
+  WPREP_HD static void Fetch(const Geometry& g, const TileCtx& ctx, int vt, Access acc, Ld& ld) {
     Unit u;
     const bool active = GetUnit(g, ctx, vt, &u);
     const int64_t rs = g.in_stride[0];
     if constexpr (kSwizzle) {
       if (!active) return;
-      LoadRowWords<8>(u.v0 > 0 ? ctx.in + u.r0 * rs + u.c0 : ctx.in, u.v0, r.w, acc.vec_in);
-      LoadRowWords<8>(u.v1 > 0 ? ctx.in + u.r1 * rs + u.c0 : ctx.in, u.v1, r.w + 8, acc.vec_in);
+      ld.template Row<8>(0, u.v0 > 0 ? ctx.in + u.r0 * rs + u.c0 : ctx.in, u.v0, acc.vec_in);
+      ld.template Row<8>(8, u.v1 > 0 ? ctx.in + u.r1 * rs + u.c0 : ctx.in, u.v1, acc.vec_in);
     } else {
-      if (active) LoadRowWords<16>(ctx.in + u.orow * rs + 64 * u.blk, 64, r.w, acc.vec_in);
+      if (active) ld.template Row<16>(0, ctx.in + u.orow * rs + 64 * u.blk, 64, acc.vec_in);
     }
   }
   WPREP_HD static void Stage(const Geometry& g, const TileCtx& ctx, int vt, Access acc,
@@ -144,10 +159,10 @@ struct HopperMx1Tile {
 };
 
 // Loads the two canonical micro-tiles of virtual thread vt (rows row_of(rg) + 0..7, bytes
-// col0 + 4*jg) into r.w[0..7] and r.w[8..15].
-template <class RowOf>
+// col0 + 4*jg) as words 0..7 and 8..15 of the loader.
+template <class RowOf, class Ld>
 WPREP_HD void FetchMicroTiles(const Geometry& g, const uint8_t* mat, int vt, int64_t col0,
-                              RowOf row_of, bool word, Regs& r) {
+                              RowOf row_of, bool word, Ld& ld) {
   WPREP_UNROLL
   for (int i = 0; i < 2; ++i) {
     int jg, rg;
@@ -158,13 +173,13 @@ WPREP_HD void FetchMicroTiles(const Geometry& g, const uint8_t* mat, int vt, int
     const uint8_t* p = mat + row0 * g.in_stride[0] + col;
     if (word && valid_col == 4 && row0 + 8 <= g.d0) {  // interior: eight plain word loads
       WPREP_UNROLL
-      for (int m = 0; m < 8; ++m) r.w[8 * i + m] = LoadWord(p + m * g.in_stride[0]);
+      for (int m = 0; m < 8; ++m) ld.Word(8 * i + m, p + m * g.in_stride[0]);
       continue;
     }
     WPREP_UNROLL
     for (int m = 0; m < 8; ++m) {
       const int64_t valid = row0 + m < g.d0 ? valid_col : 0;
-      LoadRowWords<1>(valid > 0 ? p + m * g.in_stride[0] : mat, valid, &r.w[8 * i + m], word);
+      ld.template Row<1>(8 * i + m, valid > 0 ? p + m * g.in_stride[0] : mat, valid, word);
     }
   }
 }
@@ -223,6 +238,9 @@ struct HopperMx2Tile {
   static constexpr bool kSwizzle = kOp == Op::kHopperSwizzle;
   // Swizzle needs 80 registers to pack without spilling; unswizzle fits 64 (4 blocks).
   static constexpr int kMinBlocks = kSwizzle ? 3 : 4;
+  // Fetching ahead through shared memory measured slower here (1.68-2.05x the copy
+  // against 1.45x for swizzle, 1.85x against 1.35x for unswizzle).
+  static constexpr int kAsyncStages = 0;
 
   WPREP_HD static int64_t TilesAlongCols(const Geometry& g) {
     return CeilDiv(kSwizzle ? g.q_cols_pad : g.q_cols, kWindow);
@@ -245,16 +263,17 @@ struct HopperMx2Tile {
     return ctx.b0 + 32 * (*blk >> 1) < g.q_cols_pad;
   }
 
-  WPREP_HD static void Fetch(const Geometry& g, const TileCtx& ctx, int vt, Access acc, Regs& r) {
+  template <class Ld>
+  WPREP_HD static void Fetch(const Geometry& g, const TileCtx& ctx, int vt, Access acc, Ld& ld) {
     if constexpr (kSwizzle) {
       const int64_t qc0 = ctx.b0;
       FetchMicroTiles(g, ctx.in, vt, ctx.a0 / 2, [qc0](int rg) { return 2 * qc0 + 8 * rg; },
-                      acc.word_in, r);
+                      acc.word_in, ld);
     } else {
       int orow_l, blk, r0;
       if (!OBlock(g, ctx, vt, &orow_l, &blk, &r0)) return;
-      LoadRowWords<16>(ctx.in + (ctx.a0 / 4 + orow_l) * g.in_stride[0] + 4 * ctx.b0 + 64 * blk,
-                       64, r.w, acc.vec_in);
+      ld.template Row<16>(0, ctx.in + (ctx.a0 / 4 + orow_l) * g.in_stride[0] + 4 * ctx.b0 + 64 * blk,
+                          64, acc.vec_in);
     }
   }
 
@@ -312,6 +331,7 @@ struct BlackwellTile {
   static constexpr bool kTwoStage = kOp != Op::kBlackwellRetile;
   static constexpr int kSmemWords = kTwoStage ? kWindowWords : 1;
   static constexpr int kMinBlocks = 4;
+  static constexpr int kAsyncStages = 0;  // fetching ahead measured no faster
   static constexpr int kChunksPerThread = kWindow * kWindow / kChunk / kTileThreads;  // 4
 
   // Windows cover the output tiling's padded extent (swizzle, retile) or the tensor.
@@ -335,11 +355,12 @@ struct BlackwellTile {
     *nl = q >> 3;
   }
 
-  WPREP_HD static void Fetch(const Geometry& g, const TileCtx& ctx, int vt, Access acc, Regs& r) {
+  template <class Ld>
+  WPREP_HD static void Fetch(const Geometry& g, const TileCtx& ctx, int vt, Access acc, Ld& ld) {
     if constexpr (kOp == Op::kBlackwellSwizzle) {
       const int64_t k0 = ctx.b0;
       FetchMicroTiles(g, ctx.in, vt, ctx.a0 / 2, [k0](int rg) { return 2 * k0 + 8 * rg; },
-                      acc.word_in, r);
+                      acc.word_in, ld);
     } else {
       // Input storage bytes with n < N and k < K/2; padding reads as 0.
       WPREP_UNROLL
@@ -348,8 +369,9 @@ struct BlackwellTile {
         Chunk(vt, i, &nl, &kc);
         const int64_t n = ctx.a0 + nl, k = ctx.b0 + 16 * kc;
         const int64_t valid = n < g.n ? ValidBytes(k, g.kp, kChunk) : 0;
-        LoadRowWords<4>(valid > 0 ? ctx.in + BlackwellOffset(g.in_tiling, g.in_stride, n, k) : ctx.in,
-                        valid, r.w + 4 * i, acc.vec_in);
+        ld.template Row<4>(4 * i,
+                           valid > 0 ? ctx.in + BlackwellOffset(g.in_tiling, g.in_stride, n, k) : ctx.in,
+                           valid, acc.vec_in);
       }
     }
   }

@@ -59,6 +59,7 @@ struct GenericTile {
   static constexpr int kSmemWords = kGenericTileBytes / 4;
   static constexpr bool kTwoStage = true;
   static constexpr int kMinBlocks = 4;
+  static constexpr int kAsyncStages = 0;  // all loads happen in Stage
   static constexpr int kWidth = kBlackwellTileN / 2;  // canonical bytes per window row
 
   // Windows over (n, k): the output tiling's padded extent for swizzle and retile, the
@@ -81,7 +82,8 @@ struct GenericTile {
   }
 
   // The fast-tile steps (fast_tiles.h): all input is read in Stage.
-  WPREP_HD static void Fetch(const Geometry&, const TileCtx&, int, Access, Regs&) {}
+  template <class Ld>
+  WPREP_HD static void Fetch(const Geometry&, const TileCtx&, int, Access, Ld&) {}
   WPREP_HD static void Stage(const Geometry& g, const TileCtx& ctx, int vt, Access, const Regs&,
                              uint32_t* smem) {
     const int tid = vt, nthreads = kTileThreads;
