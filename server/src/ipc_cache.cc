@@ -104,19 +104,9 @@ void IpcCache::ExpireLocked(absl::Time now) {
   }
 }
 
-absl::StatusOr<IpcCache::Lease> IpcCache::Acquire(int ordinal, absl::string_view handle,
-                                                  uint64_t offset, uint64_t size,
-                                                  absl::string_view field) {
-  if (handle.size() != 64) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        field, ".handle must be the 64 bytes of a cudaIpcMemHandle_t, got ", handle.size(),
-        " bytes"));
-  }
-#if !WPREP_HAVE_CUDA
-  (void)ordinal, (void)offset, (void)size;
-  return absl::InvalidArgumentError(absl::StrCat(field, ": this wprepd was built without CUDA"));
-#else
-  std::lock_guard<std::mutex> lock(mu_);
+#if WPREP_HAVE_CUDA
+absl::StatusOr<std::shared_ptr<IpcCache::Entry>> IpcCache::FindOrOpenLocked(
+    int ordinal, absl::string_view handle, absl::string_view field, bool* was_open) {
   // The memory must live on the GPU the request names: an opened mapping cannot tell (see
   // ipc_owner.h), the handle's own bytes can.
   if (std::optional<int> owner = owner_map_.Owner(handle); owner && *owner != ordinal) {
@@ -126,12 +116,13 @@ absl::StatusOr<IpcCache::Lease> IpcCache::Acquire(int ordinal, absl::string_view
         "; send the UUID of the GPU that holds the allocation (ListDevices maps ordinals to "
         "UUIDs)"));
   }
-  const absl::Time now = absl::Now();
-  ExpireLocked(now);
+  ExpireLocked(absl::Now());
   const Key key(ordinal, std::string(handle));
   std::shared_ptr<Entry> entry;
+  *was_open = false;
   if (auto it = entries_.find(key); it != entries_.end()) {
     entry = it->second;
+    *was_open = true;
     if (metrics_ != nullptr) metrics_->IpcCacheHit();
   } else {
     if (metrics_ != nullptr) metrics_->IpcCacheMiss();
@@ -195,6 +186,31 @@ absl::StatusOr<IpcCache::Lease> IpcCache::Acquire(int ordinal, absl::string_view
             absl::StrCat("ordinal=", ordinal, " bytes=", entry->avail,
                          " seconds=", absl::ToDoubleSeconds(absl::Now() - open_start)));
   }
+  entry->last_used = absl::Now();
+  return entry;
+}
+#endif
+
+absl::Status IpcCache::CheckHandleSize(absl::string_view handle, absl::string_view field) {
+  if (handle.size() == 64) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      field, ".handle must be the 64 bytes of a cudaIpcMemHandle_t, got ", handle.size(),
+      " bytes"));
+}
+
+absl::StatusOr<IpcCache::Lease> IpcCache::Acquire(int ordinal, absl::string_view handle,
+                                                  uint64_t offset, uint64_t size,
+                                                  absl::string_view field) {
+  if (absl::Status s = CheckHandleSize(handle, field); !s.ok()) return s;
+#if !WPREP_HAVE_CUDA
+  (void)ordinal, (void)offset, (void)size;
+  return absl::InvalidArgumentError(absl::StrCat(field, ": this wprepd was built without CUDA"));
+#else
+  std::lock_guard<std::mutex> lock(mu_);
+  bool was_open = false;
+  absl::StatusOr<std::shared_ptr<Entry>> found = FindOrOpenLocked(ordinal, handle, field, &was_open);
+  if (!found.ok()) return found.status();
+  std::shared_ptr<Entry> entry = *std::move(found);
   if (offset > entry->avail || size > entry->avail - offset) {
     return absl::InvalidArgumentError(absl::StrCat(
         field, ": offset ", offset, " + size ", size, " reaches beyond the allocation behind ",
@@ -202,12 +218,29 @@ absl::StatusOr<IpcCache::Lease> IpcCache::Acquire(int ordinal, absl::string_view
   }
   entry->refs++;
   entry->release_pending = false;
-  entry->last_used = now;
   Lease lease;
   lease.cache_ = this;
   lease.entry_ = entry;
   lease.ptr_ = static_cast<uint8_t*>(entry->base) + offset;
   return lease;
+#endif
+}
+
+absl::StatusOr<IpcCache::Registration> IpcCache::Register(int ordinal, absl::string_view handle,
+                                                          absl::string_view field) {
+  if (absl::Status s = CheckHandleSize(handle, field); !s.ok()) return s;
+#if !WPREP_HAVE_CUDA
+  (void)ordinal;
+  return absl::InvalidArgumentError(absl::StrCat(field, ": this wprepd was built without CUDA"));
+#else
+  std::lock_guard<std::mutex> lock(mu_);
+  Registration r;
+  absl::StatusOr<std::shared_ptr<Entry>> entry = FindOrOpenLocked(ordinal, handle, field, &r.was_open);
+  if (!entry.ok()) return entry.status();
+  // A registration asks for the mapping to stay: a pending release no longer applies.
+  (*entry)->release_pending = false;
+  r.allocation_bytes = (*entry)->avail;
+  return r;
 #endif
 }
 

@@ -48,6 +48,7 @@ const char* MethodName(Method m) {
     case Method::kConvert: return "Convert";
     case Method::kConvertStream: return "ConvertStream";
     case Method::kListDevices: return "ListDevices";
+    case Method::kRegisterIpcHandles: return "RegisterIpcHandles";
     case Method::kReleaseIpcHandles: return "ReleaseIpcHandles";
   }
   return "unknown";

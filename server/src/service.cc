@@ -495,6 +495,45 @@ grpc::Status WeightPrepService::ListDevices(grpc::ServerContext* ctx, const v1::
   return scope.Finish(absl::OkStatus());
 }
 
+namespace {
+
+// The daemon ordinal of the GPU an IpcHandleRef names, after checking its handle length.
+absl::StatusOr<int> HandleRefOrdinal(const v1::IpcHandleRef& h, const std::string& field,
+                                     DeviceManager& devices) {
+  if (h.handle().size() != 64) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        field, ".handle must be the 64 bytes of a cudaIpcMemHandle_t, got ", h.handle().size()));
+  }
+  absl::StatusOr<Uuid> u = UuidFromBytes(h.device_uuid(), field + ".device_uuid");
+  if (!u.ok()) return u.status();
+  absl::StatusOr<Gpu*> g = devices.FindByUuid(*u, field + ".device_uuid");
+  if (!g.ok()) return g.status();
+  return (*g)->info().ordinal;
+}
+
+}  // namespace
+
+grpc::Status WeightPrepService::RegisterIpcHandles(grpc::ServerContext* ctx,
+                                                   const v1::RegisterIpcHandlesRequest* req,
+                                                   v1::RegisterIpcHandlesResponse* resp) {
+  Scope scope(Method::kRegisterIpcHandles, ctx, metrics_);
+  absl::StatusOr<Admission::Ticket> ticket = admission_->Enter();
+  if (!ticket.ok()) return scope.Finish(ticket.status());
+  uint32_t already_open = 0;
+  for (int i = 0; i < req->handles_size(); ++i) {
+    const v1::IpcHandleRef& h = req->handles(i);
+    const std::string field = absl::StrCat("handles[", i, "]");
+    absl::StatusOr<int> ordinal = HandleRefOrdinal(h, field, *devices_);
+    if (!ordinal.ok()) return scope.Finish(ordinal.status());
+    absl::StatusOr<IpcCache::Registration> r = ipc_->Register(*ordinal, h.handle(), field);
+    if (!r.ok()) return scope.Finish(r.status());
+    resp->add_allocation_bytes(r->allocation_bytes);
+    already_open += r->was_open ? 1 : 0;
+  }
+  resp->set_already_open(already_open);
+  return scope.Finish(absl::OkStatus());
+}
+
 grpc::Status WeightPrepService::ReleaseIpcHandles(grpc::ServerContext* ctx,
                                                   const v1::ReleaseIpcHandlesRequest* req,
                                                   v1::ReleaseIpcHandlesResponse* resp) {
@@ -503,17 +542,10 @@ grpc::Status WeightPrepService::ReleaseIpcHandles(grpc::ServerContext* ctx,
   if (!ticket.ok()) return scope.Finish(ticket.status());
   uint32_t released = 0, deferred = 0;
   for (int i = 0; i < req->handles_size(); ++i) {
-    const v1::IpcHandleRef& h = req->handles(i);
-    const std::string field = absl::StrCat("handles[", i, "]");
-    if (h.handle().size() != 64) {
-      return scope.Finish(absl::InvalidArgumentError(absl::StrCat(
-          field, ".handle must be the 64 bytes of a cudaIpcMemHandle_t, got ", h.handle().size())));
-    }
-    absl::StatusOr<Uuid> u = UuidFromBytes(h.device_uuid(), field + ".device_uuid");
-    if (!u.ok()) return scope.Finish(u.status());
-    absl::StatusOr<Gpu*> g = devices_->FindByUuid(*u, field + ".device_uuid");
-    if (!g.ok()) return scope.Finish(g.status());
-    auto [r, d] = ipc_->Release((*g)->info().ordinal, h.handle());
+    absl::StatusOr<int> ordinal =
+        HandleRefOrdinal(req->handles(i), absl::StrCat("handles[", i, "]"), *devices_);
+    if (!ordinal.ok()) return scope.Finish(ordinal.status());
+    auto [r, d] = ipc_->Release(*ordinal, req->handles(i).handle());
     released += r;
     deferred += d;
   }

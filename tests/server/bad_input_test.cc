@@ -148,6 +148,20 @@ std::vector<BadCase> Table() {
                  return c.ReleaseIpcHandles(r).status();
                },
                absl::StatusCode::kInvalidArgument, "not a GPU this daemon serves"});
+  t.push_back({"unknown UUID in RegisterIpcHandles", [](Client& c) {
+                 v1::RegisterIpcHandlesRequest r;
+                 r.add_handles()->set_handle(std::string(64, '\x01'));
+                 r.mutable_handles(0)->set_device_uuid(std::string(16, '\x42'));
+                 return c.RegisterIpcHandles(r).status();
+               },
+               absl::StatusCode::kInvalidArgument, "not a GPU this daemon serves"});
+  t.push_back({"short handle in RegisterIpcHandles", [](Client& c) {
+                 v1::RegisterIpcHandlesRequest r;
+                 r.add_handles()->set_handle("short");
+                 r.mutable_handles(0)->set_device_uuid(std::string(16, '\x42'));
+                 return c.RegisterIpcHandles(r).status();
+               },
+               absl::StatusCode::kInvalidArgument, "handles[0].handle must be the 64 bytes"});
   t.push_back({"truncated stream", [](Client& c) {
                  return RawStream(c, {HeaderMsg({256, 128}), ChunkMsg(0, 1000)});
                },

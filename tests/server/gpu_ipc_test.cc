@@ -179,6 +179,21 @@ TEST(GpuIpc, RepeatedHandlesHitTheCache) {
   EXPECT_EQ(MetricValue(m, "wprep_ipc_cache_entries"), misses);
 }
 
+TEST(GpuIpc, RegisteredHandlesOpenOnceAndEveryConvertHits) {
+  SKIP_WITHOUT_GPUS(1);
+  auto d = StartGpuDaemon();
+  ASSERT_NE(d, nullptr);
+  auto [rc, out] = RunHelper({"--target=" + d->unix_target(), "--mode=ipc2ipc", "--register", "--no-release"});
+  ASSERT_EQ(rc, 0) << out << d->Log();
+  EXPECT_NE(out.find("OK registered="), std::string::npos) << out;
+  const std::string m = Metrics(*d);
+  const double misses = MetricValue(m, "wprep_ipc_cache_misses_total").value_or(-1);
+  // The first registration opens every handle; the second and the Converts only hit.
+  EXPECT_GT(misses, 0);
+  EXPECT_EQ(MetricValue(m, "wprep_ipc_cache_hits_total"), 2 * misses) << m;
+  EXPECT_EQ(MetricValue(m, "wprep_ipc_cache_entries"), misses);
+}
+
 TEST(GpuIpc, ReleaseIpcHandlesEmptiesTheCache) {
   SKIP_WITHOUT_GPUS(1);
   auto d = StartGpuDaemon();

@@ -4,7 +4,7 @@
 // check passed, 1 on a failed check, 2 on bad usage, 3 when it has no GPU.
 //
 //   wprep_ipc_client --target=unix:///path --mode=ipc2ipc|bytes2ipc|ipc2bytes
-//       [--alloc-device=N] [--current-device=M] [--repeat=R] [--no-release]
+//       [--alloc-device=N] [--current-device=M] [--repeat=R] [--no-release] [--register]
 //   wprep_ipc_client --target=... --mode=bad-garbage|bad-beyond|bad-wrong-uuid
 //   wprep_ipc_client --target=... --mode=loop-big      (converts until killed)
 #include <cstdio>
@@ -45,6 +45,7 @@ struct Args {
   std::string target, mode;
   int alloc_device = 0, current_device = -1, repeat = 1;
   bool release = true;
+  bool register_first = false;  // RegisterIpcHandles (twice) before converting
 };
 
 // One device allocation with a tensor at `offset`, and its IPC handle.
@@ -107,6 +108,38 @@ int RunCases(const Args& a, wprep::client::Client& client, const std::string& uu
   }
   const bool src_ipc = a.mode != "bytes2ipc";
   const bool dst_ipc = a.mode != "ipc2bytes";
+  if (a.register_first) {
+    // Registers the buffers the mode sends as IPC, twice: the first call opens every
+    // one, the second finds every one open; both report each allocation's real size.
+    v1::RegisterIpcHandlesRequest reg;
+    std::vector<const DeviceBuffer*> sent;
+    for (const Item& it : items) {
+      if (src_ipc) sent.push_back(&it.in);
+      if (dst_ipc) sent.push_back(&it.out);
+    }
+    for (const DeviceBuffer* b : sent) {
+      v1::IpcHandleRef* h = reg.add_handles();
+      h->set_handle(b->handle);
+      h->set_device_uuid(uuid);
+    }
+    for (uint32_t expect_open : {0u, static_cast<uint32_t>(sent.size())}) {
+      absl::StatusOr<v1::RegisterIpcHandlesResponse> r = client.RegisterIpcHandles(reg);
+      if (!r.ok()) return Fail(absl::StrCat("RegisterIpcHandles: ", r.status().ToString()));
+      if (r->already_open() != expect_open || r->allocation_bytes_size() != static_cast<int>(sent.size())) {
+        return Fail(absl::StrCat("RegisterIpcHandles: already_open=", r->already_open(), " sizes=",
+                                 r->allocation_bytes_size(), ", expected ", expect_open, " and ",
+                                 sent.size()));
+      }
+      for (size_t i = 0; i < sent.size(); ++i) {
+        // cudaMalloc may round an allocation up, never down.
+        if (r->allocation_bytes(i) < sent[i]->alloc || r->allocation_bytes(i) > sent[i]->alloc + (2 << 20)) {
+          return Fail(absl::StrCat("RegisterIpcHandles: allocation ", i, " reported as ",
+                                   r->allocation_bytes(i), " bytes, allocated ", sent[i]->alloc));
+        }
+      }
+    }
+    std::printf("OK registered=%zu\n", sent.size());
+  }
   int converted = 0;
   for (int rep = 0; rep < a.repeat; ++rep) {
     for (Item& it : items) {
@@ -277,6 +310,7 @@ int main(int argc, char** argv) {
     else if (const char* v = val("--current-device=")) a.current_device = std::atoi(v);
     else if (const char* v = val("--repeat=")) a.repeat = std::atoi(v);
     else if (s == "--no-release") a.release = false;
+    else if (s == "--register") a.register_first = true;
     else {
       std::fprintf(stderr, "unknown argument %s\n", argv[i]);
       return 2;

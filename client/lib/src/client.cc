@@ -216,6 +216,11 @@ absl::StatusOr<wprep::v1::ListDevicesResponse> Client::ListDevices(const CallOpt
                wprep::v1::ListDevicesRequest(), options);
 }
 
+absl::StatusOr<wprep::v1::RegisterIpcHandlesResponse> Client::RegisterIpcHandles(
+    const wprep::v1::RegisterIpcHandlesRequest& request, const CallOptions& options) {
+  return Unary(*stubs_.front(), &wprep::v1::WeightPrep::Stub::RegisterIpcHandles, request, options);
+}
+
 absl::StatusOr<wprep::v1::ReleaseIpcHandlesResponse> Client::ReleaseIpcHandles(
     const wprep::v1::ReleaseIpcHandlesRequest& request, const CallOptions& options) {
   return Unary(*stubs_.front(), &wprep::v1::WeightPrep::Stub::ReleaseIpcHandles, request, options);

@@ -56,6 +56,15 @@ class IpcCache {
   absl::StatusOr<Lease> Acquire(int ordinal, absl::string_view handle, uint64_t offset,
                                 uint64_t size, absl::string_view field);
 
+  // Opens (or keeps) the mapping of `handle` on `ordinal` ahead of the requests that will
+  // use it, with Acquire's checks but no range; it stays in the cache like any other.
+  struct Registration {
+    uint64_t allocation_bytes = 0;  // from the handle's base to the end of the allocation
+    bool was_open = false;          // mapped already
+  };
+  absl::StatusOr<Registration> Register(int ordinal, absl::string_view handle,
+                                        absl::string_view field);
+
   // Sets which GPU each handle's memory lives on (from IpcOwnerMap::Calibrate); until
   // then, and when the map is off, a handle is opened on the GPU the request names.
   void SetOwnerMap(IpcOwnerMap map);
@@ -73,6 +82,12 @@ class IpcCache {
 
  private:
   using Key = std::pair<int, std::string>;
+  static absl::Status CheckHandleSize(absl::string_view handle, absl::string_view field);
+  // The cached entry of (ordinal, handle), opened (and range-probed) if new, after the
+  // owner check; its last use is now.
+  absl::StatusOr<std::shared_ptr<Entry>> FindOrOpenLocked(int ordinal, absl::string_view handle,
+                                                          absl::string_view field, bool* was_open)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Unref(const std::shared_ptr<Entry>& entry);
   void ExpireLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void CloseEntry(Entry& entry);

@@ -25,7 +25,14 @@ class Exposer;
 
 namespace wprep::server {
 
-enum class Method { kPlan, kConvert, kConvertStream, kListDevices, kReleaseIpcHandles };
+enum class Method {
+  kPlan,
+  kConvert,
+  kConvertStream,
+  kListDevices,
+  kRegisterIpcHandles,
+  kReleaseIpcHandles,
+};
 // How the bytes travel: inline protobuf bytes or CUDA IPC, source to destination.
 enum class Transport { kNone, kBytesToBytes, kBytesToIpc, kIpcToBytes, kIpcToIpc, kStream };
 

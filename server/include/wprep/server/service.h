@@ -35,6 +35,9 @@ class WeightPrepService final : public wprep::v1::WeightPrep::Service {
       override;
   grpc::Status ListDevices(grpc::ServerContext* ctx, const wprep::v1::ListDevicesRequest* req,
                            wprep::v1::ListDevicesResponse* resp) override;
+  grpc::Status RegisterIpcHandles(grpc::ServerContext* ctx,
+                                  const wprep::v1::RegisterIpcHandlesRequest* req,
+                                  wprep::v1::RegisterIpcHandlesResponse* resp) override;
   grpc::Status ReleaseIpcHandles(grpc::ServerContext* ctx,
                                  const wprep::v1::ReleaseIpcHandlesRequest* req,
                                  wprep::v1::ReleaseIpcHandlesResponse* resp) override;

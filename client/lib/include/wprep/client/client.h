@@ -73,6 +73,10 @@ class Client {
       const wprep::v1::StreamRequestHeader& header, absl::Span<const uint8_t> input,
       std::string* output, const StreamOptions& options = {});
   absl::StatusOr<wprep::v1::ListDevicesResponse> ListDevices(const CallOptions& options = {});
+  // Maps IPC allocations in the daemon ahead of the Converts that use them (see the
+  // .proto): register a pool of buffers once, and no Convert pays for opening them.
+  absl::StatusOr<wprep::v1::RegisterIpcHandlesResponse> RegisterIpcHandles(
+      const wprep::v1::RegisterIpcHandlesRequest& request, const CallOptions& options = {});
   absl::StatusOr<wprep::v1::ReleaseIpcHandlesResponse> ReleaseIpcHandles(
       const wprep::v1::ReleaseIpcHandlesRequest& request, const CallOptions& options = {});
 
