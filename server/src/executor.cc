@@ -141,12 +141,13 @@ class KernelTimer {
   void Stop() {
     if (ok_) ok_ = cudaEventRecord(stop_, stream_) == cudaSuccess;
   }
-  // After the stream is synchronized.
-  void Report(prometheus::Histogram* h) {
+  // After the stream is synchronized: observes the kernel's seconds in `h` and returns
+  // them (nullopt when the events failed).
+  std::optional<double> Report(prometheus::Histogram* h) {
     float ms = 0;
-    if (ok_ && h != nullptr && cudaEventElapsedTime(&ms, start_, stop_) == cudaSuccess) {
-      h->Observe(ms / 1e3);
-    }
+    if (!ok_ || cudaEventElapsedTime(&ms, start_, stop_) != cudaSuccess) return std::nullopt;
+    if (h != nullptr) h->Observe(ms / 1e3);
+    return ms / 1e3;
   }
   ~KernelTimer() {
     if (start_ != nullptr) cudaEventDestroy(start_);
@@ -389,7 +390,7 @@ absl::Status Executor::RunOnGpu(Gpu& gpu, const Plan& plan, const ConvertInput& 
   if (!output.ipc && pin_out.data() != nullptr) {
     output.bytes->assign(reinterpret_cast<const char*>(pin_out.data()), plan.output_bytes);
   }
-  timer.Report(gpu.metrics()->kernel_seconds);
+  outcome->kernel_seconds = timer.Report(gpu.metrics()->kernel_seconds);
   gpu.metrics()->converted_bytes->Increment(static_cast<double>(plan.output_bytes));
   outcome->peak_extra_device_bytes = mem.peak();
   return absl::OkStatus();

@@ -38,6 +38,7 @@ class WeightPrepService::Scope {
     record_.direction = spec.direction;
   }
   void SetTransport(Transport t) { record_.transport = t; }
+  void SetKernelSeconds(std::optional<double> s) { kernel_seconds_ = s; }
   void SetResult(uint64_t bytes_in, uint64_t bytes_out, const std::string& engine,
                  std::optional<uint64_t> peak) {
     bytes_in_ = bytes_in;
@@ -69,6 +70,7 @@ class WeightPrepService::Scope {
         " code=", absl::StatusCodeToString(status.code()),
         " seconds=", record_.seconds, " bytes_in=", bytes_in_, " bytes_out=", bytes_out_);
     if (!engine_.empty()) absl::StrAppend(&fields, " engine=", engine_);
+    if (kernel_seconds_) absl::StrAppend(&fields, " kernel_seconds=", *kernel_seconds_);
     if (!status.ok()) absl::StrAppend(&fields, " error=", LogQuote(status.message()));
     LogLine(status.ok() ? LogLevel::kInfo : LogLevel::kWarning, "request", fields);
     return ToGrpcStatus(status);
@@ -82,6 +84,7 @@ class WeightPrepService::Scope {
   RequestRecord record_;
   uint64_t bytes_in_ = 0, bytes_out_ = 0;
   std::string engine_;
+  std::optional<double> kernel_seconds_;
 };
 
 namespace {
@@ -344,6 +347,7 @@ absl::Status WeightPrepService::DoConvert(grpc::ServerContext* ctx, const v1::Co
   resp->set_peak_extra_device_bytes(outcome->peak_extra_device_bytes);
   scope.SetResult(outcome->plan.input_bytes, outcome->plan.output_bytes, outcome->engine,
                   outcome->peak_extra_device_bytes);
+  scope.SetKernelSeconds(outcome->kernel_seconds);
   return absl::OkStatus();
 }
 

@@ -63,9 +63,11 @@ wprep::ConversionSpec HopperMx2Swizzle() {
   } while (0)
 
 // IPC->IPC p50 of `shape` next to the kernel's p50; `first_ms` receives the first call.
-// With `register_first`, the handles are registered (RegisterIpcHandles) before it.
+// With `register_first`, the handles are registered (RegisterIpcHandles) before it; with
+// `ping_first`, a ListDevices call goes just before the first Convert.
 bool BenchIpc(wprep::client::Client& client, const std::vector<int64_t>& shape, int iters,
-              const char* label, double* first_ms, bool register_first = false) {
+              const char* label, double* first_ms, bool register_first = false,
+              bool ping_first = false) {
   const wprep::ConversionSpec spec = HopperMx2Swizzle();
   absl::StatusOr<wprep::Plan> plan = wprep::MakePlan(spec, shape);
   if (!plan.ok()) return false;
@@ -105,6 +107,11 @@ bool BenchIpc(wprep::client::Client& client, const std::vector<int64_t>& shape, 
       return false;
     }
     std::printf("%s_register_two_handles_ms %.4f\n", label, Ms(Clock::now() - t0));
+  }
+  if (ping_first) {
+    const auto t0 = Clock::now();
+    if (!client.ListDevices().ok()) return false;
+    std::printf("%s_list_devices_ping_ms %.4f\n", label, Ms(Clock::now() - t0));
   }
   std::vector<double> rpc;
   double first = 0;
@@ -209,18 +216,29 @@ int main(int argc, char** argv) {
     if (!BenchIpc(client, {2048, 1024}, iters, "1MiB", nullptr)) return 1;
     if (!BenchIpc(client, {8192, 32768}, std::max(5, iters / 4), "128MiB", nullptr)) return 1;
     if (daemon != nullptr) {
-      // A second daemon whose first request brings unregistered handles.
-      std::string error;
-      std::unique_ptr<wprep::testing::Daemon> fresh = wprep::testing::Daemon::Start(daemon_args, &error);
-      if (fresh == nullptr || !fresh->WaitServing()) {
-        std::fprintf(stderr, "second wprepd did not start: %s\n", error.c_str());
-        return 1;
+      // Fresh daemons: one whose first Convert brings unregistered handles, and one
+      // whose first Convert follows a registration and a ListDevices call.
+      for (const bool registered : {false, true}) {
+        std::string error;
+        std::unique_ptr<wprep::testing::Daemon> fresh = wprep::testing::Daemon::Start(daemon_args, &error);
+        if (fresh == nullptr || !fresh->WaitServing()) {
+          std::fprintf(stderr, "another wprepd did not start: %s\n", error.c_str());
+          return 1;
+        }
+        wprep::client::Client fresh_client(wprep::client::MakeChannel(fresh->unix_target(), 512 << 20));
+        if (!fresh_client.ListDevices().ok()) return 1;
+        const char* label = registered ? "1MiB_fresh_daemon_registered_pinged" : "1MiB_fresh_daemon";
+        if (!BenchIpc(fresh_client, {2048, 1024}, iters, label, &first_ms, registered, registered)) return 1;
+        std::printf("first_convert_after_serving_%s_ms %.4f\n",
+                    registered ? "registered_then_pinged" : "unregistered", first_ms);
+        std::istringstream log(fresh->Log());
+        int lines = 0;
+        for (std::string line; std::getline(log, line) && lines < 4;) {
+          if (line.find("event=request") == std::string::npos) continue;
+          std::printf("fresh_daemon_log %s\n", line.c_str());
+          ++lines;
+        }
       }
-      wprep::client::Client fresh_client(wprep::client::MakeChannel(fresh->unix_target(), 512 << 20));
-      if (!fresh_client.ListDevices().ok()) return 1;
-      if (!BenchIpc(fresh_client, {2048, 1024}, iters, "1MiB_fresh_daemon", &first_ms)) return 1;
-      std::printf("first_request_after_serving_unregistered_ms %.4f (1 MiB IPC->IPC, opens the handles)\n",
-                  first_ms);
     }
 #endif
   } else {

@@ -45,6 +45,7 @@ struct ConvertOutcome {
   Plan plan;
   std::string engine;               // "cpu" or "cuda:GPU-..."
   uint64_t peak_extra_device_bytes = 0;
+  std::optional<double> kernel_seconds;  // the GPU kernel alone (CUDA events), GPU work only
 };
 
 // Converts a streamed tensor slice by slice (groups of whole leading-dim matrices), so
