@@ -1,6 +1,7 @@
 // The CUDA engine: one fused launch per conversion, the tile body from tiles.h.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <atomic>
 
 #include "absl/strings/str_cat.h"
@@ -179,6 +180,16 @@ __global__ void __launch_bounds__(kTileThreads, (AsyncMinBlocks<T, kStages>()))
   }
 }
 
+constexpr uint64_t kTouchStride = 64 << 10;
+
+// One volatile byte load per kTouchStride bytes (volatile: the load is the point).
+__global__ void TouchKernel(const uint8_t* p, uint64_t bytes) {
+  for (uint64_t i = (uint64_t{blockIdx.x} * blockDim.x + threadIdx.x) * kTouchStride; i < bytes;
+       i += uint64_t{gridDim.x} * blockDim.x * kTouchStride) {
+    (void)*static_cast<const volatile uint8_t*>(p + i);
+  }
+}
+
 // Tiles of one launch: indices stay below 2^31 (2^31 tiles of >= 4 KiB is 8 TiB).
 constexpr int64_t kMaxTiles = (int64_t{1} << 31) - 1;
 
@@ -346,6 +357,21 @@ absl::Status ConvertOnCuda(const Plan& plan, const void* in, void* out, CudaStre
         "tensor needs %d tiles; one launch takes at most %d (split the leading dims)",
         too_many_tiles, kMaxTiles));
   }
+  WPREP_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  return absl::OkStatus();
+}
+
+absl::Status TouchOnCuda(const void* ptr, uint64_t bytes, CudaStream stream) {
+  if (bytes == 0) return absl::OkStatus();
+  auto dev = CudaDeviceOfPointer(ptr);
+  if (!dev.ok()) return dev.status();
+  ScopedDevice scoped(*dev);
+  WPREP_CUDA_RETURN_IF_ERROR(scoped.status());
+  cudaGetLastError();
+  const uint64_t loads = (bytes + kTouchStride - 1) / kTouchStride;
+  const unsigned threads = 256;
+  const unsigned blocks = static_cast<unsigned>(std::min<uint64_t>((loads + threads - 1) / threads, 1024));
+  TouchKernel<<<blocks, threads, 0, stream>>>(static_cast<const uint8_t*>(ptr), bytes);
   WPREP_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   return absl::OkStatus();
 }

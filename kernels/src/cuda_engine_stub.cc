@@ -15,6 +15,10 @@ absl::Status ConvertHostBuffersOnCuda(const Plan&, const uint8_t*, size_t, uint8
   return absl::UnimplementedError("this wprep build has no CUDA engine (built without nvcc)");
 }
 
+absl::Status TouchOnCuda(const void*, uint64_t, CudaStream) {
+  return absl::UnimplementedError("this wprep build has no CUDA engine (built without nvcc)");
+}
+
 absl::StatusOr<int> CudaDeviceOfPointer(const void*) {
   return absl::UnimplementedError("this wprep build has no CUDA engine (built without nvcc)");
 }

@@ -36,6 +36,11 @@ absl::Status ConvertOnCuda(const Plan& plan, const void* in, void* out, CudaStre
 absl::Status ConvertHostBuffersOnCuda(const Plan& plan, const uint8_t* in, size_t in_size,
                                       uint8_t* out, size_t out_size, int device);
 
+// Reads one byte of every 64 KiB of [ptr, ptr + bytes) on `stream`'s GPU (a kernel,
+// nothing written), so that the GPU's first access to newly mapped memory (CUDA IPC) is
+// paid here rather than by the first conversion. Does not synchronize.
+absl::Status TouchOnCuda(const void* ptr, uint64_t bytes, CudaStream stream);
+
 // The CUDA device ordinal that owns `ptr`, or InvalidArgument if it is not device memory.
 absl::StatusOr<int> CudaDeviceOfPointer(const void* ptr);
 
