@@ -239,25 +239,21 @@ struct Launcher {
   }
   template <class T, int kStages>
   void Launch(int64_t tiles_per_matrix, int64_t num_tiles) const {
-    if constexpr (kStages > 0) {
-      constexpr size_t smem = AsyncSmemBytes<T, kStages>();
-      auto* kernel = ConvertKernelAsync<T, kStages>;
-      const int64_t max_blocks = MaxResidentBlocks<T, kStages>(device, kernel, smem);
-      const unsigned blocks =
-          static_cast<unsigned>(num_tiles < max_blocks ? num_tiles : max_blocks);
-      kernel<<<blocks, kTileThreads, smem, stream>>>(g, in, out, access,
-                                                     static_cast<uint32_t>(tiles_per_matrix),
-                                                     static_cast<uint32_t>(num_tiles));
-    } else {
-      // One wave of resident blocks; each loops over tiles (no partial last wave).
-      auto* kernel = ConvertKernel<T>;
-      const int64_t max_blocks = MaxResidentBlocks<T, 0>(device, kernel, 0);
-      const unsigned blocks =
-          static_cast<unsigned>(num_tiles < max_blocks ? num_tiles : max_blocks);
-      kernel<<<blocks, kTileThreads, 0, stream>>>(g, in, out, access,
-                                                  static_cast<uint32_t>(tiles_per_matrix),
-                                                  static_cast<uint32_t>(num_tiles));
-    }
+    // The register pipeline (ConvertKernel) or fetching kStages tiles ahead.
+    constexpr size_t smem = kStages > 0 ? AsyncSmemBytes<T, kStages>() : 0;
+    auto* kernel = [] {
+      if constexpr (kStages > 0) {
+        return ConvertKernelAsync<T, kStages>;
+      } else {
+        return ConvertKernel<T>;
+      }
+    }();
+    // One wave of resident blocks; each loops over tiles (no partial last wave).
+    const int64_t max_blocks = MaxResidentBlocks<T, kStages>(device, kernel, smem);
+    const unsigned blocks = static_cast<unsigned>(num_tiles < max_blocks ? num_tiles : max_blocks);
+    kernel<<<blocks, kTileThreads, smem, stream>>>(g, in, out, access,
+                                                   static_cast<uint32_t>(tiles_per_matrix),
+                                                   static_cast<uint32_t>(num_tiles));
   }
 };
 

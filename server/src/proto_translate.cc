@@ -1,6 +1,7 @@
 #include "wprep/server/proto_translate.h"
 
 #include "absl/strings/str_cat.h"
+#include "wprep/server/ipc_cache.h"
 
 namespace wprep::server {
 
@@ -46,11 +47,7 @@ std::vector<int64_t> ShapeFromProto(const google::protobuf::RepeatedField<int64_
 absl::StatusOr<IpcBufferRef> IpcFromProto(const wprep::v1::CudaIpcBuffer& b, absl::string_view field) {
   IpcBufferRef r;
   r.field = std::string(field);
-  if (b.handle().size() != 64) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        field, ".handle must be the 64 bytes of a cudaIpcMemHandle_t, got ", b.handle().size(),
-        " bytes"));
-  }
+  if (absl::Status s = IpcCache::CheckHandleSize(b.handle(), field); !s.ok()) return s;
   absl::StatusOr<Uuid> u = UuidFromBytes(b.device_uuid(), absl::StrCat(field, ".device_uuid"));
   if (!u.ok()) return u.status();
   r.handle = b.handle();

@@ -504,10 +504,7 @@ namespace {
 // The daemon ordinal of the GPU an IpcHandleRef names, after checking its handle length.
 absl::StatusOr<int> HandleRefOrdinal(const v1::IpcHandleRef& h, const std::string& field,
                                      DeviceManager& devices) {
-  if (h.handle().size() != 64) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        field, ".handle must be the 64 bytes of a cudaIpcMemHandle_t, got ", h.handle().size()));
-  }
+  if (absl::Status s = IpcCache::CheckHandleSize(h.handle(), field); !s.ok()) return s;
   absl::StatusOr<Uuid> u = UuidFromBytes(h.device_uuid(), field + ".device_uuid");
   if (!u.ok()) return u.status();
   absl::StatusOr<Gpu*> g = devices.FindByUuid(*u, field + ".device_uuid");

@@ -93,13 +93,17 @@ bool BenchIpc(wprep::client::Client& client, const std::vector<int64_t>& shape, 
   d->set_handle(std::string(reinterpret_cast<const char*>(&hout), 64));
   d->set_size(plan->output_bytes);
   d->set_device_uuid(std::string(prop.uuid.bytes, 16));
-  if (register_first) {
-    v1::RegisterIpcHandlesRequest reg;
+  // Both handles as IpcHandleRefs (RegisterIpcHandles and ReleaseIpcHandles take them).
+  auto add_refs = [&](google::protobuf::RepeatedPtrField<v1::IpcHandleRef>* refs) {
     for (const std::string& h : {s->handle(), d->handle()}) {
-      auto* x = reg.add_handles();
+      v1::IpcHandleRef* x = refs->Add();
       x->set_handle(h);
       x->set_device_uuid(std::string(prop.uuid.bytes, 16));
     }
+  };
+  if (register_first) {
+    v1::RegisterIpcHandlesRequest reg;
+    add_refs(reg.mutable_handles());
     const auto t0 = Clock::now();
     absl::StatusOr<v1::RegisterIpcHandlesResponse> r = client.RegisterIpcHandles(reg);
     if (!r.ok()) {
@@ -144,11 +148,7 @@ bool BenchIpc(wprep::client::Client& client, const std::vector<int64_t>& shape, 
     if (i > 0) kernel.push_back(ms);
   }
   v1::ReleaseIpcHandlesRequest rel;
-  for (const std::string& h : {s->handle(), d->handle()}) {
-    auto* x = rel.add_handles();
-    x->set_handle(h);
-    x->set_device_uuid(std::string(prop.uuid.bytes, 16));
-  }
+  add_refs(rel.mutable_handles());
   (void)client.ReleaseIpcHandles(rel);
   cudaEventDestroy(e0);
   cudaEventDestroy(e1);

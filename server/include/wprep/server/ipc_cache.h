@@ -49,6 +49,10 @@ class IpcCache {
     uint8_t* ptr_ = nullptr;
   };
 
+  // InvalidArgument naming `field` unless `handle` has the 64 bytes of a
+  // cudaIpcMemHandle_t (every handle a request carries is checked with this).
+  static absl::Status CheckHandleSize(absl::string_view handle, absl::string_view field);
+
   // Opens (or reuses) the allocation behind `handle` (the 64 bytes of a cudaIpcMemHandle_t)
   // on GPU `ordinal` and checks that [offset, offset + size) lies inside it and, where the
   // owner map can tell, that it lives on that GPU. InvalidArgument, naming `field`, for a handle that cannot be
@@ -82,7 +86,6 @@ class IpcCache {
 
  private:
   using Key = std::pair<int, std::string>;
-  static absl::Status CheckHandleSize(absl::string_view handle, absl::string_view field);
   // The cached entry of (ordinal, handle), opened (and range-probed) if new, after the
   // owner check; its last use is now.
   absl::StatusOr<std::shared_ptr<Entry>> FindOrOpenLocked(int ordinal, absl::string_view handle,
