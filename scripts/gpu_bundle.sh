@@ -9,13 +9,17 @@ BUILD=${BUILD:-build}
 # The H200 needs sm_90 only; the shipped default (sm_90 + sm_100 + PTX) triples binary
 # size, and the carried tree is limited to 64 MiB.
 cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=${CUDA_ARCHS:-90-real} ${CMAKE_FLAGS:-}
-cmake --build "$BUILD" -j "$(nproc)"
+# TARGETS="wprep_bench kernels_cuda_test" builds and bundles only those (kernel iterations).
+cmake --build "$BUILD" -j "$(nproc)" ${TARGETS:+--target $TARGETS}
 
 rm -rf .bundle
 mkdir -p .bundle/bin .bundle/lib
 mapfile -t bins < <(find "$BUILD" -type f -executable \
   \( -name '*_test' -o -name 'wprep' -o -name 'wprepd' -o -name 'wprep_bench' \
      -o -name 'wprep_rpc_bench' -o -name 'wprep_ipc_*' -o -name 'wprep_memory_soak' \) -not -path '*/CMakeFiles/*')
+if [[ -n ${TARGETS:-} ]]; then
+  mapfile -t bins < <(for b in "${bins[@]}"; do [[ " $TARGETS " == *" $(basename "$b") "* ]] && echo "$b"; done)
+fi
 for b in "${bins[@]}"; do
   cp "$b" .bundle/bin/
   strip --strip-unneeded ".bundle/bin/$(basename "$b")" 2>/dev/null || true

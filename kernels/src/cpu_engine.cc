@@ -50,9 +50,10 @@ absl::Status ConvertOnCpu(const Plan& plan, const uint8_t* in, size_t in_size, u
   auto run_range = [&](int64_t begin, int64_t end) {
     tiles::DispatchTile(g, [&]<class T>() {
       alignas(16) uint32_t smem[T::kSmemWords];
+      const int64_t tiles_b = T::TilesAlongB(g);
       for (int64_t t = begin; t < end; ++t) {
-        const int64_t e = t / tiles_per_matrix;
-        const tiles::TileCtx ctx = T::Context(g, in, out, e, t - e * tiles_per_matrix);
+        const int64_t e = t / tiles_per_matrix, r = t - e * tiles_per_matrix;
+        const tiles::TileCtx ctx = T::Context(g, in, out, e, r / tiles_b, r % tiles_b);
         for (int vt = 0; vt < kTileThreads; ++vt) {
           tiles::Regs regs;
           T::Fetch(g, ctx, vt, access, regs);

@@ -80,7 +80,7 @@ namespace {
 template <class T>
 __global__ void __launch_bounds__(kTileThreads, T::kMinBlocks)
     ConvertKernel(const Geometry g, const uint8_t* __restrict__ in, uint8_t* __restrict__ out,
-                  tiles::Access access, uint32_t tiles_per_matrix, uint32_t num_tiles) {
+                  tiles::Access access, tiles::TileGrid grid, uint32_t num_tiles) {
   // Two-stage tiles alternate between two buffers, so one barrier per tile suffices: a
   // warp staging tile t+1 into one buffer has passed the barrier of tile t, which every
   // warp reaches only after storing tile t-1 from that buffer.
@@ -89,8 +89,9 @@ __global__ void __launch_bounds__(kTileThreads, T::kMinBlocks)
   const int vt = threadIdx.x;
   // Tile indices fit 32 bits (ConvertOnCuda checks), so splitting them is cheap.
   auto context = [&](uint32_t t) {
-    const uint32_t e = t / tiles_per_matrix;
-    return T::Context(g, in, out, e, t - e * tiles_per_matrix);
+    uint32_t e, a, b;
+    grid.Split(t, &e, &a, &b);
+    return T::Context(g, in, out, e, a, b);
   };
   uint32_t t = blockIdx.x;
   if (t >= num_tiles) return;
@@ -140,15 +141,16 @@ constexpr int AsyncMinBlocks() {
 template <class T, int kStages>
 __global__ void __launch_bounds__(kTileThreads, (AsyncMinBlocks<T, kStages>()))
     ConvertKernelAsync(const Geometry g, const uint8_t* __restrict__ in,
-                       uint8_t* __restrict__ out, tiles::Access access,
-                       uint32_t tiles_per_matrix, uint32_t num_tiles) {
+                       uint8_t* __restrict__ out, tiles::Access access, tiles::TileGrid grid,
+                       uint32_t num_tiles) {
   extern __shared__ uint4 dynamic_smem[];
   uint32_t* const windows = reinterpret_cast<uint32_t*>(dynamic_smem);
   uint32_t* const slots = windows + 2 * WindowWords<T>();
   const int vt = threadIdx.x;
   auto context = [&](uint32_t t) {
-    const uint32_t e = t / tiles_per_matrix;
-    return T::Context(g, in, out, e, t - e * tiles_per_matrix);
+    uint32_t e, a, b;
+    grid.Split(t, &e, &a, &b);
+    return T::Context(g, in, out, e, a, b);
   };
   // Every thread commits one group per call, fetched or not, so wait_group counts match.
   auto fetch = [&](uint32_t t, int s) {
@@ -235,10 +237,10 @@ struct Launcher {
       *too_many_tiles = num_tiles;
       return;
     }
-    Launch<T, T::kAsyncStages>(tiles_per_matrix, num_tiles);
+    Launch<T, T::kAsyncStages>(num_tiles);
   }
   template <class T, int kStages>
-  void Launch(int64_t tiles_per_matrix, int64_t num_tiles) const {
+  void Launch(int64_t num_tiles) const {
     // The register pipeline (ConvertKernel) or fetching kStages tiles ahead.
     constexpr size_t smem = kStages > 0 ? AsyncSmemBytes<T, kStages>() : 0;
     auto* kernel = [] {
@@ -251,8 +253,7 @@ struct Launcher {
     // One wave of resident blocks; each loops over tiles (no partial last wave).
     const int64_t max_blocks = MaxResidentBlocks<T, kStages>(device, kernel, smem);
     const unsigned blocks = static_cast<unsigned>(num_tiles < max_blocks ? num_tiles : max_blocks);
-    kernel<<<blocks, kTileThreads, smem, stream>>>(g, in, out, access,
-                                                   static_cast<uint32_t>(tiles_per_matrix),
+    kernel<<<blocks, kTileThreads, smem, stream>>>(g, in, out, access, tiles::MakeTileGrid<T>(g),
                                                    static_cast<uint32_t>(num_tiles));
   }
 };

@@ -35,22 +35,44 @@ struct TileCtx {
   int64_t a0, b0;
 };
 
-// Input and output bases of matrix e, and tile `tile` of a tiles_b-wide grid of
-// kWindow-sized windows (a0 = row of windows, b0 = column, in elements).
+// Input and output bases of matrix e, and the tile in row a, column b of a grid of
+// window-sized windows (a0 = a * window, b0 = b * window, in elements).
 WPREP_HD TileCtx MakeCtx(const Geometry& g, const uint8_t* in, uint8_t* out, int64_t e,
-                         int64_t tile, int64_t tiles_b, int64_t window) {
+                         int64_t a, int64_t b, int64_t window) {
   TileCtx c;
   c.in = in + g.InputMatrixOffset(e);
   c.out = out + e * g.out_matrix_bytes;
-  const uint32_t t32 = static_cast<uint32_t>(tile), tb = static_cast<uint32_t>(tiles_b);
-  const uint32_t a = t32 / tb;
-  c.a0 = int64_t{a} * window;
-  c.b0 = int64_t{t32 - a * tb} * window;
+  c.a0 = a * window;
+  c.b0 = b * window;
   return c;
 }
 
-// Every tile type has Context(g, in, out, e, tile) -> TileCtx and three steps per virtual
-// thread `vt`, so a kernel can fetch the next tile while it finishes the current one:
+// The tiles of one matrix form a grid TilesPerMatrix(g) / TilesAlongB(g) rows by
+// TilesAlongB(g) columns; tile t of a conversion is tile (a, b) of matrix e. The
+// divisions are by launch constants, so they multiply (FastDivisor) instead of taking
+// ~20 instructions each per tile.
+struct TileGrid {
+  FastDivisor per_matrix;  // tiles of one matrix
+  FastDivisor along_b;     // tiles in one row of the grid
+  // Tile t (< 2^31) -> matrix e, row a, column b.
+  WPREP_HD void Split(uint32_t t, uint32_t* e, uint32_t* a, uint32_t* b) const {
+    *e = per_matrix.Div(t);
+    const uint32_t r = t - *e * per_matrix.divisor;
+    *a = along_b.Div(r);
+    *b = r - *a * along_b.divisor;
+  }
+};
+template <class T>
+TileGrid MakeTileGrid(const Geometry& g) {
+  TileGrid grid;
+  grid.per_matrix = FastDivisor(static_cast<uint32_t>(T::TilesPerMatrix(g)));
+  grid.along_b = FastDivisor(static_cast<uint32_t>(T::TilesAlongB(g)));
+  return grid;
+}
+
+// Every tile type has TilesPerMatrix(g), TilesAlongB(g) and Context(g, in, out, e, a, b)
+// -> TileCtx, and three steps per virtual thread `vt`, so a kernel can fetch the next
+// tile while it finishes the current one:
 //   Fetch(g, ctx, vt, acc, regs)         global loads into registers;
 //   Stage(g, ctx, vt, acc, regs, smem)   registers -> smem (two-stage tiles) or -> the
 //                                        output (single-stage tiles);
@@ -97,11 +119,10 @@ struct HopperMx1Tile {
   WPREP_HD static int64_t TilesPerMatrix(const Geometry& g) {
     return CeilDiv(Rows(g) * BlocksPerRow(g), kTileThreads);
   }
+  WPREP_HD static int64_t TilesAlongB(const Geometry&) { return 1; }
   WPREP_HD static TileCtx Context(const Geometry& g, const uint8_t* in, uint8_t* out, int64_t e,
-                                  int64_t tile) {
-    TileCtx c = MakeCtx(g, in, out, e, 0, 1, 0);
-    c.a0 = tile * kTileThreads;
-    return c;
+                                  int64_t a, int64_t) {
+    return MakeCtx(g, in, out, e, a, 0, kTileThreads);
   }
   // Unit of virtual thread vt: O row, block, and the Q rows r0, r0 + 8 and columns c0.. it
   // needs. False past the end.
@@ -248,9 +269,10 @@ struct HopperMx2Tile {
   WPREP_HD static int64_t TilesPerMatrix(const Geometry& g) {
     return CeilDiv(kSwizzle ? g.q_rows_pad : g.q_rows, kWindow) * TilesAlongCols(g);
   }
+  WPREP_HD static int64_t TilesAlongB(const Geometry& g) { return TilesAlongCols(g); }
   WPREP_HD static TileCtx Context(const Geometry& g, const uint8_t* in, uint8_t* out, int64_t e,
-                                  int64_t tile) {
-    return MakeCtx(g, in, out, e, tile, TilesAlongCols(g), kWindow);
+                                  int64_t a, int64_t b) {
+    return MakeCtx(g, in, out, e, a, b, kWindow);
   }
   // O side: vt owns 64-byte block blk = vt & 7 of O row qr0/4 + (vt >> 3); its Q rows are
   // r0 and r0 + 8, Q word columns 8*(blk >> 1).. of the window. False if the block lies
@@ -344,9 +366,10 @@ struct BlackwellTile {
   WPREP_HD static int64_t TilesPerMatrix(const Geometry& g) {
     return CeilDiv(ExtentN(g), kWindow) * CeilDiv(ExtentK(g), kWindow);
   }
+  WPREP_HD static int64_t TilesAlongB(const Geometry& g) { return CeilDiv(ExtentK(g), kWindow); }
   WPREP_HD static TileCtx Context(const Geometry& g, const uint8_t* in, uint8_t* out, int64_t e,
-                                  int64_t tile) {
-    return MakeCtx(g, in, out, e, tile, CeilDiv(ExtentK(g), kWindow), kWindow);
+                                  int64_t a, int64_t b) {
+    return MakeCtx(g, in, out, e, a, b, kWindow);
   }
   // Chunk i of virtual thread vt: storage row nl, 16-byte column kc.
   WPREP_HD static void Chunk(int vt, int i, int* nl, int* kc) {

@@ -73,11 +73,13 @@ struct GenericTile {
     return TilesN(g) * CeilDiv(k_extent, kBlackwellTileK);
   }
 
+  // Grid rows walk K, columns N.
+  WPREP_HD static int64_t TilesAlongB(const Geometry& g) { return TilesN(g); }
   WPREP_HD static TileCtx Context(const Geometry& g, const uint8_t* in, uint8_t* out, int64_t e,
-                                  int64_t tile) {
-    TileCtx c = MakeCtx(g, in, out, e, 0, 1, 0);
-    c.a0 = tile % TilesN(g) * kBlackwellTileN;
-    c.b0 = tile / TilesN(g) * kBlackwellTileK;
+                                  int64_t a, int64_t b) {
+    TileCtx c = MakeCtx(g, in, out, e, 0, 0, 0);
+    c.a0 = b * kBlackwellTileN;
+    c.b0 = a * kBlackwellTileK;
     return c;
   }
 

@@ -382,6 +382,7 @@ absl::StatusOr<Plan> MakePlan(const ConversionSpec& spec, absl::Span<const int64
     for (int i = 0; i < rank - 2; ++i) {
       g.lead_shape[i] = lead[i];
       g.in_lead_stride[i] = st[i];
+      if (i > 0 && lead[i] > 0) g.lead_div[i] = FastDivisor(static_cast<uint32_t>(lead[i]));
     }
     // Row stride: canonical and Hopper mx_axis -1 storage rows are dim -2; Hopper
     // mx_axis -2 storage is reported transposed, so its memory rows are dim -1.

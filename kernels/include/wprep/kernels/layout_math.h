@@ -335,18 +335,21 @@ struct Geometry {
   // Output is contiguous: bytes of one output matrix.
   int64_t out_matrix_bytes = 0;
 
+  // lead_shape[i] as a FastDivisor (set by MakePlan for i >= 1; dim 0 is never divided).
+  FastDivisor lead_div[kMaxRank];
+
   // Byte offset of matrix e of the input view. MakePlan keeps E below 2^31, so the
-  // leading-dim split is 32-bit.
+  // leading-dim split is 32-bit, and it divides only by the inner leading dims: a kernel
+  // computes this once per tile, and a hardware division costs ~20 instructions.
   WPREP_HD int64_t InputMatrixOffset(int64_t e) const {
     uint32_t rest = static_cast<uint32_t>(e);
     int64_t off = 0;
-    for (int i = lead_rank - 1; i >= 0; --i) {
-      const uint32_t dim = static_cast<uint32_t>(lead_shape[i]);
-      const uint32_t idx = rest % dim;
-      rest /= dim;
-      off += idx * in_lead_stride[i];
+    for (int i = lead_rank - 1; i > 0; --i) {
+      const uint32_t q = lead_div[i].Div(rest);
+      off += (rest - q * lead_div[i].divisor) * in_lead_stride[i];
+      rest = q;
     }
-    return off;
+    return lead_rank > 0 ? off + rest * in_lead_stride[0] : off;
   }
 };
 
