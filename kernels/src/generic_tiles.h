@@ -77,10 +77,7 @@ struct GenericTile {
   WPREP_HD static int64_t TilesAlongB(const Geometry& g) { return TilesN(g); }
   WPREP_HD static TileCtx Context(const Geometry& g, const uint8_t* in, uint8_t* out, int64_t e,
                                   int64_t a, int64_t b) {
-    TileCtx c = MakeCtx(g, in, out, e, 0, 0, 0);
-    c.a0 = b * kBlackwellTileN;
-    c.b0 = a * kBlackwellTileK;
-    return c;
+    return MakeCtx(g, in, out, e, b * kBlackwellTileN, a * kBlackwellTileK);
   }
 
   // The fast-tile steps (fast_tiles.h): all input is read in Stage.

@@ -80,6 +80,16 @@ WPREP_HD void Store4Words(uint8_t* p, const uint32_t* w) {
 #endif
 }
 
+// Two words to an 8-byte aligned `p`.
+WPREP_HD void Store2Words(uint8_t* p, uint32_t w0, uint32_t w1) {
+#if defined(__CUDA_ARCH__)
+  *reinterpret_cast<uint2*>(p) = make_uint2(w0, w1);
+#else
+  const uint32_t w[2] = {w0, w1};
+  std::memcpy(p, w, 8);
+#endif
+}
+
 // Reads kWords little-endian words from `src`, of which only the first `valid` bytes
 // exist (the rest read as zero; `src` is not touched when valid <= 0). `vec`: src is
 // 16-byte aligned (kWords % 4 == 0) or 4-byte aligned (otherwise).
