@@ -26,6 +26,7 @@
 #include "wprep/server/ipc_owner.h"
 #include "wprep/server/log.h"
 #include "wprep/server/metrics.h"
+#include "wprep/server/rpc_warmup.h"
 #include "wprep/server/service.h"
 
 namespace wprep::server {
@@ -34,6 +35,9 @@ namespace {
 constexpr char kServiceName[] = "wprep.v1.WeightPrep";
 // Streams slice their input into pieces of this many bytes (whole matrices, at least one).
 constexpr uint64_t kStreamSliceBytes = 4ull << 20;
+// Bound on the self warm-up of one listener (milliseconds when healthy), so a stuck call
+// cannot hold SERVING back for long.
+constexpr absl::Duration kRpcWarmupBound = absl::Seconds(5);
 
 sigset_t ShutdownSignals() {
   sigset_t set;
@@ -88,8 +92,9 @@ int RunDaemon(const Options& options) {
   IpcCache ipc(options.ipc_cache_entries, options.ipc_idle_expiry, metrics->get());
   Executor executor(devices->get(), &ipc, metrics->get(), kStreamSliceBytes, options.memory_wait);
   Admission admission;
+  const std::string warmup_token = NewWarmupToken();
   WeightPrepService service(&admission, devices->get(), &ipc, &executor, metrics->get(),
-                            options.max_message_bytes);
+                            options.max_message_bytes, warmup_token);
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
@@ -120,8 +125,10 @@ int RunDaemon(const Options& options) {
   health->SetServingStatus(kServiceName, false);
 
   std::string port_text;
+  std::vector<std::string> warmup_targets;
   for (size_t i = 0; i < options.listen.size(); ++i) {
     const std::string& addr = options.listen[i];
+    warmup_targets.push_back(WarmupTarget(addr, ports[i]));
     if (absl::StartsWith(addr, "unix://")) {
       chmod(addr.substr(7).c_str(), 0660);
       absl::StrAppend(&port_text, "grpc ", addr, "\n");
@@ -178,7 +185,28 @@ int RunDaemon(const Options& options) {
       return;
     }
     if (stop.load()) return;
+    // Requests are admitted from here so that the self warm-up gets in; a client that
+    // calls before health says SERVING, a few milliseconds later, gets in too, which is
+    // harmless: every kernel is warm already.
     admission.SetServing();
+    // The first request through a cold gRPC server path costs several times a warm one
+    // (rpc_warmup.h): call every method over every listener ourselves first. A failure is
+    // logged but does not keep the daemon from serving, since the kernels proved warm.
+    for (const std::string& target : warmup_targets) {
+      const absl::Time t0 = absl::Now();
+      absl::StatusOr<int> calls = WarmUpRpcPath(target, warmup_token, kRpcWarmupBound, stop);
+      if (stop.load()) return;
+      if (calls.ok()) {
+        LogLine(LogLevel::kInfo, "rpc_warmup",
+                absl::StrCat("address=", LogQuote(target), " calls=", *calls,
+                             " seconds=", absl::ToDoubleSeconds(absl::Now() - t0)));
+      } else {
+        LogLine(LogLevel::kWarning, "rpc_warmup_failed",
+                absl::StrCat("address=", LogQuote(target),
+                             " code=", absl::StatusCodeToString(calls.status().code()),
+                             " error=", LogQuote(calls.status().message())));
+      }
+    }
     health->SetServingStatus(kServiceName, true);
     health->SetServingStatus(true);
     LogLine(LogLevel::kInfo, "serving",

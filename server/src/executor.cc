@@ -104,8 +104,9 @@ class SlicedConverter : public StreamConverter {
 
 class CpuStreamConverter final : public SlicedConverter {
  public:
-  CpuStreamConverter(const Plan& plan, uint64_t target, int threads, DeviceMetrics* metrics)
-      : threads_(threads), metrics_(metrics), in_flight_(metrics) {
+  CpuStreamConverter(const Plan& plan, uint64_t target, int threads, DeviceMetrics* metrics,
+                     bool counted)
+      : threads_(threads), metrics_(metrics), counted_(counted), in_flight_(metrics) {
     InitSlicing(plan, target);
     engine_ = "cpu";
   }
@@ -116,7 +117,7 @@ class CpuStreamConverter final : public SlicedConverter {
     const absl::Time start = absl::Now();
     absl::Status s = ConvertOnCpu(**p, in.data(), in.size(), out_.data(), out_.size(), CpuOptions{threads_});
     if (!s.ok()) return s;
-    if (metrics_ != nullptr) {
+    if (metrics_ != nullptr && counted_) {
       metrics_->kernel_seconds->Observe(SecondsSince(start));
       metrics_->converted_bytes->Increment(static_cast<double>(out_.size()));
     }
@@ -127,6 +128,7 @@ class CpuStreamConverter final : public SlicedConverter {
   std::vector<uint8_t> out_;
   int threads_;
   DeviceMetrics* metrics_;
+  const bool counted_;
   CpuInFlight in_flight_;
 };
 
@@ -163,8 +165,8 @@ class KernelTimer {
 
 class GpuStreamConverter final : public SlicedConverter {
  public:
-  GpuStreamConverter(Gpu& gpu, Gpu::StreamLease lease, PinnedHostPool* pinned)
-      : gpu_(gpu), lease_(std::move(lease)), pool_(pinned) {}
+  GpuStreamConverter(Gpu& gpu, Gpu::StreamLease lease, PinnedHostPool* pinned, bool counted)
+      : gpu_(gpu), counted_(counted), lease_(std::move(lease)), pool_(pinned) {}
 
   absl::Status Init(const Plan& plan, uint64_t target, absl::Time memory_deadline) {
     InitSlicing(plan, target);
@@ -208,14 +210,15 @@ class GpuStreamConverter final : public SlicedConverter {
           cudaMemcpyAsync(pinned_out_.data(), d_out_, out_bytes, cudaMemcpyDeviceToHost, st));
     }
     WPREP_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(st));
-    timer.Report(gpu_.metrics()->kernel_seconds);
-    gpu_.metrics()->converted_bytes->Increment(static_cast<double>(out_bytes));
+    timer.Report(counted_ ? gpu_.metrics()->kernel_seconds : nullptr);
+    if (counted_) gpu_.metrics()->converted_bytes->Increment(static_cast<double>(out_bytes));
     return absl::Span<const uint8_t>(pinned_out_.data(), out_bytes);
   }
   uint64_t peak_extra_device_bytes() const override { return mem_ ? mem_->peak() : 0; }
 
  private:
   Gpu& gpu_;
+  const bool counted_;
   // Destroyed in reverse order: mem_ (frees, waits for the stream) before the pinned
   // buffers return to the pool and the stream returns to the GPU.
   Gpu::StreamLease lease_;
@@ -266,7 +269,7 @@ absl::StatusOr<ConvertOutcome> Executor::Convert(const ConversionSpec& spec,
                                                  const ConvertInput& input,
                                                  const ConvertOutput& output,
                                                  const std::optional<Uuid>& preferred,
-                                                 absl::Time deadline) {
+                                                 absl::Time deadline, bool counted) {
   InputBinding binding;
   if (input.ipc) {
     binding.strides = input.ipc->strides;
@@ -294,7 +297,9 @@ absl::StatusOr<ConvertOutcome> Executor::Convert(const ConversionSpec& spec,
   ConvertOutcome outcome;
   outcome.plan = *plan;
   if (*gpu != nullptr) {
-    if (absl::Status s = RunOnGpu(**gpu, *plan, input, output, deadline, &outcome); !s.ok()) return s;
+    if (absl::Status s = RunOnGpu(**gpu, *plan, input, output, deadline, counted, &outcome); !s.ok()) {
+      return s;
+    }
     return outcome;
   }
   // The CPU engine (no GPU in use; IPC requests were rejected above).
@@ -307,7 +312,7 @@ absl::StatusOr<ConvertOutcome> Executor::Convert(const ConversionSpec& spec,
                                 input.bytes->size(), reinterpret_cast<uint8_t*>(output.bytes->data()),
                                 output.bytes->size(), CpuOptions{devices_->cpu_threads()});
   if (!s.ok()) return s;
-  if (m != nullptr) {
+  if (m != nullptr && counted) {
     m->kernel_seconds->Observe(SecondsSince(start));
     m->converted_bytes->Increment(static_cast<double>(plan->output_bytes));
   }
@@ -315,7 +320,7 @@ absl::StatusOr<ConvertOutcome> Executor::Convert(const ConversionSpec& spec,
 }
 
 absl::Status Executor::RunOnGpu(Gpu& gpu, const Plan& plan, const ConvertInput& input,
-                                const ConvertOutput& output, absl::Time deadline,
+                                const ConvertOutput& output, absl::Time deadline, bool counted,
                                 ConvertOutcome* outcome) {
 #if WPREP_HAVE_CUDA
   outcome->engine = absl::StrCat("cuda:", FormatUuid(gpu.info().uuid));
@@ -390,19 +395,19 @@ absl::Status Executor::RunOnGpu(Gpu& gpu, const Plan& plan, const ConvertInput& 
   if (!output.ipc && pin_out.data() != nullptr) {
     output.bytes->assign(reinterpret_cast<const char*>(pin_out.data()), plan.output_bytes);
   }
-  outcome->kernel_seconds = timer.Report(gpu.metrics()->kernel_seconds);
-  gpu.metrics()->converted_bytes->Increment(static_cast<double>(plan.output_bytes));
+  outcome->kernel_seconds = timer.Report(counted ? gpu.metrics()->kernel_seconds : nullptr);
+  if (counted) gpu.metrics()->converted_bytes->Increment(static_cast<double>(plan.output_bytes));
   outcome->peak_extra_device_bytes = mem.peak();
   return absl::OkStatus();
 #else
-  (void)gpu, (void)plan, (void)input, (void)output, (void)deadline, (void)outcome;
+  (void)gpu, (void)plan, (void)input, (void)output, (void)deadline, (void)counted, (void)outcome;
   return absl::InternalError("GPU selected in a build without CUDA");
 #endif
 }
 
 absl::StatusOr<std::unique_ptr<StreamConverter>> Executor::StartStream(
     const ConversionSpec& spec, absl::Span<const int64_t> logical_shape,
-    const std::optional<Uuid>& preferred, absl::Time deadline) {
+    const std::optional<Uuid>& preferred, absl::Time deadline, bool counted) {
   absl::StatusOr<Plan> plan = MakePlan(spec, logical_shape);
   if (!plan.ok()) return plan.status();
   Gpu* gpu = nullptr;
@@ -415,12 +420,13 @@ absl::StatusOr<std::unique_ptr<StreamConverter>> Executor::StartStream(
   }
   if (gpu == nullptr) {
     return std::unique_ptr<StreamConverter>(std::make_unique<CpuStreamConverter>(
-        *plan, stream_slice_bytes_, devices_->cpu_threads(), devices_->cpu_metrics()));
+        *plan, stream_slice_bytes_, devices_->cpu_threads(), devices_->cpu_metrics(), counted));
   }
 #if WPREP_HAVE_CUDA
   absl::StatusOr<Gpu::StreamLease> lease = gpu->AcquireStream(deadline);
   if (!lease.ok()) return lease.status();
-  auto conv = std::make_unique<GpuStreamConverter>(*gpu, *std::move(lease), &devices_->pinned());
+  auto conv =
+      std::make_unique<GpuStreamConverter>(*gpu, *std::move(lease), &devices_->pinned(), counted);
   if (absl::Status s = conv->Init(*plan, stream_slice_bytes_, std::min(deadline, absl::Now() + memory_wait_));
       !s.ok()) {
     return s;

@@ -13,25 +13,49 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/clock.h"
 #include "absl/types/span.h"
 #include "wprep/server/log.h"
 #include "wprep/server/proto_translate.h"
+#include "wprep/server/rpc_warmup.h"
 #include "wprep/server/status.h"
 
 namespace wprep::server {
 
 namespace v1 = wprep::v1;
 
+namespace {
+
+// True when the call carries the daemon's own warm-up token (rpc_warmup.h). A wrong
+// token makes an ordinary request.
+bool IsSelfWarmup(const grpc::ServerContext& ctx, const std::string& token) {
+  if (token.empty()) return false;
+  const auto& md = ctx.client_metadata();
+  const auto it = md.find(kWarmupMetadataKey);
+  return it != md.end() && absl::string_view(it->second.data(), it->second.size()) == token;
+}
+
+}  // namespace
+
 // One RPC from arrival to final status: its id, what it asked for (as learned), and the
-// single exit that logs, records metrics and translates the status.
+// single exit that logs, records metrics and translates the status. The daemon's own
+// warm-up calls run the same path but are not counted: no id from the public sequence
+// (they answer id 0), no log line, no metrics, no idle-trim bookkeeping.
 class WeightPrepService::Scope {
  public:
-  Scope(Method method, grpc::ServerContext* ctx, Metrics* metrics)
-      : ctx_(ctx), metrics_(metrics), id_(NextRequestId()), start_(absl::Now()) {
+  Scope(Method method, grpc::ServerContext* ctx, Metrics* metrics, const std::string& warmup_token)
+      : ctx_(ctx),
+        metrics_(metrics),
+        counted_(!IsSelfWarmup(*ctx, warmup_token)),
+        id_(counted_ ? NextRequestId() : 0),
+        start_(absl::Now()) {
     record_.method = method;
     ctx_->AddInitialMetadata("x-wprep-request-id", std::to_string(id_));
   }
+
+  // False for the daemon's own warm-up calls.
+  bool counted() const { return counted_; }
 
   void SetSpec(const ConversionSpec& spec) {
     record_.layout = spec.layout;
@@ -58,6 +82,7 @@ class WeightPrepService::Scope {
     if (!status.ok() && ctx_->IsCancelled() && status.code() != absl::StatusCode::kDeadlineExceeded) {
       status = absl::CancelledError(absl::StrCat("client cancelled the call (", status.message(), ")"));
     }
+    if (!counted_) return ToGrpcStatus(status);
     record_.code = status.code();
     record_.seconds = absl::ToDoubleSeconds(absl::Now() - start_);
     if (!status.ok()) record_.peak_extra_device_bytes.reset();
@@ -79,6 +104,7 @@ class WeightPrepService::Scope {
  private:
   grpc::ServerContext* ctx_;
   Metrics* metrics_;
+  const bool counted_;
   const uint64_t id_;
   const absl::Time start_;
   RequestRecord record_;
@@ -244,18 +270,20 @@ class StreamPipeline {
 }  // namespace
 
 WeightPrepService::WeightPrepService(Admission* admission, DeviceManager* devices, IpcCache* ipc,
-                                     Executor* executor, Metrics* metrics, int64_t max_message_bytes)
+                                     Executor* executor, Metrics* metrics, int64_t max_message_bytes,
+                                     std::string warmup_token)
     : admission_(admission),
       devices_(devices),
       ipc_(ipc),
       executor_(executor),
       metrics_(metrics),
-      max_message_bytes_(max_message_bytes) {}
+      max_message_bytes_(max_message_bytes),
+      warmup_token_(std::move(warmup_token)) {}
 
 grpc::Status WeightPrepService::Plan(grpc::ServerContext* ctx, const v1::PlanRequest* req,
                                      v1::PlanResponse* resp) {
-  Scope scope(Method::kPlan, ctx, metrics_);
-  absl::StatusOr<Admission::Ticket> ticket = admission_->Enter();
+  Scope scope(Method::kPlan, ctx, metrics_, warmup_token_);
+  absl::StatusOr<Admission::Ticket> ticket = admission_->Enter(scope.counted());
   if (!ticket.ok()) return scope.Finish(ticket.status());
   absl::StatusOr<ConversionSpec> spec = SpecFromProto(req->spec(), "spec");
   if (!spec.ok()) return scope.Finish(spec.status());
@@ -271,8 +299,8 @@ grpc::Status WeightPrepService::Plan(grpc::ServerContext* ctx, const v1::PlanReq
 
 grpc::Status WeightPrepService::Convert(grpc::ServerContext* ctx, const v1::ConvertRequest* req,
                                         v1::ConvertResponse* resp) {
-  Scope scope(Method::kConvert, ctx, metrics_);
-  absl::StatusOr<Admission::Ticket> ticket = admission_->Enter();
+  Scope scope(Method::kConvert, ctx, metrics_, warmup_token_);
+  absl::StatusOr<Admission::Ticket> ticket = admission_->Enter(scope.counted());
   if (!ticket.ok()) return scope.Finish(ticket.status());
   return scope.Finish(DoConvert(ctx, *req, resp, scope));
 }
@@ -338,7 +366,7 @@ absl::Status WeightPrepService::DoConvert(grpc::ServerContext* ctx, const v1::Co
   }
   if (absl::Status s = CheckLive(ctx, scope.deadline()); !s.ok()) return s;
   absl::StatusOr<ConvertOutcome> outcome =
-      executor_->Convert(*spec, shape, input, output, preferred, scope.deadline());
+      executor_->Convert(*spec, shape, input, output, preferred, scope.deadline(), scope.counted());
   if (!outcome.ok()) return outcome.status();
   for (int64_t d : outcome->plan.output_shape) resp->add_output_shape(d);
   for (int64_t d : outcome->plan.output_strides) resp->add_output_strides(d);
@@ -354,9 +382,9 @@ absl::Status WeightPrepService::DoConvert(grpc::ServerContext* ctx, const v1::Co
 grpc::Status WeightPrepService::ConvertStream(
     grpc::ServerContext* ctx,
     grpc::ServerReaderWriter<v1::ConvertStreamResponse, v1::ConvertStreamRequest>* stream) {
-  Scope scope(Method::kConvertStream, ctx, metrics_);
+  Scope scope(Method::kConvertStream, ctx, metrics_, warmup_token_);
   scope.SetTransport(Transport::kStream);
-  absl::StatusOr<Admission::Ticket> ticket = admission_->Enter();
+  absl::StatusOr<Admission::Ticket> ticket = admission_->Enter(scope.counted());
   if (!ticket.ok()) return scope.Finish(ticket.status());
   return scope.Finish(DoConvertStream(ctx, stream, scope));
 }
@@ -385,8 +413,8 @@ absl::Status WeightPrepService::DoConvertStream(
     preferred = *u;
   }
   if (absl::Status s = CheckLive(ctx, scope.deadline()); !s.ok()) return s;
-  absl::StatusOr<std::unique_ptr<StreamConverter>> conv =
-      executor_->StartStream(*spec, ShapeFromProto(h.logical_shape()), preferred, scope.deadline());
+  absl::StatusOr<std::unique_ptr<StreamConverter>> conv = executor_->StartStream(
+      *spec, ShapeFromProto(h.logical_shape()), preferred, scope.deadline(), scope.counted());
   if (!conv.ok()) return conv.status();
   StreamConverter& c = **conv;
   const wprep::Plan& plan = c.plan();
@@ -477,8 +505,8 @@ absl::Status WeightPrepService::DoConvertStream(
 
 grpc::Status WeightPrepService::ListDevices(grpc::ServerContext* ctx, const v1::ListDevicesRequest*,
                                             v1::ListDevicesResponse* resp) {
-  Scope scope(Method::kListDevices, ctx, metrics_);
-  absl::StatusOr<Admission::Ticket> ticket = admission_->Enter();
+  Scope scope(Method::kListDevices, ctx, metrics_, warmup_token_);
+  absl::StatusOr<Admission::Ticket> ticket = admission_->Enter(scope.counted());
   if (!ticket.ok()) return scope.Finish(ticket.status());
   for (size_t i = 0; i < devices_->num_gpus(); ++i) {
     Gpu& g = devices_->gpu(i);
@@ -517,8 +545,8 @@ absl::StatusOr<int> HandleRefOrdinal(const v1::IpcHandleRef& h, const std::strin
 grpc::Status WeightPrepService::RegisterIpcHandles(grpc::ServerContext* ctx,
                                                    const v1::RegisterIpcHandlesRequest* req,
                                                    v1::RegisterIpcHandlesResponse* resp) {
-  Scope scope(Method::kRegisterIpcHandles, ctx, metrics_);
-  absl::StatusOr<Admission::Ticket> ticket = admission_->Enter();
+  Scope scope(Method::kRegisterIpcHandles, ctx, metrics_, warmup_token_);
+  absl::StatusOr<Admission::Ticket> ticket = admission_->Enter(scope.counted());
   if (!ticket.ok()) return scope.Finish(ticket.status());
   uint32_t already_open = 0;
   for (int i = 0; i < req->handles_size(); ++i) {
@@ -538,8 +566,8 @@ grpc::Status WeightPrepService::RegisterIpcHandles(grpc::ServerContext* ctx,
 grpc::Status WeightPrepService::ReleaseIpcHandles(grpc::ServerContext* ctx,
                                                   const v1::ReleaseIpcHandlesRequest* req,
                                                   v1::ReleaseIpcHandlesResponse* resp) {
-  Scope scope(Method::kReleaseIpcHandles, ctx, metrics_);
-  absl::StatusOr<Admission::Ticket> ticket = admission_->Enter();
+  Scope scope(Method::kReleaseIpcHandles, ctx, metrics_, warmup_token_);
+  absl::StatusOr<Admission::Ticket> ticket = admission_->Enter(scope.counted());
   if (!ticket.ok()) return scope.Finish(ticket.status());
   uint32_t released = 0, deferred = 0;
   for (int i = 0; i < req->handles_size(); ++i) {

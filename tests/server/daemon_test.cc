@@ -414,5 +414,75 @@ TEST(Daemon, MetricsServedOverHttpMoveWithTraffic) {
             double{kConverts});
 }
 
+// Before SERVING the daemon calls every method over each of its listeners (the self
+// warm-up of the RPC path); those calls leave no trace in the request metrics, the
+// device metrics or the request log, and take no request ids.
+TEST(Daemon, SelfWarmupCallsEveryListenerWithoutCountingIt) {
+  auto d = StartOrDie({"--devices=cpu"});
+  ASSERT_NE(d, nullptr);
+  ASSERT_TRUE(d->WaitServing()) << d->Log();
+  const std::string log = d->Log();
+  EXPECT_EQ(log.find("rpc_warmup_failed"), std::string::npos) << log;
+  EXPECT_EQ(log.find("event=request "), std::string::npos) << log;
+  const size_t serving = log.find("event=serving");
+  ASSERT_NE(serving, std::string::npos) << log;
+  int lines = 0;
+  for (size_t at = log.find("event=rpc_warmup "); at != std::string::npos;
+       at = log.find("event=rpc_warmup ", at + 1)) {
+    ++lines;
+    EXPECT_LT(at, serving) << log;
+  }
+  EXPECT_EQ(lines, 2) << log;  // the harness listens on a Unix socket and on TCP
+  // On the CPU engine: ListDevices, Plan, three Converts, a ConvertStream, Register and
+  // Release.
+  for (const std::string& target : {d->unix_target(), d->tcp_target()}) {
+    EXPECT_NE(log.find("event=rpc_warmup address=" + target + " calls=8 seconds="), std::string::npos)
+        << target << "\n" << log;
+  }
+
+  const std::string m = HttpGet(d->metrics_address(), "/metrics");
+  ASSERT_FALSE(m.empty());
+  // Counters are never negative, so a sum of 0 means no series moved.
+  EXPECT_EQ(MetricValue(m, "wprep_requests_total").value_or(0), 0.0) << m;
+  EXPECT_EQ(MetricValue(m, "wprep_request_duration_seconds_count").value_or(0), 0.0) << m;
+  EXPECT_EQ(MetricValue(m, "wprep_converted_bytes_total", {{"device", "cpu"}}), 0.0) << m;
+  EXPECT_EQ(MetricValue(m, "wprep_kernel_duration_seconds_count").value_or(0), 0.0) << m;
+
+  // The first client request takes the first request id.
+  Client client(MakeChannel(d->unix_target()));
+  grpc::ClientContext ctx;
+  wprep::v1::ListDevicesResponse resp;
+  ASSERT_TRUE(client.stub().ListDevices(&ctx, wprep::v1::ListDevicesRequest(), &resp).ok());
+  auto id = ctx.GetServerInitialMetadata().find("x-wprep-request-id");
+  ASSERT_NE(id, ctx.GetServerInitialMetadata().end());
+  EXPECT_EQ(std::string(id->second.data(), id->second.size()), "1");
+}
+
+// Only the daemon knows its warm-up token: a client sending x-wprep-warmup with any
+// other value is an ordinary request, counted, logged and given an id.
+TEST(Daemon, WarmupMetadataWithAWrongTokenIsCountedAndLogged) {
+  auto d = StartOrDie({"--devices=cpu"});
+  ASSERT_NE(d, nullptr);
+  ASSERT_TRUE(d->WaitServing()) << d->Log();
+  Client client(MakeChannel(d->unix_target()));
+  wprep::client::CallOptions opts;
+  opts.metadata = {{"x-wprep-warmup", std::string(32, '0')}};
+  ASSERT_TRUE(client.ListDevices(opts).ok());
+  const ConversionSpec spec = HopperSpec(Direction::kSwizzle, -1, 2);
+  absl::StatusOr<wprep::v1::ConvertResponse> r =
+      client.Convert(ConvertRequestFor(spec, {256, 128}, RandomBytes(256 * 64, 3)), opts);
+  ASSERT_TRUE(r.ok()) << r.status();
+
+  const std::string m = HttpGet(d->metrics_address(), "/metrics");
+  EXPECT_EQ(MetricValue(m, "wprep_requests_total", {{"method", "ListDevices"}, {"code", "OK"}}), 1.0) << m;
+  EXPECT_EQ(MetricValue(m, "wprep_requests_total", {{"method", "Convert"}, {"code", "OK"}}), 1.0) << m;
+  EXPECT_EQ(MetricValue(m, "wprep_requests_total"), 2.0) << m;
+  EXPECT_EQ(MetricValue(m, "wprep_converted_bytes_total", {{"device", "cpu"}}),
+            static_cast<double>(r->output_bytes()));
+  const std::string log = d->Log();
+  EXPECT_NE(log.find("event=request id=1 method=ListDevices"), std::string::npos) << log;
+  EXPECT_NE(log.find("event=request id=2 method=Convert"), std::string::npos) << log;
+}
+
 }  // namespace
 }  // namespace wprep::testing

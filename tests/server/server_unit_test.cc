@@ -6,6 +6,7 @@
 #include "wprep/server/device_manager.h"
 #include "wprep/server/ipc_owner.h"
 #include "wprep/server/options.h"
+#include "wprep/server/rpc_warmup.h"
 #include "wprep/server/status.h"
 
 namespace wprep::server {
@@ -133,6 +134,21 @@ TEST(IpcOwnerMap, OneGpuOrTooFewSamplesLeaveItOff) {
   EXPECT_FALSE(IpcOwnerMap::FromSamples({0}, {{FakeHandle(1, 6, 1), FakeHandle(2, 6, 1)}}).enabled());
   EXPECT_FALSE(IpcOwnerMap::FromSamples({0, 1}, {{FakeHandle(1, 6, 1)}, {FakeHandle(1, 7, 1)}}).enabled());
   EXPECT_FALSE(IpcOwnerMap::Calibrate("/nonexistent", {0}).enabled());
+}
+
+TEST(RpcWarmup, TargetsReachTheBoundPortOverLoopback) {
+  EXPECT_EQ(WarmupTarget("unix:///run/w.sock", 0), "unix:///run/w.sock");
+  EXPECT_EQ(WarmupTarget("127.0.0.1:0", 41234), "127.0.0.1:41234");
+  EXPECT_EQ(WarmupTarget("0.0.0.0:7000", 7000), "127.0.0.1:7000");
+  EXPECT_EQ(WarmupTarget("[::]:0", 5000), "[::1]:5000");
+  EXPECT_EQ(WarmupTarget("localhost:0", 5001), "localhost:5001");
+}
+
+TEST(RpcWarmup, TokensAre128RandomBits) {
+  const std::string a = NewWarmupToken(), b = NewWarmupToken();
+  EXPECT_EQ(a.size(), 32u);
+  EXPECT_EQ(a.find_first_not_of("0123456789abcdef"), std::string::npos) << a;
+  EXPECT_NE(a, b);
 }
 
 }  // namespace

@@ -15,6 +15,7 @@ namespace {
 
 void ApplyOptions(const CallOptions& o, grpc::ClientContext* ctx) {
   if (o.timeout) ctx->set_deadline(std::chrono::system_clock::now() + *o.timeout);
+  for (const auto& [key, value] : o.metadata) ctx->AddMetadata(key, value);
 }
 
 // One unary call of `method` on `stub`, its grpc::Status translated.

@@ -32,8 +32,11 @@ class Admission {
     Admission* a_;
   };
 
-  // Admits a request, or UNAVAILABLE while warming up or draining.
-  absl::StatusOr<Ticket> Enter() {
+  // Admits a request, or UNAVAILABLE while warming up or draining. An uncounted request
+  // (the daemon's own RPC warm-up) is in flight like any other, so draining waits for it,
+  // but stays out of admitted(): it is no traffic, and must not make the janitor trim the
+  // heap and pinned buffers it has just warmed.
+  absl::StatusOr<Ticket> Enter(bool counted = true) {
     std::lock_guard<std::mutex> lock(mu_);
     if (state_ == State::kWarming) {
       return absl::UnavailableError(
@@ -44,7 +47,7 @@ class Admission {
           "wprepd is draining for shutdown and accepts no new work; retry on another instance");
     }
     ++in_flight_;
-    ++admitted_;
+    if (counted) ++admitted_;
     return Ticket(this);
   }
 
@@ -70,7 +73,7 @@ class Admission {
     std::lock_guard<std::mutex> lock(mu_);
     return in_flight_;
   }
-  // Requests admitted since start, and when the last one ended (for idle housekeeping).
+  // Counted requests admitted since start, and when the last one ended (for idle housekeeping).
   uint64_t admitted() const {
     std::lock_guard<std::mutex> lock(mu_);
     return admitted_;

@@ -76,21 +76,25 @@ class Executor {
            absl::Duration memory_wait);
 
   // Plans and runs one conversion. `preferred` picks the GPU for bytes->bytes work.
+  // Uncounted work (the daemon's own RPC warm-up) stays out of the kernel-time and
+  // converted-bytes metrics, which describe clients' traffic.
   absl::StatusOr<ConvertOutcome> Convert(const ConversionSpec& spec,
                                          absl::Span<const int64_t> logical_shape,
                                          const ConvertInput& input, const ConvertOutput& output,
-                                         const std::optional<Uuid>& preferred, absl::Time deadline);
+                                         const std::optional<Uuid>& preferred, absl::Time deadline,
+                                         bool counted);
 
-  // Plans a streamed conversion (dense input) and picks its engine.
+  // Plans a streamed conversion (dense input) and picks its engine; `counted` as above.
   absl::StatusOr<std::unique_ptr<StreamConverter>> StartStream(
       const ConversionSpec& spec, absl::Span<const int64_t> logical_shape,
-      const std::optional<Uuid>& preferred, absl::Time deadline);
+      const std::optional<Uuid>& preferred, absl::Time deadline, bool counted);
 
  private:
   absl::StatusOr<Gpu*> PickGpu(const ConvertInput& input, const ConvertOutput& output,
                                const std::optional<Uuid>& preferred);
   absl::Status RunOnGpu(Gpu& gpu, const Plan& plan, const ConvertInput& input,
-                        const ConvertOutput& output, absl::Time deadline, ConvertOutcome* outcome);
+                        const ConvertOutput& output, absl::Time deadline, bool counted,
+                        ConvertOutcome* outcome);
 
   // Constant after construction.
   DeviceManager* const devices_;

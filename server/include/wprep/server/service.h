@@ -4,6 +4,7 @@
 #define WPREP_SERVER_SERVICE_H_
 
 #include <cstdint>
+#include <string>
 
 #include "wprep/server/admission.h"
 #include "wprep/server/device_manager.h"
@@ -21,9 +22,12 @@ inline constexpr uint64_t kOutputChunkBytes = 1ull << 20;
 
 class WeightPrepService final : public wprep::v1::WeightPrep::Service {
  public:
-  // Borrows everything; all must outlive the service.
+  // Borrows everything; all must outlive the service. Calls whose x-wprep-warmup metadata
+  // equals `warmup_token` (the daemon's own warm-up; see rpc_warmup.h) are served but not
+  // counted anywhere; an empty token disables that.
   WeightPrepService(Admission* admission, DeviceManager* devices, IpcCache* ipc,
-                    Executor* executor, Metrics* metrics, int64_t max_message_bytes);
+                    Executor* executor, Metrics* metrics, int64_t max_message_bytes,
+                    std::string warmup_token);
 
   grpc::Status Plan(grpc::ServerContext* ctx, const wprep::v1::PlanRequest* req,
                     wprep::v1::PlanResponse* resp) override;
@@ -58,6 +62,7 @@ class WeightPrepService final : public wprep::v1::WeightPrep::Service {
   Executor* const executor_;
   Metrics* const metrics_;
   const int64_t max_message_bytes_;
+  const std::string warmup_token_;
 };
 
 }  // namespace wprep::server

@@ -9,6 +9,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -40,6 +41,8 @@ wprep::v1::ConversionSpec SpecToProto(const ConversionSpec& spec);
 struct CallOptions {
   // Deadline from now; unset = none.
   std::optional<std::chrono::milliseconds> timeout;
+  // Extra request metadata (keys lower-case), sent with every call made with these options.
+  std::vector<std::pair<std::string, std::string>> metadata;
 };
 
 struct StreamOptions : CallOptions {
