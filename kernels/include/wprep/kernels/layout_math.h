@@ -150,12 +150,26 @@ WPREP_HD uint32_t BytePerm(uint32_t a, uint32_t b, uint32_t sel) {
 // Transposes the 4x4 byte matrix whose rows are w[0..3]: afterwards byte j of w[i] is
 // what byte i of w[j] was.
 WPREP_HD void Transpose4x4Bytes(uint32_t* w) {
+#if defined(__CUDA_ARCH__)
   const uint32_t t0 = BytePerm(w[0], w[1], 0x5140), t1 = BytePerm(w[0], w[1], 0x7362);
   const uint32_t t2 = BytePerm(w[2], w[3], 0x5140), t3 = BytePerm(w[2], w[3], 0x7362);
   w[0] = BytePerm(t0, t2, 0x5410);
   w[1] = BytePerm(t0, t2, 0x7632);
   w[2] = BytePerm(t1, t3, 0x5410);
   w[3] = BytePerm(t1, t3, 0x7632);
+#else
+  // No byte permute on the host: swap the off-diagonal bytes of each 2x2 block of bytes,
+  // then the off-diagonal 16-bit halves of each 2x2 block of halves (delta swaps).
+  auto swap = [](uint32_t& lo, uint32_t& hi, int shift, uint32_t mask) {
+    const uint32_t t = ((lo >> shift) ^ hi) & mask;
+    hi ^= t;
+    lo ^= t << shift;
+  };
+  swap(w[0], w[1], 8, 0x00FF00FFu);
+  swap(w[2], w[3], 8, 0x00FF00FFu);
+  swap(w[0], w[2], 16, 0x0000FFFFu);
+  swap(w[1], w[3], 16, 0x0000FFFFu);
+#endif
 }
 
 // The PairNibbles transpose on an 8x4-byte micro-tile. in[r] holds 4 bytes (columns
