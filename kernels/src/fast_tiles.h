@@ -3,9 +3,10 @@
 // costs a few instructions. Each tile is written for kTileThreads cooperating threads;
 // thread t of a CUDA block runs virtual thread t, the CPU engine runs them in turn.
 //
-// Two-stage tiles stage a 128 x 128-byte window in `smem` as 128 rows of 32 words with a
-// pitch of kPitch = 33 words (the odd pitch spreads both access patterns over the banks):
-//   Hopper mx_axis -2: Q rows x Q columns;  Blackwell: storage n x k.
+// Two-stage tiles stage a 16 KiB window in `smem`. Hopper mx_axis -2 and Blackwell
+// unswizzle hold 128 rows of 32 words at a pitch of kPitch = 33 words (the odd pitch
+// spreads both access patterns over the banks): Q rows x Q columns, or storage n x k.
+// Blackwell swizzle holds its 256 canonical rows as loaded (RawWindowWord).
 // Micro-tile threads cover (jg, rg): 16 groups of 4 bytes along a canonical row x 32
 // groups of 8 canonical rows; neighbouring threads take neighbouring jg so global
 // accesses along canonical rows coalesce.
