@@ -477,14 +477,13 @@ struct BlackwellTile {
       const int64_t n = ctx.a0 + 8 * jw, k = ctx.b0 + 8 * rg;
       const int64_t extent_n = ExtentN(g);
       if (n >= extent_n || k >= ExtentK(g)) return;
-      // Rows n..n+7 share a tile when tile_n is a multiple of 8 (n is).
-      const bool one_tile = g.out_tiling.tile_n % 8 == 0;
+      // Within one K tile the storage rows of consecutive N tiles are contiguous
+      // ([kt][nt][n'][k']), so row n + m lies m * tile_k bytes after row n.
       uint8_t* const base = ctx.out + BlackwellOffset(g.out_tiling, nullptr, n, k);
       WPREP_UNROLL
       for (int m = 0; m < 8; ++m) {
         if (n + m >= extent_n) break;
-        uint8_t* dst = one_tile ? base + m * g.out_tiling.tile_k
-                                : ctx.out + BlackwellOffset(g.out_tiling, nullptr, n + m, k);
+        uint8_t* dst = base + m * g.out_tiling.tile_k;
         if (acc.vec_out) {
           Store2Words(dst, lo[m], hi[m]);
         } else {

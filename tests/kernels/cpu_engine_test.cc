@@ -44,7 +44,10 @@ std::vector<ConversionSpec> AllSwizzleSpecs() {
       specs.push_back(s);
     }
   }
-  for (auto [bk, bn] : std::vector<std::pair<int, int>>{{128, 256}, {256, 128}, {64, 64}, {6, 10}, {384, 48}}) {
+  // {128, 20}: the word-level Blackwell tile with tile_n not a multiple of 8, so a
+  // swizzle thread's eight storage rows can straddle two N tiles.
+  for (auto [bk, bn] : std::vector<std::pair<int, int>>{
+           {128, 256}, {256, 128}, {64, 64}, {6, 10}, {384, 48}, {128, 20}}) {
     ConversionSpec s;
     s.layout = Layout::kBlackwellShuffledValue;
     s.blackwell = {bk, bn};

@@ -94,10 +94,11 @@ Plan MustPlan(const ConversionSpec& spec, const std::vector<int64_t>& shape,
   return plan.ok() ? *plan : Plan{};
 }
 
-// Every kernel variant, plus more Blackwell tilings.
+// Every kernel variant, plus more Blackwell tilings ({128, 20}: tile_n not a multiple of
+// 8, so a swizzle thread's eight storage rows can straddle two N tiles).
 std::vector<ConversionSpec> AllSpecs() {
   std::vector<ConversionSpec> specs = KernelVariantSpecs();
-  for (auto [bk, bn] : std::vector<std::pair<int, int>>{{256, 128}, {64, 64}}) {
+  for (auto [bk, bn] : std::vector<std::pair<int, int>>{{256, 128}, {64, 64}, {128, 20}}) {
     for (Direction d : {Direction::kSwizzle, Direction::kUnswizzle, Direction::kRetile}) {
       ConversionSpec s;
       s.layout = Layout::kBlackwellShuffledValue;
