@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 #include <map>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -14,6 +15,16 @@ namespace wprep::server {
 namespace {
 
 double SecondsSince(absl::Time start) { return absl::ToDoubleSeconds(absl::Now() - start); }
+
+// A finished conversion's kernel seconds (when known) and output bytes, into the engine's
+// metrics `m` (if any). The daemon's own warm-up (counted == false) is not clients'
+// traffic and stays out.
+void RecordConversion(DeviceMetrics* m, bool counted, std::optional<double> kernel_seconds,
+                      uint64_t output_bytes) {
+  if (m == nullptr || !counted) return;
+  if (kernel_seconds) m->kernel_seconds->Observe(*kernel_seconds);
+  m->converted_bytes->Increment(static_cast<double>(output_bytes));
+}
 
 absl::Status CheckDeadline(absl::Time deadline) {
   if (absl::Now() >= deadline) {
@@ -117,10 +128,7 @@ class CpuStreamConverter final : public SlicedConverter {
     const absl::Time start = absl::Now();
     absl::Status s = ConvertOnCpu(**p, in.data(), in.size(), out_.data(), out_.size(), CpuOptions{threads_});
     if (!s.ok()) return s;
-    if (metrics_ != nullptr && counted_) {
-      metrics_->kernel_seconds->Observe(SecondsSince(start));
-      metrics_->converted_bytes->Increment(static_cast<double>(out_.size()));
-    }
+    RecordConversion(metrics_, counted_, SecondsSince(start), out_.size());
     return absl::Span<const uint8_t>(out_);
   }
 
@@ -143,12 +151,10 @@ class KernelTimer {
   void Stop() {
     if (ok_) ok_ = cudaEventRecord(stop_, stream_) == cudaSuccess;
   }
-  // After the stream is synchronized: observes the kernel's seconds in `h` and returns
-  // them (nullopt when the events failed).
-  std::optional<double> Report(prometheus::Histogram* h) {
+  // After the stream is synchronized: the kernel's seconds (nullopt when the events failed).
+  std::optional<double> Seconds() {
     float ms = 0;
     if (!ok_ || cudaEventElapsedTime(&ms, start_, stop_) != cudaSuccess) return std::nullopt;
-    if (h != nullptr) h->Observe(ms / 1e3);
     return ms / 1e3;
   }
   ~KernelTimer() {
@@ -210,8 +216,7 @@ class GpuStreamConverter final : public SlicedConverter {
           cudaMemcpyAsync(pinned_out_.data(), d_out_, out_bytes, cudaMemcpyDeviceToHost, st));
     }
     WPREP_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(st));
-    timer.Report(counted_ ? gpu_.metrics()->kernel_seconds : nullptr);
-    if (counted_) gpu_.metrics()->converted_bytes->Increment(static_cast<double>(out_bytes));
+    RecordConversion(gpu_.metrics(), counted_, timer.Seconds(), out_bytes);
     return absl::Span<const uint8_t>(pinned_out_.data(), out_bytes);
   }
   uint64_t peak_extra_device_bytes() const override { return mem_ ? mem_->peak() : 0; }
@@ -312,10 +317,7 @@ absl::StatusOr<ConvertOutcome> Executor::Convert(const ConversionSpec& spec,
                                 input.bytes->size(), reinterpret_cast<uint8_t*>(output.bytes->data()),
                                 output.bytes->size(), CpuOptions{devices_->cpu_threads()});
   if (!s.ok()) return s;
-  if (m != nullptr && counted) {
-    m->kernel_seconds->Observe(SecondsSince(start));
-    m->converted_bytes->Increment(static_cast<double>(plan->output_bytes));
-  }
+  RecordConversion(m, counted, SecondsSince(start), plan->output_bytes);
   return outcome;
 }
 
@@ -395,8 +397,8 @@ absl::Status Executor::RunOnGpu(Gpu& gpu, const Plan& plan, const ConvertInput& 
   if (!output.ipc && pin_out.data() != nullptr) {
     output.bytes->assign(reinterpret_cast<const char*>(pin_out.data()), plan.output_bytes);
   }
-  outcome->kernel_seconds = timer.Report(counted ? gpu.metrics()->kernel_seconds : nullptr);
-  if (counted) gpu.metrics()->converted_bytes->Increment(static_cast<double>(plan.output_bytes));
+  outcome->kernel_seconds = timer.Seconds();
+  RecordConversion(gpu.metrics(), counted, outcome->kernel_seconds, plan.output_bytes);
   outcome->peak_extra_device_bytes = mem.peak();
   return absl::OkStatus();
 #else
