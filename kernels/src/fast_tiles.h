@@ -268,7 +268,7 @@ struct HopperMx2Tile {
     return CeilDiv(kSwizzle ? g.q_cols_pad : g.q_cols, kWindow);
   }
   WPREP_HD static int64_t TilesPerMatrix(const Geometry& g) {
-    return CeilDiv(kSwizzle ? g.q_rows_pad : g.q_rows, kWindow) * TilesAlongCols(g);
+    return TilesAlongB(g) * TilesAlongCols(g);
   }
   // Q row windows walk fastest: tiles running together then cover neighbouring 64-byte
   // pieces of the same canonical rows (unswizzle 1.33x -> 1.28x the copy, swizzle
@@ -383,7 +383,7 @@ struct BlackwellTile {
     return kOp == Op::kBlackwellUnswizzle ? g.kp : g.out_tiling.kpad;
   }
   WPREP_HD static int64_t TilesPerMatrix(const Geometry& g) {
-    return CeilDiv(ExtentN(g), kWindow) * CeilDiv(ExtentK(g), kWindow);
+    return TilesAlongB(g) * CeilDiv(ExtentK(g), kWindow);
   }
   // N windows walk fastest, so tiles running together cover neighbouring pieces of the
   // same canonical rows (swizzle 1.27x -> 1.20x the copy, unswizzle 1.21x -> 1.15x,
