@@ -61,6 +61,10 @@ struct SlotLoader {
     for (int i = 0; i < kWords; ++i) *At(k + i) = w[i];
   }
   __device__ void Word(int k, const uint8_t* p) { CpAsync4(At(k), p); }
+  __device__ void Pair(int k, const uint8_t* p) {
+    CpAsync4(At(k), p);
+    CpAsync4(At(k + 1), p + 4);
+  }
   __device__ void Read(tiles::Regs& r) const {
 #pragma unroll
     for (int c = 0; c < 4; ++c) {

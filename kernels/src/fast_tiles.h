@@ -3,10 +3,10 @@
 // costs a few instructions. Each tile is written for kTileThreads cooperating threads;
 // thread t of a CUDA block runs virtual thread t, the CPU engine runs them in turn.
 //
-// Two-stage tiles stage a 16 KiB window in `smem`. Hopper mx_axis -2 and Blackwell
-// unswizzle hold 128 rows of 32 words at a pitch of kPitch = 33 words (the odd pitch
-// spreads both access patterns over the banks): Q rows x Q columns, or storage n x k.
-// Blackwell swizzle holds its 256 canonical rows as loaded (RawWindowWord).
+// Two-stage tiles stage a 16 KiB window in `smem`. Blackwell unswizzle holds 128 rows of
+// 32 words at a pitch of kPitch = 33 words (the odd pitch spreads both access patterns
+// over the banks): storage n x k. Blackwell swizzle holds its 256 canonical rows as
+// loaded (RawWindowWord). The Hopper tiles need no shared memory.
 // Micro-tile threads cover (jg, rg): 16 groups of 4 bytes along a canonical row x 32
 // groups of 8 canonical rows; neighbouring threads take neighbouring jg so global
 // accesses along canonical rows coalesce.
@@ -82,7 +82,8 @@ TileGrid MakeTileGrid(const Geometry& g) {
 // now; the CUDA engine's asynchronous loader (cuda_engine.cu) copies them into shared
 // memory for a later tile iteration, so the same Fetch serves both.
 //   Row<kWords>(k, src, valid, vec)  words k.. from a row, as LoadRowWords;
-//   Word(k, p)                       word k from a 4-byte aligned, existing word.
+//   Word(k, p)                       word k from a 4-byte aligned, existing word;
+//   Pair(k, p)                       words k, k + 1 from 8 existing bytes, 8-byte aligned.
 struct Regs {
   uint32_t w[16];
   template <int kWords>
@@ -90,6 +91,7 @@ struct Regs {
     LoadRowWords<kWords>(src, valid, w + k, vec);
   }
   WPREP_HD void Word(int k, const uint8_t* p) { w[k] = LoadWord(p); }
+  WPREP_HD void Pair(int k, const uint8_t* p) { Load2Words(w + k, p); }
 };
 
 // ---------------------------------------------------------------------------------------
@@ -180,45 +182,6 @@ struct HopperMx1Tile {
   WPREP_HD static void Store(const Geometry&, const TileCtx&, int, Access, uint32_t*) {}
 };
 
-// Loads the two canonical micro-tiles of virtual thread vt (rows row_of(rg) + 0..7, bytes
-// col0 + 4*jg) as words 0..7 and 8..15 of the loader.
-template <class RowOf, class Ld>
-WPREP_HD void FetchMicroTiles(const Geometry& g, const uint8_t* mat, int vt, int64_t col0,
-                              RowOf row_of, bool word, Ld& ld) {
-  WPREP_UNROLL
-  for (int i = 0; i < 2; ++i) {
-    int jg, rg;
-    MicroTileCoords(vt + kTileThreads * i, &jg, &rg);
-    const int64_t col = col0 + 4 * jg;
-    const int64_t valid_col = ValidBytes(col, g.d1b, 4);
-    const int64_t row0 = row_of(rg);
-    const uint8_t* p = mat + row0 * g.in_stride[0] + col;
-    if (word && valid_col == 4 && row0 + 8 <= g.d0) {  // interior: eight plain word loads
-      WPREP_UNROLL
-      for (int m = 0; m < 8; ++m) ld.Word(8 * i + m, p + m * g.in_stride[0]);
-      continue;
-    }
-    WPREP_UNROLL
-    for (int m = 0; m < 8; ++m) {
-      const int64_t valid = row0 + m < g.d0 ? valid_col : 0;
-      ld.template Row<1>(8 * i + m, valid > 0 ? p + m * g.in_stride[0] : mat, valid, word);
-    }
-  }
-}
-
-// Pair-transposes the fetched micro-tiles into smem rows 8*jg.., word column rg.
-WPREP_HD void StageMicroTiles(int vt, const Regs& r, uint32_t* smem) {
-  WPREP_UNROLL
-  for (int i = 0; i < 2; ++i) {
-    int jg, rg;
-    MicroTileCoords(vt + kTileThreads * i, &jg, &rg);
-    uint32_t p[8];
-    PairTranspose8x4(r.w + 8 * i, p);
-    WPREP_UNROLL
-    for (int m = 0; m < 8; ++m) smem[(8 * jg + m) * kPitch + rg] = p[m];
-  }
-}
-
 // The inverse for the two micro-tiles of vt: smem -> canonical rows row_of(rg).., bytes
 // col0 + 4*jg, clipped to the matrix.
 template <class RowOf>
@@ -250,18 +213,24 @@ WPREP_HD void StoreMicroTiles(const Geometry& g, uint8_t* mat, int vt, int64_t c
 }
 
 // ---------------------------------------------------------------------------------------
-// Hopper, mx_axis -2: Q is the pair transpose of the canonical matrix. A tile is a
-// 128 x 128 window of Q (ctx.a0 = Q row qr0, ctx.b0 = Q column qc0), held in smem.
+// Hopper, mx_axis -2, straight between canonical words and O words: no Q, no shared
+// memory (HopperInterleaveCanonical). A tile is a 128 x 128 window of Q (ctx.a0 = Q row
+// qr0, ctx.b0 = Q column qc0): 256 canonical rows x 64 bytes <-> 32 O rows x 512 bytes.
+// Warp w takes Q columns qc = qc0 + 32*(w >> 1).. (one 32-column group cr: 64 canonical
+// rows, 128 bytes of each O row) and canonical bytes qr0/2 + 32*(w & 1)..; lane
+// kh + 2*t1 + 8*mm moves 8 canonical rows x 8 bytes (m = 4*(w & 1) + mm) <-> two O words
+// at each of O rows 4*m + t0 (t0 0..3), columns 64*s0 + 16*t1 + 8*kh (s0 0..1). Each
+// 8-byte access of a warp instruction thus fills whole 32-byte sectors: 32 contiguous
+// bytes of eight canonical rows, or 64 of four O rows. (The two-stage form through
+// shared memory, with Q bytes and a quad chunk exchange, took 1.36x the copy for swizzle
+// and 1.26x for unswizzle on an H200 at 128 MiB; docs/PERFORMANCE.md.)
 
 template <Op kOp, int kMma>
 struct HopperMx2Tile {
-  static constexpr int kSmemWords = kWindowWords;
-  static constexpr bool kTwoStage = true;
+  static constexpr int kSmemWords = 1;
+  static constexpr bool kTwoStage = false;
   static constexpr bool kSwizzle = kOp == Op::kHopperSwizzle;
-  // Swizzle needs 80 registers to pack without spilling; unswizzle fits 64 (4 blocks).
-  static constexpr int kMinBlocks = kSwizzle ? 3 : 4;
-  // Fetching ahead through shared memory measured slower here (1.68-2.05x the copy
-  // against 1.45x for swizzle, 1.85x against 1.35x for unswizzle).
+  static constexpr int kMinBlocks = 3;
   static constexpr int kAsyncStages = 0;
 
   WPREP_HD static int64_t TilesAlongCols(const Geometry& g) {
@@ -270,9 +239,8 @@ struct HopperMx2Tile {
   WPREP_HD static int64_t TilesPerMatrix(const Geometry& g) {
     return TilesAlongB(g) * TilesAlongCols(g);
   }
-  // Q row windows walk fastest: tiles running together then cover neighbouring 64-byte
-  // pieces of the same canonical rows (unswizzle 1.33x -> 1.28x the copy, swizzle
-  // unchanged; H200, 128 MiB).
+  // Q row windows walk fastest: tiles running together then cover neighbouring pieces of
+  // the same canonical rows.
   WPREP_HD static int64_t TilesAlongB(const Geometry& g) {
     return CeilDiv(kSwizzle ? g.q_rows_pad : g.q_rows, kWindow);
   }
@@ -280,70 +248,134 @@ struct HopperMx2Tile {
                                   int64_t a, int64_t b) {
     return MakeCtx(g, in, out, e, b * kWindow, a * kWindow);
   }
-  // O side: vt owns 64-byte block blk = vt & 7 of O row qr0/4 + (vt >> 3); its Q rows are
-  // r0 and r0 + 8, Q word columns 8*(blk >> 1).. of the window. False if the block lies
-  // outside the storage.
-  WPREP_HD static bool OBlock(const Geometry& g, const TileCtx& ctx, int vt, int* orow_l, int* blk,
-                              int* r0) {
-    *blk = vt & 7;
-    *orow_l = vt >> 3;
-    *r0 = 16 * (*orow_l >> 2) + 2 * (*orow_l & 3) + (*blk & 1);
-    return ctx.b0 + 32 * (*blk >> 1) < g.q_cols_pad;
+
+  // Canonical row of the thread's word pair i (0..7), relative to its first row. mma 3:
+  // rows 2c + {0, 1, 8, 9} for the Q columns c and c + 4 of k = 2*kh and 2*kh + 1; mma 2:
+  // rows 2c .. 2c + 7 for Q columns c .. c + 3.
+  WPREP_HD static constexpr int RowOffset(int i) { return kMma == 3 ? (i & 1) + 8 * (i >> 1) : i; }
+  // Where the words of O-word group j (j = k & 1 for mma 3, w0 for mma 2) sit among the
+  // thread's 16 canonical words (2 * pair + half): x[i] and y[i] of
+  // HopperInterleaveCanonical.
+  WPREP_HD static constexpr int XWord(int j, int i) {
+    return kMma == 3 ? 8 * j + 4 + i : j + 8 + 4 * (i & 1) + 2 * (i >> 1);
+  }
+  WPREP_HD static constexpr int YWord(int j, int i) {
+    return kMma == 3 ? 8 * j + (i ^ 1) : j + 4 * ((i & 1) ^ 1) + 2 * (i >> 1);
   }
 
+  // The thread's first canonical row and byte, its first O row and byte column. False if
+  // its Q columns lie outside the storage (swizzle) or the tensor (unswizzle).
+  struct Unit {
+    int64_t row0, col, orow, ocol;
+  };
+  WPREP_HD static bool GetUnit(const Geometry& g, const TileCtx& ctx, int vt, Unit* u) {
+    const int warp = vt >> 5, lane = vt & 31;
+    const int kh = lane & 1, t1 = (lane >> 1) & 3, m = 4 * (warp & 1) + (lane >> 3);
+    const int64_t qc = ctx.b0 + 32 * (warp >> 1);
+    u->row0 = 2 * qc + 32 * kh + (kMma == 3 ? 2 * t1 : 8 * t1);
+    u->col = ctx.a0 / 2 + 8 * m;
+    u->orow = ctx.a0 / 4 + 4 * m;
+    u->ocol = 4 * qc + 16 * t1 + 8 * kh;
+    return qc < (kSwizzle ? g.q_cols_pad : g.q_cols);
+  }
+
+  // Swizzle: canonical words 2*i + h = row row0 + RowOffset(i), bytes col + 4*h (zero
+  // outside the tensor). Unswizzle: words 2*(2*t0 + s0) + j = O word group j at (t0, s0).
   template <class Ld>
   WPREP_HD static void Fetch(const Geometry& g, const TileCtx& ctx, int vt, Access acc, Ld& ld) {
+    Unit u;
+    if (!GetUnit(g, ctx, vt, &u)) return;
+    const int64_t rs = g.in_stride[0];
     if constexpr (kSwizzle) {
-      const int64_t qc0 = ctx.b0;
-      FetchMicroTiles(g, ctx.in, vt, ctx.a0 / 2, [qc0](int rg) { return 2 * qc0 + 8 * rg; },
-                      acc.word_in, ld);
-    } else {
-      int orow_l, blk, r0;
-      if (!OBlock(g, ctx, vt, &orow_l, &blk, &r0)) return;
-      ld.template Row<16>(0, ctx.in + (ctx.a0 / 4 + orow_l) * g.in_stride[0] + 4 * ctx.b0 + 64 * blk,
-                          64, acc.vec_in);
-    }
-  }
-
-  WPREP_HD static void Stage(const Geometry& g, const TileCtx& ctx, int vt, Access,
-                             const Regs& r, uint32_t* smem) {
-    if constexpr (kSwizzle) {
-      StageMicroTiles(vt, r, smem);
-    } else {
-      int orow_l, blk, r0;
-      if (!OBlock(g, ctx, vt, &orow_l, &blk, &r0)) return;
-      uint32_t q[16];
-      HopperUnpackBlock<kMma>(r.w, q, q + 8);
-      const int cw = 8 * (blk >> 1);
+      const int64_t valid_col = ValidBytes(u.col, g.d1b, 8);
+      const uint8_t* p = ctx.in + u.row0 * rs + u.col;
+      if (acc.vec_in && valid_col == 8 && u.row0 + RowOffset(7) < g.d0) {
+        WPREP_UNROLL
+        for (int i = 0; i < 8; ++i) ld.Pair(2 * i, p + RowOffset(i) * rs);
+        return;
+      }
       WPREP_UNROLL
       for (int i = 0; i < 8; ++i) {
-        smem[r0 * kPitch + cw + i] = q[i];
-        smem[(r0 + 8) * kPitch + cw + i] = q[8 + i];
+        const int64_t valid = u.row0 + RowOffset(i) < g.d0 ? valid_col : 0;
+        ld.template Row<2>(2 * i, valid > 0 ? p + RowOffset(i) * rs : ctx.in, valid, acc.word_in);
+      }
+    } else {
+      const uint8_t* p = ctx.in + u.orow * rs + u.ocol;
+      WPREP_UNROLL
+      for (int t0 = 0; t0 < 4; ++t0) {
+        WPREP_UNROLL
+        for (int s0 = 0; s0 < 2; ++s0) {
+          const uint8_t* src = p + t0 * rs + 64 * s0;
+          if (acc.vec_in) {
+            ld.Pair(2 * (2 * t0 + s0), src);
+          } else {
+            ld.template Row<2>(2 * (2 * t0 + s0), src, 8, acc.word_in);
+          }
+        }
       }
     }
   }
 
-  WPREP_HD static void Store(const Geometry& g, const TileCtx& ctx, int vt, Access acc,
-                             uint32_t* smem) {
+  WPREP_HD static void Stage(const Geometry& g, const TileCtx& ctx, int vt, Access acc,
+                             const Regs& r, uint32_t*) {
+    Unit u;
+    if (!GetUnit(g, ctx, vt, &u)) return;
     if constexpr (kSwizzle) {
-      int orow_l, blk, r0;
-      const bool active = OBlock(g, ctx, vt, &orow_l, &blk, &r0);
-      uint32_t q[16], o[16];
-      const int cw = 8 * (blk >> 1);
+      uint32_t o[2][8];
+      WPREP_UNROLL
+      for (int j = 0; j < 2; ++j) {
+        uint32_t x[4], y[4];
+        WPREP_UNROLL
+        for (int i = 0; i < 4; ++i) {
+          x[i] = r.w[XWord(j, i)];
+          y[i] = r.w[YWord(j, i)];
+        }
+        HopperInterleaveCanonical(x, y, o[j]);
+      }
+      const int64_t pitch = 4 * g.q_cols_pad;
+      uint8_t* const base = ctx.out + u.orow * pitch + u.ocol;
+      WPREP_UNROLL
+      for (int t0 = 0; t0 < 4; ++t0) {
+        WPREP_UNROLL
+        for (int s0 = 0; s0 < 2; ++s0) {
+          uint8_t* dst = base + t0 * pitch + 64 * s0;
+          const uint32_t pair[2] = {o[0][2 * t0 + s0], o[1][2 * t0 + s0]};
+          if (acc.vec_out) {
+            Store2Words(dst, pair[0], pair[1]);
+          } else {
+            StoreRowWords<2>(dst, 8, pair, acc.word_out);
+          }
+        }
+      }
+    } else {
+      uint32_t c[16];
+      WPREP_UNROLL
+      for (int j = 0; j < 2; ++j) {
+        uint32_t in[8], x[4], y[4];
+        WPREP_UNROLL
+        for (int k = 0; k < 8; ++k) in[k] = r.w[2 * k + j];
+        HopperDeinterleaveCanonical(in, x, y);
+        WPREP_UNROLL
+        for (int i = 0; i < 4; ++i) {
+          c[XWord(j, i)] = x[i];
+          c[YWord(j, i)] = y[i];
+        }
+      }
+      const int64_t valid_col = ValidBytes(u.col, g.d1b, 8);
+      uint8_t* const base = ctx.out + u.row0 * g.d1b + u.col;
       WPREP_UNROLL
       for (int i = 0; i < 8; ++i) {
-        q[i] = smem[r0 * kPitch + cw + i];
-        q[8 + i] = smem[(r0 + 8) * kPitch + cw + i];
+        const int64_t valid = u.row0 + RowOffset(i) < g.d0 ? valid_col : 0;
+        uint8_t* dst = base + RowOffset(i) * g.d1b;
+        if (acc.vec_out && valid == 8) {
+          Store2Words(dst, c[2 * i], c[2 * i + 1]);
+        } else {
+          StoreRowWords<2>(valid > 0 ? dst : ctx.out, valid, c + 2 * i, acc.word_out);
+        }
       }
-      HopperPackBlock<kMma>(q, q + 8, o);
-      StoreBlock64(ctx.out + (ctx.a0 / 4 + orow_l) * (4 * g.q_cols_pad) + 4 * ctx.b0 + 64 * blk, o,
-                   active, acc.vec_out);
-    } else {
-      const int64_t qc0 = ctx.b0;
-      StoreMicroTiles(g, ctx.out, vt, ctx.a0 / 2, [qc0](int rg) { return 2 * qc0 + 8 * rg; },
-                      acc.word_out, smem);
     }
   }
+  WPREP_HD static void Store(const Geometry&, const TileCtx&, int, Access, uint32_t*) {}
 };
 
 // ---------------------------------------------------------------------------------------

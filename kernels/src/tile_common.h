@@ -80,6 +80,17 @@ WPREP_HD void Store4Words(uint8_t* p, const uint32_t* w) {
 #endif
 }
 
+// Two words from an 8-byte aligned `p`.
+WPREP_HD void Load2Words(uint32_t* w, const uint8_t* p) {
+#if defined(__CUDA_ARCH__)
+  const uint2 v = *reinterpret_cast<const uint2*>(p);
+  w[0] = v.x;
+  w[1] = v.y;
+#else
+  std::memcpy(w, p, 8);
+#endif
+}
+
 // Two words to an 8-byte aligned `p`.
 WPREP_HD void Store2Words(uint8_t* p, uint32_t w0, uint32_t w1) {
 #if defined(__CUDA_ARCH__)

@@ -150,6 +150,56 @@ TEST(WordForms, PairTransposeMatchesPairNibbles) {
   }
 }
 
+// Byte i of x, nibble h.
+uint32_t Nib(uint32_t x, int i, int h) { return (x >> (8 * i + 4 * h)) & 15; }
+
+TEST(WordForms, GatheredInterleaveMatchesInterleaveWord) {
+  // Both are bit permutations written as ORs of disjoint fields (linear maps), so single
+  // bits decide; random words check again.
+  auto gather = [](uint32_t x) {
+    uint32_t g = 0;
+    const int order[4] = {2, 1, 3, 0};  // G's nibbles: b2, b1, b3, b0 per half
+    for (int h = 0; h < 2; ++h) {
+      for (int k = 0; k < 4; ++k) g |= Nib(x, order[k], h) << (16 * h + 4 * k);
+    }
+    return g;
+  };
+  std::mt19937 rng(5);
+  for (int i = 0; i < 100032; ++i) {
+    const uint32_t x = i < 32 ? 1u << i : rng();
+    ASSERT_EQ(HopperInterleaveGathered(gather(x)), ContractInterleave(x)) << x;
+    ASSERT_EQ(HopperDeinterleaveGathered(ContractInterleave(x)), gather(x)) << x;
+  }
+}
+
+TEST(WordForms, CanonicalInterleaveTakesTheDocumentedNibbles) {
+  std::mt19937 rng(9);
+  for (int trial = 0; trial < 1000; ++trial) {
+    uint32_t x[4], y[4], out[8], x2[4], y2[4];
+    for (int i = 0; i < 4; ++i) {
+      x[i] = rng();
+      y[i] = rng();
+    }
+    HopperInterleaveCanonical(x, y, out);
+    for (int t0 = 0; t0 < 4; ++t0) {
+      for (int s0 = 0; s0 < 2; ++s0) {
+        // x = (lo b2, lo b3, hi b2, hi b3), y = (lo b1, lo b0, hi b1, hi b0).
+        const uint32_t b0 = Nib(y[1], t0, s0) | Nib(y[3], t0, s0) << 4;
+        const uint32_t b1 = Nib(y[0], t0, s0) | Nib(y[2], t0, s0) << 4;
+        const uint32_t b2 = Nib(x[0], t0, s0) | Nib(x[2], t0, s0) << 4;
+        const uint32_t b3 = Nib(x[1], t0, s0) | Nib(x[3], t0, s0) << 4;
+        ASSERT_EQ(out[2 * t0 + s0], ContractInterleave(b0 | b1 << 8 | b2 << 16 | b3 << 24))
+            << "t0=" << t0 << " s0=" << s0;
+      }
+    }
+    HopperDeinterleaveCanonical(out, x2, y2);
+    for (int i = 0; i < 4; ++i) {
+      ASSERT_EQ(x2[i], x[i]);
+      ASSERT_EQ(y2[i], y[i]);
+    }
+  }
+}
+
 template <int kMma>
 void CheckHopperBlocks() {
   std::mt19937 rng(kMma);

@@ -172,6 +172,14 @@ WPREP_HD void Transpose4x4Bytes(uint32_t* w) {
 #endif
 }
 
+// PairNibbles on every byte of two words: byte i of *e is the low nibble of byte i of x
+// | the low nibble of byte i of y << 4, *o the same of the high nibbles. An involution:
+// PairNibbleWords(*e, *o) gives back x and y.
+WPREP_HD void PairNibbleWords(uint32_t x, uint32_t y, uint32_t* e, uint32_t* o) {
+  *e = (x & 0x0F0F0F0Fu) | ((y << 4) & 0xF0F0F0F0u);
+  *o = ((x >> 4) & 0x0F0F0F0Fu) | (y & 0xF0F0F0F0u);
+}
+
 // The PairNibbles transpose on an 8x4-byte micro-tile. in[r] holds 4 bytes (columns
 // j..j+3) of row r; out[m] holds 4 bytes of "row" m, where
 //   byte t of out[2p + h] = PairNibbles(byte p of in[2t], byte p of in[2t + 1], h).
@@ -180,11 +188,7 @@ WPREP_HD void Transpose4x4Bytes(uint32_t* w) {
 WPREP_HD void PairTranspose8x4(const uint32_t* in, uint32_t* out) {
   uint32_t e[4], o[4];
   WPREP_UNROLL
-  for (int t = 0; t < 4; ++t) {
-    const uint32_t a = in[2 * t], b = in[2 * t + 1];
-    e[t] = (a & 0x0F0F0F0Fu) | ((b & 0x0F0F0F0Fu) << 4);
-    o[t] = ((a >> 4) & 0x0F0F0F0Fu) | (b & 0xF0F0F0F0u);
-  }
+  for (int t = 0; t < 4; ++t) PairNibbleWords(in[2 * t], in[2 * t + 1], &e[t], &o[t]);
   Transpose4x4Bytes(e);
   Transpose4x4Bytes(o);
   WPREP_UNROLL
@@ -246,6 +250,60 @@ WPREP_HD void HopperUnpackBlock(const uint32_t* in, uint32_t* q0, uint32_t* q1) 
       q1[2 * k + 1] = w[3];
     }
   }
+}
+
+// ---------------------------------------------------------------------------------------
+// Hopper mx_axis -2 straight from canonical words. The low nibbles of an O word's bytes
+// b0..b3 all end in the low half of the interleaved word W and the high nibbles in the
+// high half, and for mx_axis -2 the two nibbles of a Q byte come from two canonical rows.
+// So W is built from eight canonical nibbles without forming Q: gathered in the order
+// G = (lo b2, lo b1, lo b3, lo b0, hi b2, hi b1, hi b3, hi b0) (nibbles from bit 0 up),
+// every field of W moves by one of seven shifts, half the work of HopperInterleaveWord.
+
+// W = HopperInterleaveWord(b0..b3) from the gathered word G above.
+WPREP_HD uint32_t HopperInterleaveGathered(uint32_t g) {
+  return (g & 0x80078007u) | ((g >> 6) & 0x01C001C0u) | ((g >> 1) & 0x00380038u) |
+         ((g << 5) & 0x30003000u) | ((g << 6) & 0x02000200u) | ((g << 1) & 0x0C000C00u) |
+         ((g << 3) & 0x40004000u);
+}
+
+// Its inverse: W -> G.
+WPREP_HD uint32_t HopperDeinterleaveGathered(uint32_t w) {
+  return (w & 0x80078007u) | ((w << 6) & 0x70007000u) | ((w << 1) & 0x00700070u) |
+         ((w >> 5) & 0x01800180u) | ((w >> 6) & 0x00080008u) | ((w >> 1) & 0x06000600u) |
+         ((w >> 3) & 0x08000800u);
+}
+
+// Eight O words from eight canonical words. O word (t0, s0) -> out[2*t0 + s0] takes
+// nibble s0 of byte t0 of every input word: of x[0..3] for (lo b2, lo b3, hi b2, hi b3)
+// and of y[0..3] for (lo b1, lo b0, hi b1, hi b0). Which canonical rows and columns those
+// are depends on mma_version (HopperMx2Tile in kernels/src/fast_tiles.h).
+WPREP_HD void HopperInterleaveCanonical(const uint32_t* x, const uint32_t* y, uint32_t* out) {
+  uint32_t e[4], o[4];
+  WPREP_UNROLL
+  for (int i = 0; i < 4; ++i) PairNibbleWords(x[i], y[i], &e[i], &o[i]);
+  // Byte t0 of e[i] is byte i of gathered word (t0, 0); the transpose collects them.
+  Transpose4x4Bytes(e);
+  Transpose4x4Bytes(o);
+  WPREP_UNROLL
+  for (int t0 = 0; t0 < 4; ++t0) {
+    out[2 * t0] = HopperInterleaveGathered(e[t0]);
+    out[2 * t0 + 1] = HopperInterleaveGathered(o[t0]);
+  }
+}
+
+// Its inverse: the eight O words in[2*t0 + s0] -> x[0..3], y[0..3].
+WPREP_HD void HopperDeinterleaveCanonical(const uint32_t* in, uint32_t* x, uint32_t* y) {
+  uint32_t e[4], o[4];
+  WPREP_UNROLL
+  for (int t0 = 0; t0 < 4; ++t0) {
+    e[t0] = HopperDeinterleaveGathered(in[2 * t0]);
+    o[t0] = HopperDeinterleaveGathered(in[2 * t0 + 1]);
+  }
+  Transpose4x4Bytes(e);
+  Transpose4x4Bytes(o);
+  WPREP_UNROLL
+  for (int i = 0; i < 4; ++i) PairNibbleWords(e[i], o[i], &x[i], &y[i]);
 }
 
 // ---------------------------------------------------------------------------------------
