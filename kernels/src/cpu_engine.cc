@@ -55,7 +55,7 @@ absl::Status ConvertOnCpu(const Plan& plan, const uint8_t* in, size_t in_size, u
         const int64_t e = t / tiles_per_matrix, r = t - e * tiles_per_matrix;
         const tiles::TileCtx ctx = T::Context(g, in, out, e, r / tiles_b, r % tiles_b);
         for (int vt = 0; vt < kTileThreads; ++vt) {
-          tiles::Regs regs;
+          typename T::Fetched regs;
           T::Fetch(g, ctx, vt, access, regs);
           T::Stage(g, ctx, vt, access, regs, smem);
         }

@@ -28,6 +28,10 @@ __device__ __forceinline__ void CpAsync4(uint32_t* dst, const uint8_t* src) {
   const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(dst));
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(s), "l"(src) : "memory");
 }
+__device__ __forceinline__ void CpAsync8(uint32_t* dst, const uint8_t* src) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(s), "l"(src) : "memory");
+}
 __device__ __forceinline__ void CpAsyncCommit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 template <int kPending>
 __device__ __forceinline__ void CpAsyncWait() {
@@ -61,10 +65,7 @@ struct SlotLoader {
     for (int i = 0; i < kWords; ++i) *At(k + i) = w[i];
   }
   __device__ void Word(int k, const uint8_t* p) { CpAsync4(At(k), p); }
-  __device__ void Pair(int k, const uint8_t* p) {
-    CpAsync4(At(k), p);
-    CpAsync4(At(k + 1), p + 4);
-  }
+  __device__ void Pair(int k, const uint8_t* p) { CpAsync8(At(k), p); }
   __device__ void Read(tiles::Regs& r) const {
 #pragma unroll
     for (int c = 0; c < 4; ++c) {
@@ -100,7 +101,7 @@ __global__ void __launch_bounds__(kTileThreads, T::kMinBlocks)
   uint32_t t = blockIdx.x;
   if (t >= num_tiles) return;
   tiles::TileCtx ctx = context(t);
-  tiles::Regs cur, next;
+  typename T::Fetched cur, next;
   T::Fetch(g, ctx, vt, access, cur);
   // The next tile's loads are issued before this tile's stores, so each thread keeps
   // global loads in flight while it writes.

@@ -78,14 +78,16 @@ TileGrid MakeTileGrid(const Geometry& g) {
 //   Stage(g, ctx, vt, acc, regs, smem)   registers -> smem (two-stage tiles) or -> the
 //                                        output (single-stage tiles);
 //   Store(g, ctx, vt, acc, smem)         smem -> the output (two-stage tiles).
-// A tile's Fetch writes its 16 words through a loader: Regs loads them into registers
-// now; the CUDA engine's asynchronous loader (cuda_engine.cu) copies them into shared
-// memory for a later tile iteration, so the same Fetch serves both.
+// A tile's Fetch writes its words (T::Fetched: 16, or 32 for Hopper mx_axis -2) through
+// a loader: RegsOf loads them into registers now; the CUDA engine's asynchronous loader
+// (cuda_engine.cu, 16 words) copies them into shared memory for a later tile iteration,
+// so the same Fetch serves both.
 //   Row<kWords>(k, src, valid, vec)  words k.. from a row, as LoadRowWords;
 //   Word(k, p)                       word k from a 4-byte aligned, existing word;
 //   Pair(k, p)                       words k, k + 1 from 8 existing bytes, 8-byte aligned.
-struct Regs {
-  uint32_t w[16];
+template <int kCount>
+struct RegsOf {
+  uint32_t w[kCount];
   template <int kWords>
   WPREP_HD void Row(int k, const uint8_t* src, int64_t valid, bool vec) {
     LoadRowWords<kWords>(src, valid, w + k, vec);
@@ -93,6 +95,7 @@ struct Regs {
   WPREP_HD void Word(int k, const uint8_t* p) { w[k] = LoadWord(p); }
   WPREP_HD void Pair(int k, const uint8_t* p) { Load2Words(w + k, p); }
 };
+using Regs = RegsOf<16>;
 
 // ---------------------------------------------------------------------------------------
 // Hopper, mx_axis -1: Q is the canonical matrix, so each virtual thread moves one 64-byte
@@ -100,6 +103,7 @@ struct Regs {
 
 template <Op kOp, int kMma>
 struct HopperMx1Tile {
+  using Fetched = Regs;
   static constexpr int kSmemWords = 1;
   static constexpr bool kTwoStage = false;
   static constexpr bool kSwizzle = kOp == Op::kHopperSwizzle;
@@ -214,73 +218,76 @@ WPREP_HD void StoreMicroTiles(const Geometry& g, uint8_t* mat, int vt, int64_t c
 
 // ---------------------------------------------------------------------------------------
 // Hopper, mx_axis -2, straight between canonical words and O words: no Q, no shared
-// memory (HopperInterleaveCanonical). A tile is a 128 x 128 window of Q (ctx.a0 = Q row
-// qr0, ctx.b0 = Q column qc0): 256 canonical rows x 64 bytes <-> 32 O rows x 512 bytes.
-// Warp w takes Q columns qc = qc0 + 32*(w >> 1).. (one 32-column group cr: 64 canonical
-// rows, 128 bytes of each O row) and canonical bytes qr0/2 + 32*(w & 1)..; lane
-// kh + 2*t1 + 8*mm moves 8 canonical rows x 8 bytes (m = 4*(w & 1) + mm) <-> two O words
-// at each of O rows 4*m + t0 (t0 0..3), columns 64*s0 + 16*t1 + 8*kh (s0 0..1). Each
-// 8-byte access of a warp instruction thus fills whole 32-byte sectors: 32 contiguous
-// bytes of eight canonical rows, or 64 of four O rows. (The two-stage form through
-// shared memory, with Q bytes and a quad chunk exchange, took 1.36x the copy for swizzle
-// and 1.26x for unswizzle on an H200 at 128 MiB; docs/PERFORMANCE.md.)
+// memory (HopperInterleaveCanonical). A thread moves 16 canonical rows x 8 bytes <-> the
+// 16-byte pieces at O rows 4*m + t0 (t0 0..3), columns 128*cr + 64*s0 + 16*t1 (s0 0..1)
+// of its Q column group cr, O row group m and t1. Lanes are t1 + 4*mm, so each warp
+// access fills whole sectors: 64 contiguous bytes of four canonical rows, or of eight O
+// rows. A tile is a 256 x 128 window of Q (ctx.a0 = Q row qr0, ctx.b0 = Q column qc0):
+// 256 canonical rows x 128 bytes <-> 64 O rows x 512 bytes. Warp w takes Q columns
+// qc0 + 32*(w >> 1).. (64 canonical rows) and canonical bytes qr0/2 + 64*(w & 1)...
+// Measured against the two-stage form (Q bytes through shared memory and a quad chunk
+// exchange: 1.36x the copy for swizzle, 1.26x for unswizzle) and against 8-byte pieces
+// (1.19x and 1.17x) on an H200 at 128 MiB; docs/PERFORMANCE.md.
 
 template <Op kOp, int kMma>
 struct HopperMx2Tile {
   static constexpr int kSmemWords = 1;
   static constexpr bool kTwoStage = false;
   static constexpr bool kSwizzle = kOp == Op::kHopperSwizzle;
-  static constexpr int kMinBlocks = 3;
+  static constexpr int kPieces = 16;  // canonical 8-byte row pieces per thread
+  using Fetched = RegsOf<2 * kPieces>;
+  // 32 words fetched ahead and 32 in flight through the interleave need 128 registers.
+  static constexpr int kMinBlocks = 2;
   static constexpr int kAsyncStages = 0;
+  static constexpr int kWinRows = 256, kWinCols = 128;  // Q rows and columns of a tile
 
-  WPREP_HD static int64_t TilesAlongCols(const Geometry& g) {
-    return CeilDiv(kSwizzle ? g.q_cols_pad : g.q_cols, kWindow);
-  }
+  WPREP_HD static int64_t RowsLimit(const Geometry& g) { return kSwizzle ? g.q_rows_pad : g.q_rows; }
+  WPREP_HD static int64_t ColsLimit(const Geometry& g) { return kSwizzle ? g.q_cols_pad : g.q_cols; }
   WPREP_HD static int64_t TilesPerMatrix(const Geometry& g) {
-    return TilesAlongB(g) * TilesAlongCols(g);
+    return TilesAlongB(g) * CeilDiv(ColsLimit(g), kWinCols);
   }
-  // Q row windows walk fastest: tiles running together then cover neighbouring pieces of
-  // the same canonical rows.
-  WPREP_HD static int64_t TilesAlongB(const Geometry& g) {
-    return CeilDiv(kSwizzle ? g.q_rows_pad : g.q_rows, kWindow);
-  }
+  // Q row windows walk fastest: tiles running together cover neighbouring pieces of the
+  // same canonical rows.
+  WPREP_HD static int64_t TilesAlongB(const Geometry& g) { return CeilDiv(RowsLimit(g), kWinRows); }
   WPREP_HD static TileCtx Context(const Geometry& g, const uint8_t* in, uint8_t* out, int64_t e,
                                   int64_t a, int64_t b) {
-    return MakeCtx(g, in, out, e, b * kWindow, a * kWindow);
+    return MakeCtx(g, in, out, e, b * kWinRows, a * kWinCols);
   }
 
-  // Canonical row of the thread's word pair i (0..7), relative to its first row. mma 3:
-  // rows 2c + {0, 1, 8, 9} for the Q columns c and c + 4 of k = 2*kh and 2*kh + 1; mma 2:
-  // rows 2c .. 2c + 7 for Q columns c .. c + 3.
-  WPREP_HD static constexpr int RowOffset(int i) { return kMma == 3 ? (i & 1) + 8 * (i >> 1) : i; }
-  // Where the words of O-word group j (j = k & 1 for mma 3, w0 for mma 2) sit among the
-  // thread's 16 canonical words (2 * pair + half): x[i] and y[i] of
-  // HopperInterleaveCanonical.
+  // Canonical row of the thread's row piece i, relative to its first row. mma 3: rows
+  // 2c + {0, 1, 8, 9} for the Q columns c and c + 4 of k = i >> 2; mma 2: rows 2c .. 2c + 7
+  // for the Q columns c .. c + 3 of w1 = i >> 3.
+  WPREP_HD static constexpr int RowOffset(int i) {
+    return kMma == 3 ? (i & 1) + 8 * (i >> 1) : (i & 7) + 32 * (i >> 3);
+  }
+  // Where the words of O-word group j (word j of each 16-byte piece: k for mma 3,
+  // 2*w1 + w0 for mma 2) sit among the thread's canonical words (2 * piece + half):
+  // x[i] and y[i] of HopperInterleaveCanonical.
   WPREP_HD static constexpr int XWord(int j, int i) {
-    return kMma == 3 ? 8 * j + 4 + i : j + 8 + 4 * (i & 1) + 2 * (i >> 1);
+    return kMma == 3 ? 8 * j + 4 + i : 16 * (j >> 1) + (j & 1) + 8 + 4 * (i & 1) + 2 * (i >> 1);
   }
   WPREP_HD static constexpr int YWord(int j, int i) {
-    return kMma == 3 ? 8 * j + (i ^ 1) : j + 4 * ((i & 1) ^ 1) + 2 * (i >> 1);
+    return kMma == 3 ? 8 * j + (i ^ 1) : 16 * (j >> 1) + (j & 1) + 4 * ((i & 1) ^ 1) + 2 * (i >> 1);
   }
 
   // The thread's first canonical row and byte, its first O row and byte column. False if
-  // its Q columns lie outside the storage (swizzle) or the tensor (unswizzle).
+  // its Q columns or rows lie outside the storage (swizzle) or the tensor (unswizzle).
   struct Unit {
     int64_t row0, col, orow, ocol;
   };
   WPREP_HD static bool GetUnit(const Geometry& g, const TileCtx& ctx, int vt, Unit* u) {
     const int warp = vt >> 5, lane = vt & 31;
-    const int kh = lane & 1, t1 = (lane >> 1) & 3, m = 4 * (warp & 1) + (lane >> 3);
+    const int t1 = lane & 3, m = 8 * (warp & 1) + (lane >> 2);
     const int64_t qc = ctx.b0 + 32 * (warp >> 1);
-    u->row0 = 2 * qc + 32 * kh + (kMma == 3 ? 2 * t1 : 8 * t1);
+    u->row0 = 2 * qc + (kMma == 3 ? 2 * t1 : 8 * t1);
     u->col = ctx.a0 / 2 + 8 * m;
     u->orow = ctx.a0 / 4 + 4 * m;
-    u->ocol = 4 * qc + 16 * t1 + 8 * kh;
-    return qc < (kSwizzle ? g.q_cols_pad : g.q_cols);
+    u->ocol = 4 * qc + 16 * t1;
+    return qc < ColsLimit(g) && ctx.a0 + 16 * m < RowsLimit(g);
   }
 
   // Swizzle: canonical words 2*i + h = row row0 + RowOffset(i), bytes col + 4*h (zero
-  // outside the tensor). Unswizzle: words 2*(2*t0 + s0) + j = O word group j at (t0, s0).
+  // outside the tensor). Unswizzle: words 4*(2*t0 + s0) + j = word j of O piece (t0, s0).
   template <class Ld>
   WPREP_HD static void Fetch(const Geometry& g, const TileCtx& ctx, int vt, Access acc, Ld& ld) {
     Unit u;
@@ -289,13 +296,13 @@ struct HopperMx2Tile {
     if constexpr (kSwizzle) {
       const int64_t valid_col = ValidBytes(u.col, g.d1b, 8);
       const uint8_t* p = ctx.in + u.row0 * rs + u.col;
-      if (acc.vec_in && valid_col == 8 && u.row0 + RowOffset(7) < g.d0) {
+      if (acc.vec_in && valid_col == 8 && u.row0 + RowOffset(kPieces - 1) < g.d0) {
         WPREP_UNROLL
-        for (int i = 0; i < 8; ++i) ld.Pair(2 * i, p + RowOffset(i) * rs);
+        for (int i = 0; i < kPieces; ++i) ld.Pair(2 * i, p + RowOffset(i) * rs);
         return;
       }
       WPREP_UNROLL
-      for (int i = 0; i < 8; ++i) {
+      for (int i = 0; i < kPieces; ++i) {
         const int64_t valid = u.row0 + RowOffset(i) < g.d0 ? valid_col : 0;
         ld.template Row<2>(2 * i, valid > 0 ? p + RowOffset(i) * rs : ctx.in, valid, acc.word_in);
       }
@@ -305,32 +312,29 @@ struct HopperMx2Tile {
       for (int t0 = 0; t0 < 4; ++t0) {
         WPREP_UNROLL
         for (int s0 = 0; s0 < 2; ++s0) {
-          const uint8_t* src = p + t0 * rs + 64 * s0;
-          if (acc.vec_in) {
-            ld.Pair(2 * (2 * t0 + s0), src);
-          } else {
-            ld.template Row<2>(2 * (2 * t0 + s0), src, 8, acc.word_in);
-          }
+          ld.template Row<4>(4 * (2 * t0 + s0), p + t0 * rs + 64 * s0, kChunk, acc.vec_in);
         }
       }
     }
   }
 
   WPREP_HD static void Stage(const Geometry& g, const TileCtx& ctx, int vt, Access acc,
-                             const Regs& r, uint32_t*) {
+                             const Fetched& r, uint32_t*) {
     Unit u;
     if (!GetUnit(g, ctx, vt, &u)) return;
     if constexpr (kSwizzle) {
-      uint32_t o[2][8];
+      uint32_t o[8][4];  // O piece (t0, s0) = o[2*t0 + s0]
       WPREP_UNROLL
-      for (int j = 0; j < 2; ++j) {
-        uint32_t x[4], y[4];
+      for (int j = 0; j < 4; ++j) {
+        uint32_t x[4], y[4], w[8];
         WPREP_UNROLL
         for (int i = 0; i < 4; ++i) {
           x[i] = r.w[XWord(j, i)];
           y[i] = r.w[YWord(j, i)];
         }
-        HopperInterleaveCanonical(x, y, o[j]);
+        HopperInterleaveCanonical(x, y, w);
+        WPREP_UNROLL
+        for (int k = 0; k < 8; ++k) o[k][j] = w[k];
       }
       const int64_t pitch = 4 * g.q_cols_pad;
       uint8_t* const base = ctx.out + u.orow * pitch + u.ocol;
@@ -338,22 +342,16 @@ struct HopperMx2Tile {
       for (int t0 = 0; t0 < 4; ++t0) {
         WPREP_UNROLL
         for (int s0 = 0; s0 < 2; ++s0) {
-          uint8_t* dst = base + t0 * pitch + 64 * s0;
-          const uint32_t pair[2] = {o[0][2 * t0 + s0], o[1][2 * t0 + s0]};
-          if (acc.vec_out) {
-            Store2Words(dst, pair[0], pair[1]);
-          } else {
-            StoreRowWords<2>(dst, 8, pair, acc.word_out);
-          }
+          StoreRowWords<4>(base + t0 * pitch + 64 * s0, kChunk, o[2 * t0 + s0], acc.vec_out);
         }
       }
     } else {
-      uint32_t c[16];
+      uint32_t c[2 * kPieces];
       WPREP_UNROLL
-      for (int j = 0; j < 2; ++j) {
+      for (int j = 0; j < 4; ++j) {
         uint32_t in[8], x[4], y[4];
         WPREP_UNROLL
-        for (int k = 0; k < 8; ++k) in[k] = r.w[2 * k + j];
+        for (int k = 0; k < 8; ++k) in[k] = r.w[4 * k + j];
         HopperDeinterleaveCanonical(in, x, y);
         WPREP_UNROLL
         for (int i = 0; i < 4; ++i) {
@@ -364,7 +362,7 @@ struct HopperMx2Tile {
       const int64_t valid_col = ValidBytes(u.col, g.d1b, 8);
       uint8_t* const base = ctx.out + u.row0 * g.d1b + u.col;
       WPREP_UNROLL
-      for (int i = 0; i < 8; ++i) {
+      for (int i = 0; i < kPieces; ++i) {
         const int64_t valid = u.row0 + RowOffset(i) < g.d0 ? valid_col : 0;
         uint8_t* dst = base + RowOffset(i) * g.d1b;
         if (acc.vec_out && valid == 8) {
@@ -398,6 +396,7 @@ inline constexpr int kRawWindowWords = (2 * kWindow) * (kWindow / 2) / 4;  // 25
 
 template <Op kOp>
 struct BlackwellTile {
+  using Fetched = Regs;
   static constexpr bool kSwizzle = kOp == Op::kBlackwellSwizzle;
   static constexpr bool kTwoStage = kOp != Op::kBlackwellRetile;
   static constexpr int kSmemWords = kSwizzle ? kRawWindowWords : kTwoStage ? kWindowWords : 1;

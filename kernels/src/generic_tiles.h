@@ -56,6 +56,7 @@ WPREP_HD void GenericStoreStorage(const Geometry& g, uint8_t* base, int64_t n0,
 
 template <Op kOp>
 struct GenericTile {
+  using Fetched = Regs;
   static constexpr int kSmemWords = kGenericTileBytes / 4;
   static constexpr bool kTwoStage = true;
   static constexpr int kMinBlocks = 4;

@@ -1,9 +1,9 @@
 // A tile is the unit of work of one CUDA block (kTileThreads threads) and of one CPU
 // task: the body is written once (fast_tiles.h, generic_tiles.h) and runs in both
-// engines. Every tile type T provides T::kSmemWords, T::kTwoStage, its tile grid
-// (TilesPerMatrix, TilesAlongB, Context) and the per-virtual-thread steps Fetch, Stage and
-// Store described in fast_tiles.h. A CUDA block runs one virtual thread per thread (kTileThreads); the
-// CPU engine runs them in turn.
+// engines. Every tile type T provides T::kSmemWords, T::kTwoStage, T::Fetched (the
+// registers one Fetch fills), its tile grid (TilesPerMatrix, TilesAlongB, Context) and the
+// per-virtual-thread steps Fetch, Stage and Store described in fast_tiles.h. A CUDA block
+// runs one virtual thread per thread (kTileThreads); the CPU engine runs them in turn.
 #ifndef WPREP_KERNELS_SRC_TILES_H_
 #define WPREP_KERNELS_SRC_TILES_H_
 

@@ -92,41 +92,28 @@ WPREP_HD void HopperSource(T orow, T ocol, int mma_version, T* r, T* c) {
   *r = 16 * r0 + 8 * w0 + 2 * t0 + s0;
 }
 
-// Step 4: four consecutive bytes of an O row, as the little-endian word x, become the
-// interleaved word W = f(b0) | f(b1) >> 3 | f(b2) >> 6 | g(b3) (LAYOUTS.md). W is a fixed
-// permutation of x's bits; it is computed here nibble-parallel: `a` gathers the nibbles
-// of b0 and b1 (low nibbles in bytes 0-1, high nibbles in bytes 2-3), `b` those of b2 and
-// b3, so each field moves with one mask and one shift for both halves of W. On the device
-// the gather (and the deinterleave's regroup) are byte permutes of the split nibbles: 4
-// instructions instead of 7, on the integer pipe that bounds the Hopper kernels. Checked
-// bit for bit against the formula in tests/kernels/cpu_engine_test.cc (host) and by the
-// GPU golden tests (device).
-WPREP_HD uint32_t HopperInterleaveWord(uint32_t x) {
-#if defined(__CUDA_ARCH__)
-  const uint32_t lo = x & 0x0F0F0F0Fu, hi = (x >> 4) & 0x0F0F0F0Fu;
-  const uint32_t a = __byte_perm(lo, hi, 0x5410), b = __byte_perm(lo, hi, 0x7632);
-#else
-  const uint32_t a = (x & 0x00000F0Fu) | ((x << 12) & 0x0F0F0000u);
-  const uint32_t b = ((x >> 16) & 0x00000F0Fu) | ((x >> 4) & 0x0F0F0000u);
-#endif
-  return ((a & 0x00070007u) << 6) | ((a & 0x00080008u) << 12) | ((a & 0x07000700u) >> 5) |
-         ((a & 0x08000800u) << 1) | (b & 0x00070007u) | ((b & 0x00080008u) << 6) |
-         ((b & 0x01000100u) << 5) | ((b & 0x06000600u) << 1) | ((b & 0x08000800u) << 3);
+// Step 4: four consecutive bytes b0..b3 of an O row become the interleaved word
+// W = f(b0) | f(b1) >> 3 | f(b2) >> 6 | g(b3) (LAYOUTS.md), a fixed permutation of their
+// bits. The low nibbles of b0..b3 all end in the low half of W and the high nibbles in the
+// high half. Gathered in the order G = (lo b2, lo b1, lo b3, lo b0, hi b2, hi b1, hi b3,
+// hi b0) (nibbles from bit 0 up), every field of W moves by one of seven shifts: 13
+// instructions, where moving the fields from b0..b3 in place takes about 21. The
+// word-level forms below build G with nibble pairs and byte permutes, often merged with
+// the placement (step 3). Checked bit for bit against the formula in
+// tests/kernels/cpu_engine_test.cc (host) and by the GPU golden tests (device).
+
+// W from the gathered word G above.
+WPREP_HD uint32_t HopperInterleaveGathered(uint32_t g) {
+  return (g & 0x80078007u) | ((g >> 6) & 0x01C001C0u) | ((g >> 1) & 0x00380038u) |
+         ((g << 5) & 0x30003000u) | ((g << 6) & 0x02000200u) | ((g << 1) & 0x0C000C00u) |
+         ((g << 3) & 0x40004000u);
 }
 
-// Inverse of HopperInterleaveWord: every field moved back.
-WPREP_HD uint32_t HopperDeinterleaveWord(uint32_t w) {
-  const uint32_t a = ((w >> 6) & 0x00070007u) | ((w >> 12) & 0x00080008u) |
-                     ((w << 5) & 0x07000700u) | ((w >> 1) & 0x08000800u);
-  const uint32_t b = (w & 0x00070007u) | ((w >> 6) & 0x00080008u) | ((w >> 5) & 0x01000100u) |
-                     ((w >> 1) & 0x06000600u) | ((w >> 3) & 0x08000800u);
-#if defined(__CUDA_ARCH__)
-  // Low nibbles and high nibbles, one per byte; they do not overlap once shifted.
-  return __byte_perm(a, b, 0x5410) + (__byte_perm(a, b, 0x7632) << 4);
-#else
-  return (a & 0x00000F0Fu) | ((a >> 12) & 0x0000F0F0u) | ((b & 0x00000F0Fu) << 16) |
-         ((b << 4) & 0xF0F00000u);
-#endif
+// Its inverse: W -> G.
+WPREP_HD uint32_t HopperDeinterleaveGathered(uint32_t w) {
+  return (w & 0x80078007u) | ((w << 6) & 0x70007000u) | ((w << 1) & 0x00700070u) |
+         ((w >> 5) & 0x01800180u) | ((w >> 6) & 0x00080008u) | ((w >> 1) & 0x06000600u) |
+         ((w >> 3) & 0x08000800u);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -180,6 +167,23 @@ WPREP_HD void PairNibbleWords(uint32_t x, uint32_t y, uint32_t* e, uint32_t* o) 
   *o = ((x >> 4) & 0x0F0F0F0Fu) | (y & 0xF0F0F0F0u);
 }
 
+// The interleaved words of two O words a and b at once, through the gathered form.
+WPREP_HD void HopperInterleaveWordPair(uint32_t a, uint32_t b, uint32_t* wa, uint32_t* wb) {
+  uint32_t e, o;  // bytes 0-1: G of a, bytes 2-3: G of b; e the low half, o the high
+  PairNibbleWords(BytePerm(a, b, 0x7632), BytePerm(a, b, 0x4501), &e, &o);
+  *wa = HopperInterleaveGathered(BytePerm(e, o, 0x5410));
+  *wb = HopperInterleaveGathered(BytePerm(e, o, 0x7632));
+}
+
+// Its inverse.
+WPREP_HD void HopperDeinterleaveWordPair(uint32_t wa, uint32_t wb, uint32_t* a, uint32_t* b) {
+  const uint32_t ga = HopperDeinterleaveGathered(wa), gb = HopperDeinterleaveGathered(wb);
+  uint32_t x, y;  // x: bytes b2, b3 of a then of b; y: bytes b1, b0 of a then of b
+  PairNibbleWords(BytePerm(ga, gb, 0x5410), BytePerm(ga, gb, 0x7632), &x, &y);
+  *a = BytePerm(x, y, 0x1045);
+  *b = BytePerm(x, y, 0x3267);
+}
+
 // The PairNibbles transpose on an 8x4-byte micro-tile. in[r] holds 4 bytes (columns
 // j..j+3) of row r; out[m] holds 4 bytes of "row" m, where
 //   byte t of out[2p + h] = PairNibbles(byte p of in[2t], byte p of in[2t + 1], h).
@@ -205,23 +209,27 @@ WPREP_HD void PairTranspose8x4(const uint32_t* in, uint32_t* out) {
 template <int kMma>
 WPREP_HD void HopperPackBlock(const uint32_t* q0, const uint32_t* q1, uint32_t* out) {
   if constexpr (kMma == 2) {
-    // ocol = 16*t1 + 8*w1 + 4*w0 + d  <-  c = 16*w1 + 4*t1 + d
+    // ocol = 16*t1 + 8*w1 + 4*w0 + d  <-  c = 16*w1 + 4*t1 + d: whole Q words.
     WPREP_UNROLL
     for (int t1 = 0; t1 < 4; ++t1) {
       WPREP_UNROLL
       for (int w1 = 0; w1 < 2; ++w1) {
-        out[4 * t1 + 2 * w1] = HopperInterleaveWord(q0[4 * w1 + t1]);
-        out[4 * t1 + 2 * w1 + 1] = HopperInterleaveWord(q1[4 * w1 + t1]);
+        HopperInterleaveWordPair(q0[4 * w1 + t1], q1[4 * w1 + t1], &out[4 * t1 + 2 * w1],
+                                 &out[4 * t1 + 2 * w1 + 1]);
       }
     }
   } else {
-    // ocol = 16*t1 + 4*k + 2*w1 + w0  <-  c = 8*k + 4*w1 + t1
+    // ocol = 16*t1 + 4*k + 2*w1 + w0  <-  c = 8*k + 4*w1 + t1: out[4*t1 + k] has bytes
+    // b0..b3 = byte t1 of q0[2k], q1[2k], q0[2k + 1], q1[2k + 1]. Its gathered word G
+    // is byte t1 of each of w[0..3] below.
     WPREP_UNROLL
     for (int k = 0; k < 4; ++k) {
-      uint32_t w[4] = {q0[2 * k], q1[2 * k], q0[2 * k + 1], q1[2 * k + 1]};
+      uint32_t w[4];
+      PairNibbleWords(q0[2 * k + 1], q1[2 * k], &w[0], &w[2]);
+      PairNibbleWords(q1[2 * k + 1], q0[2 * k], &w[1], &w[3]);
       Transpose4x4Bytes(w);
       WPREP_UNROLL
-      for (int t1 = 0; t1 < 4; ++t1) out[4 * t1 + k] = HopperInterleaveWord(w[t1]);
+      for (int t1 = 0; t1 < 4; ++t1) out[4 * t1 + k] = HopperInterleaveGathered(w[t1]);
     }
   }
 }
@@ -233,8 +241,8 @@ WPREP_HD void HopperUnpackBlock(const uint32_t* in, uint32_t* q0, uint32_t* q1) 
     for (int t1 = 0; t1 < 4; ++t1) {
       WPREP_UNROLL
       for (int w1 = 0; w1 < 2; ++w1) {
-        q0[4 * w1 + t1] = HopperDeinterleaveWord(in[4 * t1 + 2 * w1]);
-        q1[4 * w1 + t1] = HopperDeinterleaveWord(in[4 * t1 + 2 * w1 + 1]);
+        HopperDeinterleaveWordPair(in[4 * t1 + 2 * w1], in[4 * t1 + 2 * w1 + 1], &q0[4 * w1 + t1],
+                                   &q1[4 * w1 + t1]);
       }
     }
   } else {
@@ -242,37 +250,18 @@ WPREP_HD void HopperUnpackBlock(const uint32_t* in, uint32_t* q0, uint32_t* q1) 
     for (int k = 0; k < 4; ++k) {
       uint32_t w[4];
       WPREP_UNROLL
-      for (int t1 = 0; t1 < 4; ++t1) w[t1] = HopperDeinterleaveWord(in[4 * t1 + k]);
+      for (int t1 = 0; t1 < 4; ++t1) w[t1] = HopperDeinterleaveGathered(in[4 * t1 + k]);
       Transpose4x4Bytes(w);
-      q0[2 * k] = w[0];
-      q1[2 * k] = w[1];
-      q0[2 * k + 1] = w[2];
-      q1[2 * k + 1] = w[3];
+      PairNibbleWords(w[0], w[2], &q0[2 * k + 1], &q1[2 * k]);
+      PairNibbleWords(w[1], w[3], &q1[2 * k + 1], &q0[2 * k]);
     }
   }
 }
 
 // ---------------------------------------------------------------------------------------
-// Hopper mx_axis -2 straight from canonical words. The low nibbles of an O word's bytes
-// b0..b3 all end in the low half of the interleaved word W and the high nibbles in the
-// high half, and for mx_axis -2 the two nibbles of a Q byte come from two canonical rows.
-// So W is built from eight canonical nibbles without forming Q: gathered in the order
-// G = (lo b2, lo b1, lo b3, lo b0, hi b2, hi b1, hi b3, hi b0) (nibbles from bit 0 up),
-// every field of W moves by one of seven shifts, half the work of HopperInterleaveWord.
-
-// W = HopperInterleaveWord(b0..b3) from the gathered word G above.
-WPREP_HD uint32_t HopperInterleaveGathered(uint32_t g) {
-  return (g & 0x80078007u) | ((g >> 6) & 0x01C001C0u) | ((g >> 1) & 0x00380038u) |
-         ((g << 5) & 0x30003000u) | ((g << 6) & 0x02000200u) | ((g << 1) & 0x0C000C00u) |
-         ((g << 3) & 0x40004000u);
-}
-
-// Its inverse: W -> G.
-WPREP_HD uint32_t HopperDeinterleaveGathered(uint32_t w) {
-  return (w & 0x80078007u) | ((w << 6) & 0x70007000u) | ((w << 1) & 0x00700070u) |
-         ((w >> 5) & 0x01800180u) | ((w >> 6) & 0x00080008u) | ((w >> 1) & 0x06000600u) |
-         ((w >> 3) & 0x08000800u);
-}
+// Hopper mx_axis -2 straight from canonical words. For mx_axis -2 the two nibbles of a Q
+// byte come from two canonical rows, and they end in the two halves of W, so the O
+// words are built from canonical nibbles without forming Q.
 
 // Eight O words from eight canonical words. O word (t0, s0) -> out[2*t0 + s0] takes
 // nibble s0 of byte t0 of every input word: of x[0..3] for (lo b2, lo b3, hi b2, hi b3)
