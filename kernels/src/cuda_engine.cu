@@ -82,6 +82,14 @@ struct SlotLoader {
 
 namespace {
 
+// Dynamic shared memory of ConvertKernel<T>: its two windows where they exceed the 48 KiB
+// a kernel may declare statically, else none.
+template <class T>
+constexpr size_t DynamicWindowBytes() {
+  constexpr size_t bytes = sizeof(uint32_t) * (T::kTwoStage ? 2 : 1) * T::kSmemWords;
+  return bytes > 48 * 1024 ? bytes : 0;
+}
+
 template <class T>
 __global__ void __launch_bounds__(kTileThreads, T::kMinBlocks)
     ConvertKernel(const Geometry g, const uint8_t* __restrict__ in, uint8_t* __restrict__ out,
@@ -90,7 +98,17 @@ __global__ void __launch_bounds__(kTileThreads, T::kMinBlocks)
   // warp staging tile t+1 into one buffer has passed the barrier of tile t, which every
   // warp reaches only after storing tile t-1 from that buffer.
   constexpr int kBuffers = T::kTwoStage ? 2 : 1;
-  __shared__ alignas(16) uint32_t smem[kBuffers][T::kSmemWords];
+  // Windows beyond the 48 KiB of static shared memory live in dynamic shared memory.
+  constexpr bool kDynamic = DynamicWindowBytes<T>() > 0;
+  __shared__ alignas(16) uint32_t static_smem[kDynamic ? 1 : kBuffers][kDynamic ? 1 : T::kSmemWords];
+  extern __shared__ uint4 dynamic_smem[];
+  auto window = [&](int buf) {
+    if constexpr (kDynamic) {
+      return reinterpret_cast<uint32_t*>(dynamic_smem) + buf * T::kSmemWords;
+    } else {
+      return static_smem[buf];
+    }
+  };
   const int vt = threadIdx.x;
   // Tile indices fit 32 bits (ConvertOnCuda checks), so splitting them is cheap.
   auto context = [&](uint32_t t) {
@@ -111,13 +129,13 @@ __global__ void __launch_bounds__(kTileThreads, T::kMinBlocks)
     tiles::TileCtx next_ctx = ctx;
     if (more) next_ctx = context(tn);
     if constexpr (T::kTwoStage) {
-      T::Stage(g, ctx, vt, access, cur, smem[buf]);
+      T::Stage(g, ctx, vt, access, cur, window(buf));
       __syncthreads();
       if (more) T::Fetch(g, next_ctx, vt, access, next);
-      T::Store(g, ctx, vt, access, smem[buf]);
+      T::Store(g, ctx, vt, access, window(buf));
     } else {
       if (more) T::Fetch(g, next_ctx, vt, access, next);
-      T::Stage(g, ctx, vt, access, cur, smem[buf]);
+      T::Stage(g, ctx, vt, access, cur, window(buf));
     }
     if (!more) break;
     t = tn;
@@ -247,7 +265,7 @@ struct Launcher {
   template <class T, int kStages>
   void Launch(int64_t num_tiles) const {
     // The register pipeline (ConvertKernel) or fetching kStages tiles ahead.
-    constexpr size_t smem = kStages > 0 ? AsyncSmemBytes<T, kStages>() : 0;
+    constexpr size_t smem = kStages > 0 ? AsyncSmemBytes<T, kStages>() : DynamicWindowBytes<T>();
     auto* kernel = [] {
       if constexpr (kStages > 0) {
         return ConvertKernelAsync<T, kStages>;

@@ -3,10 +3,10 @@
 // costs a few instructions. Each tile is written for kTileThreads cooperating threads;
 // thread t of a CUDA block runs virtual thread t, the CPU engine runs them in turn.
 //
-// Two-stage tiles stage a 16 KiB window in `smem`. Blackwell unswizzle holds 128 rows of
-// 32 words at a pitch of kPitch = 33 words (the odd pitch spreads both access patterns
-// over the banks): storage n x k. Blackwell swizzle holds its 256 canonical rows as
-// loaded (RawWindowWord). The Hopper tiles need no shared memory.
+// Two-stage tiles stage a window in `smem`. Blackwell unswizzle holds 128 rows of 32
+// words at a pitch of kPitch = 33 words (the odd pitch spreads both access patterns over
+// the banks): storage n x k. Blackwell swizzle holds its 256 canonical rows x 128 bytes
+// as loaded (SwizzleWindowWord). The Hopper tiles need no shared memory.
 // Micro-tile threads cover (jg, rg): 16 groups of 4 bytes along a canonical row x 32
 // groups of 8 canonical rows; neighbouring threads take neighbouring jg so global
 // accesses along canonical rows coalesce.
@@ -78,10 +78,10 @@ TileGrid MakeTileGrid(const Geometry& g) {
 //   Stage(g, ctx, vt, acc, regs, smem)   registers -> smem (two-stage tiles) or -> the
 //                                        output (single-stage tiles);
 //   Store(g, ctx, vt, acc, smem)         smem -> the output (two-stage tiles).
-// A tile's Fetch writes its words (T::Fetched: 16, or 32 for Hopper mx_axis -2) through
-// a loader: RegsOf loads them into registers now; the CUDA engine's asynchronous loader
-// (cuda_engine.cu, 16 words) copies them into shared memory for a later tile iteration,
-// so the same Fetch serves both.
+// A tile's Fetch writes its words (T::Fetched: 16, or 32 for Hopper mx_axis -2 and
+// Blackwell swizzle) through a loader: RegsOf loads them into registers now; the CUDA
+// engine's asynchronous loader (cuda_engine.cu, 16 words) copies them into shared memory
+// for a later tile iteration, so the same Fetch serves both.
 //   Row<kWords>(k, src, valid, vec)  words k.. from a row, as LoadRowWords;
 //   Word(k, p)                       word k from a 4-byte aligned, existing word;
 //   Pair(k, p)                       words k, k + 1 from 8 existing bytes, 8-byte aligned.
@@ -377,36 +377,24 @@ struct HopperMx2Tile {
 };
 
 // ---------------------------------------------------------------------------------------
-// Blackwell (tile_k a multiple of 16): a tile is 128 value columns (ctx.a0 = n0) x 128 K
-// bytes (ctx.b0 = k0). Swizzle stages the tile's 256 canonical rows x 64 bytes in smem as
-// they are (16-byte loads in, which the CUDA engine can issue tiles ahead) and pair-
-// transposes columns of it on the way out; unswizzle stages storage rows [n][k] (16-byte
+// Blackwell unswizzle and retile (tile_k a multiple of 16): a tile is 128 value columns
+// (ctx.a0 = n0) x 128 K bytes (ctx.b0 = k0). Unswizzle stages storage rows [n][k] (16-byte
 // chunks in, micro-tiles out); retile moves 16-byte chunks straight from one tiling to the
-// other. (A register-only swizzle and unswizzle measured 1.9x and 3.5x the copy against
-// 1.6x and 1.5x with smem: without the exchange one side of every access is scattered.)
-
-// Word w (0..15) of canonical row r (0..255) in the swizzle's raw window. Rows r, r + 16,
-// r + 32 and r + 48 land in different bank halves or chunk pairs, so Store's column reads
-// (four row groups x eight words per warp) hit 32 distinct banks; 16-byte chunks stay
-// whole and aligned.
-WPREP_HD int RawWindowWord(int r, int w) {
-  return (r ^ ((r >> 4) & 1)) * 16 + (w ^ (8 * ((r >> 5) & 1)));
-}
-inline constexpr int kRawWindowWords = (2 * kWindow) * (kWindow / 2) / 4;  // 256 rows x 64 bytes
+// other. (A register-only unswizzle measured 3.5x the copy against 1.5x with smem:
+// without the exchange one side of every access is scattered.) Swizzle has its own tile
+// below.
 
 template <Op kOp>
 struct BlackwellTile {
+  static_assert(kOp == Op::kBlackwellUnswizzle || kOp == Op::kBlackwellRetile);
   using Fetched = Regs;
-  static constexpr bool kSwizzle = kOp == Op::kBlackwellSwizzle;
-  static constexpr bool kTwoStage = kOp != Op::kBlackwellRetile;
-  static constexpr int kSmemWords = kSwizzle ? kRawWindowWords : kTwoStage ? kWindowWords : 1;
-  static constexpr int kMinBlocks = kSwizzle ? 3 : 4;
-  // Fetching ahead measured no faster (swizzle 1.29-1.38x the copy with 2-4 stages
-  // against 1.26x with none; H200, 128 MiB).
+  static constexpr bool kTwoStage = kOp == Op::kBlackwellUnswizzle;
+  static constexpr int kSmemWords = kTwoStage ? kWindowWords : 1;
+  static constexpr int kMinBlocks = 4;
   static constexpr int kAsyncStages = 0;
   static constexpr int kChunksPerThread = kWindow * kWindow / kChunk / kTileThreads;  // 4
 
-  // Windows cover the output tiling's padded extent (swizzle, retile) or the tensor.
+  // Windows cover the output tiling's padded extent (retile) or the tensor.
   WPREP_HD static int64_t ExtentN(const Geometry& g) {
     return kOp == Op::kBlackwellUnswizzle ? g.n : g.out_tiling.ntn * g.out_tiling.tile_n;
   }
@@ -417,8 +405,8 @@ struct BlackwellTile {
     return TilesAlongB(g) * CeilDiv(ExtentK(g), kWindow);
   }
   // N windows walk fastest, so tiles running together cover neighbouring pieces of the
-  // same canonical rows (swizzle 1.27x -> 1.20x the copy, unswizzle 1.21x -> 1.15x,
-  // retile unchanged; H200, 128 MiB).
+  // same canonical rows (unswizzle 1.21x -> 1.15x the copy, retile unchanged; H200,
+  // 128 MiB).
   WPREP_HD static int64_t TilesAlongB(const Geometry& g) { return CeilDiv(ExtentN(g), kWindow); }
   WPREP_HD static TileCtx Context(const Geometry& g, const uint8_t* in, uint8_t* out, int64_t e,
                                   int64_t a, int64_t b) {
@@ -431,101 +419,134 @@ struct BlackwellTile {
     *nl = q >> 3;
   }
 
-  // Swizzle: chunk i of vt is canonical row r = q >> 2 (of 256), 16-byte column c = q & 3.
-  WPREP_HD static void RawChunk(int vt, int i, int* r, int* c) {
-    const int q = vt + kTileThreads * i;
-    *c = q & 3;
-    *r = q >> 2;
-  }
-
   template <class Ld>
   WPREP_HD static void Fetch(const Geometry& g, const TileCtx& ctx, int vt, Access acc, Ld& ld) {
-    if constexpr (kSwizzle) {
-      WPREP_UNROLL
-      for (int i = 0; i < kChunksPerThread; ++i) {
-        int r, c;
-        RawChunk(vt, i, &r, &c);
-        const int64_t row = 2 * ctx.b0 + r, col = ctx.a0 / 2 + kChunk * c;
-        const int64_t valid = row < g.d0 ? ValidBytes(col, g.d1b, kChunk) : 0;
-        ld.template Row<4>(4 * i, valid > 0 ? ctx.in + row * g.in_stride[0] + col : ctx.in, valid,
-                           acc.vec_in);
-      }
-    } else {
-      // Input storage bytes with n < N and k < K/2; padding reads as 0.
-      WPREP_UNROLL
-      for (int i = 0; i < kChunksPerThread; ++i) {
-        int nl, kc;
-        Chunk(vt, i, &nl, &kc);
-        const int64_t n = ctx.a0 + nl, k = ctx.b0 + 16 * kc;
-        const int64_t valid = n < g.n ? ValidBytes(k, g.kp, kChunk) : 0;
-        ld.template Row<4>(4 * i,
-                           valid > 0 ? ctx.in + BlackwellOffset(g.in_tiling, g.in_stride, n, k) : ctx.in,
-                           valid, acc.vec_in);
-      }
+    // Input storage bytes with n < N and k < K/2; padding reads as 0.
+    WPREP_UNROLL
+    for (int i = 0; i < kChunksPerThread; ++i) {
+      int nl, kc;
+      Chunk(vt, i, &nl, &kc);
+      const int64_t n = ctx.a0 + nl, k = ctx.b0 + 16 * kc;
+      const int64_t valid = n < g.n ? ValidBytes(k, g.kp, kChunk) : 0;
+      ld.template Row<4>(4 * i,
+                         valid > 0 ? ctx.in + BlackwellOffset(g.in_tiling, g.in_stride, n, k) : ctx.in,
+                         valid, acc.vec_in);
     }
   }
 
   WPREP_HD static void Stage(const Geometry& g, const TileCtx& ctx, int vt, Access acc,
                              const Regs& r, uint32_t* smem) {
-    if constexpr (kSwizzle) {
-      WPREP_UNROLL
-      for (int i = 0; i < kChunksPerThread; ++i) {
-        int row, c;
-        RawChunk(vt, i, &row, &c);
-        Store4Words(reinterpret_cast<uint8_t*>(smem + RawWindowWord(row, 4 * c)), r.w + 4 * i);
-      }
-    } else {
-      WPREP_UNROLL
-      for (int i = 0; i < kChunksPerThread; ++i) {
-        int nl, kc;
-        Chunk(vt, i, &nl, &kc);
-        if constexpr (kOp == Op::kBlackwellUnswizzle) {
-          WPREP_UNROLL
-          for (int j = 0; j < 4; ++j) smem[nl * kPitch + 4 * kc + j] = r.w[4 * i + j];
-        } else {  // retile: straight to the output tiling
-          const int64_t n = ctx.a0 + nl, k = ctx.b0 + 16 * kc;
-          if (n >= ExtentN(g) || k >= ExtentK(g)) continue;
-          StoreRowWords<4>(ctx.out + BlackwellOffset(g.out_tiling, nullptr, n, k), kChunk,
-                           r.w + 4 * i, acc.vec_out);
-        }
+    WPREP_UNROLL
+    for (int i = 0; i < kChunksPerThread; ++i) {
+      int nl, kc;
+      Chunk(vt, i, &nl, &kc);
+      if constexpr (kOp == Op::kBlackwellUnswizzle) {
+        WPREP_UNROLL
+        for (int j = 0; j < 4; ++j) smem[nl * kPitch + 4 * kc + j] = r.w[4 * i + j];
+      } else {  // retile: straight to the output tiling
+        const int64_t n = ctx.a0 + nl, k = ctx.b0 + 16 * kc;
+        if (n >= ExtentN(g) || k >= ExtentK(g)) continue;
+        StoreRowWords<4>(ctx.out + BlackwellOffset(g.out_tiling, nullptr, n, k), kChunk,
+                         r.w + 4 * i, acc.vec_out);
       }
     }
   }
 
   WPREP_HD static void Store(const Geometry& g, const TileCtx& ctx, int vt, Access acc,
                              uint32_t* smem) {
-    if constexpr (kSwizzle) {
-      // vt reads canonical word column jw of rows 16*rg.. (16 rows, two micro-tiles) and
-      // writes storage rows n = 8*jw + 0..7 at K bytes 8*rg..+7. Lanes 4i..4i+3 take four
-      // consecutive rg, so each 8-byte store instruction fills whole 32-byte sectors.
-      const int warp = vt >> 5, lane = vt & 31;
-      const int rg = 4 * (warp >> 1) + (lane & 3), jw = 8 * (warp & 1) + (lane >> 2);
-      uint32_t w[16], lo[8], hi[8];
-      WPREP_UNROLL
-      for (int i = 0; i < 16; ++i) w[i] = smem[RawWindowWord(16 * rg + i, jw)];
-      PairTranspose8x4(w, lo);
-      PairTranspose8x4(w + 8, hi);
-      const int64_t n = ctx.a0 + 8 * jw, k = ctx.b0 + 8 * rg;
-      const int64_t extent_n = ExtentN(g);
-      if (n >= extent_n || k >= ExtentK(g)) return;
-      // Within one K tile the storage rows of consecutive N tiles are contiguous
-      // ([kt][nt][n'][k']), so row n + m lies m * tile_k bytes after row n.
-      uint8_t* const base = ctx.out + BlackwellOffset(g.out_tiling, nullptr, n, k);
-      WPREP_UNROLL
-      for (int m = 0; m < 8; ++m) {
-        if (n + m >= extent_n) break;
-        uint8_t* dst = base + m * g.out_tiling.tile_k;
-        if (acc.vec_out) {
-          Store2Words(dst, lo[m], hi[m]);
-        } else {
-          const uint32_t pair[2] = {lo[m], hi[m]};
-          StoreRowWords<2>(dst, 8, pair, acc.word_out);
-        }
-      }
-    } else if constexpr (kOp == Op::kBlackwellUnswizzle) {
+    if constexpr (kOp == Op::kBlackwellUnswizzle) {
       const int64_t k0 = ctx.b0;
       StoreMicroTiles(g, ctx.out, vt, ctx.a0 / 2, [k0](int rg) { return 2 * k0 + 8 * rg; },
                       acc.word_out, smem);
+    }
+  }
+};
+
+// ---------------------------------------------------------------------------------------
+// Blackwell swizzle (tile_k a multiple of 16): a tile is 256 value columns (ctx.a0 = n0)
+// x 128 K bytes (ctx.b0 = k0), staged as its 256 canonical rows x 128 bytes as they are
+// (16-byte loads in). On the way out a thread pair-transposes word column jw of 32 rows
+// (32*rg ..) into storage rows n0 + 8*jw + 0..7 at K bytes k0 + 16*rg..+15, so every
+// store is 16 bytes. H200, 128 MiB: 1.09-1.10x the copy, where the 128 x 128 tile with
+// 8-byte stores (16 rows per thread) took 1.19-1.21x; register-only forms with 4- or
+// 8-byte accesses on one side took 1.37-1.40x (docs/PERFORMANCE.md).
+
+// Word w (0..31) of canonical row r (0..255) in the window. Store reads rows 32 apart
+// (four row groups per warp) x eight consecutive words: the XOR puts them in 32 distinct
+// banks, and keeps 16-byte chunks whole for Stage's 16-byte writes.
+WPREP_HD int SwizzleWindowWord(int r, int w) { return 32 * r + (w ^ (8 * ((r >> 5) & 3))); }
+
+struct BlackwellSwizzleTile {
+  using Fetched = RegsOf<32>;
+  static constexpr bool kTwoStage = true;
+  static constexpr int kSmemWords = 256 * 32;
+  static constexpr int kMinBlocks = 2;
+  static constexpr int kAsyncStages = 0;
+  static constexpr int kWinN = 256, kWinK = 128;
+
+  WPREP_HD static int64_t ExtentN(const Geometry& g) { return g.out_tiling.ntn * g.out_tiling.tile_n; }
+  WPREP_HD static int64_t ExtentK(const Geometry& g) { return g.out_tiling.kpad; }
+  WPREP_HD static int64_t TilesPerMatrix(const Geometry& g) {
+    return TilesAlongB(g) * CeilDiv(ExtentK(g), kWinK);
+  }
+  // N windows walk fastest (neighbouring pieces of the same canonical rows).
+  WPREP_HD static int64_t TilesAlongB(const Geometry& g) { return CeilDiv(ExtentN(g), kWinN); }
+  WPREP_HD static TileCtx Context(const Geometry& g, const uint8_t* in, uint8_t* out, int64_t e,
+                                  int64_t a, int64_t b) {
+    return MakeCtx(g, in, out, e, b * kWinN, a * kWinK);
+  }
+  // Chunk i (0..7) of vt: canonical row r (0..255), 16-byte column c (0..7).
+  WPREP_HD static void RawChunk(int vt, int i, int* r, int* c) {
+    const int q = vt + kTileThreads * i;
+    *c = q & 7;
+    *r = q >> 3;
+  }
+  template <class Ld>
+  WPREP_HD static void Fetch(const Geometry& g, const TileCtx& ctx, int vt, Access acc, Ld& ld) {
+    WPREP_UNROLL
+    for (int i = 0; i < 8; ++i) {
+      int r, c;
+      RawChunk(vt, i, &r, &c);
+      const int64_t row = 2 * ctx.b0 + r, col = ctx.a0 / 2 + kChunk * c;
+      const int64_t valid = row < g.d0 ? ValidBytes(col, g.d1b, kChunk) : 0;
+      ld.template Row<4>(4 * i, valid > 0 ? ctx.in + row * g.in_stride[0] + col : ctx.in, valid,
+                         acc.vec_in);
+    }
+  }
+  WPREP_HD static void Stage(const Geometry&, const TileCtx&, int vt, Access, const Fetched& r,
+                             uint32_t* smem) {
+    WPREP_UNROLL
+    for (int i = 0; i < 8; ++i) {
+      int row, c;
+      RawChunk(vt, i, &row, &c);
+      Store4Words(reinterpret_cast<uint8_t*>(smem + SwizzleWindowWord(row, 4 * c)), r.w + 4 * i);
+    }
+  }
+  // Lanes 4i..4i+3 take four consecutive rg, so each 16-byte store instruction writes 64
+  // contiguous bytes of eight storage rows.
+  WPREP_HD static void Store(const Geometry& g, const TileCtx& ctx, int vt, Access acc,
+                             uint32_t* smem) {
+    const int warp = vt >> 5, lane = vt & 31;
+    const int rg = 4 * (warp & 1) + (lane & 3), jw = 8 * (warp >> 1) + (lane >> 2);
+    const int64_t n = ctx.a0 + 8 * jw, k = ctx.b0 + 16 * rg;
+    const int64_t extent_n = ExtentN(g);
+    if (n >= extent_n || k >= ExtentK(g)) return;
+    uint32_t t[4][8];
+    WPREP_UNROLL
+    for (int h = 0; h < 4; ++h) {
+      uint32_t w[8];
+      WPREP_UNROLL
+      for (int i = 0; i < 8; ++i) w[i] = smem[SwizzleWindowWord(32 * rg + 8 * h + i, jw)];
+      PairTranspose8x4(w, t[h]);
+    }
+    // Within one K tile the storage rows of consecutive N tiles are contiguous
+    // ([kt][nt][n'][k']), so row n + m lies m * tile_k bytes after row n.
+    uint8_t* const base = ctx.out + BlackwellOffset(g.out_tiling, nullptr, n, k);
+    WPREP_UNROLL
+    for (int m = 0; m < 8; ++m) {
+      if (n + m >= extent_n) break;
+      const uint32_t piece[4] = {t[0][m], t[1][m], t[2][m], t[3][m]};
+      StoreRowWords<4>(base + m * g.out_tiling.tile_k, kChunk, piece, acc.vec_out);
     }
   }
 };

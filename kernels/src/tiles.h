@@ -39,7 +39,7 @@ bool DispatchTile(const Geometry& g, Fn&& fn) {
       }
       return true;
     case Op::kBlackwellSwizzle:
-      out16 ? fn.template operator()<BlackwellTile<Op::kBlackwellSwizzle>>()
+      out16 ? fn.template operator()<BlackwellSwizzleTile>()
             : fn.template operator()<GenericTile<Op::kBlackwellSwizzle>>();
       return true;
     case Op::kBlackwellUnswizzle:
