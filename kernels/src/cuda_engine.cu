@@ -93,7 +93,8 @@ constexpr size_t DynamicWindowBytes() {
 template <class T>
 __global__ void __launch_bounds__(kTileThreads, T::kMinBlocks)
     ConvertKernel(const Geometry g, const uint8_t* __restrict__ in, uint8_t* __restrict__ out,
-                  tiles::Access access, tiles::TileGrid grid, uint32_t num_tiles) {
+                  tiles::Access access, tiles::TileGrid grid, uint32_t num_tiles,
+                  int parts_log2) {
   // Two-stage tiles alternate between two buffers, so one barrier per tile suffices: a
   // warp staging tile t+1 into one buffer has passed the barrier of tile t, which every
   // warp reaches only after storing tile t-1 from that buffer.
@@ -109,14 +110,19 @@ __global__ void __launch_bounds__(kTileThreads, T::kMinBlocks)
       return static_smem[buf];
     }
   };
-  const int vt = threadIdx.x;
+  // Single-stage tiles of small tensors run in 2^parts_log2 blocks of kTileThreads >>
+  // parts_log2 threads each (Launch), so a tensor of a few tiles still spreads over
+  // many multiprocessors; block b runs part b % parts of tile b / parts.
+  const uint32_t part = blockIdx.x & ((1u << parts_log2) - 1);
+  const int vt = static_cast<int>(part * blockDim.x + threadIdx.x);
   // Tile indices fit 32 bits (ConvertOnCuda checks), so splitting them is cheap.
   auto context = [&](uint32_t t) {
     uint32_t e, a, b;
     grid.Split(t, &e, &a, &b);
     return T::Context(g, in, out, e, a, b);
   };
-  uint32_t t = blockIdx.x;
+  uint32_t t = blockIdx.x >> parts_log2;
+  const uint32_t step = gridDim.x >> parts_log2;
   if (t >= num_tiles) return;
   tiles::TileCtx ctx = context(t);
   typename T::Fetched cur, next;
@@ -124,7 +130,7 @@ __global__ void __launch_bounds__(kTileThreads, T::kMinBlocks)
   // The next tile's loads are issued before this tile's stores, so each thread keeps
   // global loads in flight while it writes.
   for (int buf = 0;; buf ^= kBuffers - 1) {
-    const uint32_t tn = t + gridDim.x;
+    const uint32_t tn = t + step;
     const bool more = tn < num_tiles;
     tiles::TileCtx next_ctx = ctx;
     if (more) next_ctx = context(tn);
@@ -275,9 +281,24 @@ struct Launcher {
     }();
     // One wave of resident blocks; each loops over tiles (no partial last wave).
     const int64_t max_blocks = MaxResidentBlocks<T, kStages>(device, kernel, smem);
-    const unsigned blocks = static_cast<unsigned>(num_tiles < max_blocks ? num_tiles : max_blocks);
-    kernel<<<blocks, kTileThreads, smem, stream>>>(g, in, out, access, tiles::MakeTileGrid<T>(g),
-                                                   static_cast<uint32_t>(num_tiles));
+    const tiles::TileGrid grid = tiles::MakeTileGrid<T>(g);
+    if constexpr (kStages > 0) {
+      const unsigned blocks = static_cast<unsigned>(std::min(num_tiles, max_blocks));
+      kernel<<<blocks, kTileThreads, smem, stream>>>(g, in, out, access, grid,
+                                                     static_cast<uint32_t>(num_tiles));
+    } else {
+      // Fewer tiles than resident blocks: single-stage tiles (no barrier, no shared
+      // window) split into up to 8 blocks of one warp or more, as many as fit in one wave.
+      // At 32 KiB, one Hopper mx_axis -2 tile, the single block was bound by one SM's
+      // instruction latency.
+      int parts_log2 = 0;
+      if constexpr (!T::kTwoStage) {
+        while (parts_log2 < 3 && (num_tiles << (parts_log2 + 1)) <= max_blocks) ++parts_log2;
+      }
+      const int64_t blocks = std::min(num_tiles, max_blocks) << parts_log2;
+      kernel<<<static_cast<unsigned>(blocks), kTileThreads >> parts_log2, smem, stream>>>(
+          g, in, out, access, grid, static_cast<uint32_t>(num_tiles), parts_log2);
+    }
   }
 };
 
