@@ -384,6 +384,15 @@ struct HopperMx2Tile {
 // without the exchange one side of every access is scattered.) Swizzle has its own tile
 // below.
 
+// Chunk i of virtual thread vt in a window of eight 16-byte chunks a row (128 bytes): row
+// q >> 3, chunk q & 7 with q = vt + kTileThreads * i, so each warp access covers four
+// whole rows.
+WPREP_HD void WindowChunk(int vt, int i, int* row, int* chunk) {
+  const int q = vt + kTileThreads * i;
+  *chunk = q & 7;
+  *row = q >> 3;
+}
+
 template <Op kOp>
 struct BlackwellTile {
   static_assert(kOp == Op::kBlackwellUnswizzle || kOp == Op::kBlackwellRetile);
@@ -412,20 +421,13 @@ struct BlackwellTile {
                                   int64_t a, int64_t b) {
     return MakeCtx(g, in, out, e, b * kWindow, a * kWindow);
   }
-  // Chunk i of virtual thread vt: storage row nl, 16-byte column kc.
-  WPREP_HD static void Chunk(int vt, int i, int* nl, int* kc) {
-    const int q = vt + kTileThreads * i;
-    *kc = q & 7;
-    *nl = q >> 3;
-  }
-
   template <class Ld>
   WPREP_HD static void Fetch(const Geometry& g, const TileCtx& ctx, int vt, Access acc, Ld& ld) {
     // Input storage bytes with n < N and k < K/2; padding reads as 0.
     WPREP_UNROLL
     for (int i = 0; i < kChunksPerThread; ++i) {
       int nl, kc;
-      Chunk(vt, i, &nl, &kc);
+      WindowChunk(vt, i, &nl, &kc);
       const int64_t n = ctx.a0 + nl, k = ctx.b0 + 16 * kc;
       const int64_t valid = n < g.n ? ValidBytes(k, g.kp, kChunk) : 0;
       ld.template Row<4>(4 * i,
@@ -439,7 +441,7 @@ struct BlackwellTile {
     WPREP_UNROLL
     for (int i = 0; i < kChunksPerThread; ++i) {
       int nl, kc;
-      Chunk(vt, i, &nl, &kc);
+      WindowChunk(vt, i, &nl, &kc);
       if constexpr (kOp == Op::kBlackwellUnswizzle) {
         WPREP_UNROLL
         for (int j = 0; j < 4; ++j) smem[nl * kPitch + 4 * kc + j] = r.w[4 * i + j];
@@ -495,18 +497,12 @@ struct BlackwellSwizzleTile {
                                   int64_t a, int64_t b) {
     return MakeCtx(g, in, out, e, b * kWinN, a * kWinK);
   }
-  // Chunk i (0..7) of vt: canonical row r (0..255), 16-byte column c (0..7).
-  WPREP_HD static void RawChunk(int vt, int i, int* r, int* c) {
-    const int q = vt + kTileThreads * i;
-    *c = q & 7;
-    *r = q >> 3;
-  }
   template <class Ld>
   WPREP_HD static void Fetch(const Geometry& g, const TileCtx& ctx, int vt, Access acc, Ld& ld) {
     WPREP_UNROLL
     for (int i = 0; i < 8; ++i) {
       int r, c;
-      RawChunk(vt, i, &r, &c);
+      WindowChunk(vt, i, &r, &c);
       const int64_t row = 2 * ctx.b0 + r, col = ctx.a0 / 2 + kChunk * c;
       const int64_t valid = row < g.d0 ? ValidBytes(col, g.d1b, kChunk) : 0;
       ld.template Row<4>(4 * i, valid > 0 ? ctx.in + row * g.in_stride[0] + col : ctx.in, valid,
@@ -518,7 +514,7 @@ struct BlackwellSwizzleTile {
     WPREP_UNROLL
     for (int i = 0; i < 8; ++i) {
       int row, c;
-      RawChunk(vt, i, &row, &c);
+      WindowChunk(vt, i, &row, &c);
       Store4Words(reinterpret_cast<uint8_t*>(smem + SwizzleWindowWord(row, 4 * c)), r.w + 4 * i);
     }
   }
