@@ -82,6 +82,17 @@ struct SlotLoader {
 
 namespace {
 
+// Tile t of the launch: tile indices fit 32 bits (ConvertOnCuda checks), so splitting
+// them with the grid's multiply-shift divisors is cheap.
+template <class T>
+__device__ __forceinline__ tiles::TileCtx TileContext(const Geometry& g, const uint8_t* in,
+                                                      uint8_t* out, const tiles::TileGrid& grid,
+                                                      uint32_t t) {
+  uint32_t e, a, b;
+  grid.Split(t, &e, &a, &b);
+  return T::Context(g, in, out, e, a, b);
+}
+
 // Dynamic shared memory of ConvertKernel<T>: its two windows where they exceed the 48 KiB
 // a kernel may declare statically, else none.
 template <class T>
@@ -115,12 +126,7 @@ __global__ void __launch_bounds__(kTileThreads, T::kMinBlocks)
   // many multiprocessors; block b runs part b % parts of tile b / parts.
   const uint32_t part = blockIdx.x & ((1u << parts_log2) - 1);
   const int vt = static_cast<int>(part * blockDim.x + threadIdx.x);
-  // Tile indices fit 32 bits (ConvertOnCuda checks), so splitting them is cheap.
-  auto context = [&](uint32_t t) {
-    uint32_t e, a, b;
-    grid.Split(t, &e, &a, &b);
-    return T::Context(g, in, out, e, a, b);
-  };
+  auto context = [&](uint32_t t) { return TileContext<T>(g, in, out, grid, t); };
   uint32_t t = blockIdx.x >> parts_log2;
   const uint32_t step = gridDim.x >> parts_log2;
   if (t >= num_tiles) return;
@@ -176,11 +182,7 @@ __global__ void __launch_bounds__(kTileThreads, (AsyncMinBlocks<T, kStages>()))
   uint32_t* const windows = reinterpret_cast<uint32_t*>(dynamic_smem);
   uint32_t* const slots = windows + 2 * WindowWords<T>();
   const int vt = threadIdx.x;
-  auto context = [&](uint32_t t) {
-    uint32_t e, a, b;
-    grid.Split(t, &e, &a, &b);
-    return T::Context(g, in, out, e, a, b);
-  };
+  auto context = [&](uint32_t t) { return TileContext<T>(g, in, out, grid, t); };
   // Every thread commits one group per call, fetched or not, so wait_group counts match.
   auto fetch = [&](uint32_t t, int s) {
     if (t < num_tiles) {

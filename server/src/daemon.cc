@@ -19,6 +19,7 @@
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
+#include "wprep/client/client.h"
 #include "wprep/server/admission.h"
 #include "wprep/server/device_manager.h"
 #include "wprep/server/executor.h"
@@ -73,8 +74,7 @@ int RunDaemon(const Options& options) {
   // arenas, which held ~240 MiB after 10,000 requests (wprep_memory_soak), while the
   // allocation rate here is a few calls per MiB moved, too low to contend on one lock.
   mallopt(M_ARENA_MAX, 1);
-  mallopt(M_MMAP_THRESHOLD, 32 << 20);
-  mallopt(M_TRIM_THRESHOLD, 512 << 20);
+  wprep::client::TuneHeapForStreaming();
   sigset_t signals = ShutdownSignals();
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);  // inherited by every thread created below
   signal(SIGPIPE, SIG_IGN);
