@@ -25,6 +25,7 @@ struct IpcCache::Entry {
   absl::Time last_used;
   bool release_pending = false;
   bool closed = false;
+  bool opening = false;      // one request is opening it outside the lock; others wait
 };
 
 namespace {
@@ -106,8 +107,41 @@ void IpcCache::ExpireLocked(absl::Time now) {
 }
 
 #if WPREP_HAVE_CUDA
-absl::StatusOr<std::shared_ptr<IpcCache::Entry>> IpcCache::FindOrOpenLocked(
-    int ordinal, absl::string_view handle, absl::string_view field, bool* was_open) {
+absl::Status IpcCache::OpenMapping(Entry& entry, absl::string_view field) {
+  // The daemon never relies on a current device: it names the GPU before each call.
+  WPREP_CUDA_RETURN_IF_ERROR(cudaSetDevice(entry.ordinal));
+  cudaIpcMemHandle_t h;
+  std::memcpy(&h, entry.handle.data(), sizeof(h));
+  void* base = nullptr;
+  // The CUDA runtime requires cudaIpcMemLazyEnablePeerAccess here (0 is refused, seen on
+  // an H200 pair), so a handle of another GPU's memory would open too, over the peer link.
+  const cudaError_t err = cudaIpcOpenMemHandle(&base, h, cudaIpcMemLazyEnablePeerAccess);
+  if (err != cudaSuccess) {
+    cudaGetLastError();  // not sticky; clear it so later calls on this thread are clean
+    return absl::InvalidArgumentError(absl::StrCat(
+        field, ".handle could not be opened on GPU ordinal ", entry.ordinal, ": ",
+        cudaGetErrorName(err), " (", cudaGetErrorString(err),
+        "). Send the 64 bytes cudaIpcGetMemHandle returned for a live cudaMalloc "
+        "allocation of another process on the GPU named by ", field, ".device_uuid"));
+  }
+  entry.base = base;
+  GetAddressRangeFn range_fn = AddressRangeFn();
+  CUdeviceptr range_base = 0;
+  size_t range_size = 0;
+  if (range_fn == nullptr) {
+    return absl::InternalError("cuMemGetAddressRange is not available from the CUDA driver");
+  }
+  if (CUresult r = range_fn(&range_base, &range_size, reinterpret_cast<CUdeviceptr>(base));
+      r != CUDA_SUCCESS) {
+    return absl::InternalError(absl::StrCat("cuMemGetAddressRange failed with CUresult ", r));
+  }
+  entry.avail = range_base + range_size - reinterpret_cast<CUdeviceptr>(base);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::shared_ptr<IpcCache::Entry>> IpcCache::FindOrOpen(
+    std::unique_lock<std::mutex>& lock, int ordinal, absl::string_view handle,
+    absl::string_view field, bool* was_open) {
   // The memory must live on the GPU the request names: an opened mapping cannot tell (see
   // ipc_owner.h), the handle's own bytes can.
   if (std::optional<int> owner = owner_map_.Owner(handle); owner && *owner != ordinal) {
@@ -119,74 +153,65 @@ absl::StatusOr<std::shared_ptr<IpcCache::Entry>> IpcCache::FindOrOpenLocked(
   }
   ExpireLocked(absl::Now());
   const Key key(ordinal, std::string(handle));
-  std::shared_ptr<Entry> entry;
   *was_open = false;
-  if (auto it = entries_.find(key); it != entries_.end()) {
-    entry = it->second;
+  for (;;) {
+    auto it = entries_.find(key);
+    if (it == entries_.end()) break;
+    if (it->second->opening) {  // another request is opening this handle: use its mapping
+      opened_.wait(lock);
+      continue;  // look again: a failed open leaves no entry
+    }
+    std::shared_ptr<Entry> entry = it->second;
     *was_open = true;
     if (metrics_ != nullptr) metrics_->IpcCacheHit();
-  } else {
-    if (metrics_ != nullptr) metrics_->IpcCacheMiss();
-    if (entries_.size() >= max_entries_) {
-      // Evict the least recently used mapping that no request holds.
-      auto victim = entries_.end();
-      for (auto it = entries_.begin(); it != entries_.end(); ++it) {
-        if (it->second->refs == 0 &&
-            (victim == entries_.end() || it->second->last_used < victim->second->last_used)) {
-          victim = it;
-        }
-      }
-      if (victim == entries_.end()) {
-        return absl::ResourceExhaustedError(absl::StrCat(
-            "all ", max_entries_, " IPC mappings are in use by requests in flight; retry, or "
-            "raise --ipc-cache-entries"));
-      }
-      CloseEntry(*victim->second);
-      entries_.erase(victim);
-    }
-    // The daemon never relies on a current device: it names the GPU before each call.
-    WPREP_CUDA_RETURN_IF_ERROR(cudaSetDevice(ordinal));
-    cudaIpcMemHandle_t h;
-    std::memcpy(&h, handle.data(), sizeof(h));
-    void* base = nullptr;
-    const absl::Time open_start = absl::Now();
-    // The CUDA runtime requires cudaIpcMemLazyEnablePeerAccess here (0 is refused, seen on
-    // an H200 pair), so a handle of another GPU's memory would open too, over the peer link.
-    const cudaError_t err = cudaIpcOpenMemHandle(&base, h, cudaIpcMemLazyEnablePeerAccess);
-    if (err != cudaSuccess) {
-      cudaGetLastError();  // not sticky; clear it so later calls on this thread are clean
-      return absl::InvalidArgumentError(absl::StrCat(
-          field, ".handle could not be opened on GPU ordinal ", ordinal, ": ",
-          cudaGetErrorName(err), " (", cudaGetErrorString(err),
-          "). Send the 64 bytes cudaIpcGetMemHandle returned for a live cudaMalloc "
-          "allocation of another process on the GPU named by ", field, ".device_uuid"));
-    }
-    entry = std::make_shared<Entry>();
-    entry->ordinal = ordinal;
-    entry->handle = std::string(handle);
-    entry->base = base;
-    absl::Status s;
-    GetAddressRangeFn range_fn = AddressRangeFn();
-    CUdeviceptr range_base = 0;
-    size_t range_size = 0;
-    if (range_fn == nullptr) {
-      s = absl::InternalError("cuMemGetAddressRange is not available from the CUDA driver");
-    } else if (CUresult r = range_fn(&range_base, &range_size, reinterpret_cast<CUdeviceptr>(base));
-               r != CUDA_SUCCESS) {
-      s = absl::InternalError(absl::StrCat("cuMemGetAddressRange failed with CUresult ", r));
-    } else {
-      entry->avail = range_base + range_size - reinterpret_cast<CUdeviceptr>(base);
-    }
-    if (!s.ok()) {
-      CloseEntry(*entry);
-      return s;
-    }
-    entries_.emplace(key, entry);
-    PublishSizeLocked();
-    LogLine(LogLevel::kInfo, "ipc_open",
-            absl::StrCat("ordinal=", ordinal, " bytes=", entry->avail,
-                         " seconds=", absl::ToDoubleSeconds(absl::Now() - open_start)));
+    entry->refs++;
+    entry->last_used = absl::Now();
+    return entry;
   }
+  if (metrics_ != nullptr) metrics_->IpcCacheMiss();
+  if (entries_.size() >= max_entries_) {
+    // Evict the least recently used mapping that no request holds (entries being opened
+    // are held by their opener).
+    auto victim = entries_.end();
+    for (auto it = entries_.begin(); it != entries_.end(); ++it) {
+      if (it->second->refs == 0 &&
+          (victim == entries_.end() || it->second->last_used < victim->second->last_used)) {
+        victim = it;
+      }
+    }
+    if (victim == entries_.end()) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "all ", max_entries_, " IPC mappings are in use by requests in flight; retry, or "
+          "raise --ipc-cache-entries"));
+    }
+    CloseEntry(*victim->second);
+    entries_.erase(victim);
+  }
+  // Opening takes 0.06-0.2 ms, or milliseconds for another GPU's memory: outside the
+  // lock, so requests on other mappings go on. The opener's reference keeps the entry
+  // from being evicted, expired or closed meanwhile.
+  auto entry = std::make_shared<Entry>();
+  entry->ordinal = ordinal;
+  entry->handle = std::string(handle);
+  entry->opening = true;
+  entry->refs = 1;
+  entries_.emplace(key, entry);
+  PublishSizeLocked();
+  const absl::Time open_start = absl::Now();
+  lock.unlock();
+  absl::Status s = OpenMapping(*entry, field);
+  lock.lock();
+  entry->opening = false;
+  opened_.notify_all();
+  if (!s.ok()) {
+    CloseEntry(*entry);
+    entries_.erase(key);
+    PublishSizeLocked();
+    return s;
+  }
+  LogLine(LogLevel::kInfo, "ipc_open",
+          absl::StrCat("ordinal=", ordinal, " bytes=", entry->avail,
+                       " seconds=", absl::ToDoubleSeconds(absl::Now() - open_start)));
   entry->last_used = absl::Now();
   return entry;
 }
@@ -207,17 +232,17 @@ absl::StatusOr<IpcCache::Lease> IpcCache::Acquire(int ordinal, absl::string_view
   (void)ordinal, (void)offset, (void)size;
   return absl::InvalidArgumentError(absl::StrCat(field, ": this wprepd was built without CUDA"));
 #else
-  std::lock_guard<std::mutex> lock(mu_);
+  std::unique_lock<std::mutex> lock(mu_);
   bool was_open = false;
-  absl::StatusOr<std::shared_ptr<Entry>> found = FindOrOpenLocked(ordinal, handle, field, &was_open);
+  absl::StatusOr<std::shared_ptr<Entry>> found = FindOrOpen(lock, ordinal, handle, field, &was_open);
   if (!found.ok()) return found.status();
-  std::shared_ptr<Entry> entry = *std::move(found);
+  std::shared_ptr<Entry> entry = *std::move(found);  // holds a reference
   if (offset > entry->avail || size > entry->avail - offset) {
+    UnrefLocked(entry);
     return absl::InvalidArgumentError(absl::StrCat(
         field, ": offset ", offset, " + size ", size, " reaches beyond the allocation behind ",
         field, ".handle, which has ", entry->avail, " bytes"));
   }
-  entry->refs++;
   entry->release_pending = false;
   Lease lease;
   lease.cache_ = this;
@@ -234,22 +259,26 @@ absl::StatusOr<IpcCache::Registration> IpcCache::Register(int ordinal, absl::str
   (void)ordinal;
   return absl::InvalidArgumentError(absl::StrCat(field, ": this wprepd was built without CUDA"));
 #else
-  std::lock_guard<std::mutex> lock(mu_);
+  std::unique_lock<std::mutex> lock(mu_);
   Registration r;
-  absl::StatusOr<std::shared_ptr<Entry>> entry = FindOrOpenLocked(ordinal, handle, field, &r.was_open);
-  if (!entry.ok()) return entry.status();
+  absl::StatusOr<std::shared_ptr<Entry>> found = FindOrOpen(lock, ordinal, handle, field, &r.was_open);
+  if (!found.ok()) return found.status();
+  std::shared_ptr<Entry> entry = *std::move(found);  // holds a reference
+  absl::Status s;
   if (!r.was_open) {
     // The GPU's first access to a new mapping costs ~0.1 ms of the first kernel that uses
-    // it (H200, driver 580); pay it here. Under the lock, so the mapping cannot close
-    // while the touch runs.
-    if (absl::Status s = TouchOnCuda((*entry)->base, (*entry)->avail, cudaStreamPerThread); !s.ok()) {
-      return s;
-    }
-    WPREP_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(cudaStreamPerThread));
+    // it (H200, driver 580); pay it here, outside the lock (the reference keeps the
+    // mapping open).
+    lock.unlock();
+    s = TouchOnCuda(entry->base, entry->avail, cudaStreamPerThread);
+    if (s.ok()) s = WPREP_CUDA_STATUS(cudaStreamSynchronize(cudaStreamPerThread));
+    lock.lock();
   }
   // A registration asks for the mapping to stay: a pending release no longer applies.
-  (*entry)->release_pending = false;
-  r.allocation_bytes = (*entry)->avail;
+  if (s.ok()) entry->release_pending = false;
+  r.allocation_bytes = entry->avail;
+  UnrefLocked(entry);
+  if (!s.ok()) return s;
   return r;
 #endif
 }
@@ -261,6 +290,10 @@ void IpcCache::SetOwnerMap(IpcOwnerMap map) {
 
 void IpcCache::Unref(const std::shared_ptr<Entry>& entry) {
   std::lock_guard<std::mutex> lock(mu_);
+  UnrefLocked(entry);
+}
+
+void IpcCache::UnrefLocked(const std::shared_ptr<Entry>& entry) {
   entry->refs--;
   entry->last_used = absl::Now();
   if (entry->refs == 0 && entry->release_pending) {

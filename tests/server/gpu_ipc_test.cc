@@ -194,6 +194,20 @@ TEST(GpuIpc, RegisteredHandlesOpenOnceAndEveryConvertHits) {
   EXPECT_EQ(MetricValue(m, "wprep_ipc_cache_entries"), misses);
 }
 
+TEST(GpuIpc, ConcurrentFirstRequestsOpenASharedHandleOnce) {
+  SKIP_WITHOUT_GPUS(1);
+  auto d = StartGpuDaemon();
+  ASSERT_NE(d, nullptr);
+  auto [rc, out] = RunHelper({"--target=" + d->unix_target(), "--mode=shared-source", "--parallel=8"});
+  ASSERT_EQ(rc, 0) << out << d->Log();
+  const std::string m = Metrics(*d);
+  // One open for the shared source and one per destination; the other seven requests
+  // found the source open (or waited while it opened).
+  EXPECT_EQ(MetricValue(m, "wprep_ipc_cache_misses_total"), 9.0) << m;
+  EXPECT_EQ(MetricValue(m, "wprep_ipc_cache_hits_total"), 7.0) << m;
+  EXPECT_EQ(d->Health(), 1);
+}
+
 TEST(GpuIpc, ReleaseIpcHandlesEmptiesTheCache) {
   SKIP_WITHOUT_GPUS(1);
   auto d = StartGpuDaemon();

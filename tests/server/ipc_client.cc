@@ -7,10 +7,14 @@
 //       [--alloc-device=N] [--current-device=M] [--repeat=R] [--no-release] [--register]
 //   wprep_ipc_client --target=... --mode=bad-garbage|bad-beyond|bad-wrong-uuid
 //   wprep_ipc_client --target=... --mode=loop-big      (converts until killed)
+//   wprep_ipc_client --target=... --mode=shared-source [--parallel=N]
+//       (N requests at once share one new source handle, each with its own destination)
+#include <atomic>
 #include <cstdio>
 #include <cstring>
 #include <map>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/numbers.h"
@@ -43,7 +47,7 @@ using wprep::testing::GoldenCase;
 
 struct Args {
   std::string target, mode;
-  int alloc_device = 0, current_device = -1, repeat = 1;
+  int alloc_device = 0, current_device = -1, repeat = 1, parallel = 8;
   bool release = true;
   bool register_first = false;  // RegisterIpcHandles (twice) before converting
 };
@@ -206,6 +210,56 @@ int RunCases(const Args& a, wprep::client::Client& client, const std::string& uu
   return converted > 0 ? 0 : Fail("no case converted");
 }
 
+// --parallel requests, started together, convert one golden case from the same new
+// source handle into destinations of their own: the daemon opens the shared handle once
+// while the others wait for it (the test checks the cache counters), and every output
+// must be exact.
+int RunSharedSource(const Args& a, wprep::client::Client& client, const std::string& uuid) {
+  const GoldenCase* pick = nullptr;
+  for (const GoldenCase& c : wprep::testing::GoldenCases()) {
+    if (!c.error && c.output_bytes >= 4096 && !c.output_file.empty()) {
+      pick = &c;
+      break;
+    }
+  }
+  if (pick == nullptr) return Fail("no golden case of 4 KiB or more with an output file");
+  const GoldenCase& c = *pick;
+  DeviceBuffer in;
+  if (int r = Alloc(c.input_bytes, 0, &in); r != 0) return r;
+  const std::vector<uint8_t> host = wprep::testing::SplitMix64Bytes(c.input_seed, c.input_bytes);
+  CHECK_CUDA(cudaMemcpy(in.base, host.data(), host.size(), cudaMemcpyHostToDevice));
+  std::vector<DeviceBuffer> outs(static_cast<size_t>(a.parallel));
+  for (DeviceBuffer& o : outs) {
+    if (int r = Alloc(c.output_bytes, 0, &o); r != 0) return r;
+  }
+  std::vector<absl::Status> results(outs.size());
+  std::vector<std::thread> threads;
+  std::atomic<int> ready{0};
+  for (size_t i = 0; i < outs.size(); ++i) {
+    threads.emplace_back([&, i] {
+      v1::ConvertRequest req;
+      *req.mutable_spec() = wprep::client::SpecToProto(c.spec);
+      for (int64_t d : c.logical_shape) req.add_logical_shape(d);
+      *req.mutable_source_ipc() = Ipc(in, uuid);
+      *req.mutable_destination_ipc() = Ipc(outs[i], uuid);
+      ready.fetch_add(1);
+      while (ready.load() < static_cast<int>(outs.size())) std::this_thread::yield();
+      results[i] = client.Convert(req).status();
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (size_t i = 0; i < outs.size(); ++i) {
+    if (!results[i].ok()) return Fail(absl::StrCat("request ", i, ": ", results[i].ToString()));
+    std::string got(c.output_bytes, '\0');
+    CHECK_CUDA(cudaMemcpy(got.data(), outs[i].base, c.output_bytes, cudaMemcpyDeviceToHost));
+    if (!Matches(c, got)) return Fail(absl::StrCat(c.name, ": request ", i, "'s output differs"));
+  }
+  cudaFree(in.base);
+  for (DeviceBuffer& o : outs) cudaFree(o.base);
+  std::printf("OK mode=shared-source case=%s parallel=%zu\n", c.name.c_str(), outs.size());
+  return 0;
+}
+
 int ExpectInvalid(wprep::client::Client& client, const v1::ConvertRequest& req, const char* part) {
   absl::StatusOr<v1::ConvertResponse> r = client.Convert(req);
   if (r.status().code() != absl::StatusCode::kInvalidArgument ||
@@ -309,6 +363,7 @@ int main(int argc, char** argv) {
     else if (const char* v = val("--alloc-device=")) a.alloc_device = std::atoi(v);
     else if (const char* v = val("--current-device=")) a.current_device = std::atoi(v);
     else if (const char* v = val("--repeat=")) a.repeat = std::atoi(v);
+    else if (const char* v = val("--parallel=")) a.parallel = std::atoi(v);
     else if (s == "--no-release") a.release = false;
     else if (s == "--register") a.register_first = true;
     else {
@@ -333,6 +388,7 @@ int main(int argc, char** argv) {
   wprep::client::Client client(wprep::client::MakeChannel(a.target));
   if (a.mode == "ipc2ipc" || a.mode == "bytes2ipc" || a.mode == "ipc2bytes") return RunCases(a, client, uuid);
   if (a.mode == "loop-big") return RunLoopBig(client, uuid);
+  if (a.mode == "shared-source") return RunSharedSource(a, client, uuid);
   return RunBad(a, client, uuid);
 #endif
 }

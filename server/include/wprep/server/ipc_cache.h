@@ -5,6 +5,7 @@
 #ifndef WPREP_SERVER_IPC_CACHE_H_
 #define WPREP_SERVER_IPC_CACHE_H_
 
+#include <condition_variable>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -87,11 +88,16 @@ class IpcCache {
  private:
   using Key = std::pair<int, std::string>;
   // The cached entry of (ordinal, handle), opened (and range-probed) if new, after the
-  // owner check; its last use is now.
-  absl::StatusOr<std::shared_ptr<Entry>> FindOrOpenLocked(int ordinal, absl::string_view handle,
-                                                          absl::string_view field, bool* was_open)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // owner check, with one more reference for the caller; its last use is now. `lock`
+  // holds mu_; it is released while a new mapping opens, so other requests go on, and
+  // requests for the same handle wait for that open.
+  absl::StatusOr<std::shared_ptr<Entry>> FindOrOpen(std::unique_lock<std::mutex>& lock,
+                                                    int ordinal, absl::string_view handle,
+                                                    absl::string_view field, bool* was_open);
+  // Opens entry.handle on entry.ordinal and measures the allocation behind it (no lock).
+  static absl::Status OpenMapping(Entry& entry, absl::string_view field);
   void Unref(const std::shared_ptr<Entry>& entry);
+  void UnrefLocked(const std::shared_ptr<Entry>& entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ExpireLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void CloseEntry(Entry& entry);
   void PublishSizeLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -102,6 +108,7 @@ class IpcCache {
   Metrics* const metrics_;
 
   mutable std::mutex mu_;
+  std::condition_variable opened_;  // an entry's opening ended
   IpcOwnerMap owner_map_ ABSL_GUARDED_BY(mu_) = IpcOwnerMap::Disabled("not calibrated yet");
   std::map<Key, std::shared_ptr<Entry>> entries_ ABSL_GUARDED_BY(mu_);
 };
