@@ -63,11 +63,10 @@ wprep::ConversionSpec HopperMx2Swizzle() {
   } while (0)
 
 // IPC->IPC p50 of `shape` next to the kernel's p50; `first_ms` receives the first call.
-// With `register_first`, the handles are registered (RegisterIpcHandles) before it; with
-// `ping_first`, a ListDevices call goes just before the first Convert.
+// With `register_first`, the handles are registered (RegisterIpcHandles) before it; then
+// `pings` ListDevices calls go just before the first Convert.
 bool BenchIpc(wprep::client::Client& client, const std::vector<int64_t>& shape, int iters,
-              const char* label, double* first_ms, bool register_first = false,
-              bool ping_first = false) {
+              const char* label, double* first_ms, bool register_first = false, int pings = 0) {
   const wprep::ConversionSpec spec = HopperMx2Swizzle();
   absl::StatusOr<wprep::Plan> plan = wprep::MakePlan(spec, shape);
   if (!plan.ok()) return false;
@@ -112,10 +111,12 @@ bool BenchIpc(wprep::client::Client& client, const std::vector<int64_t>& shape, 
     }
     std::printf("%s_register_two_handles_ms %.4f\n", label, Ms(Clock::now() - t0));
   }
-  if (ping_first) {
+  for (int i = 0; i < pings; ++i) {
     const auto t0 = Clock::now();
     if (!client.ListDevices().ok()) return false;
-    std::printf("%s_list_devices_ping_ms %.4f\n", label, Ms(Clock::now() - t0));
+    if (i == 0 || i == pings - 1) {
+      std::printf("%s_list_devices_ping%d_ms %.4f\n", label, i + 1, Ms(Clock::now() - t0));
+    }
   }
   std::vector<double> rpc;
   double first = 0;
@@ -220,17 +221,22 @@ int main(int argc, char** argv) {
     if (!BenchIpc(client, {8192, 32768}, std::max(5, iters / 4), "128MiB", nullptr)) return 1;
     if (daemon != nullptr) {
       // Fresh daemons, called by this (now warm) client: one whose first Convert brings
-      // unregistered handles, one whose first Convert follows a registration, and one
-      // whose first Convert follows a registration and a ListDevices call.
+      // unregistered handles, one whose first Convert follows a registration, and two
+      // whose first Convert follows a registration and one or ten ListDevices calls (if
+      // ten bring it to the warm p50, the daemon's Convert path is warm and what is left
+      // is the round trip after a pause).
       struct Fresh {
         const char* label;
         const char* summary;
-        bool registered, pinged;
+        bool registered;
+        int pings;
       };
-      for (const Fresh& f : {Fresh{"1MiB_fresh_daemon", "unregistered", false, false},
-                             Fresh{"1MiB_fresh_daemon_registered", "registered", true, false},
+      for (const Fresh& f : {Fresh{"1MiB_fresh_daemon", "unregistered", false, 0},
+                             Fresh{"1MiB_fresh_daemon_registered", "registered", true, 0},
                              Fresh{"1MiB_fresh_daemon_registered_pinged", "registered_then_pinged",
-                                   true, true}}) {
+                                   true, 1},
+                             Fresh{"1MiB_fresh_daemon_registered_pinged10",
+                                   "registered_then_pinged10", true, 10}}) {
         std::string error;
         std::unique_ptr<wprep::testing::Daemon> fresh = wprep::testing::Daemon::Start(daemon_args, &error);
         if (fresh == nullptr || !fresh->WaitServing()) {
@@ -239,16 +245,22 @@ int main(int argc, char** argv) {
         }
         wprep::client::Client fresh_client(wprep::client::MakeChannel(fresh->unix_target(), 512 << 20));
         if (!fresh_client.ListDevices().ok()) return 1;
-        if (!BenchIpc(fresh_client, {2048, 1024}, iters, f.label, &first_ms, f.registered, f.pinged)) {
+        if (!BenchIpc(fresh_client, {2048, 1024}, iters, f.label, &first_ms, f.registered, f.pings)) {
           return 1;
         }
         std::printf("first_convert_after_serving_%s_ms %.4f (warm client)\n", f.summary, first_ms);
+        // Its requests up to the second Convert (the first Convert's handler and kernel
+        // time against the next one's).
         std::istringstream log(fresh->Log());
-        int lines = 0;
-        for (std::string line; std::getline(log, line) && lines < 4;) {
+        int converts = 0;
+        for (std::string line; std::getline(log, line) && converts < 2;) {
           if (line.find("event=request") == std::string::npos) continue;
+          if (line.find("method=ListDevices") != std::string::npos && converts == 0 &&
+              line.find(" id=1 ") == std::string::npos) {
+            continue;  // the pings between the first ListDevices and the first Convert
+          }
           std::printf("fresh_daemon_log %s\n", line.c_str());
-          ++lines;
+          if (line.find("method=Convert") != std::string::npos) ++converts;
         }
       }
     }
