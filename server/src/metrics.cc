@@ -12,16 +12,22 @@
 namespace wprep::server {
 namespace {
 
-// 10 us .. 60 s in 1-2.5-5 steps.
-prometheus::Histogram::BucketBoundaries SecondsBuckets() {
-  return {1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2,
-          5e-2, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 25, 60};
+// 10 us .. 60 s in 1-2.5-5 steps. Built once: a request only copies them when it creates
+// a series.
+const prometheus::Histogram::BucketBoundaries& SecondsBuckets() {
+  static const prometheus::Histogram::BucketBoundaries b = {
+      1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2,
+      5e-2, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 25, 60};
+  return b;
 }
 
 // 0 (its own bucket: IPC->IPC requests allocate nothing), then 1 KiB .. 64 GiB.
-prometheus::Histogram::BucketBoundaries BytesBuckets() {
-  prometheus::Histogram::BucketBoundaries b = {0};
-  for (double x = 1024; x <= 64.0 * (1ull << 30); x *= 4) b.push_back(x);
+const prometheus::Histogram::BucketBoundaries& BytesBuckets() {
+  static const prometheus::Histogram::BucketBoundaries b = [] {
+    prometheus::Histogram::BucketBoundaries v = {0};
+    for (double x = 1024; x <= 64.0 * (1ull << 30); x *= 4) v.push_back(x);
+    return v;
+  }();
   return b;
 }
 
@@ -134,6 +140,7 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(const std::string& addr
             {"cuda", "false"}})
 #endif
       .Set(1);
+  m->InitSuccessSeries();
   if (!address.empty()) {
     try {
       m->exposer_ = std::make_unique<prometheus::Exposer>(address);
@@ -161,6 +168,43 @@ void Metrics::RegisterDevices(const std::vector<std::string>& labels) {
     d.converted_bytes = &converted_->Add({{"device", l}});
     devices_.push_back(d);
   }
+}
+
+void Metrics::InitSuccessSeries() {
+  // Every successful kind of request starts at zero, so rates and dashboards have a
+  // series from the start (Prometheus' advice for known label values), and a request
+  // never creates one on its way out. Error codes appear as they happen.
+  const Method methods[] = {Method::kPlan, Method::kConvert, Method::kConvertStream,
+                            Method::kListDevices, Method::kRegisterIpcHandles,
+                            Method::kReleaseIpcHandles};
+  for (Method m : methods) request_seconds_->Add({{"method", MethodName(m)}}, SecondsBuckets());
+  const std::pair<Layout, Direction> kinds[] = {
+      {Layout::kHopperValue, Direction::kSwizzle},
+      {Layout::kHopperValue, Direction::kUnswizzle},
+      {Layout::kBlackwellShuffledValue, Direction::kSwizzle},
+      {Layout::kBlackwellShuffledValue, Direction::kUnswizzle},
+      {Layout::kBlackwellShuffledValue, Direction::kRetile}};
+  const Transport convert_transports[] = {Transport::kBytesToBytes, Transport::kBytesToIpc,
+                                          Transport::kIpcToBytes, Transport::kIpcToIpc};
+  auto ok = [this](Method m, std::optional<Layout> l, std::optional<Direction> d, Transport t) {
+    requests_->Add({{"method", MethodName(m)},
+                    {"layout", LayoutLabel(l)},
+                    {"direction", DirectionLabel(d)},
+                    {"transport", TransportName(t)},
+                    {"code", absl::StatusCodeToString(absl::StatusCode::kOk)}});
+  };
+  for (const auto& [layout, direction] : kinds) {
+    ok(Method::kPlan, layout, direction, Transport::kNone);
+    for (Transport t : convert_transports) ok(Method::kConvert, layout, direction, t);
+    ok(Method::kConvertStream, layout, direction, Transport::kStream);
+  }
+  for (Method m : {Method::kListDevices, Method::kRegisterIpcHandles, Method::kReleaseIpcHandles}) {
+    ok(m, std::nullopt, std::nullopt, Transport::kNone);
+  }
+  for (Transport t : convert_transports) {
+    peak_extra_bytes_->Add({{"transport", TransportName(t)}}, BytesBuckets());
+  }
+  peak_extra_bytes_->Add({{"transport", TransportName(Transport::kStream)}}, BytesBuckets());
 }
 
 void Metrics::RecordRequest(const RequestRecord& r) {

@@ -358,6 +358,19 @@ TEST(Daemon, MetricsServedOverHttpMoveWithTraffic) {
     EXPECT_TRUE(MetricValue(before, name).has_value()) << name;
   }
   EXPECT_EQ(MetricValue(before, "wprep_build_info"), 1.0);
+  // Every successful kind of request has its series, at zero, before any traffic.
+  EXPECT_EQ(MetricValue(before, "wprep_requests_total",
+                        {{"method", "Convert"},
+                         {"layout", "blackwell_shuffled_value"},
+                         {"direction", "retile"},
+                         {"transport", "ipc_to_ipc"},
+                         {"code", "OK"}}),
+            0.0)
+      << before;
+  EXPECT_EQ(MetricValue(before, "wprep_requests_total", {{"method", "ReleaseIpcHandles"}, {"code", "OK"}}),
+            0.0);
+  EXPECT_EQ(MetricValue(before, "wprep_request_duration_seconds_count", {{"method", "ConvertStream"}}), 0.0);
+  EXPECT_EQ(MetricValue(before, "wprep_request_peak_extra_device_bytes_count", {{"transport", "stream"}}), 0.0);
   EXPECT_EQ(MetricValue(before, "wprep_device_warm", {{"device", "cpu"}}), 1.0);
   EXPECT_EQ(MetricValue(before, "wprep_ipc_cache_entries"), 0.0);
   EXPECT_EQ(MetricValue(before, "wprep_in_flight_requests", {{"device", "cpu"}}), 0.0);

@@ -84,6 +84,7 @@ class Metrics {
   prometheus::Registry& registry() { return *registry_; }
 
  private:
+  void InitSuccessSeries();
   Metrics() = default;
 
   // Constant after Create/RegisterDevices.
