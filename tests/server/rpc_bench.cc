@@ -20,6 +20,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "daemon_harness.h"
 #include "golden.h"
 #include "wprep/client/client.h"
@@ -121,12 +122,21 @@ bool BenchIpc(wprep::client::Client& client, const std::vector<int64_t>& shape, 
   std::vector<double> rpc;
   double first = 0;
   for (int i = 0; i < iters + 1; ++i) {
+    const absl::Time sent = absl::Now();
     const auto t0 = Clock::now();
     absl::StatusOr<v1::ConvertResponse> r = client.Convert(req);
     const double ms = Ms(Clock::now() - t0);
     if (!r.ok()) {
       std::fprintf(stderr, "Convert: %s\n", r.status().ToString().c_str());
       return false;
+    }
+    if (i < 2) {
+      // Wall-clock send and receive times of the first two calls: against the daemon's
+      // log (ts = end of the handler, seconds = its duration) they split the round trip
+      // into the way in, the handler and the way out (one host, one clock).
+      std::printf("%s_call%d_sent_unix_us %lld received_unix_us %lld\n", label, i + 1,
+                  static_cast<long long>(absl::ToUnixMicros(sent)),
+                  static_cast<long long>(absl::ToUnixMicros(absl::Now())));
     }
     if (i == 0) first = ms;
     if (i == 0 && first_ms != nullptr) *first_ms = ms;
