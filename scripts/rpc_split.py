@@ -16,12 +16,14 @@ for f in sys.argv[1:]:
         m=re.match(r'(\S+)_call1_sent_unix_us (\d+) received_unix_us (\d+)',lines[i])
         if not m: i+=1; continue
         label=m.group(1); s1,r1=int(m.group(2)),int(m.group(3))
+        if 'fresh' not in label:  # only the fresh daemons' logs are printed call by call
+            i+=2; continue
         m2=re.match(r'\S+_call2_sent_unix_us (\d+) received_unix_us (\d+)',lines[i+1]); s2,r2=int(m2.group(1)),int(m2.group(2))
         # find fresh_daemon_log (or daemon_log) Convert lines after
         conv=[]
-        prefix='fresh_daemon_log' if 'fresh' in label else 'daemon_log'
+        prefix='fresh_daemon_log'
         for l in lines[i+2:]:
-            if re.match(r'\S+_call1_sent',l) and prefix=='fresh_daemon_log': break
+            if re.match(r'\S+_call1_sent',l): break
             if l.startswith(prefix) and 'method=Convert' in l:
                 t=re.search(r'ts=(\S+)',l).group(1); sec=float(re.search(r' seconds=([0-9.e-]+)',l).group(1))
                 conv.append((ts_us(t),sec*1e6))
