@@ -46,6 +46,15 @@ const char* DirectionLabel(const std::optional<Direction>& d) {
   return "none";
 }
 
+// The labels of a request's wprep_requests_total series.
+prometheus::Labels RequestLabels(const RequestRecord& r) {
+  return {{"method", MethodName(r.method)},
+          {"layout", LayoutLabel(r.layout)},
+          {"direction", DirectionLabel(r.direction)},
+          {"transport", TransportName(r.transport)},
+          {"code", absl::StatusCodeToString(r.code)}};
+}
+
 }  // namespace
 
 const char* MethodName(Method m) {
@@ -187,11 +196,13 @@ void Metrics::InitSuccessSeries() {
   const Transport convert_transports[] = {Transport::kBytesToBytes, Transport::kBytesToIpc,
                                           Transport::kIpcToBytes, Transport::kIpcToIpc};
   auto ok = [this](Method m, std::optional<Layout> l, std::optional<Direction> d, Transport t) {
-    requests_->Add({{"method", MethodName(m)},
-                    {"layout", LayoutLabel(l)},
-                    {"direction", DirectionLabel(d)},
-                    {"transport", TransportName(t)},
-                    {"code", absl::StatusCodeToString(absl::StatusCode::kOk)}});
+    RequestRecord r;
+    r.method = m;
+    r.layout = l;
+    r.direction = d;
+    r.transport = t;
+    r.code = absl::StatusCode::kOk;
+    requests_->Add(RequestLabels(r));
   };
   for (const auto& [layout, direction] : kinds) {
     ok(Method::kPlan, layout, direction, Transport::kNone);
@@ -208,14 +219,7 @@ void Metrics::InitSuccessSeries() {
 }
 
 void Metrics::RecordRequest(const RequestRecord& r) {
-  const std::string code = absl::StatusCodeToString(r.code);
-  requests_
-      ->Add({{"method", MethodName(r.method)},
-             {"layout", LayoutLabel(r.layout)},
-             {"direction", DirectionLabel(r.direction)},
-             {"transport", TransportName(r.transport)},
-             {"code", code}})
-      .Increment();
+  requests_->Add(RequestLabels(r)).Increment();
   request_seconds_->Add({{"method", MethodName(r.method)}}, SecondsBuckets()).Observe(r.seconds);
   if (r.peak_extra_device_bytes) {
     peak_extra_bytes_->Add({{"transport", TransportName(r.transport)}}, BytesBuckets())
