@@ -1,6 +1,7 @@
 // wprep_rpc_bench: end-to-end figures of wprepd (a program, not a test).
 //
-//   wprep_rpc_bench [--target=unix:///path] [--iters=N] [--stream-runs=N] [-- wprepd flags]
+//   wprep_rpc_bench [--target=unix:///path] [--iters=N] [--stream-runs=N] [--fresh-runs=N]
+//                   [-- wprepd flags]
 //
 // Without --target it starts wprepd itself (WPREPD env or the built binary) on a Unix
 // socket and reports start-to-SERVING. Then, with a GPU: 1 MiB and 128 MiB Hopper
@@ -21,6 +22,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "daemon_harness.h"
 #include "golden.h"
 #include "wprep/client/client.h"
@@ -63,96 +65,132 @@ wprep::ConversionSpec HopperMx2Swizzle() {
     }                                                                             \
   } while (0)
 
-// IPC->IPC p50 of `shape` next to the kernel's p50; `first_ms` receives the first call.
-// With `register_first`, the handles are registered (RegisterIpcHandles) before it; then
-// `pings` ListDevices calls go just before the first Convert.
-bool BenchIpc(wprep::client::Client& client, const std::vector<int64_t>& shape, int iters,
-              const char* label, double* first_ms, bool register_first = false, int pings = 0,
-              bool busy_gpu_first = false) {
-  const wprep::ConversionSpec spec = HopperMx2Swizzle();
-  absl::StatusOr<wprep::Plan> plan = wprep::MakePlan(spec, shape);
-  if (!plan.ok()) return false;
-  void *in = nullptr, *out = nullptr;
-  BENCH_CUDA(cudaSetDevice(0));
-  BENCH_CUDA(cudaMalloc(&in, plan->input_bytes));
-  BENCH_CUDA(cudaMalloc(&out, plan->output_bytes));
-  std::vector<uint8_t> host = wprep::testing::RandomBytes(plan->input_bytes, 42);
-  BENCH_CUDA(cudaMemcpy(in, host.data(), host.size(), cudaMemcpyHostToDevice));
-  cudaIpcMemHandle_t hin, hout;
-  BENCH_CUDA(cudaIpcGetMemHandle(&hin, in));
-  BENCH_CUDA(cudaIpcGetMemHandle(&hout, out));
-  cudaDeviceProp prop;
-  BENCH_CUDA(cudaGetDeviceProperties(&prop, 0));
-  v1::ConvertRequest req;
-  *req.mutable_spec() = wprep::client::SpecToProto(spec);
-  for (int64_t d : shape) req.add_logical_shape(d);
-  auto* s = req.mutable_source_ipc();
-  s->set_handle(std::string(reinterpret_cast<const char*>(&hin), 64));
-  s->set_size(plan->input_bytes);
-  s->set_device_uuid(std::string(prop.uuid.bytes, 16));
-  auto* d = req.mutable_destination_ipc();
-  d->set_handle(std::string(reinterpret_cast<const char*>(&hout), 64));
-  d->set_size(plan->output_bytes);
-  d->set_device_uuid(std::string(prop.uuid.bytes, 16));
+// An input and an output buffer of one shape on GPU 0, with the IPC->IPC Hopper mx-2
+// swizzle request that names them.
+class IpcPair {
+ public:
+  ~IpcPair() {
+    cudaFree(in_);
+    cudaFree(out_);
+  }
+  bool Init(const std::vector<int64_t>& shape, uint64_t seed) {
+    absl::StatusOr<wprep::Plan> plan = wprep::MakePlan(HopperMx2Swizzle(), shape);
+    if (!plan.ok()) return false;
+    plan_ = *std::move(plan);
+    BENCH_CUDA(cudaSetDevice(0));
+    BENCH_CUDA(cudaMalloc(&in_, plan_.input_bytes));
+    BENCH_CUDA(cudaMalloc(&out_, plan_.output_bytes));
+    std::vector<uint8_t> host = wprep::testing::RandomBytes(plan_.input_bytes, seed);
+    BENCH_CUDA(cudaMemcpy(in_, host.data(), host.size(), cudaMemcpyHostToDevice));
+    cudaIpcMemHandle_t hin, hout;
+    BENCH_CUDA(cudaIpcGetMemHandle(&hin, in_));
+    BENCH_CUDA(cudaIpcGetMemHandle(&hout, out_));
+    cudaDeviceProp prop;
+    BENCH_CUDA(cudaGetDeviceProperties(&prop, 0));
+    uuid_.assign(prop.uuid.bytes, 16);
+    *req_.mutable_spec() = wprep::client::SpecToProto(HopperMx2Swizzle());
+    for (int64_t d : shape) req_.add_logical_shape(d);
+    auto* s = req_.mutable_source_ipc();
+    s->set_handle(std::string(reinterpret_cast<const char*>(&hin), 64));
+    s->set_size(plan_.input_bytes);
+    s->set_device_uuid(uuid_);
+    auto* d = req_.mutable_destination_ipc();
+    d->set_handle(std::string(reinterpret_cast<const char*>(&hout), 64));
+    d->set_size(plan_.output_bytes);
+    d->set_device_uuid(uuid_);
+    return true;
+  }
   // Both handles as IpcHandleRefs (RegisterIpcHandles and ReleaseIpcHandles take them).
-  auto add_refs = [&](google::protobuf::RepeatedPtrField<v1::IpcHandleRef>* refs) {
-    for (const std::string& h : {s->handle(), d->handle()}) {
-      v1::IpcHandleRef* x = refs->Add();
+  template <typename Request>
+  Request Refs() const {
+    Request r;
+    for (const std::string& h : {req_.source_ipc().handle(), req_.destination_ipc().handle()}) {
+      v1::IpcHandleRef* x = r.add_handles();
       x->set_handle(h);
-      x->set_device_uuid(std::string(prop.uuid.bytes, 16));
+      x->set_device_uuid(uuid_);
     }
-  };
-  if (register_first) {
-    v1::RegisterIpcHandlesRequest reg;
-    add_refs(reg.mutable_handles());
-    const auto t0 = Clock::now();
-    absl::StatusOr<v1::RegisterIpcHandlesResponse> r = client.RegisterIpcHandles(reg);
-    if (!r.ok()) {
-      std::fprintf(stderr, "RegisterIpcHandles: %s\n", r.status().ToString().c_str());
-      return false;
-    }
-    std::printf("%s_register_two_handles_ms %.4f\n", label, Ms(Clock::now() - t0));
+    return r;
   }
-  for (int i = 0; i < pings; ++i) {
-    const auto t0 = Clock::now();
-    if (!client.ListDevices().ok()) return false;
-    if (i == 0 || i == pings - 1) {
-      std::printf("%s_list_devices_ping%d_ms %.4f\n", label, i + 1, Ms(Clock::now() - t0));
-    }
+  const v1::ConvertRequest& request() const { return req_; }
+  const wprep::Plan& plan() const { return plan_; }
+  void* in() const { return in_; }
+  void* out() const { return out_; }
+
+ private:
+  wprep::Plan plan_;
+  void *in_ = nullptr, *out_ = nullptr;
+  std::string uuid_;
+  v1::ConvertRequest req_;
+};
+
+bool Register(wprep::client::Client& client, const IpcPair& pair, const char* label) {
+  const auto t0 = Clock::now();
+  absl::StatusOr<v1::RegisterIpcHandlesResponse> r =
+      client.RegisterIpcHandles(pair.Refs<v1::RegisterIpcHandlesRequest>());
+  if (!r.ok()) {
+    std::fprintf(stderr, "RegisterIpcHandles: %s\n", r.status().ToString().c_str());
+    return false;
   }
-  if (busy_gpu_first) {
-    // ~2 ms of memsets on the same GPU right before the first Convert: if the first
-    // Convert's extra time is the GPU waking from idle, this removes it.
-    void* scratch = nullptr;
-    BENCH_CUDA(cudaMalloc(&scratch, 64 << 20));
-    for (int i = 0; i < 100; ++i) BENCH_CUDA(cudaMemsetAsync(scratch, i, 64 << 20));
-    BENCH_CUDA(cudaDeviceSynchronize());
-    BENCH_CUDA(cudaFree(scratch));
-  }
-  std::vector<double> rpc;
-  double first = 0;
-  for (int i = 0; i < iters + 1; ++i) {
+  if (label != nullptr) std::printf("%s_register_two_handles_ms %.4f\n", label, Ms(Clock::now() - t0));
+  return true;
+}
+
+// Wall-clock send and receive times of a call (one host, one clock: against the daemon's
+// log they split a round trip into the way in, the handler and the way out).
+struct Stamps {
+  absl::Time sent, received;
+};
+
+// `n` Converts of `pair`: each call's milliseconds appended to `ms`, and its stamps to
+// `stamps` when given.
+bool Converts(wprep::client::Client& client, const IpcPair& pair, int n, std::vector<double>* ms,
+              std::vector<Stamps>* stamps = nullptr) {
+  for (int i = 0; i < n; ++i) {
     const absl::Time sent = absl::Now();
     const auto t0 = Clock::now();
-    absl::StatusOr<v1::ConvertResponse> r = client.Convert(req);
-    const double ms = Ms(Clock::now() - t0);
+    absl::StatusOr<v1::ConvertResponse> r = client.Convert(pair.request());
+    ms->push_back(Ms(Clock::now() - t0));
+    if (stamps != nullptr) stamps->push_back({sent, absl::Now()});
     if (!r.ok()) {
       std::fprintf(stderr, "Convert: %s\n", r.status().ToString().c_str());
       return false;
     }
-    if (i < 2) {
-      // Wall-clock send and receive times of the first two calls: against the daemon's
-      // log (ts = end of the handler, seconds = its duration) they split the round trip
-      // into the way in, the handler and the way out (one host, one clock).
-      std::printf("%s_call%d_sent_unix_us %lld received_unix_us %lld\n", label, i + 1,
-                  static_cast<long long>(absl::ToUnixMicros(sent)),
-                  static_cast<long long>(absl::ToUnixMicros(absl::Now())));
-    }
-    if (i == 0) first = ms;
-    if (i == 0 && first_ms != nullptr) *first_ms = ms;
-    if (i > 0) rpc.push_back(ms);
   }
-  // The same kernel in this process, timed with events.
+  return true;
+}
+
+// The end time (ts=) and handler seconds (seconds=) of every Convert line in a daemon log,
+// in order.
+struct HandlerSpan {
+  absl::Time end;
+  double seconds = 0;
+  double kernel_seconds = 0;
+};
+std::vector<HandlerSpan> ConvertSpans(const std::string& log_text) {
+  std::vector<HandlerSpan> out;
+  std::istringstream log(log_text);
+  for (std::string line; std::getline(log, line);) {
+    if (line.find("event=request") == std::string::npos ||
+        line.find("method=Convert ") == std::string::npos || line.rfind("ts=", 0) != 0) {
+      continue;
+    }
+    const size_t sp = line.find(" seconds=");
+    HandlerSpan h;
+    std::string err;
+    if (sp == std::string::npos ||
+        !absl::ParseTime("%Y-%m-%dT%H:%M:%E*SZ", line.substr(3, line.find(' ') - 3), &h.end, &err)) {
+      continue;
+    }
+    h.seconds = std::atof(line.c_str() + sp + 9);
+    const size_t kp = line.find(" kernel_seconds=");
+    if (kp != std::string::npos) h.kernel_seconds = std::atof(line.c_str() + kp + 16);
+    out.push_back(h);
+  }
+  return out;
+}
+
+// The same kernel in this process, timed with events: its p50 in milliseconds.
+bool KernelP50(const IpcPair& pair, int iters, double* p50) {
   cudaStream_t st;
   BENCH_CUDA(cudaStreamCreate(&st));
   cudaEvent_t e0, e1;
@@ -161,24 +199,134 @@ bool BenchIpc(wprep::client::Client& client, const std::vector<int64_t>& shape, 
   std::vector<double> kernel;
   for (int i = 0; i < iters + 1; ++i) {
     BENCH_CUDA(cudaEventRecord(e0, st));
-    if (!wprep::ConvertOnCuda(*plan, in, out, st).ok()) return false;
+    if (!wprep::ConvertOnCuda(pair.plan(), pair.in(), pair.out(), st).ok()) return false;
     BENCH_CUDA(cudaEventRecord(e1, st));
     BENCH_CUDA(cudaEventSynchronize(e1));
     float ms = 0;
     BENCH_CUDA(cudaEventElapsedTime(&ms, e0, e1));
     if (i > 0) kernel.push_back(ms);
   }
-  v1::ReleaseIpcHandlesRequest rel;
-  add_refs(rel.mutable_handles());
-  (void)client.ReleaseIpcHandles(rel);
   cudaEventDestroy(e0);
   cudaEventDestroy(e1);
   cudaStreamDestroy(st);
-  cudaFree(in);
-  cudaFree(out);
+  *p50 = Median(kernel);
+  return true;
+}
+
+// IPC->IPC p50 of `shape` next to the kernel's p50; `first_ms` receives the first call.
+// With `register_first`, the handles are registered (RegisterIpcHandles) before it.
+bool BenchIpc(wprep::client::Client& client, const std::vector<int64_t>& shape, int iters,
+              const char* label, double* first_ms, bool register_first = false) {
+  IpcPair pair;
+  if (!pair.Init(shape, 42)) return false;
+  if (register_first && !Register(client, pair, label)) return false;
+  std::vector<double> rpc;
+  if (!Converts(client, pair, iters + 1, &rpc)) return false;
+  double kernel = 0;
+  if (!KernelP50(pair, iters, &kernel)) return false;
+  (void)client.ReleaseIpcHandles(pair.Refs<v1::ReleaseIpcHandlesRequest>());
+  const double first = rpc.front();
+  rpc = std::vector<double>(rpc.begin() + 1, rpc.end());
   std::printf("%s_ipc_to_ipc_rpc_p50_ms %.4f\n%s_kernel_p50_ms %.4f\n%s_rpc_minus_kernel_ms %.4f\n",
-              label, Median(rpc), label, Median(kernel), label, Median(rpc) - Median(kernel));
+              label, Median(rpc), label, kernel, label, Median(rpc) - kernel);
   std::printf("%s_first_call_ms %.4f\n", label, first);
+  if (first_ms != nullptr) *first_ms = first;
+  return true;
+}
+
+// How a fresh daemon meets its first Convert (1 MiB IPC->IPC, called by this warm client).
+struct FreshVariant {
+  const char* name;
+  bool registered;      // the measured handles are registered just before the first Convert
+  int pings;            // ListDevices calls between the registration and the first Convert
+  int sleep_us;         // a pause after those
+  bool busy_gpu;        // ~2 ms of this process's own GPU work right before it
+  int other_converts;   // Converts of another registered pair before it ...
+  bool other_channel;   // ... on a channel of their own (as the daemon's own IPC warm-up would)
+};
+
+// One fresh daemon: `v`'s preparation, then `iters` + 1 Converts. Prints the first five
+// calls, the warm p50 and the ratio, and the daemon's log up to the second Convert of the
+// measured pair; appends the ratio to `ratios`.
+bool FreshDaemonRun(const std::vector<std::string>& daemon_args, const FreshVariant& v, int run,
+                    int iters, std::vector<double>* ratios) {
+  std::string error;
+  std::unique_ptr<wprep::testing::Daemon> fresh = wprep::testing::Daemon::Start(daemon_args, &error);
+  if (fresh == nullptr || !fresh->WaitServing()) {
+    std::fprintf(stderr, "another wprepd did not start: %s\n", error.c_str());
+    return false;
+  }
+  const std::string label = absl::StrCat("1MiB_fresh_", v.name, "_run", run);
+  std::vector<double> ms;
+  IpcPair other;
+  if (v.other_converts > 0 && !other.Init({2048, 1024}, 43)) return false;
+  if (v.other_converts > 0 && v.other_channel) {
+    wprep::client::Client c(wprep::client::MakeChannel(fresh->unix_target(), 512 << 20));
+    if (!Register(c, other, nullptr) || !Converts(c, other, v.other_converts, &ms)) return false;
+  }
+  wprep::client::Client client(wprep::client::MakeChannel(fresh->unix_target(), 512 << 20));
+  if (!client.ListDevices().ok()) return false;
+  if (v.other_converts > 0 && !v.other_channel &&
+      (!Register(client, other, nullptr) || !Converts(client, other, v.other_converts, &ms))) {
+    return false;
+  }
+  IpcPair pair;
+  if (!pair.Init({2048, 1024}, 42)) return false;
+  if (v.registered && !Register(client, pair, label.c_str())) return false;
+  for (int i = 0; i < v.pings; ++i) {
+    if (!client.ListDevices().ok()) return false;
+  }
+  if (v.sleep_us > 0) absl::SleepFor(absl::Microseconds(v.sleep_us));
+  if (v.busy_gpu) {
+    // If the first Convert's extra time is the GPU switching from this process's context
+    // to the daemon's, this adds it.
+    void* scratch = nullptr;
+    BENCH_CUDA(cudaMalloc(&scratch, 64 << 20));
+    for (int i = 0; i < 100; ++i) BENCH_CUDA(cudaMemsetAsync(scratch, i, 64 << 20));
+    BENCH_CUDA(cudaDeviceSynchronize());
+    BENCH_CUDA(cudaFree(scratch));
+  }
+  ms.clear();
+  std::vector<Stamps> stamps;
+  if (!Converts(client, pair, iters + 1, &ms, &stamps)) return false;
+  const double first = ms.front();
+  std::vector<double> warm(ms.begin() + 1, ms.end());
+  const double p50 = Median(warm);
+  ratios->push_back(first / p50);
+  std::string firsts;
+  for (size_t i = 0; i < std::min<size_t>(5, ms.size()); ++i) absl::StrAppend(&firsts, " ", absl::SixDigits(ms[i]));
+  std::printf("%s first_calls_ms%s warm_p50_ms %.4f ratio %.2f\n", label.c_str(), firsts.c_str(), p50,
+              first / p50);
+  // Each call split into the way in (send to handler start), the handler and the way out
+  // (handler end to receipt), in microseconds, with the kernel's share of the handler
+  // (its events' time): the first five calls, then the median of the
+  // warm ones. The measured pair's Converts are the last iters + 1 in the log.
+  std::vector<HandlerSpan> spans = ConvertSpans(fresh->Log());
+  if (spans.size() < stamps.size()) {
+    std::printf("%s split unavailable (%zu Convert lines for %zu calls)\n", label.c_str(), spans.size(),
+                stamps.size());
+    return true;
+  }
+  spans.erase(spans.begin(), spans.end() - static_cast<std::ptrdiff_t>(stamps.size()));
+  std::vector<double> in_us, handler_us, kernel_us, out_us;
+  for (size_t i = 0; i < stamps.size(); ++i) {
+    const absl::Time start = spans[i].end - absl::Seconds(spans[i].seconds);
+    in_us.push_back(absl::ToDoubleMicroseconds(start - stamps[i].sent));
+    handler_us.push_back(spans[i].seconds * 1e6);
+    kernel_us.push_back(spans[i].kernel_seconds * 1e6);
+    out_us.push_back(absl::ToDoubleMicroseconds(stamps[i].received - spans[i].end));
+  }
+  std::string split;
+  for (size_t i = 0; i < std::min<size_t>(5, stamps.size()); ++i) {
+    absl::StrAppend(&split, " ", static_cast<int>(in_us[i]), "/", static_cast<int>(handler_us[i]), "(",
+                    static_cast<int>(kernel_us[i]), ")/", static_cast<int>(out_us[i]));
+  }
+  auto warm_median = [](const std::vector<double>& v) {
+    return static_cast<int>(Median(std::vector<double>(v.begin() + 1, v.end())));
+  };
+  std::printf("%s split_in/handler(kernel)/out_us%s warm_median %d/%d(%d)/%d\n", label.c_str(),
+              split.c_str(), warm_median(in_us), warm_median(handler_us), warm_median(kernel_us),
+              warm_median(out_us));
   return true;
 }
 #endif
@@ -188,6 +336,7 @@ bool BenchIpc(wprep::client::Client& client, const std::vector<int64_t>& shape, 
 int main(int argc, char** argv) {
   std::string target;
   int iters = 100, stream_runs = 5;
+  [[maybe_unused]] int fresh_runs = 3;  // GPU builds only
   std::vector<std::string> daemon_args;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
@@ -198,8 +347,9 @@ int main(int argc, char** argv) {
     if (a.rfind("--target=", 0) == 0) target = a.substr(9);
     else if (a.rfind("--iters=", 0) == 0) iters = std::max(1, std::atoi(a.c_str() + 8));
     else if (a.rfind("--stream-runs=", 0) == 0) stream_runs = std::max(1, std::atoi(a.c_str() + 14));
+    else if (a.rfind("--fresh-runs=", 0) == 0) fresh_runs = std::max(0, std::atoi(a.c_str() + 13));
     else {
-      std::fprintf(stderr, "usage: wprep_rpc_bench [--target=ADDR] [--iters=N] [--stream-runs=N] [-- wprepd flags]\n");
+      std::fprintf(stderr, "usage: wprep_rpc_bench [--target=ADDR] [--iters=N] [--stream-runs=N] [--fresh-runs=N] [-- wprepd flags]\n");
       return 2;
     }
   }
@@ -240,52 +390,30 @@ int main(int argc, char** argv) {
     if (!BenchIpc(client, {2048, 1024}, iters, "1MiB", nullptr)) return 1;
     if (!BenchIpc(client, {8192, 32768}, std::max(5, iters / 4), "128MiB", nullptr)) return 1;
     if (daemon != nullptr) {
-      // Fresh daemons, called by this (now warm) client: one whose first Convert brings
-      // unregistered handles, one whose first Convert follows a registration, and two
-      // whose first Convert follows a registration and one or ten ListDevices calls (if
-      // ten bring it to the warm p50, the daemon's Convert path is warm and what is left
-      // is the round trip after a pause).
-      struct Fresh {
-        const char* label;
-        const char* summary;
-        bool registered;
-        int pings;
-        bool busy_gpu = false;
+      // Fresh daemons called by this (now warm) client, `fresh_runs` of each variant:
+      // the first Convert on unregistered handles; on registered ones; after one or ten
+      // ListDevices calls, or a 2 ms pause; after this process's own GPU work; and after
+      // twenty Converts of another pair on the same or on another channel (what the
+      // daemon's own IPC warm-up would give, were it possible).
+      const FreshVariant variants[] = {
+          {"unregistered", false, 0, 0, false, 0, false},
+          {"registered", true, 0, 0, false, 0, false},
+          {"registered_slept2ms", true, 0, 2000, false, 0, false},
+          {"registered_pinged", true, 1, 0, false, 0, false},
+          {"registered_pinged10", true, 10, 0, false, 0, false},
+          {"registered_pinged10_busy_gpu", true, 10, 0, true, 0, false},
+          {"other_pair_same_channel", true, 1, 0, false, 20, false},
+          {"other_pair_other_channel", true, 1, 0, false, 20, true},
       };
-      for (const Fresh& f : {Fresh{"1MiB_fresh_daemon", "unregistered", false, 0},
-                             Fresh{"1MiB_fresh_daemon_registered", "registered", true, 0},
-                             Fresh{"1MiB_fresh_daemon_registered_pinged", "registered_then_pinged",
-                                   true, 1},
-                             Fresh{"1MiB_fresh_daemon_registered_pinged10",
-                                   "registered_then_pinged10", true, 10},
-                             Fresh{"1MiB_fresh_daemon_registered_pinged10_busy_gpu",
-                                   "registered_then_pinged10_busy_gpu", true, 10, true}}) {
-        std::string error;
-        std::unique_ptr<wprep::testing::Daemon> fresh = wprep::testing::Daemon::Start(daemon_args, &error);
-        if (fresh == nullptr || !fresh->WaitServing()) {
-          std::fprintf(stderr, "another wprepd did not start: %s\n", error.c_str());
-          return 1;
+      for (const FreshVariant& v : variants) {
+        std::vector<double> ratios;
+        std::string runs;
+        for (int run = 1; run <= fresh_runs; ++run) {
+          if (!FreshDaemonRun(daemon_args, v, run, iters, &ratios)) return 1;
+          absl::StrAppend(&runs, run == 1 ? "" : " ", absl::SixDigits(ratios.back()));
         }
-        wprep::client::Client fresh_client(wprep::client::MakeChannel(fresh->unix_target(), 512 << 20));
-        if (!fresh_client.ListDevices().ok()) return 1;
-        if (!BenchIpc(fresh_client, {2048, 1024}, iters, f.label, &first_ms, f.registered, f.pings,
-                      f.busy_gpu)) {
-          return 1;
-        }
-        std::printf("first_convert_after_serving_%s_ms %.4f (warm client)\n", f.summary, first_ms);
-        // Its requests up to the second Convert (the first Convert's handler and kernel
-        // time against the next one's).
-        std::istringstream log(fresh->Log());
-        int converts = 0;
-        for (std::string line; std::getline(log, line) && converts < 2;) {
-          if (line.find("event=request") == std::string::npos) continue;
-          if (line.find("method=ListDevices") != std::string::npos && converts == 0 &&
-              line.find(" id=1 ") == std::string::npos) {
-            continue;  // the pings between the first ListDevices and the first Convert
-          }
-          std::printf("fresh_daemon_log %s\n", line.c_str());
-          if (line.find("method=Convert") != std::string::npos) ++converts;
-        }
+        std::printf("first_convert_after_serving_%s_ratio_median %.2f (warm client; runs: %s)\n",
+                    v.name, Median(ratios), runs.c_str());
       }
     }
 #endif
