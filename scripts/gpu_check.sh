@@ -45,7 +45,7 @@ if [[ ${WPREP_BENCH:-1} == 1 ]]; then
 fi
 
 if [[ ${WPREP_RPC_BENCH:-1} == 1 && -x .bundle/bin/wprep_rpc_bench ]]; then
-  timeout 300 .bundle/bin/wprep_rpc_bench --iters=200 --stream-runs=9 > "$OUT/rpc_bench.txt" 2>&1
+  timeout 300 .bundle/bin/wprep_rpc_bench --iters=200 --stream-runs=9 --fresh-runs=5 > "$OUT/rpc_bench.txt" 2>&1
   summary+=("rpc bench rc=$?")
 fi
 
@@ -56,7 +56,8 @@ fi
 
 echo
 grep -E '^\[  FAILED  \]|Failure' "$OUT/tests.log" | head -20
-[[ -f $OUT/rpc_bench.txt ]] && grep -v '^daemon_log' "$OUT/rpc_bench.txt"
+# The summary lines (per-run lines and daemon logs stay in the file).
+[[ -f $OUT/rpc_bench.txt ]] && grep -vE '^(fresh_)?daemon_log|_run[0-9]+[ _]' "$OUT/rpc_bench.txt"
 [[ -f $OUT/memory_soak.txt ]] && tail -12 "$OUT/memory_soak.txt"
 [[ -f $OUT/bench.txt ]] && grep -E '^\||^GPU|^CPU' "$OUT/bench.txt"
 printf '%s\n' "${summary[@]}"

@@ -6,9 +6,12 @@
 // Without --target it starts wprepd itself (WPREPD env or the built binary) on a Unix
 // socket and reports start-to-SERVING. Then, with a GPU: 1 MiB and 128 MiB Hopper
 // mx_axis=-2 swizzle IPC->IPC end-to-end p50 next to the kernel's own p50 (cudaEvent
-// timing of the same kernel in this process), and the first request after SERVING;
-// always: 128 MiB bytes->bytes ConvertStream GB/s over the Unix socket, on one connection
-// and striped over two (the client's default) and four.
+// timing of the same kernel in this process); a warm daemon's request after pauses of
+// 0.2-30 ms; and the first request after SERVING: --fresh-runs fresh daemons per variant
+// (how the client prepares it), each next to the same sequence on the long-running
+// daemon, every call split into the way in, the handler (kernel) and the way out from the
+// daemon's log. Always: 128 MiB bytes->bytes ConvertStream GB/s over the Unix socket, on
+// one connection and striped over two (the client's default) and four.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -234,6 +237,31 @@ bool BenchIpc(wprep::client::Client& client, const std::vector<int64_t>& shape, 
   return true;
 }
 
+// A warm daemon after a pause: `iters` back-to-back Converts give the warm p50, then for
+// each pause, `repeats` times: the pause, then one Convert. Prints each pause's median
+// call and its ratio to the warm p50. If a request after a pause costs what a fresh
+// daemon's first request costs, what is left of the first request is the host waking
+// from idle, not warm-up.
+bool PausedCalls(wprep::client::Client& client, int iters, int repeats) {
+  IpcPair pair;
+  if (!pair.Init({2048, 1024}, 44) || !Register(client, pair, nullptr)) return false;
+  std::vector<double> warm;
+  if (!Converts(client, pair, iters + 1, &warm)) return false;
+  const double p50 = Median(std::vector<double>(warm.begin() + 1, warm.end()));
+  std::printf("1MiB_warm_daemon_p50_ms %.4f\n", p50);
+  for (const int pause_us : {0, 200, 1000, 3000, 10000, 30000}) {
+    std::vector<double> ms;
+    for (int i = 0; i < repeats; ++i) {
+      absl::SleepFor(absl::Microseconds(pause_us));
+      if (!Converts(client, pair, 1, &ms)) return false;
+    }
+    std::printf("1MiB_warm_daemon_after_pause_%dus_median_ms %.4f ratio %.2f\n", pause_us, Median(ms),
+                Median(ms) / p50);
+  }
+  (void)client.ReleaseIpcHandles(pair.Refs<v1::ReleaseIpcHandlesRequest>());
+  return true;
+}
+
 // How a fresh daemon meets its first Convert (1 MiB IPC->IPC, called by this warm client).
 struct FreshVariant {
   const char* name;
@@ -245,18 +273,25 @@ struct FreshVariant {
   bool other_channel;   // ... on a channel of their own (as the daemon's own IPC warm-up would)
 };
 
-// One fresh daemon: `v`'s preparation, then `iters` + 1 Converts. Prints the first five
-// calls, the warm p50 and the ratio, and the daemon's log up to the second Convert of the
-// measured pair; appends the ratio to `ratios`.
-bool FreshDaemonRun(const std::vector<std::string>& daemon_args, const FreshVariant& v, int run,
-                    int iters, std::vector<double>* ratios) {
+// One run of variant `v` on a fresh daemon (or, with `warm`, on that long-running one):
+// `v`'s preparation, then `iters` + 1 Converts. Prints the first five calls, the warm p50
+// and the ratio, each call's split and the daemon's log lines of the first two Converts;
+// appends the ratio to `ratios`. The same sequence on a warm daemon is the baseline of
+// the fresh one: what is left between them is the fresh daemon's own first-request cost.
+bool FreshDaemonRun(const std::vector<std::string>& daemon_args, wprep::testing::Daemon* warm,
+                    const FreshVariant& v, int run, int iters, std::vector<double>* ratios) {
   std::string error;
-  std::unique_ptr<wprep::testing::Daemon> fresh = wprep::testing::Daemon::Start(daemon_args, &error);
-  if (fresh == nullptr || !fresh->WaitServing()) {
-    std::fprintf(stderr, "another wprepd did not start: %s\n", error.c_str());
-    return false;
+  std::unique_ptr<wprep::testing::Daemon> started;
+  wprep::testing::Daemon* fresh = warm;
+  if (warm == nullptr) {
+    started = wprep::testing::Daemon::Start(daemon_args, &error);
+    if (started == nullptr || !started->WaitServing()) {
+      std::fprintf(stderr, "another wprepd did not start: %s\n", error.c_str());
+      return false;
+    }
+    fresh = started.get();
   }
-  const std::string label = absl::StrCat("1MiB_fresh_", v.name, "_run", run);
+  const std::string label = absl::StrCat(warm == nullptr ? "1MiB_fresh_" : "1MiB_warm_", v.name, "_run", run);
   std::vector<double> ms;
   IpcPair other;
   if (v.other_converts > 0 && !other.Init({2048, 1024}, 43)) return false;
@@ -289,9 +324,10 @@ bool FreshDaemonRun(const std::vector<std::string>& daemon_args, const FreshVari
   ms.clear();
   std::vector<Stamps> stamps;
   if (!Converts(client, pair, iters + 1, &ms, &stamps)) return false;
+  (void)client.ReleaseIpcHandles(pair.Refs<v1::ReleaseIpcHandlesRequest>());
+  if (v.other_converts > 0) (void)client.ReleaseIpcHandles(other.Refs<v1::ReleaseIpcHandlesRequest>());
   const double first = ms.front();
-  std::vector<double> warm(ms.begin() + 1, ms.end());
-  const double p50 = Median(warm);
+  const double p50 = Median(std::vector<double>(ms.begin() + 1, ms.end()));
   ratios->push_back(first / p50);
   std::string firsts;
   for (size_t i = 0; i < std::min<size_t>(5, ms.size()); ++i) absl::StrAppend(&firsts, " ", absl::SixDigits(ms[i]));
@@ -327,6 +363,18 @@ bool FreshDaemonRun(const std::vector<std::string>& daemon_args, const FreshVari
   std::printf("%s split_in/handler(kernel)/out_us%s warm_median %d/%d(%d)/%d\n", label.c_str(),
               split.c_str(), warm_median(in_us), warm_median(handler_us), warm_median(kernel_us),
               warm_median(out_us));
+  // The daemon's log lines of the measured pair's first two Converts and of its last.
+  std::vector<std::string> lines;
+  std::istringstream log(fresh->Log());
+  for (std::string line; std::getline(log, line);) {
+    if (line.find("event=request") != std::string::npos && line.find("method=Convert ") != std::string::npos) {
+      lines.push_back(line);
+    }
+  }
+  const size_t first_line = lines.size() - stamps.size();
+  for (size_t i : {first_line, first_line + 1, lines.size() - 1}) {
+    std::printf("fresh_daemon_log %s %s\n", label.c_str(), lines[i].c_str());
+  }
   return true;
 }
 #endif
@@ -389,12 +437,13 @@ int main(int argc, char** argv) {
     // first call opens the new IPC handles.
     if (!BenchIpc(client, {2048, 1024}, iters, "1MiB", nullptr)) return 1;
     if (!BenchIpc(client, {8192, 32768}, std::max(5, iters / 4), "128MiB", nullptr)) return 1;
+    if (!PausedCalls(client, iters, 15)) return 1;
     if (daemon != nullptr) {
-      // Fresh daemons called by this (now warm) client, `fresh_runs` of each variant:
-      // the first Convert on unregistered handles; on registered ones; after one or ten
-      // ListDevices calls, or a 2 ms pause; after this process's own GPU work; and after
-      // twenty Converts of another pair on the same or on another channel (what the
-      // daemon's own IPC warm-up would give, were it possible).
+      // Fresh daemons called by this (now warm) client, `fresh_runs` of each variant,
+      // each next to the same sequence on the long-running daemon: the first Convert on
+      // unregistered handles; on registered ones; after one or ten ListDevices calls, or
+      // a 2 ms pause; after this process's own GPU work; and after twenty Converts of
+      // another pair on another channel (what a daemon-side IPC warm-up would give).
       const FreshVariant variants[] = {
           {"unregistered", false, 0, 0, false, 0, false},
           {"registered", true, 0, 0, false, 0, false},
@@ -402,18 +451,23 @@ int main(int argc, char** argv) {
           {"registered_pinged", true, 1, 0, false, 0, false},
           {"registered_pinged10", true, 10, 0, false, 0, false},
           {"registered_pinged10_busy_gpu", true, 10, 0, true, 0, false},
-          {"other_pair_same_channel", true, 1, 0, false, 20, false},
           {"other_pair_other_channel", true, 1, 0, false, 20, true},
       };
       for (const FreshVariant& v : variants) {
-        std::vector<double> ratios;
-        std::string runs;
+        std::vector<double> fresh_ratios, warm_ratios;
+        std::string fresh_runs_text, warm_runs_text;
         for (int run = 1; run <= fresh_runs; ++run) {
-          if (!FreshDaemonRun(daemon_args, v, run, iters, &ratios)) return 1;
-          absl::StrAppend(&runs, run == 1 ? "" : " ", absl::SixDigits(ratios.back()));
+          if (!FreshDaemonRun(daemon_args, nullptr, v, run, iters, &fresh_ratios) ||
+              !FreshDaemonRun(daemon_args, daemon.get(), v, run, iters, &warm_ratios)) {
+            return 1;
+          }
+          absl::StrAppend(&fresh_runs_text, run == 1 ? "" : " ", absl::SixDigits(fresh_ratios.back()));
+          absl::StrAppend(&warm_runs_text, run == 1 ? "" : " ", absl::SixDigits(warm_ratios.back()));
         }
-        std::printf("first_convert_after_serving_%s_ratio_median %.2f (warm client; runs: %s)\n",
-                    v.name, Median(ratios), runs.c_str());
+        std::printf("first_convert_%s_ratio_median fresh_daemon %.2f warm_daemon %.2f (warm client; "
+                    "fresh runs: %s; warm runs: %s)\n",
+                    v.name, Median(fresh_ratios), Median(warm_ratios), fresh_runs_text.c_str(),
+                    warm_runs_text.c_str());
       }
     }
 #endif
