@@ -72,6 +72,9 @@ wprep::ConversionSpec HopperMx2Swizzle() {
 // swizzle request that names them.
 class IpcPair {
  public:
+  IpcPair() = default;
+  IpcPair(const IpcPair&) = delete;
+  IpcPair& operator=(const IpcPair&) = delete;
   ~IpcPair() {
     cudaFree(in_);
     cudaFree(out_);
