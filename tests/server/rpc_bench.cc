@@ -165,9 +165,10 @@ bool Converts(wprep::client::Client& client, const IpcPair& pair, int n, std::ve
   return true;
 }
 
-// The end time (ts=) and handler seconds (seconds=) of every Convert line in a daemon log,
-// in order.
+// Every Convert line of a daemon log, in order, with its end time (ts=), handler seconds
+// (seconds=) and kernel seconds (kernel_seconds=).
 struct HandlerSpan {
+  std::string line;
   absl::Time end;
   double seconds = 0;
   double kernel_seconds = 0;
@@ -190,7 +191,8 @@ std::vector<HandlerSpan> ConvertSpans(const std::string& log_text) {
     h.seconds = std::atof(line.c_str() + sp + 9);
     const size_t kp = line.find(" kernel_seconds=");
     if (kp != std::string::npos) h.kernel_seconds = std::atof(line.c_str() + kp + 16);
-    out.push_back(h);
+    h.line = std::move(line);
+    out.push_back(std::move(h));
   }
   return out;
 }
@@ -272,8 +274,8 @@ struct FreshVariant {
   int pings;            // ListDevices calls between the registration and the first Convert
   int sleep_us;         // a pause after those
   bool busy_gpu;        // ~2 ms of this process's own GPU work right before it
-  int other_converts;   // Converts of another registered pair before it ...
-  bool other_channel;   // ... on a channel of their own (as the daemon's own IPC warm-up would)
+  int other_converts;   // Converts of another registered pair, on a channel of their own,
+                        // before it (as a daemon-side IPC warm-up would)
 };
 
 // One run of variant `v` on a fresh daemon (or, with `warm`, on that long-running one):
@@ -285,29 +287,27 @@ bool FreshDaemonRun(const std::vector<std::string>& daemon_args, wprep::testing:
                     const FreshVariant& v, int run, int iters, std::vector<double>* ratios) {
   std::string error;
   std::unique_ptr<wprep::testing::Daemon> started;
-  wprep::testing::Daemon* fresh = warm;
+  wprep::testing::Daemon* d = warm;
   if (warm == nullptr) {
     started = wprep::testing::Daemon::Start(daemon_args, &error);
     if (started == nullptr || !started->WaitServing()) {
       std::fprintf(stderr, "another wprepd did not start: %s\n", error.c_str());
       return false;
     }
-    fresh = started.get();
+    d = started.get();
   }
   const std::string label = absl::StrCat(warm == nullptr ? "1MiB_fresh_" : "1MiB_warm_", v.name, "_run", run);
   std::vector<double> ms;
   IpcPair other;
-  if (v.other_converts > 0 && !other.Init({2048, 1024}, 43)) return false;
-  if (v.other_converts > 0 && v.other_channel) {
-    wprep::client::Client c(wprep::client::MakeChannel(fresh->unix_target(), 512 << 20));
-    if (!Register(c, other, nullptr) || !Converts(c, other, v.other_converts, &ms)) return false;
+  if (v.other_converts > 0) {
+    wprep::client::Client c(wprep::client::MakeChannel(d->unix_target(), 512 << 20));
+    if (!other.Init({2048, 1024}, 43) || !Register(c, other, nullptr) ||
+        !Converts(c, other, v.other_converts, &ms)) {
+      return false;
+    }
   }
-  wprep::client::Client client(wprep::client::MakeChannel(fresh->unix_target(), 512 << 20));
+  wprep::client::Client client(wprep::client::MakeChannel(d->unix_target(), 512 << 20));
   if (!client.ListDevices().ok()) return false;
-  if (v.other_converts > 0 && !v.other_channel &&
-      (!Register(client, other, nullptr) || !Converts(client, other, v.other_converts, &ms))) {
-    return false;
-  }
   IpcPair pair;
   if (!pair.Init({2048, 1024}, 42)) return false;
   if (v.registered && !Register(client, pair, label.c_str())) return false;
@@ -340,7 +340,7 @@ bool FreshDaemonRun(const std::vector<std::string>& daemon_args, wprep::testing:
   // (handler end to receipt), in microseconds, with the kernel's share of the handler
   // (its events' time): the first five calls, then the median of the
   // warm ones. The measured pair's Converts are the last iters + 1 in the log.
-  std::vector<HandlerSpan> spans = ConvertSpans(fresh->Log());
+  std::vector<HandlerSpan> spans = ConvertSpans(d->Log());
   if (spans.size() < stamps.size()) {
     std::printf("%s split unavailable (%zu Convert lines for %zu calls)\n", label.c_str(), spans.size(),
                 stamps.size());
@@ -367,16 +367,8 @@ bool FreshDaemonRun(const std::vector<std::string>& daemon_args, wprep::testing:
               split.c_str(), warm_median(in_us), warm_median(handler_us), warm_median(kernel_us),
               warm_median(out_us));
   // The daemon's log lines of the measured pair's first two Converts and of its last.
-  std::vector<std::string> lines;
-  std::istringstream log(fresh->Log());
-  for (std::string line; std::getline(log, line);) {
-    if (line.find("event=request") != std::string::npos && line.find("method=Convert ") != std::string::npos) {
-      lines.push_back(line);
-    }
-  }
-  const size_t first_line = lines.size() - stamps.size();
-  for (size_t i : {first_line, first_line + 1, lines.size() - 1}) {
-    std::printf("fresh_daemon_log %s %s\n", label.c_str(), lines[i].c_str());
+  for (size_t i : {size_t{0}, size_t{1}, spans.size() - 1}) {
+    std::printf("fresh_daemon_log %s %s\n", label.c_str(), spans[i].line.c_str());
   }
   return true;
 }
@@ -448,13 +440,13 @@ int main(int argc, char** argv) {
       // a 2 ms pause; after this process's own GPU work; and after twenty Converts of
       // another pair on another channel (what a daemon-side IPC warm-up would give).
       const FreshVariant variants[] = {
-          {"unregistered", false, 0, 0, false, 0, false},
-          {"registered", true, 0, 0, false, 0, false},
-          {"registered_slept2ms", true, 0, 2000, false, 0, false},
-          {"registered_pinged", true, 1, 0, false, 0, false},
-          {"registered_pinged10", true, 10, 0, false, 0, false},
-          {"registered_pinged10_busy_gpu", true, 10, 0, true, 0, false},
-          {"other_pair_other_channel", true, 1, 0, false, 20, true},
+          {"unregistered", false, 0, 0, false, 0},
+          {"registered", true, 0, 0, false, 0},
+          {"registered_slept2ms", true, 0, 2000, false, 0},
+          {"registered_pinged", true, 1, 0, false, 0},
+          {"registered_pinged10", true, 10, 0, false, 0},
+          {"registered_pinged10_busy_gpu", true, 10, 0, true, 0},
+          {"other_pair_other_channel", true, 1, 0, false, 20},
       };
       for (const FreshVariant& v : variants) {
         std::vector<double> fresh_ratios, warm_ratios;
