@@ -1,9 +1,12 @@
 #include "wprep/server/metrics.h"
 
 #include <exception>
+#include <set>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "prometheus/exposer.h"
+#include "wprep/kernels/spec.h"
 
 #ifndef WPREP_VERSION
 #define WPREP_VERSION "unknown"
@@ -187,12 +190,9 @@ void Metrics::InitSuccessSeries() {
                             Method::kListDevices, Method::kRegisterIpcHandles,
                             Method::kReleaseIpcHandles};
   for (Method m : methods) request_seconds_->Add({{"method", MethodName(m)}}, SecondsBuckets());
-  const std::pair<Layout, Direction> kinds[] = {
-      {Layout::kHopperValue, Direction::kSwizzle},
-      {Layout::kHopperValue, Direction::kUnswizzle},
-      {Layout::kBlackwellShuffledValue, Direction::kSwizzle},
-      {Layout::kBlackwellShuffledValue, Direction::kUnswizzle},
-      {Layout::kBlackwellShuffledValue, Direction::kRetile}};
+  // Each layout and direction the engines convert (the spec list their warm-up runs).
+  std::set<std::pair<Layout, Direction>> kinds;
+  for (const ConversionSpec& s : KernelVariantSpecs()) kinds.emplace(s.layout, s.direction);
   const Transport convert_transports[] = {Transport::kBytesToBytes, Transport::kBytesToIpc,
                                           Transport::kIpcToBytes, Transport::kIpcToIpc};
   auto ok = [this](Method m, std::optional<Layout> l, std::optional<Direction> d, Transport t) {
