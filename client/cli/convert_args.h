@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "wprep/kernels/spec.h"
+#include "wprep/spec/spec.h"
 
 namespace wprep::cli {
 

@@ -6,7 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "prometheus/exposer.h"
-#include "wprep/kernels/spec.h"
+#include "wprep/spec/spec.h"
 
 #ifndef WPREP_VERSION
 #define WPREP_VERSION "unknown"

@@ -19,7 +19,7 @@
 #include "grpcpp/channel.h"
 #include "wprep/client/client.h"
 #include "wprep/kernels/plan.h"
-#include "wprep/kernels/spec.h"
+#include "wprep/spec/spec.h"
 #include "wprep/v1/wprep.pb.h"
 
 namespace wprep::server {

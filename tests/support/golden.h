@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "wprep/kernels/plan.h"
-#include "wprep/kernels/spec.h"
+#include "wprep/spec/spec.h"
 
 namespace wprep::testing {
 

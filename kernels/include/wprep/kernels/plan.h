@@ -10,7 +10,7 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "wprep/kernels/layout_math.h"
-#include "wprep/kernels/spec.h"
+#include "wprep/spec/spec.h"
 
 namespace wprep {
 

@@ -17,7 +17,7 @@
 #include "prometheus/gauge.h"
 #include "prometheus/histogram.h"
 #include "prometheus/registry.h"
-#include "wprep/kernels/spec.h"
+#include "wprep/spec/spec.h"
 
 namespace prometheus {
 class Exposer;

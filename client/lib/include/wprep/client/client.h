@@ -16,7 +16,7 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "grpcpp/channel.h"
-#include "wprep/kernels/spec.h"
+#include "wprep/spec/spec.h"
 #include "wprep/v1/wprep.grpc.pb.h"
 
 namespace wprep::client {

@@ -1,4 +1,4 @@
-#include "wprep/kernels/spec.h"
+#include "wprep/spec/spec.h"
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"

@@ -1,8 +1,8 @@
 // The closed set of conversions wprep performs (see LAYOUTS.md): which layout, which
 // direction and the layout's parameters. Plain values; no validation happens here
 // (MakePlan in plan.h validates).
-#ifndef WPREP_KERNELS_SPEC_H_
-#define WPREP_KERNELS_SPEC_H_
+#ifndef WPREP_SPEC_SPEC_H_
+#define WPREP_SPEC_SPEC_H_
 
 #include <cstdint>
 #include <string>
@@ -62,4 +62,4 @@ std::string Describe(const ConversionSpec& spec);
 
 }  // namespace wprep
 
-#endif  // WPREP_KERNELS_SPEC_H_
+#endif  // WPREP_SPEC_SPEC_H_
