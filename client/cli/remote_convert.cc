@@ -12,7 +12,7 @@ absl::StatusOr<ConvertResult> RunRemoteConvert(const ConvertArgs& args) {
   if (!input.ok()) return input.status();
 
   wprep::v1::StreamRequestHeader header;
-  *header.mutable_spec() = wprep::client::SpecToProto(args.spec);
+  *header.mutable_spec() = wprep::SpecToProto(args.spec);
   for (int64_t d : args.shape) header.add_logical_shape(d);
 
   wprep::client::TuneHeapForStreaming();  // this process exists to stream one tensor

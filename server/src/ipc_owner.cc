@@ -1,4 +1,4 @@
-#include "wprep/server/ipc_owner.h"
+#include "ipc_owner.h"
 
 #include <poll.h>
 #include <signal.h>
@@ -16,10 +16,6 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 
-#if WPREP_HAVE_CUDA
-#include <cuda_runtime.h>
-#endif
-
 extern char** environ;
 
 namespace wprep::server {
@@ -30,28 +26,13 @@ constexpr int kHandlesPerGpu = 2;
 constexpr char kFewerThanTwoGpus[] =
     "fewer than two GPUs: no other served GPU a handle could be confused with";
 
-#if WPREP_HAVE_CUDA
-// Two handles of fresh allocations on `ordinal` (2 MiB each: separate allocations, so the
-// handles differ wherever the allocation shows); empty on failure. These are the daemon's
+// Handles of fresh allocations on `ordinal`; empty on failure. These are the daemon's
 // only device allocations outside the accounting allocator: made and freed once at start,
 // before SERVING, so no request's figures see them.
-std::vector<std::string> ExportHandles(int ordinal) {
-  std::vector<std::string> out;
-  if (cudaSetDevice(ordinal) != cudaSuccess) return {};
-  void* bufs[kHandlesPerGpu] = {};
-  for (int i = 0; i < kHandlesPerGpu; ++i) {
-    cudaIpcMemHandle_t h;
-    if (cudaMalloc(&bufs[i], 2 << 20) != cudaSuccess || cudaIpcGetMemHandle(&h, bufs[i]) != cudaSuccess) {
-      break;
-    }
-    out.emplace_back(h.reserved, kHandleBytes);
-  }
-  for (void* b : bufs) {
-    if (b != nullptr) cudaFree(b);
-  }
-  cudaGetLastError();
-  if (out.size() != kHandlesPerGpu) return {};
-  return out;
+std::vector<std::string> ExportHandles(DeviceRuntime& runtime, int ordinal) {
+  absl::StatusOr<std::vector<std::string>> h = runtime.ExportSampleHandles(ordinal, kHandlesPerGpu);
+  if (!h.ok() || h->size() != static_cast<size_t>(kHandlesPerGpu)) return {};
+  return *std::move(h);
 }
 
 // Runs `self_exe --export-ipc-handles=...` and parses its lines into samples per ordinal.
@@ -124,7 +105,6 @@ bool ChildHandles(const std::string& self_exe, const std::vector<int>& ordinals,
   }
   return true;
 }
-#endif
 
 }  // namespace
 
@@ -170,22 +150,18 @@ IpcOwnerMap IpcOwnerMap::FromSamples(const std::vector<int>& ordinals,
   return m;
 }
 
-IpcOwnerMap IpcOwnerMap::Calibrate(const std::string& self_exe, const std::vector<int>& ordinals) {
+IpcOwnerMap IpcOwnerMap::Calibrate(DeviceRuntime& runtime, const std::string& self_exe,
+                                   const std::vector<int>& ordinals) {
   if (ordinals.size() < 2) return Disabled(kFewerThanTwoGpus);
-#if !WPREP_HAVE_CUDA
-  (void)self_exe;
-  return Disabled("built without CUDA");
-#else
   std::vector<std::vector<std::string>> samples(ordinals.size());
   std::string error;
   if (!ChildHandles(self_exe, ordinals, &samples, &error)) return Disabled(error);
   for (size_t g = 0; g < ordinals.size(); ++g) {
-    std::vector<std::string> own = ExportHandles(ordinals[g]);
+    std::vector<std::string> own = ExportHandles(runtime, ordinals[g]);
     if (own.empty()) return Disabled(absl::StrCat("could not export a handle on GPU ", ordinals[g]));
     samples[g].insert(samples[g].end(), own.begin(), own.end());
   }
   return FromSamples(ordinals, samples);
-#endif
 }
 
 std::optional<int> IpcOwnerMap::Owner(absl::string_view handle) const {
@@ -200,13 +176,9 @@ std::optional<int> IpcOwnerMap::Owner(absl::string_view handle) const {
   return std::nullopt;
 }
 
-int ExportIpcHandlesMain(const std::vector<int>& ordinals) {
-#if !WPREP_HAVE_CUDA
-  (void)ordinals;
-  return 1;
-#else
+int ExportIpcHandlesMain(DeviceRuntime& runtime, const std::vector<int>& ordinals) {
   for (int o : ordinals) {
-    std::vector<std::string> handles = ExportHandles(o);
+    std::vector<std::string> handles = ExportHandles(runtime, o);
     if (handles.empty()) return 1;
     std::printf("%d", o);
     for (const std::string& h : handles) std::printf(" %s", absl::BytesToHexString(h).c_str());
@@ -214,7 +186,6 @@ int ExportIpcHandlesMain(const std::vector<int>& ordinals) {
   }
   std::fflush(stdout);
   return 0;
-#endif
 }
 
 }  // namespace wprep::server

@@ -1,4 +1,4 @@
-#include "wprep/server/log.h"
+#include "log.h"
 
 #include <atomic>
 #include <cstdio>

@@ -1,4 +1,4 @@
-#include "wprep/server/metrics.h"
+#include "metrics.h"
 
 #include <exception>
 #include <set>
@@ -86,7 +86,7 @@ const char* TransportName(Transport t) {
 
 Metrics::~Metrics() = default;
 
-absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(const std::string& address) {
+absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(const std::string& address, bool cuda) {
   std::unique_ptr<Metrics> m(new Metrics());
   m->registry_ = std::make_shared<prometheus::Registry>();
   auto& reg = *m->registry_;
@@ -145,12 +145,7 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(const std::string& addr
       .Name("wprep_build_info")
       .Help("Build information; the value is always 1")
       .Register(reg)
-      .Add({{"version", WPREP_VERSION},
-#if WPREP_HAVE_CUDA
-            {"cuda", "true"}})
-#else
-            {"cuda", "false"}})
-#endif
+      .Add({{"version", WPREP_VERSION}, {"cuda", cuda ? "true" : "false"}})
       .Set(1);
   m->InitSuccessSeries();
   if (!address.empty()) {

@@ -1,4 +1,4 @@
-#include "wprep/server/rpc_warmup.h"
+#include "rpc_warmup.h"
 
 #include <sys/random.h>
 
@@ -17,10 +17,15 @@
 #include "absl/time/clock.h"
 #include "absl/types/span.h"
 #include "grpcpp/channel.h"
-#include "wprep/client/client.h"
+#include "grpcpp/client_context.h"
+#include "grpcpp/create_channel.h"
+#include "grpcpp/security/credentials.h"
+#include "status.h"
+#include "wprep/proto/spec_codec.h"
+#include "wprep/spec/status_macros.h"
 #include "wprep/kernels/plan.h"
 #include "wprep/spec/spec.h"
-#include "wprep/v1/wprep.pb.h"
+#include "wprep/v1/wprep.grpc.pb.h"
 
 namespace wprep::server {
 namespace {
@@ -91,91 +96,131 @@ std::string WarmupTarget(const std::string& listen_address, int bound_port) {
   return absl::StrCat(host, ":", bound_port);
 }
 
+namespace {
+
+// One unary call on the warm-up's stub with its metadata and deadline.
+template <typename Request, typename Response>
+absl::Status Call(v1::WeightPrep::Stub& stub,
+                  grpc::Status (v1::WeightPrep::Stub::*method)(grpc::ClientContext*, const Request&, Response*),
+                  const Request& req, Response* resp, const std::string& token, absl::Time deadline) {
+  grpc::ClientContext ctx;
+  ctx.AddMetadata(kWarmupMetadataKey, token);
+  ctx.set_deadline(absl::ToChronoTime(deadline));
+  return FromGrpc((stub.*method)(&ctx, req, resp));
+}
+
+// One ConvertStream of `input` in one chunk; the output bytes received.
+absl::StatusOr<uint64_t> Stream(v1::WeightPrep::Stub& stub, const v1::StreamRequestHeader& header,
+                                const std::string& input, const std::string& token, absl::Time deadline) {
+  grpc::ClientContext ctx;
+  ctx.AddMetadata(kWarmupMetadataKey, token);
+  ctx.set_deadline(absl::ToChronoTime(deadline));
+  auto stream = stub.ConvertStream(&ctx);
+  v1::ConvertStreamRequest msg;
+  *msg.mutable_header() = header;
+  bool ok = stream->Write(msg);
+  if (ok && !input.empty()) {
+    msg.mutable_chunk()->set_offset(0);
+    msg.mutable_chunk()->set_data(input);
+    ok = stream->Write(msg);
+  }
+  if (ok) stream->WritesDone();
+  uint64_t got = 0;
+  v1::ConvertStreamResponse resp;
+  while (stream->Read(&resp)) {
+    if (resp.has_chunk()) got += resp.chunk().data().size();
+  }
+  WPREP_RETURN_IF_ERROR(FromGrpc(stream->Finish()));
+  return got;
+}
+
+}  // namespace
+
 absl::StatusOr<int> WarmUpRpcPath(const std::string& target, const std::string& token,
                                   absl::Duration bound, const std::atomic<bool>& stop) {
   const absl::Time deadline = absl::Now() + bound;
-  std::shared_ptr<grpc::Channel> channel = client::MakeChannel(target);
+  std::shared_ptr<grpc::Channel> channel =
+      grpc::CreateChannel(target, grpc::InsecureChannelCredentials());
   if (!channel->WaitForConnected(absl::ToChronoTime(std::min(deadline, absl::Now() + kConnectBound)))) {
     return absl::UnavailableError("could not connect");
   }
-  client::Client client(channel);
+  std::unique_ptr<v1::WeightPrep::Stub> stub = v1::WeightPrep::NewStub(channel);
   int calls = 0;
-  // Options of the next call: the token and what is left of `bound`; Cancelled on stop.
-  client::StreamOptions options;
-  options.metadata = {{kWarmupMetadataKey, token}};
+  // Before each call: Cancelled on stop, DeadlineExceeded once `bound` is spent.
   auto next = [&]() -> absl::Status {
     if (stop.load()) return absl::CancelledError("shutting down");
-    const absl::Duration left = deadline - absl::Now();
-    if (left <= absl::ZeroDuration()) {
+    if (absl::Now() >= deadline) {
       return absl::DeadlineExceededError(absl::StrCat("took longer than ", absl::FormatDuration(bound)));
     }
-    options.timeout = std::chrono::milliseconds(std::max<int64_t>(1, absl::ToInt64Milliseconds(left)));
     ++calls;
     return absl::OkStatus();
   };
 
-  if (absl::Status s = next(); !s.ok()) return s;
-  absl::StatusOr<v1::ListDevicesResponse> devices = client.ListDevices(options);
-  if (!devices.ok()) return CallFailed("ListDevices", devices.status());
+  WPREP_RETURN_IF_ERROR(next());
+  v1::ListDevicesResponse devices;
+  if (absl::Status s = Call(*stub, &v1::WeightPrep::Stub::ListDevices, v1::ListDevicesRequest(), &devices,
+                            token, deadline);
+      !s.ok()) {
+    return CallFailed("ListDevices", s);
+  }
   // Every GPU by UUID; requests that name none go to the CPU engine when there is no GPU.
   std::vector<std::string> engines;
-  for (const v1::DeviceInfo& d : devices->devices()) engines.push_back(d.uuid());
+  for (const v1::DeviceInfo& d : devices.devices()) engines.push_back(d.uuid());
   if (engines.empty()) engines.push_back("");
 
-  absl::StatusOr<Sized> sized = SizeFor(HopperSwizzle(-2), kShape);
-  if (!sized.ok()) return sized.status();
+  WPREP_ASSIGN_OR_RETURN(Sized sized, SizeFor(HopperSwizzle(-2), kShape));
   v1::PlanRequest plan_req;
-  *plan_req.mutable_spec() = client::SpecToProto(HopperSwizzle(-2));
+  *plan_req.mutable_spec() = SpecToProto(HopperSwizzle(-2));
   for (int64_t d : kShape) plan_req.add_logical_shape(d);
-  if (absl::Status s = next(); !s.ok()) return s;
-  absl::StatusOr<v1::PlanResponse> plan = client.Plan(plan_req, options);
-  if (!plan.ok()) return CallFailed("Plan", plan.status());
-  if (absl::Status s = CheckBytes("Plan", plan->output_bytes(), sized->output_bytes); !s.ok()) return s;
+  WPREP_RETURN_IF_ERROR(next());
+  v1::PlanResponse plan;
+  if (absl::Status s = Call(*stub, &v1::WeightPrep::Stub::Plan, plan_req, &plan, token, deadline); !s.ok()) {
+    return CallFailed("Plan", s);
+  }
+  WPREP_RETURN_IF_ERROR(CheckBytes("Plan", plan.output_bytes(), sized.output_bytes));
 
   for (const std::string& uuid : engines) {
     for (const ConversionSpec& spec : {HopperSwizzle(-1), HopperSwizzle(-2), BlackwellSwizzle()}) {
-      sized = SizeFor(spec, kShape);
-      if (!sized.ok()) return sized.status();
+      WPREP_ASSIGN_OR_RETURN(sized, SizeFor(spec, kShape));
       v1::ConvertRequest req;
-      *req.mutable_spec() = client::SpecToProto(spec);
+      *req.mutable_spec() = SpecToProto(spec);
       for (int64_t d : kShape) req.add_logical_shape(d);
-      req.set_source_bytes(std::move(sized->input));
+      req.set_source_bytes(std::move(sized.input));
       req.set_device_uuid(uuid);
       const std::string call = absl::StrCat("Convert ", Describe(spec));
-      if (absl::Status s = next(); !s.ok()) return s;
-      absl::StatusOr<v1::ConvertResponse> resp = client.Convert(req, options);
-      if (!resp.ok()) return CallFailed(call, resp.status());
-      if (absl::Status s = CheckBytes(call, resp->output_bytes_inline().size(), sized->output_bytes);
-          !s.ok()) {
-        return s;
+      WPREP_RETURN_IF_ERROR(next());
+      v1::ConvertResponse resp;
+      if (absl::Status s = Call(*stub, &v1::WeightPrep::Stub::Convert, req, &resp, token, deadline); !s.ok()) {
+        return CallFailed(call, s);
       }
+      WPREP_RETURN_IF_ERROR(CheckBytes(call, resp.output_bytes_inline().size(), sized.output_bytes));
     }
-    sized = SizeFor(HopperSwizzle(-2), kStreamShape);
-    if (!sized.ok()) return sized.status();
+    WPREP_ASSIGN_OR_RETURN(sized, SizeFor(HopperSwizzle(-2), kStreamShape));
     v1::StreamRequestHeader header;
-    *header.mutable_spec() = client::SpecToProto(HopperSwizzle(-2));
+    *header.mutable_spec() = SpecToProto(HopperSwizzle(-2));
     for (int64_t d : kStreamShape) header.add_logical_shape(d);
     header.set_device_uuid(uuid);
-    std::string out;
-    if (absl::Status s = next(); !s.ok()) return s;
-    absl::StatusOr<v1::StreamResponseHeader> rh = client.ConvertStream(
-        header,
-        absl::Span<const uint8_t>(reinterpret_cast<const uint8_t*>(sized->input.data()),
-                                  sized->input.size()),
-        &out, options);
-    if (!rh.ok()) return CallFailed("ConvertStream", rh.status());
-    if (absl::Status s = CheckBytes("ConvertStream", out.size(), sized->output_bytes); !s.ok()) return s;
+    WPREP_RETURN_IF_ERROR(next());
+    absl::StatusOr<uint64_t> out = Stream(*stub, header, sized.input, token, deadline);
+    if (!out.ok()) return CallFailed("ConvertStream", out.status());
+    WPREP_RETURN_IF_ERROR(CheckBytes("ConvertStream", *out, sized.output_bytes));
   }
 
   // No handles: both handlers validate and answer an empty list without touching a GPU.
-  if (absl::Status s = next(); !s.ok()) return s;
-  absl::StatusOr<v1::RegisterIpcHandlesResponse> reg =
-      client.RegisterIpcHandles(v1::RegisterIpcHandlesRequest(), options);
-  if (!reg.ok()) return CallFailed("RegisterIpcHandles", reg.status());
-  if (absl::Status s = next(); !s.ok()) return s;
-  absl::StatusOr<v1::ReleaseIpcHandlesResponse> rel =
-      client.ReleaseIpcHandles(v1::ReleaseIpcHandlesRequest(), options);
-  if (!rel.ok()) return CallFailed("ReleaseIpcHandles", rel.status());
+  WPREP_RETURN_IF_ERROR(next());
+  v1::RegisterIpcHandlesResponse reg;
+  if (absl::Status s = Call(*stub, &v1::WeightPrep::Stub::RegisterIpcHandles, v1::RegisterIpcHandlesRequest(),
+                            &reg, token, deadline);
+      !s.ok()) {
+    return CallFailed("RegisterIpcHandles", s);
+  }
+  WPREP_RETURN_IF_ERROR(next());
+  v1::ReleaseIpcHandlesResponse rel;
+  if (absl::Status s = Call(*stub, &v1::WeightPrep::Stub::ReleaseIpcHandles, v1::ReleaseIpcHandlesRequest(),
+                            &rel, token, deadline);
+      !s.ok()) {
+    return CallFailed("ReleaseIpcHandles", s);
+  }
   return calls;
 }
 

@@ -98,7 +98,7 @@ std::vector<BadCase> Table() {
                absl::StatusCode::kInvalidArgument, "100"});
   t.push_back({"strides outside the buffer", [](Client& c) {
                  v1::PlanRequest p;
-                 *p.mutable_spec() = wprep::client::SpecToProto(HopperSpec(Direction::kSwizzle, -1, 2));
+                 *p.mutable_spec() = wprep::SpecToProto(HopperSpec(Direction::kSwizzle, -1, 2));
                  p.add_logical_shape(256);
                  p.add_logical_shape(128);
                  p.add_input_strides(128);  // rows twice as far apart as dense

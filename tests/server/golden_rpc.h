@@ -33,7 +33,7 @@ inline wprep::v1::ConvertRequest ConvertRequestFor(const ConversionSpec& spec,
                                                    const std::vector<int64_t>& shape,
                                                    const std::vector<uint8_t>& input) {
   wprep::v1::ConvertRequest r;
-  *r.mutable_spec() = wprep::client::SpecToProto(spec);
+  *r.mutable_spec() = wprep::SpecToProto(spec);
   for (int64_t d : shape) r.add_logical_shape(d);
   r.set_source_bytes(AsString(input));
   return r;
@@ -42,7 +42,7 @@ inline wprep::v1::ConvertRequest ConvertRequestFor(const ConversionSpec& spec,
 inline wprep::v1::StreamRequestHeader StreamHeaderFor(const ConversionSpec& spec,
                                                       const std::vector<int64_t>& shape) {
   wprep::v1::StreamRequestHeader h;
-  *h.mutable_spec() = wprep::client::SpecToProto(spec);
+  *h.mutable_spec() = wprep::SpecToProto(spec);
   for (int64_t d : shape) h.add_logical_shape(d);
   return h;
 }

@@ -149,7 +149,7 @@ int RunCases(const Args& a, wprep::client::Client& client, const std::string& uu
     for (Item& it : items) {
       const GoldenCase& c = *it.c;
       v1::ConvertRequest req;
-      *req.mutable_spec() = wprep::client::SpecToProto(c.spec);
+      *req.mutable_spec() = wprep::SpecToProto(c.spec);
       for (int64_t d : c.logical_shape) req.add_logical_shape(d);
       if (src_ipc) {
         *req.mutable_source_ipc() = Ipc(it.in, uuid);
@@ -238,7 +238,7 @@ int RunSharedSource(const Args& a, wprep::client::Client& client, const std::str
   for (size_t i = 0; i < outs.size(); ++i) {
     threads.emplace_back([&, i] {
       v1::ConvertRequest req;
-      *req.mutable_spec() = wprep::client::SpecToProto(c.spec);
+      *req.mutable_spec() = wprep::SpecToProto(c.spec);
       for (int64_t d : c.logical_shape) req.add_logical_shape(d);
       *req.mutable_source_ipc() = Ipc(in, uuid);
       *req.mutable_destination_ipc() = Ipc(outs[i], uuid);
@@ -279,7 +279,7 @@ int RunBad(const Args& a, wprep::client::Client& client, const std::string& uuid
   wprep::ConversionSpec spec;
   spec.hopper.mx_axis = -1;
   spec.hopper.mma_version = 2;
-  *req.mutable_spec() = wprep::client::SpecToProto(spec);
+  *req.mutable_spec() = wprep::SpecToProto(spec);
   req.add_logical_shape(256);
   req.add_logical_shape(128);
   *req.mutable_source_ipc() = Ipc(in, uuid);
@@ -330,7 +330,7 @@ int RunLoopBig(wprep::client::Client& client, const std::string& uuid) {
   if (int r = Alloc(plan->input_bytes, 0, &in); r != 0) return r;
   if (int r = Alloc(plan->output_bytes, 0, &out); r != 0) return r;
   v1::ConvertRequest req;
-  *req.mutable_spec() = wprep::client::SpecToProto(spec);
+  *req.mutable_spec() = wprep::SpecToProto(spec);
   for (int64_t d : shape) req.add_logical_shape(d);
   *req.mutable_source_ipc() = Ipc(in, uuid);
   *req.mutable_destination_ipc() = Ipc(out, uuid);

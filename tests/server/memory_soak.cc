@@ -73,7 +73,7 @@ wprep::ConversionSpec Spec(wprep::Layout l, wprep::Direction d, int32_t mx = -2,
 template <typename Message>
 Message For(const wprep::ConversionSpec& spec, const std::vector<int64_t>& shape) {
   Message m;
-  *m.mutable_spec() = wprep::client::SpecToProto(spec);
+  *m.mutable_spec() = wprep::SpecToProto(spec);
   for (int64_t d : shape) m.add_logical_shape(d);
   return m;
 }

@@ -94,7 +94,7 @@ class IpcPair {
     cudaDeviceProp prop;
     BENCH_CUDA(cudaGetDeviceProperties(&prop, 0));
     uuid_.assign(prop.uuid.bytes, 16);
-    *req_.mutable_spec() = wprep::client::SpecToProto(HopperMx2Swizzle());
+    *req_.mutable_spec() = wprep::SpecToProto(HopperMx2Swizzle());
     for (int64_t d : shape) req_.add_logical_shape(d);
     auto* s = req_.mutable_source_ipc();
     s->set_handle(std::string(reinterpret_cast<const char*>(&hin), 64));
@@ -471,7 +471,7 @@ int main(int argc, char** argv) {
     const wprep::ConversionSpec spec = HopperMx2Swizzle();
     std::vector<uint8_t> in = wprep::testing::RandomBytes(1 << 20, 7);
     v1::ConvertRequest req;
-    *req.mutable_spec() = wprep::client::SpecToProto(spec);
+    *req.mutable_spec() = wprep::SpecToProto(spec);
     req.add_logical_shape(2048);
     req.add_logical_shape(1024);
     req.set_source_bytes(std::string(in.begin(), in.end()));
@@ -492,7 +492,7 @@ int main(int argc, char** argv) {
   if (!plan.ok()) return 1;
   std::vector<uint8_t> in = wprep::testing::RandomBytes(plan->input_bytes, 9);
   v1::StreamRequestHeader h;
-  *h.mutable_spec() = wprep::client::SpecToProto(HopperMx2Swizzle());
+  *h.mutable_spec() = wprep::SpecToProto(HopperMx2Swizzle());
   for (int64_t d : shape) h.add_logical_shape(d);
   std::string out;
   // One connection (one stream), then the client's default of two connections (two

@@ -2,12 +2,14 @@
 // accounting allocator's budget, the IPC owner map's calibration.
 #include "gtest/gtest.h"
 #include "absl/time/clock.h"
-#include "wprep/server/device_allocator.h"
-#include "wprep/server/device_manager.h"
-#include "wprep/server/ipc_owner.h"
+#include "device_allocator.h"
+#include "device_manager.h"
+#include "fake_runtime.h"
+#include "proto_translate.h"
+#include "ipc_owner.h"
 #include "wprep/server/options.h"
-#include "wprep/server/rpc_warmup.h"
-#include "wprep/server/status.h"
+#include "rpc_warmup.h"
+#include "status.h"
 
 namespace wprep::server {
 namespace {
@@ -62,7 +64,9 @@ TEST(Status, TranslationKeepsCodeAndMessage) {
   EXPECT_EQ(ToGrpcStatus(absl::UnavailableError("x")).error_code(), grpc::StatusCode::UNAVAILABLE);
   EXPECT_EQ(ToGrpcStatus(absl::DeadlineExceededError("x")).error_code(),
             grpc::StatusCode::DEADLINE_EXCEEDED);
-  EXPECT_STREQ(GrpcCodeName(grpc::StatusCode::INVALID_ARGUMENT), "INVALID_ARGUMENT");
+  const absl::Status back = FromGrpc(grpc::Status(grpc::StatusCode::NOT_FOUND, "gone"));
+  EXPECT_EQ(back.code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(back.message(), "gone");
 }
 
 TEST(Uuid, FormatAndParseRoundTrip) {
@@ -75,11 +79,12 @@ TEST(Uuid, FormatAndParseRoundTrip) {
   EXPECT_EQ(*back, u);
   EXPECT_FALSE(ParseUuid("GPU-0011").ok());
   EXPECT_FALSE(ParseUuid("GPU-zz112233-4455-6677-8899-aabbccddeeff").ok());
-  EXPECT_EQ(UuidFromBytes("short", "f").status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(UuidFromWire("short", "f").status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST(DeviceAllocator, BudgetRejectsWhatCanNeverFitAndTimesOutWhenFull) {
-  DeviceAllocator a(0, 1000, nullptr);
+  wprep::testing::FakeRuntime runtime(1);
+  DeviceAllocator a(&runtime, 0, 1000, nullptr);
   EXPECT_EQ(a.Reserve(1001, absl::InfiniteFuture()).code(), absl::StatusCode::kResourceExhausted);
   ASSERT_TRUE(a.Reserve(600, absl::InfiniteFuture()).ok());
   // 600 + 600 > 1000: waits, and with a past deadline gives up at once.
@@ -133,7 +138,8 @@ TEST(IpcOwnerMap, StaysOffWhenNoByteNamesTheGpu) {
 TEST(IpcOwnerMap, OneGpuOrTooFewSamplesLeaveItOff) {
   EXPECT_FALSE(IpcOwnerMap::FromSamples({0}, {{FakeHandle(1, 6, 1), FakeHandle(2, 6, 1)}}).enabled());
   EXPECT_FALSE(IpcOwnerMap::FromSamples({0, 1}, {{FakeHandle(1, 6, 1)}, {FakeHandle(1, 7, 1)}}).enabled());
-  EXPECT_FALSE(IpcOwnerMap::Calibrate("/nonexistent", {0}).enabled());
+  wprep::testing::FakeRuntime runtime(1);
+  EXPECT_FALSE(IpcOwnerMap::Calibrate(runtime, "/nonexistent", {0}).enabled());
 }
 
 TEST(RpcWarmup, TargetsReachTheBoundPortOverLoopback) {

@@ -54,24 +54,6 @@ absl::Status FromGrpcStatus(const grpc::Status& s) {
   return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
 }
 
-wprep::v1::ConversionSpec SpecToProto(const ConversionSpec& spec) {
-  wprep::v1::ConversionSpec p;
-  p.set_layout(spec.layout == Layout::kHopperValue ? wprep::v1::LAYOUT_HOPPER_VALUE
-                                                   : wprep::v1::LAYOUT_BLACKWELL_SHUFFLED_VALUE);
-  switch (spec.direction) {
-    case Direction::kSwizzle: p.set_direction(wprep::v1::DIRECTION_SWIZZLE); break;
-    case Direction::kUnswizzle: p.set_direction(wprep::v1::DIRECTION_UNSWIZZLE); break;
-    case Direction::kRetile: p.set_direction(wprep::v1::DIRECTION_RETILE); break;
-  }
-  p.mutable_hopper()->set_mx_axis(spec.hopper.mx_axis);
-  p.mutable_hopper()->set_mma_version(spec.hopper.mma_version);
-  p.mutable_blackwell()->set_block_k(spec.blackwell.block_k);
-  p.mutable_blackwell()->set_block_n(spec.blackwell.block_n);
-  p.mutable_blackwell_to()->set_block_k(spec.blackwell_to.block_k);
-  p.mutable_blackwell_to()->set_block_n(spec.blackwell_to.block_n);
-  return p;
-}
-
 Client::Client(std::shared_ptr<grpc::Channel> channel) {
   stubs_.push_back(wprep::v1::WeightPrep::NewStub(std::move(channel)));
 }

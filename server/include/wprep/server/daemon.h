@@ -1,19 +1,65 @@
-// Lifecycle of wprepd: listen, warm up (health NOT_SERVING until every device is warm),
-// serve, and on SIGTERM/SIGINT drain in-flight work within --drain-timeout, close IPC
-// mappings and return.
+// The lifecycle of wprepd as one object with named phases:
+//   Start   build the parts (metrics, devices, IPC cache, executor, service) and listen;
+//           health says NOT_SERVING;
+//   WarmUp  run every kernel on every GPU against the CPU engine, learn which IPC handle
+//           bytes name the exporting GPU, then call every method over every listener;
+//           health says SERVING once done;
+//   Serve   housekeeping (idle IPC mappings expire, the heap is trimmed once traffic
+//           stops) until a stop is requested;
+//   Drain   refuse new work, give in-flight work --drain-timeout, stop the listeners and
+//           close the IPC mappings.
 #ifndef WPREP_SERVER_DAEMON_H_
 #define WPREP_SERVER_DAEMON_H_
 
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "wprep/server/options.h"
 
 namespace wprep::server {
 
-// Runs the daemon until SIGTERM or SIGINT and returns the process exit code (0 after a
-// clean drain, 1 when it could not start). Must be called from the main thread before
-// any other thread exists: it blocks the shutdown signals so one thread can wait for them.
-// After it returns the process should exit: the stopped gRPC and metrics servers are left
-// to the process exit rather than waiting for peers to hang up.
+class DeviceRuntime;
+struct DaemonParts;
+
+class Daemon {
+ public:
+  // Builds every part on `runtime` (CudaRuntime() for wprepd) and listens on every
+  // --listen address. Errors say which part or address failed.
+  static absl::StatusOr<std::unique_ptr<Daemon>> Start(const Options& options, DeviceRuntime* runtime);
+  ~Daemon();
+  Daemon(const Daemon&) = delete;
+  Daemon& operator=(const Daemon&) = delete;
+
+  // CANCELLED when a stop was requested meanwhile; any other error means the daemon
+  // must not serve (a GPU disagreed with the CPU engine, or failed).
+  absl::Status WarmUp();
+  // Returns once a stop is requested.
+  void Serve();
+  // True when every in-flight request finished within --drain-timeout.
+  bool Drain(absl::string_view why);
+  // Ends WarmUp and Serve. Thread-safe.
+  void RequestStop();
+
+ private:
+  explicit Daemon(std::unique_ptr<DaemonParts> parts);
+  std::unique_ptr<DaemonParts> parts_;
+};
+
+// wprepd's main: runs the phases until SIGTERM or SIGINT and returns the process exit
+// code (0 after a clean drain, 1 when it could not start or warm up). Call from the main
+// thread before any other thread exists: it blocks the shutdown signals for every thread
+// and waits for them on one. The process should exit right after (the stopped gRPC and
+// metrics servers are left to the exit rather than waiting for peers to hang up).
 int RunDaemon(const Options& options);
+
+// wprepd's command line (argv without argv[0]): --help, the flags of options.h, or the
+// internal --export-ipc-handles mode the daemon starts itself in (ipc_owner.h). Returns
+// the exit code; 2 for bad flags.
+int WprepdMain(const std::vector<std::string>& args);
 
 }  // namespace wprep::server
 

@@ -16,6 +16,7 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "grpcpp/channel.h"
+#include "wprep/proto/spec_codec.h"  // SpecToProto for building requests
 #include "wprep/spec/spec.h"
 #include "wprep/v1/wprep.grpc.pb.h"
 
@@ -34,9 +35,6 @@ std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target,
 
 // grpc::Status -> absl::Status with the same code and message.
 absl::Status FromGrpcStatus(const grpc::Status& status);
-
-// wprep::ConversionSpec -> its protobuf form (every parameter set explicitly).
-wprep::v1::ConversionSpec SpecToProto(const ConversionSpec& spec);
 
 struct CallOptions {
   // Deadline from now; unset = none.

@@ -5,8 +5,8 @@
 // a first Convert took 0.6 ms against 0.24 ms warm, a first ListDevices 0.34 ms).
 // These calls carry kWarmupMetadataKey with a per-process secret token; the handlers keep
 // calls with the right token out of metrics, logs and request ids (service.cc).
-#ifndef WPREP_SERVER_RPC_WARMUP_H_
-#define WPREP_SERVER_RPC_WARMUP_H_
+#ifndef WPREP_SERVER_SRC_RPC_WARMUP_H_
+#define WPREP_SERVER_SRC_RPC_WARMUP_H_
 
 #include <atomic>
 #include <string>
@@ -40,4 +40,4 @@ absl::StatusOr<int> WarmUpRpcPath(const std::string& target, const std::string& 
 
 }  // namespace wprep::server
 
-#endif  // WPREP_SERVER_RPC_WARMUP_H_
+#endif  // WPREP_SERVER_SRC_RPC_WARMUP_H_

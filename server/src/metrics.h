@@ -1,8 +1,8 @@
 // The daemon's Prometheus metrics: one Metrics object built at start-up holds every
 // family; label values come from enums (never from request strings). Base units,
 // `_total` counters. Thread-safe after RegisterDevices.
-#ifndef WPREP_SERVER_METRICS_H_
-#define WPREP_SERVER_METRICS_H_
+#ifndef WPREP_SERVER_SRC_METRICS_H_
+#define WPREP_SERVER_SRC_METRICS_H_
 
 #include <cstdint>
 #include <memory>
@@ -49,6 +49,22 @@ struct DeviceMetrics {
   prometheus::Counter* converted_bytes = nullptr;    // wprep_converted_bytes_total
 };
 
+// Counts one conversion in an engine's in-flight gauge while alive (metrics may be null).
+class InFlight {
+ public:
+  explicit InFlight(DeviceMetrics* m) : m_(m) {
+    if (m_ != nullptr) m_->in_flight->Increment();
+  }
+  ~InFlight() {
+    if (m_ != nullptr) m_->in_flight->Decrement();
+  }
+  InFlight(const InFlight&) = delete;
+  InFlight& operator=(const InFlight&) = delete;
+
+ private:
+  DeviceMetrics* const m_;
+};
+
 // One finished RPC.
 struct RequestRecord {
   Method method = Method::kPlan;
@@ -64,8 +80,9 @@ struct RequestRecord {
 class Metrics {
  public:
   // Builds the families and, when `address` is not empty, serves them at
-  // http://address/metrics (port 0 picks a free port; see port()).
-  static absl::StatusOr<std::unique_ptr<Metrics>> Create(const std::string& address);
+  // http://address/metrics (port 0 picks a free port; see port()). `cuda`: whether the
+  // build has the CUDA engine (wprep_build_info).
+  static absl::StatusOr<std::unique_ptr<Metrics>> Create(const std::string& address, bool cuda);
   ~Metrics();
 
   // The bound HTTP port, or 0 when not serving.
@@ -108,4 +125,4 @@ class Metrics {
 
 }  // namespace wprep::server
 
-#endif  // WPREP_SERVER_METRICS_H_
+#endif  // WPREP_SERVER_SRC_METRICS_H_

@@ -1,6 +1,6 @@
 // The one translation from absl::Status (library code) to grpc::Status (the wire).
-#ifndef WPREP_SERVER_STATUS_H_
-#define WPREP_SERVER_STATUS_H_
+#ifndef WPREP_SERVER_SRC_STATUS_H_
+#define WPREP_SERVER_SRC_STATUS_H_
 
 #include "absl/status/status.h"
 #include "grpcpp/support/status.h"
@@ -11,9 +11,9 @@ namespace wprep::server {
 // through this function.
 grpc::Status ToGrpcStatus(const absl::Status& status);
 
-// The canonical name of a gRPC code, e.g. "INVALID_ARGUMENT".
-const char* GrpcCodeName(grpc::StatusCode code);
+// The reverse, for the daemon's calls to itself (the RPC warm-up).
+absl::Status FromGrpc(const grpc::Status& status);
 
 }  // namespace wprep::server
 
-#endif  // WPREP_SERVER_STATUS_H_
+#endif  // WPREP_SERVER_SRC_STATUS_H_

@@ -1,18 +1,22 @@
 // Admission of requests by lifecycle state: nothing runs while warming up or draining,
 // and the requests in flight are counted so shutdown can wait for them. Thread-safe.
-#ifndef WPREP_SERVER_ADMISSION_H_
-#define WPREP_SERVER_ADMISSION_H_
+#ifndef WPREP_SERVER_SRC_ADMISSION_H_
+#define WPREP_SERVER_SRC_ADMISSION_H_
 
-#include <condition_variable>
-#include <mutex>
+#include <cstdint>
+#include <utility>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 
 namespace wprep::server {
+
+// Who sent a request: a client, or the daemon itself warming its RPC path.
+enum class Caller { kClient, kSelfWarmup };
 
 class Admission {
  public:
@@ -22,7 +26,7 @@ class Admission {
   class Ticket {
    public:
     explicit Ticket(Admission* a) : a_(a) {}
-    Ticket(Ticket&& o) noexcept : a_(o.a_) { o.a_ = nullptr; }
+    Ticket(Ticket&& o) noexcept : a_(std::exchange(o.a_, nullptr)) {}
     Ticket& operator=(Ticket&&) = delete;
     ~Ticket() {
       if (a_ != nullptr) a_->Leave();
@@ -32,12 +36,12 @@ class Admission {
     Admission* a_;
   };
 
-  // Admits a request, or UNAVAILABLE while warming up or draining. An uncounted request
-  // (the daemon's own RPC warm-up) is in flight like any other, so draining waits for it,
-  // but stays out of admitted(): it is no traffic, and must not make the janitor trim the
-  // heap and pinned buffers it has just warmed.
-  absl::StatusOr<Ticket> Enter(bool counted = true) {
-    std::lock_guard<std::mutex> lock(mu_);
+  // Admits a request, or UNAVAILABLE while warming up or draining. The daemon's own
+  // warm-up calls are in flight like any other, so draining waits for them, but stay out
+  // of client_requests(): they are no traffic, and must not make the idle trim release
+  // the heap and pinned buffers they have just warmed.
+  absl::StatusOr<Ticket> Enter(Caller caller) {
+    absl::MutexLock lock(&mu_);
     if (state_ == State::kWarming) {
       return absl::UnavailableError(
           "wprepd is warming up its kernels (health NOT_SERVING); retry once health says SERVING");
@@ -47,58 +51,53 @@ class Admission {
           "wprepd is draining for shutdown and accepts no new work; retry on another instance");
     }
     ++in_flight_;
-    if (counted) ++admitted_;
+    if (caller == Caller::kClient) ++client_requests_;
     return Ticket(this);
   }
 
   void SetServing() {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     if (state_ == State::kWarming) state_ = State::kServing;
   }
   void StartDraining() {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     state_ = State::kDraining;
   }
   // Waits until no admitted request is in flight; false when `deadline` came first.
   bool WaitIdle(absl::Time deadline) {
-    std::unique_lock<std::mutex> lock(mu_);
-    while (in_flight_ > 0) {
-      const absl::Duration left = deadline - absl::Now();
-      if (left <= absl::ZeroDuration()) return false;
-      idle_.wait_for(lock, absl::ToChronoNanoseconds(left));
-    }
-    return true;
+    absl::MutexLock lock(&mu_);
+    auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return in_flight_ == 0; };
+    return mu_.AwaitWithDeadline(absl::Condition(&idle), deadline);
   }
   int in_flight() const {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     return in_flight_;
   }
-  // Counted requests admitted since start, and when the last one ended (for idle housekeeping).
-  uint64_t admitted() const {
-    std::lock_guard<std::mutex> lock(mu_);
-    return admitted_;
+  // Client requests admitted since start (for the idle housekeeping).
+  uint64_t client_requests() const {
+    absl::MutexLock lock(&mu_);
+    return client_requests_;
   }
   // True when nothing is in flight and nothing ended within `quiet`.
   bool IdleFor(absl::Duration quiet) const {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     return in_flight_ == 0 && absl::Now() - last_leave_ >= quiet;
   }
 
  private:
   void Leave() {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     last_leave_ = absl::Now();
-    if (--in_flight_ == 0) idle_.notify_all();
+    --in_flight_;
   }
 
-  mutable std::mutex mu_;
-  std::condition_variable idle_;
+  mutable absl::Mutex mu_;
   State state_ ABSL_GUARDED_BY(mu_) = State::kWarming;
   int in_flight_ ABSL_GUARDED_BY(mu_) = 0;
-  uint64_t admitted_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t client_requests_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Time last_leave_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
 };
 
 }  // namespace wprep::server
 
-#endif  // WPREP_SERVER_ADMISSION_H_
+#endif  // WPREP_SERVER_SRC_ADMISSION_H_

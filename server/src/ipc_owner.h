@@ -12,14 +12,15 @@
 // agree across every handle of a GPU, in both processes, and differ between every pair of
 // GPUs. Those bytes are each GPU's signature. With no such position (one GPU, or a driver
 // whose handles do not identify their GPU) the check is off and says why.
-#ifndef WPREP_SERVER_IPC_OWNER_H_
-#define WPREP_SERVER_IPC_OWNER_H_
+#ifndef WPREP_SERVER_SRC_IPC_OWNER_H_
+#define WPREP_SERVER_SRC_IPC_OWNER_H_
 
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/strings/string_view.h"
+#include "device_runtime.h"
 
 namespace wprep::server {
 
@@ -33,7 +34,8 @@ class IpcOwnerMap {
                                  const std::vector<std::vector<std::string>>& samples);
   // Exports handles on `ordinals` in this process and in a child (`self_exe`
   // --export-ipc-handles=...) and calls FromSamples. Needs two GPUs or more.
-  static IpcOwnerMap Calibrate(const std::string& self_exe, const std::vector<int>& ordinals);
+  static IpcOwnerMap Calibrate(DeviceRuntime& runtime, const std::string& self_exe,
+                               const std::vector<int>& ordinals);
 
   bool enabled() const { return !positions_.empty(); }
   // Why the check is off, or which byte positions identify the GPU when it is on.
@@ -51,8 +53,8 @@ class IpcOwnerMap {
 
 // The child's side of the calibration: exports two handles on each ordinal and prints one
 // line per GPU, "ORDINAL HEX HEX", to stdout. Returns the process exit status.
-int ExportIpcHandlesMain(const std::vector<int>& ordinals);
+int ExportIpcHandlesMain(DeviceRuntime& runtime, const std::vector<int>& ordinals);
 
 }  // namespace wprep::server
 
-#endif  // WPREP_SERVER_IPC_OWNER_H_
+#endif  // WPREP_SERVER_SRC_IPC_OWNER_H_

@@ -1,30 +1,28 @@
-// The gRPC handlers of wprep.v1.WeightPrep: admission, protobuf translation, one call
-// into the executor, then one exit through ToGrpcStatus with a log line and metrics.
-#ifndef WPREP_SERVER_SERVICE_H_
-#define WPREP_SERVER_SERVICE_H_
+// The gRPC handlers of wprep.v1.WeightPrep: admission, the wire edge (proto_translate.h),
+// one call into the executor, then one exit (CallReport::Finish) that logs, records
+// metrics and translates the status.
+#ifndef WPREP_SERVER_SRC_SERVICE_H_
+#define WPREP_SERVER_SRC_SERVICE_H_
 
 #include <cstdint>
 #include <string>
 
-#include "wprep/server/admission.h"
-#include "wprep/server/device_manager.h"
-#include "wprep/server/executor.h"
-#include "wprep/server/ipc_cache.h"
-#include "wprep/server/metrics.h"
+#include "admission.h"
+#include "device_manager.h"
+#include "executor.h"
+#include "ipc_cache.h"
+#include "metrics.h"
 #include "wprep/v1/wprep.grpc.pb.h"
 
 namespace wprep::server {
 
-// Largest DataChunk a stream may carry.
-inline constexpr uint64_t kMaxChunkBytes = 4ull << 20;
-// Size of the output chunks the daemon sends.
-inline constexpr uint64_t kOutputChunkBytes = 1ull << 20;
+class CallReport;
 
 class WeightPrepService final : public wprep::v1::WeightPrep::Service {
  public:
-  // Borrows everything; all must outlive the service. Calls whose x-wprep-warmup metadata
-  // equals `warmup_token` (the daemon's own warm-up; see rpc_warmup.h) are served but not
-  // counted anywhere; an empty token disables that.
+  // Borrows everything; all must outlive the service. Calls whose x-wprep-warmup
+  // metadata equals `warmup_token` (the daemon's own warm-up; see rpc_warmup.h) are
+  // served but not counted anywhere; an empty token disables that.
   WeightPrepService(Admission* admission, DeviceManager* devices, IpcCache* ipc,
                     Executor* executor, Metrics* metrics, int64_t max_message_bytes,
                     std::string warmup_token);
@@ -47,13 +45,14 @@ class WeightPrepService final : public wprep::v1::WeightPrep::Service {
                                  wprep::v1::ReleaseIpcHandlesResponse* resp) override;
 
  private:
-  class Scope;
   absl::Status DoConvert(grpc::ServerContext* ctx, const wprep::v1::ConvertRequest& req,
-                         wprep::v1::ConvertResponse* resp, Scope& scope);
+                         wprep::v1::ConvertResponse* resp, CallReport& report);
   absl::Status DoConvertStream(
       grpc::ServerContext* ctx,
       grpc::ServerReaderWriter<wprep::v1::ConvertStreamResponse, wprep::v1::ConvertStreamRequest>* stream,
-      Scope& scope);
+      CallReport& report);
+  // The daemon ordinal of the GPU an IpcHandleRef names, after checking its fields.
+  absl::StatusOr<int> HandleOrdinal(const wprep::v1::IpcHandleRef& h, const std::string& field);
 
   // Constant after construction.
   Admission* const admission_;
@@ -67,4 +66,4 @@ class WeightPrepService final : public wprep::v1::WeightPrep::Service {
 
 }  // namespace wprep::server
 
-#endif  // WPREP_SERVER_SERVICE_H_
+#endif  // WPREP_SERVER_SRC_SERVICE_H_

@@ -1,6 +1,6 @@
 // One-line structured logs (logfmt) on stderr: "ts=... level=info event=... key=value ...".
-#ifndef WPREP_SERVER_LOG_H_
-#define WPREP_SERVER_LOG_H_
+#ifndef WPREP_SERVER_SRC_LOG_H_
+#define WPREP_SERVER_SRC_LOG_H_
 
 #include <cstdint>
 #include <string>
@@ -23,4 +23,4 @@ uint64_t NextRequestId();
 
 }  // namespace wprep::server
 
-#endif  // WPREP_SERVER_LOG_H_
+#endif  // WPREP_SERVER_SRC_LOG_H_

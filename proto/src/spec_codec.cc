@@ -1,0 +1,67 @@
+#include "wprep/proto/spec_codec.h"
+
+#include "absl/strings/str_cat.h"
+
+namespace wprep {
+
+namespace v1 = wprep::v1;
+
+v1::ConversionSpec SpecToProto(const ConversionSpec& spec) {
+  v1::ConversionSpec p;
+  switch (spec.layout) {
+    case Layout::kHopperValue: p.set_layout(v1::LAYOUT_HOPPER_VALUE); break;
+    case Layout::kBlackwellShuffledValue: p.set_layout(v1::LAYOUT_BLACKWELL_SHUFFLED_VALUE); break;
+  }
+  switch (spec.direction) {
+    case Direction::kSwizzle: p.set_direction(v1::DIRECTION_SWIZZLE); break;
+    case Direction::kUnswizzle: p.set_direction(v1::DIRECTION_UNSWIZZLE); break;
+    case Direction::kRetile: p.set_direction(v1::DIRECTION_RETILE); break;
+  }
+  p.mutable_hopper()->set_mx_axis(spec.hopper.mx_axis);
+  p.mutable_hopper()->set_mma_version(spec.hopper.mma_version);
+  p.mutable_blackwell()->set_block_k(spec.blackwell.block_k);
+  p.mutable_blackwell()->set_block_n(spec.blackwell.block_n);
+  p.mutable_blackwell_to()->set_block_k(spec.blackwell_to.block_k);
+  p.mutable_blackwell_to()->set_block_n(spec.blackwell_to.block_n);
+  return p;
+}
+
+absl::StatusOr<ConversionSpec> SpecFromProto(const v1::ConversionSpec& p, absl::string_view field) {
+  ConversionSpec s;
+  switch (p.layout()) {
+    case v1::LAYOUT_HOPPER_VALUE: s.layout = Layout::kHopperValue; break;
+    case v1::LAYOUT_BLACKWELL_SHUFFLED_VALUE: s.layout = Layout::kBlackwellShuffledValue; break;
+    case v1::LAYOUT_UNSPECIFIED:
+      return absl::InvalidArgumentError(absl::StrCat(
+          field, ".layout is not set; use LAYOUT_HOPPER_VALUE or LAYOUT_BLACKWELL_SHUFFLED_VALUE"));
+    default:
+      return absl::InvalidArgumentError(absl::StrCat(
+          field, ".layout has unknown value ", static_cast<int>(p.layout()),
+          "; use LAYOUT_HOPPER_VALUE (1) or LAYOUT_BLACKWELL_SHUFFLED_VALUE (2)"));
+  }
+  switch (p.direction()) {
+    case v1::DIRECTION_SWIZZLE: s.direction = Direction::kSwizzle; break;
+    case v1::DIRECTION_UNSWIZZLE: s.direction = Direction::kUnswizzle; break;
+    case v1::DIRECTION_RETILE: s.direction = Direction::kRetile; break;
+    case v1::DIRECTION_UNSPECIFIED:
+      return absl::InvalidArgumentError(absl::StrCat(
+          field, ".direction is not set; use DIRECTION_SWIZZLE, DIRECTION_UNSWIZZLE or DIRECTION_RETILE"));
+    default:
+      return absl::InvalidArgumentError(absl::StrCat(
+          field, ".direction has unknown value ", static_cast<int>(p.direction()),
+          "; use DIRECTION_SWIZZLE (1), DIRECTION_UNSWIZZLE (2) or DIRECTION_RETILE (3)"));
+  }
+  if (p.hopper().has_mx_axis()) s.hopper.mx_axis = p.hopper().mx_axis();
+  if (p.hopper().has_mma_version()) s.hopper.mma_version = p.hopper().mma_version();
+  if (p.blackwell().has_block_k()) s.blackwell.block_k = p.blackwell().block_k();
+  if (p.blackwell().has_block_n()) s.blackwell.block_n = p.blackwell().block_n();
+  if (p.blackwell_to().has_block_k()) s.blackwell_to.block_k = p.blackwell_to().block_k();
+  if (p.blackwell_to().has_block_n()) s.blackwell_to.block_n = p.blackwell_to().block_n();
+  return s;
+}
+
+std::vector<int64_t> ShapeFromProto(const google::protobuf::RepeatedField<int64_t>& shape) {
+  return std::vector<int64_t>(shape.begin(), shape.end());
+}
+
+}  // namespace wprep

@@ -1,0 +1,109 @@
+// Everything the daemon asks of the GPU runtime, behind one interface. The CUDA
+// implementation (cuda_runtime.cc) is the only code in server/ that calls CUDA; host-only
+// tests drive the same daemon code through a fake on host memory
+// (tests/server/fake_runtime.h).
+//
+// Every call names its GPU by the daemon's ordinal and never relies on the calling
+// thread's current device. Implementations are thread-safe.
+#ifndef WPREP_SERVER_SRC_DEVICE_RUNTIME_H_
+#define WPREP_SERVER_SRC_DEVICE_RUNTIME_H_
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "wprep/kernels/cuda_engine.h"
+#include "wprep/kernels/plan.h"
+
+namespace wprep::server {
+
+using Stream = CudaStream;  // opaque to everything but the runtime
+using Uuid = std::array<uint8_t, 16>;
+
+// Bytes of a cudaIpcMemHandle_t.
+inline constexpr size_t kIpcHandleBytes = 64;
+
+struct GpuInfo {
+  int ordinal = 0;  // the daemon's ordinal
+  Uuid uuid{};
+  std::string name;
+  int cc_major = 0, cc_minor = 0;
+  uint64_t total_memory = 0;
+};
+
+// Times device work on one stream with a pair of events.
+class DeviceTimer {
+ public:
+  virtual ~DeviceTimer() = default;
+  virtual void Start(Stream stream) = 0;
+  virtual void Stop(Stream stream) = 0;
+  // After the stream was synchronized: seconds between Start and Stop; nullopt when the
+  // events failed (the conversion itself is unaffected).
+  virtual std::optional<double> Seconds() = 0;
+};
+
+// An opened IPC mapping: the start of the exported allocation in the daemon's address
+// space, and its bytes from there to the allocation's end.
+struct IpcMapping {
+  void* base = nullptr;
+  uint64_t bytes = 0;
+};
+
+class DeviceRuntime {
+ public:
+  virtual ~DeviceRuntime() = default;
+
+  // "cuda" when the build has the CUDA engine; the value of wprep_build_info's cuda label.
+  virtual bool compiled_in() const = 0;
+  // The GPUs usable now (none without a driver or device).
+  virtual absl::StatusOr<std::vector<GpuInfo>> ListGpus() = 0;
+
+  virtual absl::StatusOr<Stream> CreateStream(int gpu) = 0;
+  virtual void DestroyStream(int gpu, Stream stream) = 0;
+
+  // Device memory, stream-ordered from the GPU's default pool, which keeps up to
+  // `keep_bytes` cached between requests.
+  virtual absl::Status ConfigurePool(int gpu, uint64_t keep_bytes) = 0;
+  // RESOURCE_EXHAUSTED when the GPU has no room.
+  virtual absl::StatusOr<void*> AllocateAsync(int gpu, uint64_t bytes, Stream stream) = 0;
+  virtual absl::Status FreeAsync(int gpu, void* ptr, Stream stream) = 0;
+
+  virtual absl::Status CopyToDeviceAsync(int gpu, void* dst, const void* src, uint64_t bytes,
+                                         Stream stream) = 0;
+  virtual absl::Status CopyToHostAsync(int gpu, void* dst, const void* src, uint64_t bytes,
+                                       Stream stream) = 0;
+  // One planned conversion between device buffers of `gpu` (ConvertOnCuda).
+  virtual absl::Status Convert(int gpu, const Plan& plan, const void* in, void* out,
+                               Stream stream) = 0;
+  virtual absl::Status Synchronize(int gpu, Stream stream) = 0;
+  virtual std::unique_ptr<DeviceTimer> NewTimer(int gpu) = 0;
+
+  // Page-locked host memory, usable for DMA by every GPU.
+  virtual absl::StatusOr<void*> AllocatePinned(uint64_t bytes) = 0;
+  virtual void FreePinned(void* ptr) = 0;
+
+  // Opens the allocation behind `handle` (kIpcHandleBytes) on `gpu`. InvalidArgument,
+  // with the runtime's reason, when it cannot be opened.
+  virtual absl::StatusOr<IpcMapping> OpenIpc(int gpu, absl::string_view handle) = 0;
+  virtual absl::Status CloseIpc(int gpu, void* base) = 0;
+  // Reads one byte of every 64 KiB of [ptr, ptr + bytes) on `gpu` and waits for it, so
+  // the GPU's first access to a new mapping is paid before the request that uses it.
+  virtual absl::Status Touch(int gpu, const void* ptr, uint64_t bytes) = 0;
+  // Handles of `count` fresh allocations of this process on `gpu`, each freed again
+  // before returning (their bytes are what the IPC owner calibration compares).
+  virtual absl::StatusOr<std::vector<std::string>> ExportSampleHandles(int gpu, int count) = 0;
+};
+
+// The process's CUDA runtime. In a build without CUDA it lists no GPU, and every other
+// call fails with FAILED_PRECONDITION.
+DeviceRuntime& CudaRuntime();
+
+}  // namespace wprep::server
+
+#endif  // WPREP_SERVER_SRC_DEVICE_RUNTIME_H_

@@ -1,0 +1,59 @@
+// The daemon's wire edge: wprep.v1 requests -> planned kernel-level jobs, with every wire
+// field checked here (InvalidArgument naming the field), and the answers back. Nothing
+// below the edge sees a protobuf type or a field name.
+#ifndef WPREP_SERVER_SRC_PROTO_TRANSLATE_H_
+#define WPREP_SERVER_SRC_PROTO_TRANSLATE_H_
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "device_runtime.h"
+#include "executor.h"
+#include "operand_error.h"
+#include "wprep/kernels/plan.h"
+#include "wprep/proto/spec_codec.h"
+#include "wprep/v1/wprep.pb.h"
+
+namespace wprep::server {
+
+// A 16-byte protobuf field -> Uuid; InvalidArgument naming `field` otherwise.
+absl::StatusOr<Uuid> UuidFromWire(absl::string_view bytes, absl::string_view field);
+
+// Each request's `spec` is its spec field, translated by SpecFromProto.
+
+// PlanRequest -> its plan.
+absl::StatusOr<Plan> PlanFromProto(const wprep::v1::PlanRequest& req, const ConversionSpec& spec);
+void PlanToProto(const Plan& plan, wprep::v1::PlanResponse* out);
+
+// ConvertRequest -> its job, planned with the source's binding. `max_message_bytes`
+// bounds the request and an inline output.
+absl::StatusOr<ConvertJob> ConvertJobFromProto(const wprep::v1::ConvertRequest& req,
+                                               const ConversionSpec& spec, int64_t max_message_bytes);
+void OutcomeToProto(const ConvertJob& job, const ConvertOutcome& outcome,
+                    wprep::v1::ConvertResponse* resp);
+
+// StreamRequestHeader -> the stream's plan (dense input) and requested GPU.
+struct StreamStart {
+  Plan plan;
+  std::optional<Uuid> gpu;
+};
+absl::StatusOr<StreamStart> StreamStartFromProto(const wprep::v1::StreamRequestHeader& header,
+                                                 const ConversionSpec& spec);
+
+// The wire fields of a method's operands, to name them in errors.
+struct OperandFields {
+  std::string source;
+  std::string destination;
+  std::string device;
+};
+// An OperandError rendered with the field it is about ("source_ipc.device_uuid: ...");
+// any other status as it is.
+absl::Status NameOperandField(const absl::Status& status, const OperandFields& fields);
+
+}  // namespace wprep::server
+
+#endif  // WPREP_SERVER_SRC_PROTO_TRANSLATE_H_

@@ -1,0 +1,133 @@
+#include "stream_converter.h"
+
+#include <algorithm>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "device_run.h"
+#include "wprep/kernels/cpu_engine.h"
+#include "wprep/spec/status_macros.h"
+
+namespace wprep::server {
+
+StreamConverter::StreamConverter(const Plan& plan, uint64_t target_slice_bytes, std::string engine,
+                                 DeviceMetrics* metrics)
+    : plan_(plan), engine_(std::move(engine)), engine_metrics_(metrics) {
+  const auto& s = plan.logical_shape;
+  uint64_t e = 1;
+  for (size_t i = 0; i + 2 < s.size(); ++i) e *= static_cast<uint64_t>(s[i]);
+  absl::StatusOr<Plan> one = absl::InvalidArgumentError("no matrices");
+  if (e > 0) one = MakePlan(plan.spec, std::vector<int64_t>{1, s[s.size() - 2], s[s.size() - 1]});
+  if (one.ok() && one->input_bytes > 0 && one->input_bytes * e == plan.input_bytes &&
+      one->output_bytes * e == plan.output_bytes) {
+    matrix_in_ = one->input_bytes;
+    matrix_out_ = one->output_bytes;
+    const uint64_t per = std::max<uint64_t>(1, target_slice_bytes / matrix_in_);
+    slice_in_ = std::min<uint64_t>(per, e) * matrix_in_;
+    slice_plans_.emplace(1, *std::move(one));
+  } else {
+    whole_ = true;
+    matrix_in_ = plan.input_bytes;
+    matrix_out_ = plan.output_bytes;
+    slice_in_ = plan.input_bytes;
+  }
+}
+
+uint64_t StreamConverter::SliceOutputBytes(uint64_t input_bytes) const {
+  if (whole_ || matrix_in_ == 0) return plan_.output_bytes;
+  return input_bytes / matrix_in_ * matrix_out_;
+}
+
+absl::StatusOr<const Plan*> StreamConverter::SlicePlan(uint64_t in_bytes) {
+  if (whole_ || matrix_in_ == 0) {
+    if (in_bytes != plan_.input_bytes) {
+      return absl::InternalError("stream slice does not match the whole-tensor plan");
+    }
+    return &plan_;
+  }
+  if (in_bytes == 0 || in_bytes % matrix_in_ != 0 || in_bytes > slice_in_) {
+    return absl::InternalError(
+        absl::StrCat("stream slice of ", in_bytes, " bytes is not a whole number of matrices"));
+  }
+  const int64_t b = static_cast<int64_t>(in_bytes / matrix_in_);
+  auto it = slice_plans_.find(b);
+  if (it == slice_plans_.end()) {
+    const auto& s = plan_.logical_shape;
+    WPREP_ASSIGN_OR_RETURN(Plan p, MakePlan(plan_.spec, std::vector<int64_t>{b, s[s.size() - 2], s[s.size() - 1]}));
+    it = slice_plans_.emplace(b, std::move(p)).first;
+  }
+  return &it->second;
+}
+
+absl::StatusOr<absl::Span<const uint8_t>> StreamConverter::ConvertSlice(absl::Span<const uint8_t> in) {
+  WPREP_ASSIGN_OR_RETURN(const Plan* p, SlicePlan(in.size()));
+  std::optional<double> seconds;
+  WPREP_ASSIGN_OR_RETURN(absl::Span<const uint8_t> out, Run(*p, in, &seconds));
+  if (seconds) kernel_seconds_ = kernel_seconds_.value_or(0) + *seconds;
+  return out;
+}
+
+namespace {
+
+class CpuStreamConverter final : public StreamConverter {
+ public:
+  CpuStreamConverter(const Plan& plan, uint64_t target, int threads, DeviceMetrics* metrics)
+      : StreamConverter(plan, target, "cpu", metrics), threads_(threads), in_flight_(metrics) {}
+
+ private:
+  absl::StatusOr<absl::Span<const uint8_t>> Run(const Plan& slice, absl::Span<const uint8_t> in,
+                                                std::optional<double>* seconds) override {
+    out_.resize(slice.output_bytes);
+    const absl::Time start = absl::Now();
+    WPREP_RETURN_IF_ERROR(ConvertOnCpu(slice, in.data(), in.size(), out_.data(), out_.size(),
+                                       CpuOptions{threads_}));
+    *seconds = absl::ToDoubleSeconds(absl::Now() - start);
+    return absl::Span<const uint8_t>(out_);
+  }
+
+  const int threads_;
+  const InFlight in_flight_;
+  std::vector<uint8_t> out_;
+};
+
+class GpuStreamConverter final : public StreamConverter {
+ public:
+  GpuStreamConverter(const Plan& plan, uint64_t target, Gpu& gpu)
+      : StreamConverter(plan, target, gpu.engine_name(), gpu.metrics()) {}
+
+  absl::Status Begin(Gpu& gpu, PinnedHostPool& pinned, absl::Time deadline, absl::Time memory_deadline) {
+    const uint64_t in = slice_input_bytes();
+    WPREP_ASSIGN_OR_RETURN(run_, DeviceRun::Begin(gpu, pinned, {in, SliceOutputBytes(in)}, deadline,
+                                                  memory_deadline));
+    return absl::OkStatus();
+  }
+  uint64_t peak_extra_device_bytes() const override { return run_->peak_extra_device_bytes(); }
+
+ private:
+  absl::StatusOr<absl::Span<const uint8_t>> Run(const Plan& slice, absl::Span<const uint8_t> in,
+                                                std::optional<double>* seconds) override {
+    WPREP_ASSIGN_OR_RETURN(DeviceRun::Result r, run_->Convert(slice, RunInput::Host(in.data()), nullptr));
+    *seconds = r.kernel_seconds;
+    return r.host_output;
+  }
+
+  std::unique_ptr<DeviceRun> run_;
+};
+
+}  // namespace
+
+std::unique_ptr<StreamConverter> NewCpuStreamConverter(const Plan& plan, uint64_t target_slice_bytes,
+                                                       int threads, DeviceMetrics* metrics) {
+  return std::make_unique<CpuStreamConverter>(plan, target_slice_bytes, threads, metrics);
+}
+
+absl::StatusOr<std::unique_ptr<StreamConverter>> NewGpuStreamConverter(
+    const Plan& plan, uint64_t target_slice_bytes, Gpu& gpu, PinnedHostPool& pinned,
+    absl::Time deadline, absl::Time memory_deadline) {
+  auto conv = std::make_unique<GpuStreamConverter>(plan, target_slice_bytes, gpu);
+  WPREP_RETURN_IF_ERROR(conv->Begin(gpu, pinned, deadline, memory_deadline));
+  return std::unique_ptr<StreamConverter>(std::move(conv));
+}
+
+}  // namespace wprep::server

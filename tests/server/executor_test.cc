@@ -1,0 +1,263 @@
+// Host-only tests of the executor's routing and the device-run layer, driven through the
+// fake GPUs of FakeRuntime: which engine runs a job, what it reads and writes, what device
+// memory it holds, and the operand its errors name. Expected bytes come from the
+// reference vectors, never from the engine.
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/time/clock.h"
+#include "device_manager.h"
+#include "executor.h"
+#include "fake_runtime.h"
+#include "golden.h"
+#include "golden_rpc.h"
+#include "gtest/gtest.h"
+#include "ipc_cache.h"
+#include "metrics.h"
+#include "operand_error.h"
+#include "wprep/server/options.h"
+
+namespace wprep::testing {
+namespace {
+
+using server::ConvertJob;
+using server::ConvertOutcome;
+using server::DeviceManager;
+using server::Executor;
+using server::IpcCache;
+using server::IpcRegion;
+using server::Metrics;
+using server::Operand;
+
+// A golden case with its stored output, of a few KiB.
+const GoldenCase& SmallCase() {
+  for (const GoldenCase& c : GoldenCases()) {
+    if (!c.error && !c.output_file.empty() && c.input_bytes >= 4096 && c.logical_shape.size() == 3) return c;
+  }
+  ADD_FAILURE() << "no small stored golden case";
+  return GoldenCases().front();
+}
+
+// The daemon's parts on `gpus` fake GPUs.
+struct Parts {
+  explicit Parts(int gpus, uint64_t max_device_bytes = 0, uint64_t stream_slice_bytes = 1 << 20)
+      : runtime(gpus) {
+    server::Options o;
+    o.max_device_bytes = max_device_bytes;
+    o.memory_wait = absl::Milliseconds(50);
+    metrics = *Metrics::Create("", true);
+    devices = *DeviceManager::Create(o, &runtime, metrics.get());
+    ipc = std::make_unique<IpcCache>(&runtime, 8, absl::Minutes(5), metrics.get());
+    executor = std::make_unique<Executor>(devices.get(), ipc.get(), stream_slice_bytes, o.memory_wait);
+  }
+  FakeRuntime runtime;
+  std::unique_ptr<Metrics> metrics;
+  std::unique_ptr<DeviceManager> devices;
+  std::unique_ptr<IpcCache> ipc;
+  std::unique_ptr<Executor> executor;
+};
+
+ConvertJob BytesJob(const GoldenCase& c, const std::string& input) {
+  ConvertJob job;
+  job.plan = *MakePlan(c.spec, c.logical_shape);
+  job.source_bytes = input;
+  return job;
+}
+
+IpcRegion Region(const FakeRuntime::Exported& e, int gpu, uint64_t size) {
+  return IpcRegion{e.handle, 0, size, FakeRuntime::FakeUuid(gpu)};
+}
+
+TEST(Executor, BytesRunOnTheRequestedGpuThroughStagingAndMatchTheReference) {
+  const GoldenCase& c = SmallCase();
+  const std::string input = AsString(GoldenInput(c));
+  Parts p(2);
+  ConvertJob job = BytesJob(c, input);
+  job.gpu = FakeRuntime::FakeUuid(1);
+  std::string out;
+  absl::StatusOr<ConvertOutcome> r = p.executor->Convert(job, &out, absl::InfiniteFuture());
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(MatchesGolden(c, out)) << c.name;
+  EXPECT_EQ(r->engine, p.devices->gpu(1).engine_name());
+  EXPECT_EQ(p.runtime.counts(1).converts, 1);
+  EXPECT_EQ(p.runtime.counts(0).converts, 0);
+  // Device copies of the input and the output, freed once the request ended.
+  EXPECT_EQ(r->peak_extra_device_bytes, c.input_bytes + c.output_bytes);
+  EXPECT_EQ(p.runtime.totals().device_bytes_now, 0u);
+  EXPECT_EQ(p.devices->gpu(1).allocator().allocated(), 0u);
+  ASSERT_TRUE(r->kernel_seconds.has_value());
+}
+
+TEST(Executor, BytesGoToTheLeastLoadedGpu) {
+  const GoldenCase& c = SmallCase();
+  const std::string input = AsString(GoldenInput(c));
+  Parts p(2);
+  // GPU 0 is busy with another request (it holds one of its streams).
+  absl::StatusOr<server::Gpu::StreamLease> busy = p.devices->gpu(0).AcquireStream(absl::InfiniteFuture());
+  ASSERT_TRUE(busy.ok());
+  std::string out;
+  absl::StatusOr<ConvertOutcome> r = p.executor->Convert(BytesJob(c, input), &out, absl::InfiniteFuture());
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->engine, p.devices->gpu(1).engine_name());
+  EXPECT_TRUE(MatchesGolden(c, out));
+}
+
+TEST(Executor, IpcToIpcRunsOnTheOwningGpuWithZeroExtraDeviceBytes) {
+  const GoldenCase& c = SmallCase();
+  const std::vector<uint8_t> input = GoldenInput(c);
+  Parts p(2);
+  FakeRuntime::Exported src = p.runtime.ExportHandle(1, input.size());
+  FakeRuntime::Exported dst = p.runtime.ExportHandle(1, c.output_bytes);
+  std::copy(input.begin(), input.end(), src.ptr);
+  std::fill(dst.ptr, dst.ptr + c.output_bytes, 0xAB);
+  ConvertJob job;
+  job.plan = *MakePlan(c.spec, c.logical_shape, InputBinding{{}, input.size()});
+  job.source_ipc = Region(src, 1, input.size());
+  job.destination_ipc = Region(dst, 1, c.output_bytes);
+  std::string unused;
+  absl::StatusOr<ConvertOutcome> r = p.executor->Convert(job, &unused, absl::InfiniteFuture());
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->peak_extra_device_bytes, 0u);
+  EXPECT_TRUE(unused.empty());
+  EXPECT_TRUE(MatchesGolden(c, std::string(dst.ptr, dst.ptr + c.output_bytes)));
+  EXPECT_EQ(p.runtime.counts(1).converts, 1);
+  EXPECT_EQ(p.runtime.counts(1).ipc_opens, 2);
+}
+
+TEST(Executor, IpcSourceToBytesAllocatesOnlyTheOutput) {
+  const GoldenCase& c = SmallCase();
+  const std::vector<uint8_t> input = GoldenInput(c);
+  Parts p(1);
+  FakeRuntime::Exported src = p.runtime.ExportHandle(0, input.size() + 100);
+  std::copy(input.begin(), input.end(), src.ptr + 100);
+  ConvertJob job;
+  job.plan = *MakePlan(c.spec, c.logical_shape, InputBinding{{}, input.size()});
+  job.source_ipc = IpcRegion{src.handle, 100, input.size(), FakeRuntime::FakeUuid(0)};
+  std::string out;
+  absl::StatusOr<ConvertOutcome> r = p.executor->Convert(job, &out, absl::InfiniteFuture());
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->peak_extra_device_bytes, c.output_bytes);
+  EXPECT_TRUE(MatchesGolden(c, out));
+}
+
+TEST(Executor, NoGpuRunsBytesOnTheCpuEngine) {
+  const GoldenCase& c = SmallCase();
+  const std::string input = AsString(GoldenInput(c));
+  Parts p(0);
+  std::string out;
+  absl::StatusOr<ConvertOutcome> r = p.executor->Convert(BytesJob(c, input), &out, absl::InfiniteFuture());
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->engine, "cpu");
+  EXPECT_TRUE(MatchesGolden(c, out));
+  EXPECT_EQ(p.runtime.totals().converts, 0);
+}
+
+TEST(Executor, ErrorsNameTheOperandTheyAreAbout) {
+  const GoldenCase& c = SmallCase();
+  const std::string input = AsString(GoldenInput(c));
+  Parts p(2);
+  std::string out;
+
+  ConvertJob unknown = BytesJob(c, input);
+  unknown.gpu = FakeRuntime::FakeUuid(7);
+  absl::Status s = p.executor->Convert(unknown, &out, absl::InfiniteFuture()).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  ASSERT_TRUE(server::OperandPathOf(s).has_value()) << s;
+  EXPECT_EQ(server::OperandPathOf(s)->operand, Operand::kDevice);
+  EXPECT_NE(s.message().find("is not a GPU this daemon serves"), std::string::npos) << s;
+
+  // Source and destination on different GPUs.
+  FakeRuntime::Exported src = p.runtime.ExportHandle(0, input.size());
+  FakeRuntime::Exported dst = p.runtime.ExportHandle(1, c.output_bytes);
+  ConvertJob split;
+  split.plan = *MakePlan(c.spec, c.logical_shape, InputBinding{{}, input.size()});
+  split.source_ipc = Region(src, 0, input.size());
+  split.destination_ipc = Region(dst, 1, c.output_bytes);
+  s = p.executor->Convert(split, &out, absl::InfiniteFuture()).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(server::OperandPathOf(s)->operand, Operand::kDestination);
+  EXPECT_EQ(server::OperandPathOf(s)->part, "device_uuid");
+
+  // A handle whose owner freed it: the source cannot be opened, nothing runs.
+  p.runtime.FreeExported(src.handle);
+  ConvertJob freed = split;
+  freed.destination_ipc.reset();
+  s = p.executor->Convert(freed, &out, absl::InfiniteFuture()).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(server::OperandPathOf(s)->operand, Operand::kSource);
+  EXPECT_NE(s.message().find("could not be opened"), std::string::npos) << s;
+  EXPECT_EQ(p.runtime.totals().converts, 0);
+}
+
+TEST(Executor, DeviceBudgetExhaustionIsResourceExhaustedThenRecovers) {
+  const GoldenCase& c = SmallCase();
+  const std::string input = AsString(GoldenInput(c));
+  const uint64_t need = c.input_bytes + c.output_bytes;
+  Parts p(1, need);
+  // Another request holds the whole budget: this one waits --memory-wait, then gives up.
+  ASSERT_TRUE(p.devices->gpu(0).allocator().Reserve(need, absl::InfiniteFuture()).ok());
+  std::string out;
+  absl::Status s = p.executor->Convert(BytesJob(c, input), &out, absl::InfiniteFuture()).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
+  EXPECT_EQ(p.runtime.totals().converts, 0);
+  p.devices->gpu(0).allocator().Unreserve(need);
+  absl::StatusOr<ConvertOutcome> r = p.executor->Convert(BytesJob(c, input), &out, absl::InfiniteFuture());
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(MatchesGolden(c, out));
+}
+
+TEST(Executor, FailedDeviceAllocationLeavesNothingHeld) {
+  const GoldenCase& c = SmallCase();
+  const std::string input = AsString(GoldenInput(c));
+  const uint64_t need = c.input_bytes + c.output_bytes;
+  Parts p(1, need);
+  p.runtime.SetDeviceCapacity(0, c.input_bytes);  // room for the input copy, not the output
+  std::string out;
+  absl::Status s = p.executor->Convert(BytesJob(c, input), &out, absl::InfiniteFuture()).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
+  EXPECT_EQ(p.runtime.totals().device_bytes_now, 0u);
+  EXPECT_EQ(p.devices->gpu(0).in_flight(), 0);
+  EXPECT_TRUE(p.devices->gpu(0).allocator().Reserve(need, absl::Now()).ok())
+      << "the failed request's reservation was not returned";
+}
+
+TEST(Executor, ShortPinnedMemoryFallsBackToOrdinaryStaging) {
+  const GoldenCase& c = SmallCase();
+  const std::string input = AsString(GoldenInput(c));
+  Parts p(1);
+  p.runtime.SetPinnedFails(true);
+  std::string out;
+  absl::StatusOr<ConvertOutcome> r = p.executor->Convert(BytesJob(c, input), &out, absl::InfiniteFuture());
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(MatchesGolden(c, out));
+}
+
+TEST(Executor, StreamsOnAFakeGpuMatchEveryStoredMultiMatrixCase) {
+  Parts p(1, 0, /*stream_slice_bytes=*/1);  // one matrix per slice
+  int checked = 0;
+  for (const GoldenCase& c : GoldenCases()) {
+    if (c.error || c.output_file.empty() || c.logical_shape.size() < 3 || c.logical_shape[0] < 2) continue;
+    const std::vector<uint8_t> input = GoldenInput(c);
+    absl::StatusOr<std::unique_ptr<server::StreamConverter>> conv =
+        p.executor->StartStream(*MakePlan(c.spec, c.logical_shape), std::nullopt, absl::InfiniteFuture());
+    ASSERT_TRUE(conv.ok()) << conv.status();
+    std::string out;
+    const uint64_t slice = (*conv)->slice_input_bytes();
+    for (uint64_t off = 0; off < input.size(); off += slice) {
+      const uint64_t n = std::min<uint64_t>(slice, input.size() - off);
+      absl::StatusOr<absl::Span<const uint8_t>> o =
+          (*conv)->ConvertSlice(absl::Span<const uint8_t>(input.data() + off, n));
+      ASSERT_TRUE(o.ok()) << o.status();
+      out.append(o->begin(), o->end());
+    }
+    EXPECT_TRUE(MatchesGolden(c, out)) << c.name;
+    EXPECT_LT(slice, input.size()) << c.name << " was not sliced";
+    ++checked;
+  }
+  EXPECT_GT(checked, 3);
+  EXPECT_EQ(p.runtime.totals().device_bytes_now, 0u);
+}
+
+}  // namespace
+}  // namespace wprep::testing

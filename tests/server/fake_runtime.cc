@@ -1,0 +1,225 @@
+#include "fake_runtime.h"
+
+#include <cstring>
+#include <new>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "wprep/kernels/cpu_engine.h"
+
+namespace wprep::testing {
+
+namespace {
+
+class WallTimer final : public server::DeviceTimer {
+ public:
+  void Start(Stream) override { start_ = absl::Now(); }
+  void Stop(Stream) override { stop_ = absl::Now(); }
+  std::optional<double> Seconds() override { return absl::ToDoubleSeconds(stop_ - start_); }
+
+ private:
+  absl::Time start_, stop_;
+};
+
+}  // namespace
+
+FakeRuntime::FakeRuntime(int gpus) : gpus_(gpus) {
+  absl::MutexLock lock(&mu_);
+  counts_.resize(static_cast<size_t>(gpus));
+  capacity_.resize(static_cast<size_t>(gpus), 0);
+}
+
+FakeRuntime::~FakeRuntime() {
+  absl::MutexLock lock(&mu_);
+  for (auto& [p, gb] : device_) ::operator delete(p);
+  for (auto& [p, b] : pinned_) ::operator delete(p);
+}
+
+server::Uuid FakeRuntime::FakeUuid(int ordinal) {
+  server::Uuid u{};
+  for (int i = 0; i < 16; ++i) u[i] = static_cast<uint8_t>(0xF0 ^ (ordinal * 16 + i));
+  return u;
+}
+
+absl::Status FakeRuntime::CheckGpu(int gpu) const {
+  if (gpu < 0 || gpu >= gpus_) return absl::InvalidArgumentError(absl::StrCat("no fake GPU ", gpu));
+  return absl::OkStatus();
+}
+
+FakeRuntime::Exported FakeRuntime::ExportHandle(int gpu, uint64_t bytes) {
+  auto a = std::make_shared<Allocation>();
+  a->gpu = gpu;
+  a->size = bytes;
+  a->bytes.reset(new uint8_t[bytes == 0 ? 1 : bytes]);
+  absl::MutexLock lock(&mu_);
+  std::string handle(server::kIpcHandleBytes, '\0');
+  const uint64_t id = next_handle_++;
+  std::memcpy(handle.data(), &id, sizeof(id));
+  handle[32] = static_cast<char>(gpu);
+  exported_[handle] = a;
+  return Exported{a->bytes.get(), handle};
+}
+
+void FakeRuntime::FreeExported(const std::string& handle) {
+  absl::MutexLock lock(&mu_);
+  auto it = exported_.find(handle);
+  if (it != exported_.end()) it->second->freed_by_owner = true;
+}
+
+void FakeRuntime::SetDeviceCapacity(int gpu, uint64_t bytes) {
+  absl::MutexLock lock(&mu_);
+  capacity_[static_cast<size_t>(gpu)] = bytes;
+}
+
+void FakeRuntime::SetPinnedFails(bool fail) {
+  absl::MutexLock lock(&mu_);
+  pinned_fails_ = fail;
+}
+
+FakeRuntime::Counts FakeRuntime::counts(int gpu) const {
+  absl::MutexLock lock(&mu_);
+  return counts_[static_cast<size_t>(gpu)];
+}
+
+FakeRuntime::Counts FakeRuntime::totals() const {
+  absl::MutexLock lock(&mu_);
+  Counts t;
+  for (const Counts& c : counts_) {
+    t.converts += c.converts;
+    t.ipc_opens += c.ipc_opens;
+    t.ipc_closes += c.ipc_closes;
+    t.touches += c.touches;
+    t.device_bytes_now += c.device_bytes_now;
+  }
+  for (const auto& [p, b] : pinned_) t.pinned_bytes_now += b;
+  return t;
+}
+
+absl::StatusOr<std::vector<GpuInfo>> FakeRuntime::ListGpus() {
+  std::vector<GpuInfo> out;
+  for (int i = 0; i < gpus_; ++i) {
+    GpuInfo g;
+    g.ordinal = i;
+    g.uuid = FakeUuid(i);
+    g.name = "Fake GPU";
+    g.cc_major = 9;
+    g.total_memory = 1ull << 30;
+    out.push_back(g);
+  }
+  return out;
+}
+
+absl::StatusOr<Stream> FakeRuntime::CreateStream(int gpu) {
+  if (absl::Status s = CheckGpu(gpu); !s.ok()) return s;
+  absl::MutexLock lock(&mu_);
+  return reinterpret_cast<Stream>(static_cast<uintptr_t>(next_stream_++ * 16));
+}
+
+void FakeRuntime::DestroyStream(int, Stream) {}
+
+absl::Status FakeRuntime::ConfigurePool(int gpu, uint64_t) { return CheckGpu(gpu); }
+
+absl::StatusOr<void*> FakeRuntime::AllocateAsync(int gpu, uint64_t bytes, Stream) {
+  if (absl::Status s = CheckGpu(gpu); !s.ok()) return s;
+  absl::MutexLock lock(&mu_);
+  Counts& c = counts_[static_cast<size_t>(gpu)];
+  const uint64_t cap = capacity_[static_cast<size_t>(gpu)];
+  if (cap != 0 && c.device_bytes_now + bytes > cap) {
+    return absl::ResourceExhaustedError(absl::StrCat("fake GPU ", gpu, " is out of memory"));
+  }
+  void* p = ::operator new(bytes, std::nothrow);
+  if (p == nullptr) return absl::ResourceExhaustedError("fake device allocation failed");
+  device_[p] = {gpu, bytes};
+  c.device_bytes_now += bytes;
+  return p;
+}
+
+absl::Status FakeRuntime::FreeAsync(int gpu, void* ptr, Stream) {
+  absl::MutexLock lock(&mu_);
+  auto it = device_.find(ptr);
+  if (it == device_.end() || it->second.first != gpu) {
+    return absl::InternalError("free of memory this fake GPU did not allocate");
+  }
+  counts_[static_cast<size_t>(gpu)].device_bytes_now -= it->second.second;
+  ::operator delete(ptr);
+  device_.erase(it);
+  return absl::OkStatus();
+}
+
+absl::Status FakeRuntime::CopyToDeviceAsync(int gpu, void* dst, const void* src, uint64_t bytes, Stream) {
+  if (absl::Status s = CheckGpu(gpu); !s.ok()) return s;
+  std::memcpy(dst, src, bytes);
+  return absl::OkStatus();
+}
+
+absl::Status FakeRuntime::CopyToHostAsync(int gpu, void* dst, const void* src, uint64_t bytes, Stream) {
+  if (absl::Status s = CheckGpu(gpu); !s.ok()) return s;
+  std::memcpy(dst, src, bytes);
+  return absl::OkStatus();
+}
+
+absl::Status FakeRuntime::Convert(int gpu, const Plan& plan, const void* in, void* out, Stream) {
+  if (absl::Status s = CheckGpu(gpu); !s.ok()) return s;
+  {
+    absl::MutexLock lock(&mu_);
+    counts_[static_cast<size_t>(gpu)].converts++;
+  }
+  return ConvertOnCpu(plan, static_cast<const uint8_t*>(in), plan.input_bytes, static_cast<uint8_t*>(out),
+                      plan.output_bytes, CpuOptions{1});
+}
+
+absl::Status FakeRuntime::Synchronize(int gpu, Stream) { return CheckGpu(gpu); }
+
+std::unique_ptr<server::DeviceTimer> FakeRuntime::NewTimer(int) { return std::make_unique<WallTimer>(); }
+
+absl::StatusOr<void*> FakeRuntime::AllocatePinned(uint64_t bytes) {
+  absl::MutexLock lock(&mu_);
+  if (pinned_fails_) return absl::ResourceExhaustedError("fake pinned memory is short");
+  void* p = ::operator new(bytes, std::nothrow);
+  if (p == nullptr) return absl::ResourceExhaustedError("fake pinned allocation failed");
+  pinned_[p] = bytes;
+  return p;
+}
+
+void FakeRuntime::FreePinned(void* ptr) {
+  absl::MutexLock lock(&mu_);
+  if (pinned_.erase(ptr) == 1) ::operator delete(ptr);
+}
+
+absl::StatusOr<IpcMapping> FakeRuntime::OpenIpc(int gpu, absl::string_view handle) {
+  if (absl::Status s = CheckGpu(gpu); !s.ok()) return s;
+  absl::MutexLock lock(&mu_);
+  counts_[static_cast<size_t>(gpu)].ipc_opens++;
+  auto it = exported_.find(std::string(handle));
+  if (it == exported_.end() || it->second->freed_by_owner) {
+    return absl::InvalidArgumentError("cudaErrorInvalidValue (invalid argument)");
+  }
+  Allocation& a = *it->second;
+  a.open_mappings++;
+  mapped_[a.bytes.get()] = it->second;
+  return IpcMapping{a.bytes.get(), a.size};
+}
+
+absl::Status FakeRuntime::CloseIpc(int gpu, void* base) {
+  absl::MutexLock lock(&mu_);
+  auto it = mapped_.find(base);
+  if (it == mapped_.end()) return absl::InternalError("close of a mapping that is not open");
+  counts_[static_cast<size_t>(gpu)].ipc_closes++;
+  if (--it->second->open_mappings == 0) mapped_.erase(it);
+  return absl::OkStatus();
+}
+
+absl::Status FakeRuntime::Touch(int gpu, const void*, uint64_t) {
+  if (absl::Status s = CheckGpu(gpu); !s.ok()) return s;
+  absl::MutexLock lock(&mu_);
+  counts_[static_cast<size_t>(gpu)].touches++;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<std::string>> FakeRuntime::ExportSampleHandles(int gpu, int count) {
+  std::vector<std::string> out;
+  for (int i = 0; i < count; ++i) out.push_back(ExportHandle(gpu, 64).handle);
+  return out;
+}
+
+}  // namespace wprep::testing

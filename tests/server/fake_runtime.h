@@ -1,0 +1,105 @@
+// A DeviceRuntime on host memory, for host-only tests of the daemon's GPU paths: its
+// GPUs' "device memory" is ordinary memory, conversions run on the CPU engine, work is
+// synchronous, and IPC handles name allocations registered with ExportHandle in this
+// process. It counts what the daemon asked of it and can be told to fail.
+#ifndef WPREP_TESTS_SERVER_FAKE_RUNTIME_H_
+#define WPREP_TESTS_SERVER_FAKE_RUNTIME_H_
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "device_runtime.h"
+
+namespace wprep::testing {
+
+using server::GpuInfo;
+using server::IpcMapping;
+using server::Stream;
+
+class FakeRuntime final : public server::DeviceRuntime {
+ public:
+  // `gpus` GPUs with ordinals 0..gpus-1 and UUIDs FakeUuid(ordinal).
+  explicit FakeRuntime(int gpus);
+  ~FakeRuntime() override;
+
+  static server::Uuid FakeUuid(int ordinal);
+
+  // Device memory of `gpu` a client owns: `bytes` bytes, and the handle another process
+  // would send for it. The memory lives until FreeExported.
+  struct Exported {
+    uint8_t* ptr = nullptr;
+    std::string handle;
+  };
+  Exported ExportHandle(int gpu, uint64_t bytes);
+  // The owner frees the allocation: opening its handle fails from now on (mappings open
+  // already keep their memory, as CUDA keeps an opened allocation alive).
+  void FreeExported(const std::string& handle);
+
+  // Fault injection: the GPU's pool holds at most `bytes` (0 = unlimited); pinned
+  // allocations fail while `fail` is set.
+  void SetDeviceCapacity(int gpu, uint64_t bytes);
+  void SetPinnedFails(bool fail);
+
+  // What the daemon asked for.
+  struct Counts {
+    int converts = 0;
+    int ipc_opens = 0;
+    int ipc_closes = 0;
+    int touches = 0;
+    uint64_t device_bytes_now = 0;  // allocated and not yet freed, every GPU
+    uint64_t pinned_bytes_now = 0;
+  };
+  Counts counts(int gpu) const;
+  Counts totals() const;
+
+  // DeviceRuntime.
+  bool compiled_in() const override { return true; }
+  absl::StatusOr<std::vector<GpuInfo>> ListGpus() override;
+  absl::StatusOr<Stream> CreateStream(int gpu) override;
+  void DestroyStream(int gpu, Stream stream) override;
+  absl::Status ConfigurePool(int gpu, uint64_t keep_bytes) override;
+  absl::StatusOr<void*> AllocateAsync(int gpu, uint64_t bytes, Stream stream) override;
+  absl::Status FreeAsync(int gpu, void* ptr, Stream stream) override;
+  absl::Status CopyToDeviceAsync(int gpu, void* dst, const void* src, uint64_t bytes, Stream stream) override;
+  absl::Status CopyToHostAsync(int gpu, void* dst, const void* src, uint64_t bytes, Stream stream) override;
+  absl::Status Convert(int gpu, const Plan& plan, const void* in, void* out, Stream stream) override;
+  absl::Status Synchronize(int gpu, Stream stream) override;
+  std::unique_ptr<server::DeviceTimer> NewTimer(int gpu) override;
+  absl::StatusOr<void*> AllocatePinned(uint64_t bytes) override;
+  void FreePinned(void* ptr) override;
+  absl::StatusOr<IpcMapping> OpenIpc(int gpu, absl::string_view handle) override;
+  absl::Status CloseIpc(int gpu, void* base) override;
+  absl::Status Touch(int gpu, const void* ptr, uint64_t bytes) override;
+  absl::StatusOr<std::vector<std::string>> ExportSampleHandles(int gpu, int count) override;
+
+ private:
+  struct Allocation {
+    int gpu = 0;
+    std::unique_ptr<uint8_t[]> bytes;
+    uint64_t size = 0;
+    bool freed_by_owner = false;
+    int open_mappings = 0;
+  };
+  absl::Status CheckGpu(int gpu) const;
+
+  const int gpus_;
+  mutable absl::Mutex mu_;
+  std::vector<Counts> counts_ ABSL_GUARDED_BY(mu_);
+  std::vector<uint64_t> capacity_ ABSL_GUARDED_BY(mu_);
+  std::map<void*, std::pair<int, uint64_t>> device_ ABSL_GUARDED_BY(mu_);  // ptr -> (gpu, bytes)
+  std::map<void*, uint64_t> pinned_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, std::shared_ptr<Allocation>> exported_ ABSL_GUARDED_BY(mu_);
+  std::map<void*, std::shared_ptr<Allocation>> mapped_ ABSL_GUARDED_BY(mu_);  // base -> allocation
+  bool pinned_fails_ ABSL_GUARDED_BY(mu_) = false;
+  uint64_t next_stream_ ABSL_GUARDED_BY(mu_) = 1;
+  uint64_t next_handle_ ABSL_GUARDED_BY(mu_) = 1;
+};
+
+}  // namespace wprep::testing
+
+#endif  // WPREP_TESTS_SERVER_FAKE_RUNTIME_H_
