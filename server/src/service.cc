@@ -58,6 +58,9 @@ Caller CallerOf(const grpc::ServerContext& ctx, const std::string& token) {
 const OperandFields kConvertFields{"source_ipc", "destination_ipc", "device_uuid"};
 const OperandFields kStreamFields{"", "", "header.device_uuid"};
 
+// How close to its deadline a cancelled call counts as having run out of time.
+constexpr absl::Duration kDeadlineSlack = absl::Milliseconds(100);
+
 }  // namespace
 
 // One RPC from arrival to final status: its id, what it asked for and what ran (as
@@ -117,8 +120,17 @@ class CallReport {
   }
 
   grpc::Status Finish(absl::Status status, const OperandFields& fields = {}) {
-    if (!status.ok() && ctx_->IsCancelled() && status.code() != absl::StatusCode::kDeadlineExceeded) {
-      status = absl::CancelledError(absl::StrCat("client cancelled the call (", status.message(), ")"));
+    const bool converted = status.ok();  // the engine's work ran to the end
+    if (ctx_->IsCancelled() && status.code() != absl::StatusCode::kDeadlineExceeded) {
+      // The call ended before its answer could go out: the client cancelled, went away or
+      // ran out of time. Record what the client saw, even when the work itself finished.
+      const std::string why = status.ok() ? "the answer was ready after the call ended" : std::string(status.message());
+      // The client's own timer fires at its deadline, a little before the daemon's copy
+      // of it (gRPC sends the timeout rounded up, and it travels): a call cancelled this
+      // close to its deadline ran out of time.
+      status = absl::Now() + kDeadlineSlack >= deadline()
+                   ? absl::DeadlineExceededError(absl::StrCat("the request's deadline passed (", why, ")"))
+                   : absl::CancelledError(absl::StrCat("client cancelled the call (", why, ")"));
     }
     status = BoundMessage(NameOperandField(status, fields));
     if (caller_ == Caller::kSelfWarmup) return ToGrpcStatus(status);
@@ -126,7 +138,7 @@ class CallReport {
     record_.seconds = absl::ToDoubleSeconds(absl::Now() - start_);
     if (!status.ok()) record_.peak_extra_device_bytes.reset();
     metrics_->RecordRequest(record_);
-    if (status.ok() && engine_metrics_ != nullptr) {
+    if (converted && engine_metrics_ != nullptr) {
       if (kernel_seconds_) engine_metrics_->kernel_seconds->Observe(*kernel_seconds_);
       engine_metrics_->converted_bytes->Increment(static_cast<double>(bytes_out_));
     }

@@ -227,8 +227,8 @@ TEST(Fault, DeadlineBeforeAdmissionNeverReachesAHandler) {
 }
 
 // Deadline mid-stream, with the client stalled sending and with the client stalled
-// reading: DEADLINE_EXCEEDED for the client, and the stream's buffers back in the daemon
-// once the client has dropped the call. (A daemon blocked
+// reading: DEADLINE_EXCEEDED for the client and in the daemon's log, and the stream's
+// buffers back in the daemon once the client has dropped the call. (A daemon blocked
 // sending to a client that stopped reading is released by the client's stream going
 // away, not by the deadline alone: gRPC 1.51 does not fail a server write that waits
 // for flow control when the call's deadline passes. Clients drop a call when it ends, as
@@ -237,6 +237,7 @@ TEST(Fault, DeadlineMidStreamFreesTheStreamsBuffers) {
   std::unique_ptr<Daemon> d = StartCpuDaemon();
   ASSERT_NE(d, nullptr);
   const std::vector<int64_t> shape = {16, 1024, 1024};  // 8 MiB in, 8 MiB out
+  int expired = 0;
   for (bool stall_reading : {false, true}) {
     SCOPED_TRACE(stall_reading ? "stalled reading" : "stalled sending");
     Client client(MakeChannel(d->unix_target()));
@@ -261,6 +262,9 @@ TEST(Fault, DeadlineMidStreamFreesTheStreamsBuffers) {
     }
     EXPECT_TRUE(WaitFor([&] { return Idle(d->metrics_address(), "cpu"); }))
         << HttpGet(d->metrics_address(), "/metrics");
+    ++expired;
+    EXPECT_TRUE(WaitFor([&] { return LoggedRequests(d->Log(), "ConvertStream", "DEADLINE_EXCEEDED") == expired; }))
+        << d->Log();
     ExpectServes(d->unix_target(), "after a stream's deadline");
   }
 }
@@ -744,7 +748,8 @@ TEST(FaultFakeGpu, DeadlineWhileWaitingForDeviceMemory) {
 }
 
 // Deadline during the conversion itself (unary and streamed): the client gets
-// DEADLINE_EXCEEDED, never OK; once the conversion ends the daemon holds nothing.
+// DEADLINE_EXCEEDED, never OK, and the daemon counts it so; once the conversion ends the
+// daemon holds nothing.
 TEST(FaultFakeGpu, DeadlineDuringConversionIsNeverOk) {
   FakeGpuDaemon d({});
   ASSERT_SERVING(d);
@@ -755,6 +760,13 @@ TEST(FaultFakeGpu, DeadlineDuringConversionIsNeverOk) {
   ASSERT_TRUE(d.runtime().WaitHeld(1));
   absl::StatusOr<std::string> r = unary.Join();  // returns at the deadline, the conversion still held
   EXPECT_EQ(r.status().code(), absl::StatusCode::kDeadlineExceeded) << r.status();
+  d.runtime().Open();
+  // The daemon counts it as the client saw it, once the conversion it could not deliver ends.
+  EXPECT_TRUE(WaitFor([&] {
+    return Metric(d.metrics(), "wprep_requests_total", {{"method", "Convert"}, {"code", "DEADLINE_EXCEEDED"}}) == 1;
+  })) << HttpGet(d.metrics(), "/metrics");
+  EXPECT_EQ(Metric(d.metrics(), "wprep_requests_total", {{"method", "Convert"}, {"code", "OK"}}), 0);
+  d.runtime().Close();
 
   // A stream of two slices whose first slice is held past the deadline.
   const std::vector<int64_t> shape = {16, 1024, 1024};
@@ -768,6 +780,9 @@ TEST(FaultFakeGpu, DeadlineDuringConversionIsNeverOk) {
   EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << s;
   d.runtime().Open();
   EXPECT_TRUE(WaitFor([&] { return Idle(d.metrics(), "gpu0"); })) << HttpGet(d.metrics(), "/metrics");
+  EXPECT_TRUE(WaitFor([&] {
+    return Metric(d.metrics(), "wprep_requests_total", {{"method", "ConvertStream"}, {"code", "DEADLINE_EXCEEDED"}}) == 1;
+  })) << HttpGet(d.metrics(), "/metrics");
   EXPECT_EQ(d.runtime().fake().totals().device_bytes_now, 0u);
   so.timeout = std::chrono::seconds(30);
   ASSERT_TRUE(client.ConvertStream(StreamHeaderFor(HopperSwizzleMx1(), shape), in, &out, so).ok());
