@@ -1,22 +1,35 @@
-// wprep_memory_soak: does wprepd's memory return to its idle level after a long mixed
-// load? (a program, not a test: it runs for a minute or more).
+// wprep_memory_soak: the daemon's load and soak test. Does wprepd serve a long mixed load
+// from many clients without an error, how fast, and does its memory return to its idle
+// level afterwards? (a program: `make soak-memory`, scripts/soak.sh, and in CI the ctest
+// load_cpu_10k).
 //
-//   wprep_memory_soak [--requests=N] [--threads=T] [--tolerance-mib=H] [--cuda-tolerance-mib=C]
-//       [--target=ADDR [--pid=PID] [--metrics=HOST:PORT]] [-- wprepd flags]
+//   wprep_memory_soak [--requests=N] [--threads=T] [--clients=K] [--tolerance-mib=H]
+//       [--cuda-tolerance-mib=C] [--target=ADDR [--pid=PID] [--metrics=HOST:PORT]]
+//       [-- wprepd flags]
 //
-// Without --target it starts wprepd itself (daemon_harness.h). It samples the idle level
-// (the daemon's VmRSS and RssAnon, wprep_device_allocated_bytes per device and, with GPUs,
-// each GPU's used memory from cudaMemGetInfo), sends N requests from T threads (Plan, inline
-// Convert of 4 KiB..2 MiB over every layout and direction, a 16 MiB ConvertStream every
-// 250th, bad requests expecting INVALID_ARGUMENT and, when the daemon serves this process's
-// GPU 0, IPC->IPC, bytes->IPC and IPC->bytes on cudaMalloc'd buffers, some fresh and
-// released with ReleaseIpcHandles before cudaFree), checks every output against the CPU
-// engine, waits for the daemon's idle trim and prints idle, peak and after. Exit 0 when
-// every request had its expected outcome and every row came back within its tolerance
-// (host H MiB, default 8; the metric 0; cudaMemGetInfo C MiB, default 16), else 1.
+// Without --target it starts wprepd itself (daemon_harness.h). K clients (default 2),
+// each a wprep::client::Client on its own connection, alternately over the daemon's Unix
+// socket and its TCP port (one connection with --target), are connected first. It samples
+// the idle level (the daemon's VmRSS and RssAnon, wprep_host_buffered_bytes,
+// wprep_device_allocated_bytes per device and, with GPUs, each GPU's used memory from
+// cudaMemGetInfo), sends N requests from T threads, thread t through client t mod K (Plan,
+// inline Convert of 4 KiB..2 MiB over every layout and direction, a 16 MiB ConvertStream
+// every 250th, bad requests expecting INVALID_ARGUMENT and, when the daemon serves this
+// process's GPU 0, IPC->IPC, bytes->IPC and IPC->bytes on cudaMalloc'd buffers, some fresh
+// and released with ReleaseIpcHandles before cudaFree; without a GPU the IPC requests are
+// skipped and it says so), checks every output against the CPU engine, waits for the
+// daemon's idle trim and prints each kind's count, failures and latency (p50, p99, max),
+// the throughput, and the memory rows idle, peak and after. Exit 0 when every request had
+// its expected outcome and every row came back within its tolerance (host H MiB, default
+// 8; the metrics 0; cudaMemGetInfo C MiB, default 16), else 1.
+//
+// Each request's expected output comes from the CPU engine in this process: the engine
+// is checked against the reference vectors elsewhere (tests/kernels/golden_test.cc); here
+// the daemon's transports are under test.
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -44,11 +57,12 @@ namespace v1 = wprep::v1;
 using Clock = std::chrono::steady_clock;
 constexpr double kMiB = 1024.0 * 1024.0;
 constexpr int kStreamEvery = 250;  // every 250th request is a 16 MiB ConvertStream
+constexpr double kConnectionMiB = 5;  // what one open connection may keep after the load
 
 struct Args {
   std::string target, metrics = "127.0.0.1:9464";  // metrics: with --target only
   pid_t pid = -1;
-  int requests = 10000, threads = 8;
+  int requests = 10000, threads = 8, clients = 2;
   double tolerance_mib = 8, cuda_tolerance_mib = 16;
   std::vector<std::string> daemon_args;
 };
@@ -123,6 +137,8 @@ struct Probe {
   void AddRows(const Args& a) {
     if (pid > 0) names = {"daemon VmRSS", "daemon RssAnon"};
     tolerance.assign(names.size(), a.tolerance_mib * kMiB);
+    names.push_back("wprep_host_buffered_bytes");
+    tolerance.push_back(0);
     for (const std::string& l : labels) names.push_back("wprep_device_allocated_bytes{" + l + "}");
     tolerance.resize(names.size(), 0);
     for (int g = 0; g < gpus; ++g) names.push_back(absl::StrCat("cudaMemGetInfo used, GPU ", g));
@@ -140,6 +156,7 @@ struct Probe {
       v = {rss, anon};
     }
     const std::string text = wprep::testing::HttpGet(metrics, "/metrics");
+    v.push_back(wprep::testing::MetricValue(text, "wprep_host_buffered_bytes").value_or(-1));
     for (const std::string& l : labels) {
       v.push_back(wprep::testing::MetricValue(text, "wprep_device_allocated_bytes", {{"device", l}}).value_or(-1));
     }
@@ -184,9 +201,9 @@ class Soak {
     uuid_ = uuid;
     return true;
   }
-  void FreeIpc() {
+  void FreeIpc(wprep::client::Client& client) {
     for (Case& c : cases_) {
-      (void)Release(*clients_[0], {c.h_in});
+      (void)Release(client, {c.h_in});
       cudaFree(c.d_in);
     }
   }
@@ -199,16 +216,39 @@ class Soak {
     for (int t = 0; t < a_.threads; ++t) workers.emplace_back([this, t] { Worker(t); });
     for (std::thread& w : workers) w.join();
     int failed = 0;
-    for (const auto& [kind, n] : done_) {
+    std::vector<double> all;
+    std::printf("  %-24s %8s %7s %9s %9s %9s\n", "kind", "requests", "failed", "p50 ms", "p99 ms", "max ms");
+    for (auto& [kind, n] : done_) {
       const int f = failed_.count(kind) != 0 ? failed_.at(kind) : 0;
-      std::printf("  %-24s %6d requests, %d failed\n", kind.c_str(), n, f);
+      std::vector<double>& s = seconds_[kind];
+      all.insert(all.end(), s.begin(), s.end());
+      std::printf("  %-24s %8d %7d %9.2f %9.2f %9.2f\n", kind.c_str(), n, f, Quantile(s, 0.5) * 1e3,
+                  Quantile(s, 0.99) * 1e3, Quantile(s, 1) * 1e3);
       failed += f;
     }
+    std::printf("  %-24s %8zu %7d %9.2f %9.2f %9.2f\n", "all", all.size(), failed, Quantile(all, 0.5) * 1e3,
+                Quantile(all, 0.99) * 1e3, Quantile(all, 1) * 1e3);
     for (const std::string& m : first_failures_) std::printf("  FAIL %s\n", m.c_str());
+    errors_ = failed;
+    p50_ = Quantile(all, 0.5);
+    p99_ = Quantile(all, 0.99);
     return failed == 0;
   }
 
+  int errors() const { return errors_; }
+  double p50() const { return p50_; }
+  double p99() const { return p99_; }
+  uint64_t bytes() const { return bytes_.load(); }
+
  private:
+  // The q-quantile (nearest rank) of `v`, sorted in place; 0 when empty.
+  static double Quantile(std::vector<double>& v, double q) {
+    if (v.empty()) return 0;
+    std::sort(v.begin(), v.end());
+    const size_t rank = static_cast<size_t>(std::ceil(q * static_cast<double>(v.size())));
+    return v[std::min(v.size() - 1, rank == 0 ? 0 : rank - 1)];
+  }
+
   void Worker(int t) {
     wprep::client::Client& client = *clients_[static_cast<size_t>(t) % clients_.size()];
     [[maybe_unused]] void* d_out = nullptr;  // this thread's IPC destination on GPU 0
@@ -222,6 +262,7 @@ class Soak {
     }
 #endif
     for (int i; (i = next_.fetch_add(1)) < a_.requests;) {
+      const auto start = Clock::now();
       const Case& c = cases_[static_cast<size_t>(i) * 7919 % cases_.size()];
       const char* kind = "convert inline";
       std::string why;  // empty: the expected outcome
@@ -232,6 +273,7 @@ class Soak {
         absl::StatusOr<v1::StreamResponseHeader> r =
             client.ConvertStream(For<v1::StreamRequestHeader>(s.spec, s.shape), s.input, &out);
         why = !r.ok() ? r.status().ToString() : out != s.expected ? "output differs" : "";
+        bytes_.fetch_add(s.input.size() + s.expected.size());
       } else if (i % 20 == 1) {
         kind = "plan";
         absl::StatusOr<v1::PlanResponse> r = client.Plan(For<v1::PlanRequest>(c.spec, c.shape));
@@ -245,12 +287,15 @@ class Soak {
         const int mode = i % 20 <= 5 ? i % 20 - 3 : i % 20 == 6 ? 3 : 0;
         kind = kKinds[mode];
         why = IpcRequest(client, c, mode, d_out, h_out);
+        bytes_.fetch_add(c.input.size() + c.expected.size());
 #endif
       } else {
         absl::StatusOr<v1::ConvertResponse> r = client.Convert(Request(c, true));
         why = !r.ok() ? r.status().ToString() : r->output_bytes_inline() != c.expected ? "output differs" : "";
+        bytes_.fetch_add(c.input.size() + c.expected.size());
       }
-      Record(kind, why.empty() ? "" : absl::StrCat("request ", i, " (", wprep::Describe(c.spec), "): ", why));
+      Record(kind, why.empty() ? "" : absl::StrCat("request ", i, " (", wprep::Describe(c.spec), "): ", why),
+             std::chrono::duration<double>(Clock::now() - start).count());
     }
 #if WPREP_HAVE_CUDA
     if (d_out != nullptr) {
@@ -346,10 +391,12 @@ class Soak {
   }
 #endif
 
-  // One finished request of `kind`; `failure` is empty when it had its expected outcome.
-  void Record(const std::string& kind, const std::string& failure) {
+  // One finished request of `kind` that took `seconds`; `failure` is empty when it had its
+  // expected outcome.
+  void Record(const std::string& kind, const std::string& failure, double seconds = -1) {
     std::lock_guard<std::mutex> lock(mu_);
     ++done_[kind];
+    if (seconds >= 0) seconds_[kind].push_back(seconds);
     if (failure.empty()) return;
     ++failed_[kind];
     if (first_failures_.size() < 10) first_failures_.push_back(kind + ", " + failure);
@@ -362,8 +409,13 @@ class Soak {
   std::string uuid_;  // GPU 0's UUID when the IPC requests run
   std::atomic<int> next_{0};
   std::mutex mu_;
-  std::map<std::string, int> done_, failed_;  // guarded by mu_
-  std::vector<std::string> first_failures_;   // guarded by mu_
+  std::map<std::string, int> done_, failed_;          // guarded by mu_
+  std::map<std::string, std::vector<double>> seconds_;  // guarded by mu_
+  std::vector<std::string> first_failures_;            // guarded by mu_
+  std::atomic<uint64_t> bytes_{0};  // input + output bytes of the conversions that ran
+  // Set by Run.
+  int errors_ = 0;
+  double p50_ = 0, p99_ = 0;
 };
 
 }  // namespace
@@ -382,10 +434,11 @@ int main(int argc, char** argv) {
     else if (const char* v = val("--metrics=")) a.metrics = v;
     else if (const char* v = val("--requests=")) a.requests = std::max(1, std::atoi(v));
     else if (const char* v = val("--threads=")) a.threads = std::max(1, std::atoi(v));
+    else if (const char* v = val("--clients=")) a.clients = std::max(1, std::atoi(v));
     else if (const char* v = val("--tolerance-mib=")) a.tolerance_mib = std::atof(v);
     else if (const char* v = val("--cuda-tolerance-mib=")) a.cuda_tolerance_mib = std::atof(v);
     else {
-      std::fprintf(stderr, "usage: wprep_memory_soak [--requests=N] [--threads=T] [--tolerance-mib=H]\n"
+      std::fprintf(stderr, "usage: wprep_memory_soak [--requests=N] [--threads=T] [--clients=K] [--tolerance-mib=H]\n"
                            "  [--cuda-tolerance-mib=C] [--target=ADDR [--pid=PID] [--metrics=HOST:PORT]]\n"
                            "  [-- wprepd flags]\n");
       return 2;
@@ -408,8 +461,9 @@ int main(int argc, char** argv) {
   std::vector<std::unique_ptr<wprep::client::Client>> owned;
   std::vector<wprep::client::Client*> clients;
   absl::StatusOr<v1::ListDevicesResponse> devs;
-  for (const std::string& t : targets) {  // connected before the idle sample
-    owned.push_back(std::make_unique<wprep::client::Client>(wprep::client::MakeChannel(t)));
+  for (int k = 0; k < a.clients; ++k) {  // each on its own connection, connected before the idle sample
+    const std::string& t = targets[static_cast<size_t>(k) % targets.size()];
+    owned.push_back(std::make_unique<wprep::client::Client>(wprep::client::MakeChannel(t, 256 << 20, k)));
     clients.push_back(owned.back().get());
     devs = clients.back()->ListDevices();
     if (!devs.ok()) {
@@ -431,8 +485,10 @@ int main(int argc, char** argv) {
     probe.gpus = wprep::CudaDeviceCount();
   }
 #endif
-  std::printf("engine %s, IPC requests %s, %d requests from %d threads\n", devs->cpu_engine() ? "cpu" : "cuda",
-              ipc ? "on" : "off", a.requests, a.threads);
+  std::printf("engine %s, %d requests from %d threads over %d client connections\n",
+              devs->cpu_engine() ? "cpu" : "cuda", a.requests, a.threads, a.clients);
+  std::printf("IPC requests: %s\n", ipc ? "on (this process's GPU 0)"
+                                         : "skipped (no GPU shared with the daemon: only inline bytes and streams)");
   probe.AddRows(a);
 
   std::this_thread::sleep_for(std::chrono::seconds(1));  // settle after start-up
@@ -448,38 +504,67 @@ int main(int argc, char** argv) {
   });
   const auto t0 = Clock::now();
   const bool outcomes_ok = soak.Run();
-  std::printf("%d requests in %.1f s\n", a.requests, std::chrono::duration<double>(Clock::now() - t0).count());
+  const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
   stop.store(true);
   sampler.join();
+  std::printf("%d requests in %.1f s: %.0f requests/s, %.1f MiB/s converted (in + out)\n", a.requests, seconds,
+              a.requests / seconds, static_cast<double>(soak.bytes()) / kMiB / seconds);
 
   // The daemon trims its heap and pinned pool 2 s after the last request: wait up to 10 s
-  // for every row to come back.
-  std::vector<double> after;
-  std::vector<bool> back;
-  const auto wait_start = Clock::now();
-  for (bool all_back = false; !all_back && Clock::now() - wait_start < std::chrono::seconds(10);) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(250));
-    after = probe.Sample();
-    back.assign(after.size(), false);
-    all_back = true;
-    for (size_t i = 0; i < after.size(); ++i) {
-      back[i] = idle[i] >= 0 && after[i] >= 0 && after[i] - idle[i] <= probe.tolerance[i];
-      all_back = all_back && back[i];
+  // for every row to come back, first with the clients' connections open, then once they
+  // are closed. An open connection keeps the read buffer gRPC grew for its traffic (up
+  // to about 5 MiB each, measured; it goes with the connection), so with more than two
+  // clients the first host rows allow that much per extra client, and the second must
+  // come back within the tolerance.
+  std::vector<double> open_tolerance = probe.tolerance;
+  for (size_t i = 0; i < (probe.pid > 0 ? 2u : 0u); ++i) {
+    open_tolerance[i] += std::max(0, a.clients - 2) * kConnectionMiB * kMiB;
+  }
+  auto wait_for_idle = [&](const char* when, const std::vector<double>& tolerance) {
+    std::vector<double> after;
+    std::vector<bool> back;
+    const auto wait_start = Clock::now();
+    // Not before the trim could have run (2 s after the last request, checked every 1 s).
+    std::this_thread::sleep_for(std::chrono::milliseconds(3250));
+    for (bool all_back = false; !all_back && Clock::now() - wait_start < std::chrono::seconds(10);) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(250));
+      after = probe.Sample();
+      back.assign(after.size(), false);
+      all_back = true;
+      for (size_t i = 0; i < after.size(); ++i) {
+        back[i] = idle[i] >= 0 && after[i] >= 0 && after[i] - idle[i] <= tolerance[i];
+        all_back = all_back && back[i];
+      }
     }
-  }
-  std::printf("waited %.1f s for idle\n%-40s %10s %10s %10s %11s %10s\n",
-              std::chrono::duration<double>(Clock::now() - wait_start).count(), "MiB", "idle", "peak",
-              "after", "after-idle", "tolerance");
-  for (size_t i = 0; i < after.size(); ++i) {
-    std::printf("%-40s %10.2f %10.2f %10.2f %11.2f %10.2f  %s\n", probe.names[i].c_str(), idle[i] / kMiB,
-                peak[i] / kMiB, after[i] / kMiB, (after[i] - idle[i]) / kMiB, probe.tolerance[i] / kMiB,
-                idle[i] < 0 || after[i] < 0 ? "NOT MEASURED" : back[i] ? "returned" : "DID NOT RETURN");
-  }
+    std::printf("%s: waited %.1f s for idle\n%-40s %10s %10s %10s %11s %10s\n", when,
+                std::chrono::duration<double>(Clock::now() - wait_start).count(), "MiB", "idle", "peak",
+                "after", "after-idle", "tolerance");
+    for (size_t i = 0; i < after.size(); ++i) {
+      std::printf("%-40s %10.2f %10.2f %10.2f %11.2f %10.2f  %s\n", probe.names[i].c_str(), idle[i] / kMiB,
+                  peak[i] / kMiB, after[i] / kMiB, (after[i] - idle[i]) / kMiB, tolerance[i] / kMiB,
+                  idle[i] < 0 || after[i] < 0 ? "NOT MEASURED" : back[i] ? "returned" : "DID NOT RETURN");
+    }
+    return std::all_of(back.begin(), back.end(), [](bool b) { return b; });
+  };
+  const bool back_open = wait_for_idle("after the load, its connections open", open_tolerance);
+  // Closed: every client goes, and one request on a new connection lets the daemon trim
+  // again once they have.
+  owned.clear();
+  std::this_thread::sleep_for(std::chrono::seconds(1));
+  auto last = std::make_unique<wprep::client::Client>(wprep::client::MakeChannel(targets[0], 256 << 20, a.clients));
+  if (!last->ListDevices().ok()) std::printf("ListDevices after the load failed\n");
+  const bool back_closed = wait_for_idle("after the load, its connections closed", probe.tolerance);
   if (probe.pid <= 0) std::printf("(the daemon's host memory was not measured: give --pid with --target)\n");
 #if WPREP_HAVE_CUDA
-  if (ipc) soak.FreeIpc();  // after the last sample: the soak's own buffers stayed put
+  if (ipc) soak.FreeIpc(*last);  // after the last sample: the soak's own buffers stayed put
 #endif
-  const bool pass = outcomes_ok && std::all_of(back.begin(), back.end(), [](bool b) { return b; });
+  const bool back = back_open && back_closed;
+  const bool pass = outcomes_ok && back;
+  // One line with the figures, for docs/RELIABILITY.md.
+  std::printf("summary requests=%d clients=%d threads=%d seconds=%.1f requests_per_second=%.0f p50_ms=%.2f "
+              "p99_ms=%.2f errors=%d peak_rss_mib=%.1f peak_buffered_mib=%.1f\n",
+              a.requests, a.clients, a.threads, seconds, a.requests / seconds, soak.p50() * 1e3, soak.p99() * 1e3,
+              soak.errors(), probe.pid > 0 ? peak[0] / kMiB : -1.0, peak[probe.pid > 0 ? 2 : 0] / kMiB);
   std::printf("%s\n", pass ? "PASS" : "FAIL");
   return pass ? 0 : 1;
 }
