@@ -12,7 +12,7 @@ ifeq ($(shell command -v nvcc),)
   endif
 endif
 
-.PHONY: all deps build test test-unit test-sanitize test-thread-safety run bench soak-memory gpu-bundle clean
+.PHONY: all deps build test test-unit test-sanitize test-thread-safety test-fuzz run bench soak-memory gpu-bundle clean
 
 all: build
 
@@ -26,8 +26,9 @@ build: deps $(BUILD)/build.ninja
 	cmake --build $(BUILD) -j $(JOBS)
 
 # Everything CI runs: the unit and integration tests, the host tests under
-# AddressSanitizer + UndefinedBehaviorSanitizer, and clang's lock-annotation check.
-test: test-unit test-sanitize test-thread-safety
+# AddressSanitizer + UndefinedBehaviorSanitizer, clang's lock-annotation check, and a
+# short run of each fuzz target.
+test: test-unit test-sanitize test-thread-safety test-fuzz
 
 test-unit: build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS) --timeout 600
@@ -48,6 +49,11 @@ test-thread-safety: deps
 	  -DCMAKE_CXX_COMPILER=clang++ -DWPREP_ENABLE_CUDA=OFF $(CMAKE_FLAGS)
 	cmake --build $(TSA_BUILD) -j $(JOBS) --target wprepd wprep server_test kernels_cpu_test
 
+# Each libFuzzer target for 25 s after replaying its committed inputs (clang, ASan +
+# UBSan, in build-fuzz/); `scripts/fuzz.sh 3600` fuzzes for an hour each.
+test-fuzz: deps
+	JOBS=$(JOBS) bash scripts/fuzz.sh 25
+
 # Starts the daemon in the foreground (GPU when present, else the CPU engine).
 run: build
 	@if [ -x $(BUILD)/server/wprepd ]; then exec $(BUILD)/server/wprepd $(ARGS); \
@@ -67,4 +73,4 @@ gpu-bundle: deps
 	bash scripts/gpu_bundle.sh
 
 clean:
-	rm -rf $(BUILD) $(SAN_BUILD) $(TSA_BUILD) .bundle
+	rm -rf $(BUILD) $(SAN_BUILD) $(TSA_BUILD) build-fuzz .bundle
