@@ -27,6 +27,28 @@ absl::StatusOr<IpcRegion> IpcFromProto(const v1::CudaIpcBuffer& b, absl::string_
   return r;
 }
 
+// Bound on the other dims of an empty tensor (one with a zero dim): see CheckEmptyShape.
+constexpr uint64_t kMaxEmptyExtent = uint64_t{1} << 36;
+
+// A shape with a zero dim plans an empty tensor, so the planner's size checks pass
+// whatever its other dims; but it still multiplies those dims (zeros counted as ones)
+// into the storage's dense strides, which overflow int64 past 2^63 (found by
+// wprep_fuzz_request). Refused here when they multiply past 2^36: layout padding grows
+// that by at most 2^24, far from an overflow, and no empty tensor needs more.
+absl::Status CheckEmptyShape(const google::protobuf::RepeatedField<int64_t>& shape, absl::string_view field) {
+  if (std::find(shape.begin(), shape.end(), 0) == shape.end()) return absl::OkStatus();
+  uint64_t extent = 1;
+  for (int64_t d : shape) {
+    if (d <= 0) continue;  // zeros are the point; negative dims the planner refuses
+    if (__builtin_mul_overflow(extent, static_cast<uint64_t>(d), &extent) || extent > kMaxEmptyExtent) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          field, " has a dim of size 0 and other dims that multiply past 2^36; give an empty tensor "
+                 "dims of ordinary sizes"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::optional<Uuid>> OptionalUuid(absl::string_view bytes, absl::string_view field) {
   if (bytes.empty()) return std::optional<Uuid>();
   WPREP_ASSIGN_OR_RETURN(Uuid u, UuidFromWire(bytes, field));
@@ -49,6 +71,7 @@ absl::StatusOr<Plan> PlanFromProto(const v1::PlanRequest& req, const ConversionS
   InputBinding binding;
   binding.strides.assign(req.input_strides().begin(), req.input_strides().end());
   if (req.has_input_buffer_bytes()) binding.buffer_bytes = req.input_buffer_bytes();
+  WPREP_RETURN_IF_ERROR(CheckEmptyShape(req.logical_shape(), "logical_shape"));
   return MakePlan(spec, ShapeFromProto(req.logical_shape()), binding);
 }
 
@@ -88,6 +111,7 @@ absl::StatusOr<ConvertJob> ConvertJobFromProto(const v1::ConvertRequest& req, co
     WPREP_ASSIGN_OR_RETURN(job.destination_ipc, IpcFromProto(req.destination_ipc(), "destination_ipc"));
   }
   WPREP_ASSIGN_OR_RETURN(job.gpu, OptionalUuid(req.device_uuid(), "device_uuid"));
+  WPREP_RETURN_IF_ERROR(CheckEmptyShape(req.logical_shape(), "logical_shape"));
   WPREP_ASSIGN_OR_RETURN(job.plan, MakePlan(spec, ShapeFromProto(req.logical_shape()), binding));
   const Plan& plan = job.plan;
   if (!job.destination_ipc) {
@@ -123,6 +147,7 @@ absl::StatusOr<StreamStart> StreamStartFromProto(const v1::StreamRequestHeader& 
                                                  const ConversionSpec& spec) {
   StreamStart start;
   WPREP_ASSIGN_OR_RETURN(start.gpu, OptionalUuid(h.device_uuid(), "header.device_uuid"));
+  WPREP_RETURN_IF_ERROR(CheckEmptyShape(h.logical_shape(), "header.logical_shape"));
   WPREP_ASSIGN_OR_RETURN(start.plan, MakePlan(spec, ShapeFromProto(h.logical_shape())));
   return start;
 }
