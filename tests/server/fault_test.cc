@@ -280,8 +280,9 @@ struct Outcome {
 // 64 clients, each on its own connection, send unary and streamed conversions until the
 // daemon is gone. Every answer is recorded; OK answers are checked byte for byte. A
 // quarter of them are 8 MiB streams, each of which holds 45 MiB of the daemon's host
-// budget (its 4 MiB slices and 1 MiB output chunks, StreamPipeline::HostBytes): the
-// daemon runs with --max-buffered-bytes=2G (kBudgetFlag) so that none is refused for
+// budget (its 4 MiB slices and 1 MiB output chunks, StreamPipeline::HostBytes), and
+// streams last longest, so at times nearly every client is in one: the daemon runs with
+// --max-buffered-bytes=4G (kBudgetFlag, above 64 x 45 MiB) so that none is refused for
 // memory, which would hide the refusals this load looks for.
 class Load {
  public:
@@ -313,7 +314,7 @@ class Load {
   }
 
   static constexpr int kClients = 64;
-  static constexpr char kBudgetFlag[] = "--max-buffered-bytes=2G";
+  static constexpr char kBudgetFlag[] = "--max-buffered-bytes=4G";
 
   void Start() {
     for (int t = 0; t < kClients; ++t) threads_.emplace_back([this, t] { Run(t); });
@@ -567,8 +568,14 @@ class GatedRuntime final : public server::DeviceRuntime {
       mu_.Await(absl::Condition(&open));
       --held_;
     }
-    return fake_.Convert(gpu, plan, in, out, s);
+    absl::Status st = fake_.Convert(gpu, plan, in, out, s);
+    absl::MutexLock lock(&mu_);  // for Sync
+    return st;
   }
+  // Orders every conversion that finished before the caller's next accesses. A client
+  // reads its IPC destination once the answer came, through a socket, which
+  // ThreadSanitizer does not see as an ordering; the fake GPU's memory is in this process.
+  void Sync() { absl::MutexLock lock(&mu_); }
   absl::Status Synchronize(int gpu, Stream s) override { return fake_.Synchronize(gpu, s); }
   std::unique_ptr<server::DeviceTimer> NewTimer(int gpu) override { return fake_.NewTimer(gpu); }
   absl::StatusOr<void*> AllocatePinned(uint64_t bytes) override { return fake_.AllocatePinned(bytes); }
@@ -862,6 +869,7 @@ TEST(FaultFakeGpu, IpcMemoryFreedByItsOwnerWhileCached) {
     std::fill(dst.ptr, dst.ptr + gc->output_bytes, 0xAB);
     Client c(MakeChannel(d.target()));
     absl::Status s = c.Convert(request()).status();
+    d.runtime().Sync();
     if (s.ok() && !MatchesGolden(*gc, std::string(dst.ptr, dst.ptr + gc->output_bytes))) {
       return absl::DataLossError("output differs from the reference");
     }
