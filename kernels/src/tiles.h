@@ -22,20 +22,20 @@ bool DispatchTile(const Geometry& g, Fn&& fn) {
   switch (g.op) {
     case Op::kHopperSwizzle:
       if (mx1) {
-        mma2 ? fn.template operator()<HopperMx1Tile<Op::kHopperSwizzle, 2>>()
-             : fn.template operator()<HopperMx1Tile<Op::kHopperSwizzle, 3>>();
+        mma2 ? fn.template operator()<HopperMxAlongPackingTile<Op::kHopperSwizzle, 2>>()
+             : fn.template operator()<HopperMxAlongPackingTile<Op::kHopperSwizzle, 3>>();
       } else {
-        mma2 ? fn.template operator()<HopperMx2Tile<Op::kHopperSwizzle, 2>>()
-             : fn.template operator()<HopperMx2Tile<Op::kHopperSwizzle, 3>>();
+        mma2 ? fn.template operator()<HopperMxAcrossPackingTile<Op::kHopperSwizzle, 2>>()
+             : fn.template operator()<HopperMxAcrossPackingTile<Op::kHopperSwizzle, 3>>();
       }
       return true;
     case Op::kHopperUnswizzle:
       if (mx1) {
-        mma2 ? fn.template operator()<HopperMx1Tile<Op::kHopperUnswizzle, 2>>()
-             : fn.template operator()<HopperMx1Tile<Op::kHopperUnswizzle, 3>>();
+        mma2 ? fn.template operator()<HopperMxAlongPackingTile<Op::kHopperUnswizzle, 2>>()
+             : fn.template operator()<HopperMxAlongPackingTile<Op::kHopperUnswizzle, 3>>();
       } else {
-        mma2 ? fn.template operator()<HopperMx2Tile<Op::kHopperUnswizzle, 2>>()
-             : fn.template operator()<HopperMx2Tile<Op::kHopperUnswizzle, 3>>();
+        mma2 ? fn.template operator()<HopperMxAcrossPackingTile<Op::kHopperUnswizzle, 2>>()
+             : fn.template operator()<HopperMxAcrossPackingTile<Op::kHopperUnswizzle, 3>>();
       }
       return true;
     case Op::kBlackwellSwizzle:

@@ -266,7 +266,7 @@ WPREP_HD void HopperUnpackBlock(const uint32_t* in, uint32_t* q0, uint32_t* q1) 
 // Eight O words from eight canonical words. O word (t0, s0) -> out[2*t0 + s0] takes
 // nibble s0 of byte t0 of every input word: of x[0..3] for (lo b2, lo b3, hi b2, hi b3)
 // and of y[0..3] for (lo b1, lo b0, hi b1, hi b0). Which canonical rows and columns those
-// are depends on mma_version (HopperMx2Tile in kernels/src/fast_tiles.h).
+// are depends on mma_version (HopperMxAcrossPackingTile in kernels/src/fast_tiles.h).
 WPREP_HD void HopperInterleaveCanonical(const uint32_t* x, const uint32_t* y, uint32_t* out) {
   uint32_t e[4], o[4];
   WPREP_UNROLL
