@@ -119,10 +119,10 @@ struct HopperMxAlongPackingTile {
   // Blocks per O row and O rows visited: all of O for swizzle; for unswizzle only blocks
   // that hold some of the tensor.
   WPREP_HD static int32_t BlocksPerRow(const Geometry& g) {
-    return static_cast<int32_t>(kSwizzle ? g.q_cols_pad / 16 : 2 * CeilDiv(g.q_cols, 32));
+    return static_cast<int32_t>(kSwizzle ? g.hopper.cols_pad / 16 : 2 * CeilDiv(g.hopper.q_cols, 32));
   }
   WPREP_HD static int64_t Rows(const Geometry& g) {
-    return kSwizzle ? g.q_rows_pad / 4 : RoundUp(g.q_rows, 16) / 4;
+    return kSwizzle ? g.hopper.out_rows : RoundUp(g.hopper.q_rows, 16) / 4;
   }
   WPREP_HD static int64_t TilesPerMatrix(const Geometry& g) {
     return CeilDiv(Rows(g) * BlocksPerRow(g), kTileThreads);
@@ -174,7 +174,7 @@ struct HopperMxAlongPackingTile {
     uint32_t o[16];
     if constexpr (kSwizzle) {
       HopperPackBlock<kMma>(r.w, r.w + 8, o);
-      StoreBlock64(active ? ctx.out + u.orow * (4 * g.q_cols_pad) + 64 * u.blk : ctx.out, o, active,
+      StoreBlock64(active ? ctx.out + u.orow * g.hopper.out_cols + 64 * u.blk : ctx.out, o, active,
                    access.vec_out);
     } else {
       if (!active) return;
@@ -243,8 +243,8 @@ struct HopperMxAcrossPackingTile {
   static constexpr int kPrefetchTiles = 0;
   static constexpr int kWinRows = 256, kWinCols = 128;  // Q rows and columns of a tile
 
-  WPREP_HD static int64_t RowsLimit(const Geometry& g) { return kSwizzle ? g.q_rows_pad : g.q_rows; }
-  WPREP_HD static int64_t ColsLimit(const Geometry& g) { return kSwizzle ? g.q_cols_pad : g.q_cols; }
+  WPREP_HD static int64_t RowsLimit(const Geometry& g) { return kSwizzle ? g.hopper.rows_pad : g.hopper.q_rows; }
+  WPREP_HD static int64_t ColsLimit(const Geometry& g) { return kSwizzle ? g.hopper.cols_pad : g.hopper.q_cols; }
   WPREP_HD static int64_t TilesPerMatrix(const Geometry& g) {
     return TilesAlongB(g) * CeilDiv(ColsLimit(g), kWinCols);
   }
@@ -338,7 +338,7 @@ struct HopperMxAcrossPackingTile {
         WPREP_UNROLL
         for (int k = 0; k < 8; ++k) o[k][j] = w[k];
       }
-      const int64_t pitch = 4 * g.q_cols_pad;
+      const int64_t pitch = g.hopper.out_cols;
       uint8_t* const base = ctx.out + u.orow * pitch + u.ocol;
       WPREP_UNROLL
       for (int t0 = 0; t0 < 4; ++t0) {

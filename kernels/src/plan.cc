@@ -257,19 +257,16 @@ absl::StatusOr<Plan> MakePlan(const ConversionSpec& spec, absl::Span<const int64
     const int mx = spec.hopper.mx_axis;
     g.mx_axis = mx;
     g.mma_version = spec.hopper.mma_version;
-    g.q_rows = mx == -1 ? d0 : d1;
-    g.q_cols = mx == -1 ? d1 / 2 : d0 / 2;
-    g.q_rows_pad = RoundUp(g.q_rows, kHopperRowAlign);
-    g.q_cols_pad = RoundUp(g.q_cols, kHopperColAlign);
+    g.hopper = MakeHopperTiling(mx, d0, d1);
     int64_t matrix = 0;
-    WPREP_ASSIGN_OR_RETURN(matrix, Mul(g.q_rows_pad, g.q_cols_pad, "hopper storage size", shape));
+    WPREP_ASSIGN_OR_RETURN(matrix, Mul(g.hopper.rows_pad, g.hopper.cols_pad, "hopper storage size", shape));
     int64_t total = 0;
     WPREP_ASSIGN_OR_RETURN(total, Mul(num_matrices, matrix, "hopper storage size", shape));
     (void)total;
     // Storage: O = [..., R/4, 4C] in memory; mx_axis -2 reports its transpose.
     std::vector<int64_t> mem_shape = lead;
-    mem_shape.push_back(g.q_rows_pad / 4);
-    mem_shape.push_back(4 * g.q_cols_pad);
+    mem_shape.push_back(g.hopper.out_rows);
+    mem_shape.push_back(g.hopper.out_cols);
     std::vector<int64_t> storage_shape = mem_shape;
     std::vector<int64_t> storage_strides = DenseStrides(mem_shape);
     if (mx == -2) {
@@ -347,7 +344,7 @@ absl::StatusOr<Plan> MakePlan(const ConversionSpec& spec, absl::Span<const int64
 
   // The engines index inside one matrix with 32-bit arithmetic.
   for (int64_t extent :
-       {g.d0, d1, g.q_rows_pad, 4 * g.q_cols_pad, g.in_tiling.kpad, g.out_tiling.kpad,
+       {g.d0, d1, g.hopper.rows_pad, g.hopper.out_cols, g.in_tiling.kpad, g.out_tiling.kpad,
         g.in_tiling.ntn * g.in_tiling.tile_n, g.out_tiling.ntn * g.out_tiling.tile_n}) {
     if (extent >= kMaxMatrixExtent) {
       return Invalid(absl::StrFormat(

@@ -57,6 +57,27 @@ WPREP_HD constexpr uint8_t PairNibbles(uint32_t a, uint32_t b, uint32_t which) {
 inline constexpr int64_t kHopperRowAlign = 256;
 inline constexpr int64_t kHopperColAlign = 64;
 
+// The storage geometry of one matrix (LAYOUTS.md steps 1, 2 and 5): Q's extent before
+// and after padding, and the storage matrix O in memory (out_rows x out_cols bytes,
+// row-major, whatever shape is reported).
+struct HopperTiling {
+  int64_t q_rows = 0, q_cols = 0;      // Q: rows along the non-mx axis, bytes along mx
+  int64_t rows_pad = 0, cols_pad = 0;  // R, C
+  int64_t out_rows = 0, out_cols = 0;  // R/4, 4C
+};
+
+// Logical matrix [d0, d1] (FP4 values) with the mx axis `mx_axis` (-1 or -2).
+WPREP_HD HopperTiling MakeHopperTiling(int mx_axis, int64_t d0, int64_t d1) {
+  HopperTiling t;
+  t.q_rows = mx_axis == -1 ? d0 : d1;
+  t.q_cols = mx_axis == -1 ? d1 / 2 : d0 / 2;
+  t.rows_pad = RoundUp(t.q_rows, kHopperRowAlign);
+  t.cols_pad = RoundUp(t.q_cols, kHopperColAlign);
+  t.out_rows = t.rows_pad / 4;
+  t.out_cols = 4 * t.cols_pad;
+  return t;
+}
+
 // Step 3: byte Q[r, c] goes to O[*orow, *ocol]. T is any signed integer type; the map
 // commutes with translation by multiples of 16 rows and 32 columns.
 template <class T>
@@ -395,8 +416,8 @@ struct Geometry {
   int64_t d0 = 0;
   int64_t d1b = 0;
 
-  // Hopper: Q's rows and columns and their padded extents R, C.
-  int64_t q_rows = 0, q_cols = 0, q_rows_pad = 0, q_cols_pad = 0;
+  // Hopper value storage of one matrix.
+  HopperTiling hopper;
 
   // Blackwell: K/2 bytes and N values; input and output tilings (those not used are 0).
   int64_t kp = 0, n = 0;
