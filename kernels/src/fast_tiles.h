@@ -108,12 +108,14 @@ struct HopperMxAlongPackingTile {
   static constexpr int kSmemWords = 1;
   static constexpr bool kTwoStage = false;
   static constexpr bool kSwizzle = kOp == Op::kHopperSwizzle;
-  // Resident blocks the register budget must allow (measured best on an H200, see
-  // docs/PERFORMANCE.md): the pack needs room, the unpack less.
+  // Resident blocks the register budget must allow: the pack needs registers for both Q
+  // pieces and the placed block at once.
   static constexpr int kMinBlocks = 3;
-  // Tiles fetched ahead through shared memory on the GPU (cuda_engine.cu). Swizzle: 1.17x
-  // the copy with 2 against 1.21x with none; unswizzle 1.53x against 1.25x (H200, 128 MiB,
-  // docs/PERFORMANCE.md).
+  // Tiles fetched ahead through shared memory on the GPU (cuda_engine.cu). The swizzle's
+  // loads are two half-blocks of separate Q rows, and the pack between load and store is
+  // long, so loads issued two tiles ahead hide it; the unswizzle's loads are whole O rows
+  // that the register pipeline already keeps in flight, and the extra shared-memory round
+  // trip would only add latency.
   static constexpr int kPrefetchTiles = kSwizzle ? 2 : 0;
 
   // Blocks per O row and O rows visited: all of O for swizzle; for unswizzle only blocks
@@ -153,7 +155,8 @@ struct HopperMxAlongPackingTile {
   }
 
   // Every lane reaches the block store (StoreBlock64). Loads stay per lane: L1 already
-  // merges the four 16-byte loads of a block (quad-exchanged loads measured slower).
+  // merges the four 16-byte loads of a block, so exchanging them between lanes would only
+  // add shuffles.
   template <class Ld>
   WPREP_HD static void Fetch(const Geometry& g, const TileCtx& ctx, int vt, Access access, Ld& ld) {
     Unit u;
@@ -227,9 +230,9 @@ WPREP_HD void StoreMicroTiles(const Geometry& g, uint8_t* mat, int vt, int64_t c
 // rows. A tile is a 256 x 128 window of Q (ctx.a0 = Q row qr0, ctx.b0 = Q column qc0):
 // 256 canonical rows x 128 bytes <-> 64 O rows x 512 bytes. Warp w takes Q columns
 // qc0 + 32*(w >> 1).. (64 canonical rows) and canonical bytes qr0/2 + 64*(w & 1)...
-// Measured against the two-stage form (Q bytes through shared memory and a quad chunk
-// exchange: 1.36x the copy for swizzle, 1.26x for unswizzle) and against 8-byte pieces
-// (1.19x and 1.17x) on an H200 at 128 MiB; docs/PERFORMANCE.md.
+// Registers only: Q bytes through shared memory would add a round trip and a barrier per
+// tile for a transpose the interleave does anyway, and 16-byte pieces (rather than 8)
+// keep every warp access on whole 32-byte sectors.
 
 template <Op kOp, int kMma>
 struct HopperMxAcrossPackingTile {
@@ -382,14 +385,13 @@ struct HopperMxAcrossPackingTile {
 // Blackwell unswizzle and retile (tile_k a multiple of 16): a tile is 128 value columns
 // (ctx.a0 = n0) x 128 K bytes (ctx.b0 = k0). Unswizzle stages storage rows [n][k] (16-byte
 // chunks in, micro-tiles out); retile moves 16-byte chunks straight from one tiling to the
-// other. (A register-only unswizzle measured 3.5x the copy against 1.5x with smem:
-// without the exchange one side of every access is scattered.) Swizzle has its own tile
-// below.
+// other. The unswizzle goes through shared memory because a register-only form leaves one
+// side of every access scattered (each thread's bytes of a micro-tile lie in 8 storage
+// rows). Swizzle has its own tile below.
 
 // The tile grid of the Blackwell tiles: windows of kWinN value columns x kWinK K bytes
 // over T::ExtentN(g) x T::ExtentK(g), N windows fastest, so tiles running together cover
-// neighbouring pieces of the same canonical rows (unswizzle 1.21x -> 1.15x the copy,
-// swizzle 1.27x -> 1.20x with its earlier tile, retile unchanged; H200, 128 MiB).
+// neighbouring pieces of the same canonical rows and their DRAM pages are open together.
 // ctx.a0 = first value column n0, ctx.b0 = first K byte k0.
 template <class T, int kWinN, int kWinK>
 struct NFastestGrid {
@@ -477,9 +479,9 @@ struct BlackwellTile : NFastestGrid<BlackwellTile<kOp>, kWindow, kWindow> {
 // x 128 K bytes (ctx.b0 = k0), staged as its 256 canonical rows x 128 bytes as they are
 // (16-byte loads in). On the way out a thread pair-transposes word column jw of 32 rows
 // (32*rg ..) into storage rows n0 + 8*jw + 0..7 at K bytes k0 + 16*rg..+15, so every
-// store is 16 bytes. H200, 128 MiB: 1.09-1.10x the copy, where the 128 x 128 tile with
-// 8-byte stores (16 rows per thread) took 1.19-1.21x; register-only forms with 4- or
-// 8-byte accesses on one side took 1.37-1.40x (docs/PERFORMANCE.md).
+// store is 16 bytes: with 128 K bytes a thread covers 32 canonical rows, twice the rows
+// (and so twice the store width) of a 128 x 128 window, and no access of either side is
+// narrower than 16 bytes.
 
 // Word w (0..31) of canonical row r (0..255) in the window. Store reads rows 32 apart
 // (four row groups per warp) x eight consecutive words: the XOR puts them in 32 distinct

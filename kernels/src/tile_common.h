@@ -151,11 +151,11 @@ WPREP_HD void StoreRowWords(uint8_t* dst, int64_t valid, const uint32_t* w, bool
 }
 
 // ---------------------------------------------------------------------------------------
-// 64-byte blocks per thread (Hopper O blocks). Written chunk by chunk, the 16-byte
-// stores of one warp instruction would land 64 bytes apart: half a 32-byte sector each,
-// which doubled the L2 write traffic (Nsight Compute on the H200). On the device the 4
-// lanes of a quad therefore swap chunks so that each store instruction writes 64
-// contiguous bytes per quad. Every lane of the warp must call StoreBlock64 (lanes
+// 64-byte blocks per thread (Hopper O blocks, Blackwell scale blocks). Written chunk by
+// chunk, the 16-byte stores of one warp instruction would land 64 bytes apart: half a
+// 32-byte sector each, so every sector is written twice and L2 write traffic doubles. On
+// the device the 4 lanes of a quad therefore swap chunks so that each store instruction
+// writes 64 contiguous bytes per quad. Every lane of the warp must call StoreBlock64 (lanes
 // without a block pass active = false); on the host it stores the block directly.
 
 #if defined(__CUDA_ARCH__)
