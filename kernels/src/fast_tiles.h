@@ -457,8 +457,11 @@ struct BlackwellTile : NFastestGrid<BlackwellTile<kOp>, kWindow, kWindow> {
         for (int j = 0; j < 4; ++j) smem[nl * kPitch + 4 * kc + j] = r.w[4 * i + j];
       } else {  // retile: straight to the output tiling
         const int64_t n = ctx.a0 + nl, k = ctx.b0 + 16 * kc;
-        if (n >= ExtentN(g) || k >= ExtentK(g)) continue;
-        StoreRowWords<4>(ctx.out + BlackwellOffset(g.out_tiling, nullptr, n, k), kChunk,
+        // A single-tile output (checkpoint order) ends its rows at K/2 bytes, which need
+        // not be a multiple of 16.
+        const int64_t valid = n < ExtentN(g) ? ValidBytes(k, ExtentK(g), kChunk) : 0;
+        if (valid == 0) continue;
+        StoreRowWords<4>(ctx.out + BlackwellOffset(g.out_tiling, nullptr, n, k), valid,
                          r.w + 4 * i, access.vec_out);
       }
     }

@@ -9,6 +9,7 @@
 
 #include "fast_tiles.h"
 #include "generic_tiles.h"
+#include "scale_tiles.h"
 
 namespace wprep::tiles {
 
@@ -16,12 +17,13 @@ namespace wprep::tiles {
 // set, FlashInfer style). Returns false for a geometry outside the set.
 template <class Fn>
 bool DispatchTile(const Geometry& g, Fn&& fn) {
-  const bool mx1 = g.mx_axis == -1;
+  const bool along = g.hopper_q_is_canonical;
   const bool mma2 = g.mma_version == 2;
-  const bool in16 = g.in_tiling.tile_k % 16 == 0, out16 = g.out_tiling.tile_k % 16 == 0;
+  const bool in16 = ChunksStayInTiles(g.in_tiling), out16 = ChunksStayInTiles(g.out_tiling);
+  const bool columns = g.scale_access == ScaleAccess::kColumns;
   switch (g.op) {
     case Op::kHopperSwizzle:
-      if (mx1) {
+      if (along) {
         mma2 ? fn.template operator()<HopperMxAlongPackingTile<Op::kHopperSwizzle, 2>>()
              : fn.template operator()<HopperMxAlongPackingTile<Op::kHopperSwizzle, 3>>();
       } else {
@@ -30,7 +32,7 @@ bool DispatchTile(const Geometry& g, Fn&& fn) {
       }
       return true;
     case Op::kHopperUnswizzle:
-      if (mx1) {
+      if (along) {
         mma2 ? fn.template operator()<HopperMxAlongPackingTile<Op::kHopperUnswizzle, 2>>()
              : fn.template operator()<HopperMxAlongPackingTile<Op::kHopperUnswizzle, 3>>();
       } else {
@@ -39,7 +41,7 @@ bool DispatchTile(const Geometry& g, Fn&& fn) {
       }
       return true;
     case Op::kBlackwellSwizzle:
-      out16 ? fn.template operator()<BlackwellSwizzleTile>()
+      g.out_tiling.tile_k % 16 == 0 ? fn.template operator()<BlackwellSwizzleTile>()
             : fn.template operator()<GenericTile<Op::kBlackwellSwizzle>>();
       return true;
     case Op::kBlackwellUnswizzle:
@@ -49,6 +51,20 @@ bool DispatchTile(const Geometry& g, Fn&& fn) {
     case Op::kBlackwellRetile:
       in16 && out16 ? fn.template operator()<BlackwellTile<Op::kBlackwellRetile>>()
                     : fn.template operator()<GenericTile<Op::kBlackwellRetile>>();
+      return true;
+    case Op::kHopperScaleSwizzle:
+      columns ? fn.template operator()<HopperScaleColumnsTile<Op::kHopperScaleSwizzle>>()
+              : fn.template operator()<HopperScaleRowsTile<Op::kHopperScaleSwizzle>>();
+      return true;
+    case Op::kHopperScaleUnswizzle:
+      columns ? fn.template operator()<HopperScaleColumnsTile<Op::kHopperScaleUnswizzle>>()
+              : fn.template operator()<HopperScaleRowsTile<Op::kHopperScaleUnswizzle>>();
+      return true;
+    case Op::kBlackwellScaleSwizzle:
+      fn.template operator()<BlackwellScaleTile<Op::kBlackwellScaleSwizzle>>();
+      return true;
+    case Op::kBlackwellScaleUnswizzle:
+      fn.template operator()<BlackwellScaleTile<Op::kBlackwellScaleUnswizzle>>();
       return true;
   }
   return false;

@@ -14,11 +14,19 @@
 
 namespace wprep::testing {
 
-std::string GoldenDir() {
-  if (const char* env = std::getenv("WPREP_GOLDEN_DIR"); env != nullptr && *env != '\0') {
-    return env;
+std::string GoldenDir(GoldenSet set) {
+  switch (set) {
+    case GoldenSet::kValues:
+      if (const char* env = std::getenv("WPREP_GOLDEN_DIR"); env != nullptr && *env != '\0') {
+        return env;
+      }
+      return std::string(WPREP_TEST_DATA_DIR) + "/golden";
+    case GoldenSet::kScales:
+      return std::string(WPREP_TEST_DATA_DIR) + "/golden_scales";
+    case GoldenSet::kPacking:
+      return std::string(WPREP_TEST_DATA_DIR) + "/golden_packing";
   }
-  return WPREP_GOLDEN_DIR;
+  std::abort();
 }
 
 std::vector<uint8_t> ReadFile(const std::string& path) {
@@ -38,13 +46,18 @@ BlackwellParams Blackwell(const nlohmann::json& p) {
   return BlackwellParams{p.at("block_k").get<int64_t>(), p.at("block_n").get<int64_t>()};
 }
 
-std::vector<GoldenCase> Load() {
-  const std::string dir = GoldenDir();
+std::vector<int64_t> OptionalDims(const nlohmann::json& c, const char* key) {
+  return c.contains(key) ? Dims(c.at(key)) : std::vector<int64_t>{};
+}
+
+std::vector<GoldenCase> Load(GoldenSet set) {
+  const std::string dir = GoldenDir(set);
   const auto text = ReadFile(dir + "/manifest.json");
   const auto manifest = nlohmann::json::parse(text.begin(), text.end());
   std::vector<GoldenCase> cases;
   for (const auto& c : manifest.at("cases")) {
     GoldenCase g;
+    g.set = set;
     g.name = c.at("name");
     auto layout = ParseLayout(c.at("layout").get<std::string>());
     auto direction = ParseDirection(c.at("direction").get<std::string>());
@@ -54,15 +67,28 @@ std::vector<GoldenCase> Load() {
     }
     g.spec.layout = *layout;
     g.spec.direction = *direction;
+    if (c.contains("packing_axis")) g.spec.packing_axis = c.at("packing_axis");
     const auto& p = c.at("params");
-    if (g.spec.layout == Layout::kHopperValue) {
-      g.spec.hopper.mx_axis = p.at("mx_axis");
-      g.spec.hopper.mma_version = p.at("mma_version");
-    } else if (g.spec.direction == Direction::kRetile) {
-      g.spec.blackwell = Blackwell(p.at("from"));
-      g.spec.blackwell_to = Blackwell(p.at("to"));
-    } else {
-      g.spec.blackwell = Blackwell(p);
+    switch (g.spec.layout) {
+      case Layout::kHopperValue:
+        g.spec.hopper.mx_axis = p.at("mx_axis");
+        g.spec.hopper.mma_version = p.at("mma_version");
+        break;
+      case Layout::kBlackwellShuffledValue:
+        if (g.spec.direction == Direction::kRetile) {
+          g.spec.blackwell = Blackwell(p.at("from"));
+          g.spec.blackwell_to = Blackwell(p.at("to"));
+        } else {
+          g.spec.blackwell = Blackwell(p);
+        }
+        break;
+      case Layout::kHopperScale:
+        g.spec.hopper_scale.mx_axis = p.at("mx_axis");
+        g.spec.hopper_scale.num_warps = p.at("num_warps");
+        break;
+      case Layout::kBlackwellValue:
+      case Layout::kBlackwellScale:
+        break;
     }
     g.logical_shape = Dims(c.at("logical_shape"));
     if (c.contains("error")) {
@@ -72,22 +98,111 @@ std::vector<GoldenCase> Load() {
       g.input_bytes = c.at("input_bytes");
       g.input_sha256 = c.at("input_sha256");
       g.input_shape = Dims(c.at("input_shape"));
+      g.input_strides = OptionalDims(c, "input_strides");
+      if (c.contains("input_rule")) {
+        if (c.at("input_rule") != "packing2_of_canonical_splitmix64") {
+          std::fprintf(stderr, "manifest case %s: unknown input_rule\n", g.name.c_str());
+          std::abort();
+        }
+        g.input_packing2_of_canonical = true;
+        g.canonical_input_bytes = c.at("canonical_input_bytes");
+      }
+      // Files absent from the manifest or null there are not stored.
+      if (c.contains("input") && c.at("input").is_string()) {
+        g.input_file = dir + "/" + c.at("input").get<std::string>();
+      }
       g.output_shape = Dims(c.at("output_shape"));
-      g.output_strides = Dims(c.at("output_strides"));
+      g.output_strides = OptionalDims(c, "output_strides");
       g.output_bytes = c.at("output_bytes");
       g.output_sha256 = c.at("output_sha256");
-      if (c.contains("output")) g.output_file = dir + "/" + c.at("output").get<std::string>();
+      if (c.contains("output") && c.at("output").is_string()) {
+        g.output_file = dir + "/" + c.at("output").get<std::string>();
+      }
     }
     cases.push_back(std::move(g));
   }
   return cases;
 }
 
+// Row-major strides of `shape` (a dim of size 0 counts as 1), written here rather than
+// taken from the planner, whose strides the tests check.
+std::vector<int64_t> RowMajor(const std::vector<int64_t>& shape) {
+  std::vector<int64_t> strides(shape.size());
+  int64_t s = 1;
+  for (size_t i = shape.size(); i-- > 0;) {
+    strides[i] = s;
+    s *= std::max<int64_t>(shape[i], 1);
+  }
+  return strides;
+}
+
+// torch's is_non_overlapping_and_dense (c10/core/Contiguity.h).
+bool TorchDense(const std::vector<int64_t>& shape, const std::vector<int64_t>& strides) {
+  std::vector<size_t> perm(shape.size());
+  std::iota(perm.begin(), perm.end(), 0);
+  std::sort(perm.begin(), perm.end(), [&](size_t a, size_t b) {
+    if (shape[a] < 2) return false;
+    if (shape[b] < 2) return true;
+    return strides[a] < strides[b];
+  });
+  int64_t required = 1;
+  for (size_t i : perm) {
+    if (shape[i] < 2) return true;
+    if (strides[i] != required) return false;
+    required *= shape[i];
+  }
+  return true;
+}
+
 }  // namespace
 
-const std::vector<GoldenCase>& GoldenCases() {
-  static const std::vector<GoldenCase> cases = Load();
-  return cases;
+const std::vector<GoldenCase>& GoldenCases(GoldenSet set) {
+  static const std::vector<GoldenCase> values = Load(GoldenSet::kValues);
+  static const std::vector<GoldenCase> scales = Load(GoldenSet::kScales);
+  static const std::vector<GoldenCase> packing = Load(GoldenSet::kPacking);
+  switch (set) {
+    case GoldenSet::kValues:
+      return values;
+    case GoldenSet::kScales:
+      return scales;
+    case GoldenSet::kPacking:
+      return packing;
+  }
+  std::abort();
+}
+
+std::vector<uint8_t> RepackToPacking2(const std::vector<uint8_t>& canonical,
+                                      const std::vector<int64_t>& logical_shape) {
+  const size_t rank = logical_shape.size();
+  const int64_t d0 = logical_shape[rank - 2], d1 = logical_shape[rank - 1];
+  int64_t e_count = 1;
+  for (size_t i = 0; i + 2 < rank; ++i) e_count *= logical_shape[i];
+  std::vector<uint8_t> out(canonical.size());
+  const int64_t in_row = d1 / 2, out_row = d0 / 2;
+  for (int64_t e = 0; e < e_count; ++e) {
+    const uint8_t* m = canonical.data() + e * d0 * in_row;
+    uint8_t* o = out.data() + e * d1 * out_row;
+    auto nib = [&](int64_t i, int64_t j) { return (m[i * in_row + j / 2] >> (4 * (j & 1))) & 15; };
+    for (int64_t j = 0; j < d1; ++j) {
+      for (int64_t i = 0; i < out_row; ++i) {
+        o[j * out_row + i] = static_cast<uint8_t>(nib(2 * i, j) | nib(2 * i + 1, j) << 4);
+      }
+    }
+  }
+  return out;
+}
+
+std::vector<uint8_t> GoldenInput(const GoldenCase& c) {
+  if (!c.input_packing2_of_canonical) return SplitMix64Bytes(c.input_seed, c.input_bytes);
+  return RepackToPacking2(SplitMix64Bytes(c.input_seed, c.canonical_input_bytes),
+                          c.logical_shape);
+}
+
+std::vector<int64_t> ExpectedOutputStrides(const GoldenCase& c) {
+  if (c.output_strides.empty() || !TorchDense(c.output_shape, c.output_strides)) {
+    return RowMajor(c.output_shape);
+  }
+  return c.output_strides;
 }
 
 std::vector<uint8_t> SplitMix64Bytes(uint64_t seed, uint64_t n) {
