@@ -285,4 +285,132 @@ StridedInput MakeStridedInput(const Plan& dense_plan, const std::vector<uint8_t>
   return result;
 }
 
+StridedInput MakePermutedInput(const std::vector<int64_t>& shape, const std::vector<uint8_t>& dense,
+                               const std::vector<int>& inner_first, int64_t step, int64_t pad) {
+  const int rank = static_cast<int>(shape.size());
+  StridedInput result;
+  result.strides.assign(rank, 0);
+  int64_t s = step;
+  for (int k = 0; k < rank; ++k) {
+    const int d = inner_first[k];
+    result.strides[d] = s;
+    s = s * std::max<int64_t>(shape[d], 1) + pad;
+  }
+  int64_t numel = 1;
+  for (int64_t d : shape) numel *= d;
+  int64_t span = numel == 0 ? 0 : 1;
+  for (int i = 0; i < rank && numel > 0; ++i) span += (shape[i] - 1) * result.strides[i];
+  result.buffer.assign(static_cast<size_t>(span), 0xA5);
+  const std::vector<int64_t> dense_strides = RowMajor(shape);
+  std::vector<int64_t> idx(rank, 0);
+  for (int64_t n = 0; n < numel; ++n) {
+    int64_t src = 0, dst = 0;
+    for (int i = 0; i < rank; ++i) {
+      src += idx[i] * dense_strides[i];
+      dst += idx[i] * result.strides[i];
+    }
+    result.buffer[dst] = dense[src];
+    for (int i = rank - 1; i >= 0; --i) {
+      if (++idx[i] < shape[i]) break;
+      idx[i] = 0;
+    }
+  }
+  return result;
+}
+
+std::vector<ConversionSpec> SweepSpecs() {
+  std::vector<ConversionSpec> specs;
+  for (Direction d : {Direction::kSwizzle, Direction::kUnswizzle}) {
+    for (int packing : {-1, -2}) {
+      for (int mx : {-1, -2}) {
+        for (int mma : {2, 3}) {
+          ConversionSpec s;
+          s.layout = Layout::kHopperValue;
+          s.direction = d;
+          s.hopper = {mx, mma};
+          s.packing_axis = packing;
+          specs.push_back(s);
+        }
+      }
+      for (auto [bk, bn] : std::vector<std::pair<int, int>>{
+               {128, 256}, {256, 128}, {64, 64}, {6, 10}, {384, 48}, {128, 20}}) {
+        ConversionSpec s;
+        s.layout = Layout::kBlackwellShuffledValue;
+        s.direction = d;
+        s.blackwell = {bk, bn};
+        s.packing_axis = packing;
+        specs.push_back(s);
+      }
+      ConversionSpec v;
+      v.layout = Layout::kBlackwellValue;
+      v.direction = d;
+      v.packing_axis = packing;
+      specs.push_back(v);
+    }
+    for (int mx : {-1, -2}) {
+      for (int nw : {1, 2, 4, 8, 16}) {
+        ConversionSpec s;
+        s.layout = Layout::kHopperScale;
+        s.direction = d;
+        s.hopper_scale = {mx, nw};
+        specs.push_back(s);
+      }
+    }
+    ConversionSpec b;
+    b.layout = Layout::kBlackwellScale;
+    b.direction = d;
+    specs.push_back(b);
+  }
+  for (auto [from, to] : std::vector<std::pair<BlackwellParams, BlackwellParams>>{
+           {{128, 256}, {256, 128}}, {{6, 10}, {128, 128}}, {{384, 48}, {64, 32}}}) {
+    ConversionSpec s;
+    s.layout = Layout::kBlackwellShuffledValue;
+    s.direction = Direction::kRetile;
+    s.blackwell = from;
+    s.blackwell_to = to;
+    specs.push_back(s);
+  }
+  return specs;
+}
+
+std::vector<int64_t> RandomShapeFor(const ConversionSpec& spec, uint64_t seed, int64_t max_dim) {
+  std::mt19937_64 rng(seed);
+  std::vector<int64_t> shape;
+  const int lead = static_cast<int>(rng() % 3);
+  for (int i = 0; i < lead; ++i) shape.push_back(static_cast<int64_t>(rng() % 3) + 1);
+  const bool value = spec.layout == Layout::kHopperValue ||
+                     spec.layout == Layout::kBlackwellShuffledValue ||
+                     spec.layout == Layout::kBlackwellValue;
+  const bool storage_packs_d1 = spec.layout == Layout::kHopperValue && spec.hopper.mx_axis == -1;
+  const bool even_d0 = value && (spec.packing_axis == -2 || !storage_packs_d1);
+  const bool even_d1 = value && (spec.packing_axis == -1 || storage_packs_d1);
+  auto dim = [&](bool even) {
+    const int64_t x = static_cast<int64_t>(rng() % max_dim) + 1;
+    return even ? 2 * ((x + 1) / 2) : x;
+  };
+  shape.push_back(dim(even_d0));
+  shape.push_back(dim(even_d1));
+  return shape;
+}
+
+std::vector<NamedView> ViewsOf(const Plan& dense_plan, const std::vector<uint8_t>& dense) {
+  std::vector<NamedView> views;
+  views.push_back({"rows padded by 16", MakeStridedInput(dense_plan, dense, 16)});
+  views.push_back({"rows padded by 3", MakeStridedInput(dense_plan, dense, 3)});
+  const bool scale_tensor = dense_plan.spec.direction == Direction::kSwizzle &&
+                            (dense_plan.spec.layout == Layout::kHopperScale ||
+                             dense_plan.spec.layout == Layout::kBlackwellScale);
+  if (scale_tensor) {
+    const std::vector<int64_t>& shape = dense_plan.input_shape;
+    const int rank = static_cast<int>(shape.size());
+    std::vector<int> transposed = {rank - 2, rank - 1}, natural;
+    for (int i = rank - 3; i >= 0; --i) transposed.push_back(i);
+    for (int i = rank - 1; i >= 0; --i) natural.push_back(i);
+    views.push_back({"transposed", MakePermutedInput(shape, dense, transposed, 1, 0)});
+    views.push_back({"transposed, padded by 16", MakePermutedInput(shape, dense, transposed, 1, 16)});
+    views.push_back({"every byte 2 apart", MakePermutedInput(shape, dense, natural, 2, 0)});
+  }
+  return views;
+}
+
 }  // namespace wprep::testing

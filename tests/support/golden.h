@@ -82,6 +82,34 @@ struct StridedInput {
 StridedInput MakeStridedInput(const Plan& dense_plan, const std::vector<uint8_t>& dense,
                               int64_t pad);
 
+// A view of the dense row-major tensor `dense` of `shape` whose dims are laid out in
+// memory in `inner_first` order (a permutation of the dims, innermost first): the
+// innermost dim at a stride of `step` bytes, each next dim `pad` bytes beyond the
+// extent of the previous one. The gaps are poisoned. E.g. for [E, M, K] with order
+// {1, 2, 0} and step 1, pad 0: the transposed view of a dense [E, K, M].
+StridedInput MakePermutedInput(const std::vector<int64_t>& shape, const std::vector<uint8_t>& dense,
+                               const std::vector<int>& inner_first, int64_t step, int64_t pad);
+
+// The specs the property tests sweep: every layout, direction and packing axis, with
+// parameters that reach every tile (Blackwell tilings with tile_k a multiple of 16 and
+// not, tile_n not a multiple of 8; Hopper scale num_warps 1 .. 16).
+std::vector<ConversionSpec> SweepSpecs();
+
+// A random logical shape valid for `spec`: 0 to 2 leading dims of 1..3, the last two in
+// [1, max_dim], even wherever the spec packs them (LAYOUTS.md, "Validation"), odd where
+// it allows.
+std::vector<int64_t> RandomShapeFor(const ConversionSpec& spec, uint64_t seed, int64_t max_dim);
+
+// Views of the input `dense` of `dense_plan` to convert like it: padded rows (16 and 3
+// bytes, so both the 16-byte and the byte paths), and for a scale tensor (the input of a
+// scale swizzle, which takes any strides) also the transposed view and a view with every
+// byte 2 apart. Each comes with a name for messages.
+struct NamedView {
+  std::string name;
+  StridedInput input;
+};
+std::vector<NamedView> ViewsOf(const Plan& dense_plan, const std::vector<uint8_t>& dense);
+
 }  // namespace wprep::testing
 
 #endif  // WPREP_TESTS_SUPPORT_GOLDEN_H_
