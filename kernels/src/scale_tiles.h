@@ -324,7 +324,9 @@ struct BlackwellScaleTile {
   using Fetched = RegsOf<16>;
   static constexpr bool kTwoStage = false;
   static constexpr int kSmemWords = 1;
-  static constexpr int kMinBlocks = 3;
+  // 16 words fetched ahead, 16 in flight through the transposes and the quad exchange:
+  // three resident blocks (80 registers) would spill.
+  static constexpr int kMinBlocks = 2;
   static constexpr int kPrefetchTiles = 0;
 
   WPREP_HD static int64_t TilesAlongB(const Geometry& g) {
