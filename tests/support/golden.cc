@@ -15,16 +15,21 @@
 namespace wprep::testing {
 
 std::string GoldenDir(GoldenSet set) {
+  // Test binaries run from another checkout (the GPU machine's copy) find the data
+  // through $WPREP_TEST_DATA_DIR; $WPREP_GOLDEN_DIR still names the value set alone.
+  const char* env_root = std::getenv("WPREP_TEST_DATA_DIR");
+  const std::string root =
+      env_root != nullptr && *env_root != '\0' ? env_root : WPREP_TEST_DATA_DIR;
   switch (set) {
     case GoldenSet::kValues:
       if (const char* env = std::getenv("WPREP_GOLDEN_DIR"); env != nullptr && *env != '\0') {
         return env;
       }
-      return std::string(WPREP_TEST_DATA_DIR) + "/golden";
+      return root + "/golden";
     case GoldenSet::kScales:
-      return std::string(WPREP_TEST_DATA_DIR) + "/golden_scales";
+      return root + "/golden_scales";
     case GoldenSet::kPacking:
-      return std::string(WPREP_TEST_DATA_DIR) + "/golden_packing";
+      return root + "/golden_packing";
   }
   std::abort();
 }

@@ -42,8 +42,8 @@ struct GoldenCase {
   std::string output_file;  // absolute path, empty when not stored
 };
 
-// Folder of a set's reference vectors kept in the repo (tests/data/<set>), or, for
-// kValues, $WPREP_GOLDEN_DIR when set.
+// Folder of a set's reference vectors kept in the repo (tests/data/<set>, or under
+// $WPREP_TEST_DATA_DIR when set), or, for kValues, $WPREP_GOLDEN_DIR when set.
 std::string GoldenDir(GoldenSet set = GoldenSet::kValues);
 
 // All cases of GoldenDir(set)/manifest.json. Aborts the test binary when unreadable.
