@@ -6,7 +6,9 @@
 // Two-stage tiles stage a window in `smem`. Blackwell unswizzle holds 128 rows of 32
 // words at a pitch of kPitch = 33 words (the odd pitch spreads both access patterns over
 // the banks): storage n x k. Blackwell swizzle holds its 256 canonical rows x 128 bytes
-// as loaded (SwizzleWindowWord). The Hopper tiles need no shared memory.
+// as loaded (SwizzleWindowWord). The Hopper value tiles need no shared memory. The
+// Blackwell tiles take any K-packed tiling (BlackwellTiling): shuffled tiles, and the
+// single-tile rows of blackwell_value and of checkpoint order.
 // Micro-tile threads cover (jg, rg): 16 groups of 4 bytes along a canonical row x 32
 // groups of 8 canonical rows; neighbouring threads take neighbouring jg so global
 // accesses along canonical rows coalesce.

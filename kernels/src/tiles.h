@@ -1,6 +1,6 @@
 // A tile is the unit of work of one CUDA block (kTileThreads threads) and of one CPU
-// task: the body is written once (fast_tiles.h, generic_tiles.h) and runs in both
-// engines. Every tile type T provides T::kSmemWords, T::kTwoStage, T::Fetched (the
+// task: the body is written once (fast_tiles.h, generic_tiles.h, scale_tiles.h) and runs
+// in both engines. Every tile type T provides T::kSmemWords, T::kTwoStage, T::Fetched (the
 // registers one Fetch fills), its tile grid (TilesPerMatrix, TilesAlongB, Context) and the
 // per-virtual-thread steps Fetch, Stage and Store described in fast_tiles.h. A CUDA block
 // runs one virtual thread per thread (kTileThreads); the CPU engine runs them in turn.
@@ -14,7 +14,10 @@
 namespace wprep::tiles {
 
 // Calls fn.template operator()<T>() with the tile type for g's conversion (a closed
-// set, FlashInfer style). Returns false for a geometry outside the set.
+// set, FlashInfer style). Returns false for a geometry outside the set. Checkpoint order
+// adds no tile: MakePlan expresses it as the Hopper tiles on the stored matrix and as
+// Blackwell retiles between single-tile arrangements (Geometry::hopper_q_is_canonical,
+// MakeRowTiling); blackwell_value is the Blackwell tiles on its single-tile tiling.
 template <class Fn>
 bool DispatchTile(const Geometry& g, Fn&& fn) {
   const bool along = g.hopper_q_is_canonical;
