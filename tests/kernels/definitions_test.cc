@@ -166,6 +166,28 @@ TEST(EngineVsDefinitions, LoaderTransposedScaleViews) {
   }
 }
 
+// A zero stride repeats bytes (a broadcast view): the conversion reads them as given.
+TEST(EngineVsDefinitions, BroadcastViewsConvertTheRepeatedTensor) {
+  std::vector<ConversionSpec> specs;
+  for (const ConversionSpec& s : testing::SweepSpecs()) {
+    if (s.direction == Direction::kSwizzle) specs.push_back(s);
+  }
+  for (const ConversionSpec& spec : specs) {
+    const std::vector<int64_t> shape = {3, 64, 96};
+    const Plan dense = MustPlan(spec, shape);
+    const int64_t matrix = dense.input_bytes / 3;
+    const auto one = testing::RandomBytes(static_cast<uint64_t>(matrix), 3);
+    std::vector<uint8_t> repeated;
+    for (int i = 0; i < 3; ++i) repeated.insert(repeated.end(), one.begin(), one.end());
+    std::vector<int64_t> strides = dense.input_strides;
+    strides[0] = 0;
+    SCOPED_TRACE(Describe(spec));
+    const Plan broadcast = MustPlan(spec, shape, InputBinding{strides, one.size()});
+    EXPECT_EQ(broadcast.input_bytes, one.size());
+    EXPECT_EQ(Cpu(broadcast, one), Cpu(dense, repeated));
+  }
+}
+
 // Swizzle then unswizzle gives the input back, for every layout and packing; and an
 // unswizzle of random storage (padding included) swizzled again is that storage with
 // zero padding, which unswizzles to the same tensor: the two are inverses on the

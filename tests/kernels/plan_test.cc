@@ -320,5 +320,21 @@ TEST(KernelVariants, EveryVariantPlansAtTheWarmUpShape) {
   EXPECT_EQ(kinds.size(), 11u);  // 5 layouts x swizzle/unswizzle, plus retile
 }
 
+TEST(KernelVariants, ReachBothHopperScaleTilesEachWay) {
+  std::set<std::pair<Op, ScaleAccess>> reached;
+  for (const ConversionSpec& s : KernelVariantSpecs()) {
+    auto plan = MakePlan(s, {2, 256, 256});
+    ASSERT_TRUE(plan.ok());
+    const Geometry& g = plan->geometry;
+    if (g.op == Op::kHopperScaleSwizzle || g.op == Op::kHopperScaleUnswizzle) {
+      reached.emplace(g.op, g.scale_access);
+    }
+  }
+  for (Op op : {Op::kHopperScaleSwizzle, Op::kHopperScaleUnswizzle}) {
+    EXPECT_TRUE(reached.count({op, ScaleAccess::kRows})) << static_cast<int>(op);
+    EXPECT_TRUE(reached.count({op, ScaleAccess::kColumns})) << static_cast<int>(op);
+  }
+}
+
 }  // namespace
 }  // namespace wprep
