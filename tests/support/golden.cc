@@ -162,16 +162,21 @@ bool TorchDense(const std::vector<int64_t>& shape, const std::vector<int64_t>& s
 }  // namespace
 
 const std::vector<GoldenCase>& GoldenCases(GoldenSet set) {
-  static const std::vector<GoldenCase> values = Load(GoldenSet::kValues);
-  static const std::vector<GoldenCase> scales = Load(GoldenSet::kScales);
-  static const std::vector<GoldenCase> packing = Load(GoldenSet::kPacking);
+  // Each set loads on first use only, so a binary that reads one set (the daemon tests,
+  // with $WPREP_GOLDEN_DIR) needs no other set's folder.
   switch (set) {
-    case GoldenSet::kValues:
+    case GoldenSet::kValues: {
+      static const std::vector<GoldenCase> values = Load(GoldenSet::kValues);
       return values;
-    case GoldenSet::kScales:
+    }
+    case GoldenSet::kScales: {
+      static const std::vector<GoldenCase> scales = Load(GoldenSet::kScales);
       return scales;
-    case GoldenSet::kPacking:
+    }
+    case GoldenSet::kPacking: {
+      static const std::vector<GoldenCase> packing = Load(GoldenSet::kPacking);
       return packing;
+    }
   }
   std::abort();
 }
