@@ -1,5 +1,7 @@
 #include "golden.h"
 
+#include "gtest/gtest.h"
+
 #include <openssl/evp.h>
 
 #include <algorithm>
@@ -203,9 +205,15 @@ std::vector<uint8_t> RepackToPacking2(const std::vector<uint8_t>& canonical,
 }
 
 std::vector<uint8_t> GoldenInput(const GoldenCase& c) {
-  if (!c.input_packing2_of_canonical) return SplitMix64Bytes(c.input_seed, c.input_bytes);
-  return RepackToPacking2(SplitMix64Bytes(c.input_seed, c.canonical_input_bytes),
-                          c.logical_shape);
+  std::vector<uint8_t> in =
+      c.input_packing2_of_canonical
+          ? RepackToPacking2(SplitMix64Bytes(c.input_seed, c.canonical_input_bytes), c.logical_shape)
+          : SplitMix64Bytes(c.input_seed, c.input_bytes);
+  // A regenerated input is only as good as its checksum.
+  if (!c.input_sha256.empty()) {
+    EXPECT_EQ(Sha256Hex(in), c.input_sha256) << c.name;
+  }
+  return in;
 }
 
 std::vector<int64_t> ExpectedOutputStrides(const GoldenCase& c) {
