@@ -258,7 +258,8 @@ Flags (--name=value or --name value):
   --max-message-bytes N    largest unary message (default 64M)
   --max-tensor-bytes N     largest input or output of one conversion (default 64G)
   --max-stream-matrix-bytes N
-                           largest matrix of a ConvertStream (default 1G)
+                           largest matrix of a ConvertStream (default 128M; a stream
+                           holds about 7 of them in --max-buffered-bytes)
   --max-buffered-bytes N   host memory for inline data and stream buffers (default 1G)
   --max-batch-items N      items of one ConvertBatch (default 4096)
   --max-connections N      open connections, all listeners together (default 1024)

@@ -46,7 +46,7 @@ struct Options {
   uint64_t max_tensor_bytes = 64ull << 30;
   // Bound on one matrix of a ConvertStream (input or output): a stream holds a few
   // matrices in host memory at a time. Larger matrices go through CUDA IPC.
-  uint64_t max_stream_matrix_bytes = 1ull << 30;
+  uint64_t max_stream_matrix_bytes = 128ull << 20;
   // Bound on host memory held for inline requests and responses (until each response
   // has been sent, which a client that does not read delays) and for stream buffers.
   uint64_t max_buffered_bytes = 1ull << 30;
