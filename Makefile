@@ -2,6 +2,7 @@
 SHELL := /bin/bash
 BUILD ?= build
 SAN_BUILD ?= build-sanitize
+TSA_BUILD ?= build-thread-safety
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
 # nvcc lives outside PATH on some machines; CMake finds it through CUDACXX.
@@ -11,7 +12,7 @@ ifeq ($(shell command -v nvcc),)
   endif
 endif
 
-.PHONY: all deps build test test-unit test-sanitize run bench soak-memory gpu-bundle clean
+.PHONY: all deps build test test-unit test-sanitize test-thread-safety run bench soak-memory gpu-bundle clean
 
 all: build
 
@@ -24,9 +25,9 @@ $(BUILD)/build.ninja: | deps
 build: deps $(BUILD)/build.ninja
 	cmake --build $(BUILD) -j $(JOBS)
 
-# Everything CI runs: the unit and integration tests, then the host tests under
-# AddressSanitizer + UndefinedBehaviorSanitizer.
-test: test-unit test-sanitize
+# Everything CI runs: the unit and integration tests, the host tests under
+# AddressSanitizer + UndefinedBehaviorSanitizer, and clang's lock-annotation check.
+test: test-unit test-sanitize test-thread-safety
 
 test-unit: build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS) --timeout 600
@@ -39,6 +40,13 @@ test-sanitize: deps
 	cd $(SAN_BUILD) && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
 	  UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
 	  ctest --output-on-failure -j $(JOBS) --timeout 900
+
+# clang -Wthread-safety -Werror over the host code: every ABSL_GUARDED_BY is honoured.
+# A compile-time check, so it builds the libraries and test programs without running them.
+test-thread-safety: deps
+	cmake -S . -B $(TSA_BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Debug -DCMAKE_C_COMPILER=clang \
+	  -DCMAKE_CXX_COMPILER=clang++ -DWPREP_ENABLE_CUDA=OFF $(CMAKE_FLAGS)
+	cmake --build $(TSA_BUILD) -j $(JOBS) --target wprepd wprep server_test kernels_cpu_test
 
 # Starts the daemon in the foreground (GPU when present, else the CPU engine).
 run: build
@@ -59,4 +67,4 @@ gpu-bundle: deps
 	bash scripts/gpu_bundle.sh
 
 clean:
-	rm -rf $(BUILD) $(SAN_BUILD) .bundle
+	rm -rf $(BUILD) $(SAN_BUILD) $(TSA_BUILD) .bundle

@@ -4,7 +4,7 @@
 set -euo pipefail
 
 PACKAGES=(
-  build-essential cmake ninja-build pkg-config git
+  build-essential clang cmake ninja-build pkg-config git
   libabsl-dev libssl-dev nlohmann-json3-dev
   libgtest-dev libgmock-dev
   libprotobuf-dev protobuf-compiler libgrpc++-dev protobuf-compiler-grpc

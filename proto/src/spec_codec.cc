@@ -4,7 +4,6 @@
 
 namespace wprep {
 
-namespace v1 = wprep::v1;
 
 v1::ConversionSpec SpecToProto(const ConversionSpec& spec) {
   v1::ConversionSpec p;

@@ -40,7 +40,9 @@ absl::StatusOr<Uuid> ParseUuid(absl::string_view text) {
   }
   for (int i = 0; i < 16; ++i) {
     int v = 0;
-    absl::SimpleHexAtoi(hex.substr(2 * i, 2), &v);
+    if (!absl::SimpleHexAtoi(hex.substr(2 * i, 2), &v)) {
+      return absl::InvalidArgumentError(absl::StrCat("'", text, "' is not a GPU UUID"));
+    }
     u[i] = static_cast<uint8_t>(v);
   }
   return u;
