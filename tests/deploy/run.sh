@@ -12,7 +12,10 @@ POD_IP=10.244.0.5
 
 if [[ ${WPREP_DEPLOY_SANDBOX:-0} != 1 ]]; then
   [[ -x $STAGE/opt/wprep/bin/wprepd ]] || { echo "run.sh: no staged files in $STAGE (make test-deploy)" >&2; exit 2; }
-  [[ $(id -u) == 0 ]] || { echo "run.sh: the deploy checks need root (namespaces, setpriv)" >&2; exit 2; }
+  if [[ $(id -u) != 0 ]]; then  # namespaces and setpriv need root, as scripts/bootstrap.sh does
+    command -v sudo >/dev/null || { echo "run.sh: the deploy checks need root (namespaces, setpriv)" >&2; exit 2; }
+    exec sudo STAGE="$STAGE" bash "$0" "$@"
+  fi
   exec unshare --net --mount --fork --propagation private \
     env WPREP_DEPLOY_SANDBOX=1 STAGE="$STAGE" bash "$0" "$@"
 fi
