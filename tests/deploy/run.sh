@@ -4,7 +4,7 @@
 # socket folder, and the staged image files (scripts/stage_runtime.sh) are mounted
 # read-only at /opt/wprep, their path in the image. Fixed ports (8081, 9464, 9090) then
 # collide with nothing else on the machine. Arguments go to pytest.
-#   STAGE=.stage bash tests/deploy/run.sh [-k NAME]
+#   STAGE=.stage bash tests/deploy/run.sh [-k NAME] [tests/deploy/test_x.py]
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 STAGE=$(realpath "${STAGE:-.stage}")
@@ -31,4 +31,7 @@ mkdir /opt/wprep
 mount --bind "$STAGE/opt/wprep" /opt/wprep
 mount -o remount,bind,ro /opt/wprep
 export WPREP_POD_IP=$POD_IP
-exec /usr/bin/python3 -m pytest -p no:cacheprovider -q -rfEsxX tests/deploy "$@"
+# Test paths among the arguments replace the default, tests/deploy.
+paths=(tests/deploy)
+for a in "$@"; do [[ $a == tests/* ]] && paths=(); done
+exec /usr/bin/python3 -m pytest -p no:cacheprovider -q -rfEsxX "${paths[@]}" "$@"
