@@ -5,7 +5,7 @@ set -euo pipefail
 
 PACKAGES=(
   build-essential clang cmake ninja-build pkg-config git
-  libabsl-dev libssl-dev nlohmann-json3-dev
+  libabsl-dev libssl-dev openssl nlohmann-json3-dev
   libgtest-dev libgmock-dev
   libprotobuf-dev protobuf-compiler libgrpc++-dev protobuf-compiler-grpc
   prometheus-cpp-dev

@@ -1,6 +1,7 @@
 #include "wprep/kernels/cpu_engine.h"
 
 #include <algorithm>
+#include <system_error>
 #include <thread>
 #include <vector>
 
@@ -71,11 +72,19 @@ absl::Status ConvertOnCpu(const Plan& plan, const uint8_t* in, size_t in_size, u
     std::vector<std::thread> workers;
     workers.reserve(threads - 1);
     const int64_t per = (num_tiles + threads - 1) / threads;
+    int64_t unstarted = num_tiles;  // tiles from here on have no worker: this thread runs them
     for (int i = 1; i < threads; ++i) {
       const int64_t begin = std::min(num_tiles, i * per), end = std::min(num_tiles, begin + per);
-      workers.emplace_back(run_range, begin, end);
+      try {
+        workers.emplace_back(run_range, begin, end);
+      } catch (const std::system_error&) {
+        // No thread to be had (a process or cgroup limit): fewer workers, same result.
+        unstarted = begin;
+        break;
+      }
     }
     run_range(0, std::min(num_tiles, per));
+    if (unstarted < num_tiles) run_range(unstarted, num_tiles);
     for (auto& w : workers) w.join();
   }
   return absl::OkStatus();

@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <cstdio>
+#include <exception>
 #include <fstream>
 #include <memory>
 #include <thread>
@@ -20,11 +21,15 @@
 #include "absl/time/clock.h"
 #include "admission.h"
 #include "device_manager.h"
+#include "grpcpp/security/server_credentials.h"
+#include "grpcpp/server_posix.h"
+#include "health.h"
+#include "host_budget.h"
+#include "listener.h"
 #include "device_runtime.h"
 #include "executor.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/grpcpp.h"
-#include "grpcpp/health_check_service_interface.h"
 #include "ipc_cache.h"
 #include "ipc_owner.h"
 #include "log.h"
@@ -59,14 +64,37 @@ void TuneHeap() {
   mallopt(M_TRIM_THRESHOLD, 512 << 20);
 }
 
-std::string SocketPath(const std::string& address) {
-  return absl::StartsWith(address, "unix://") ? address.substr(7) : std::string();
+absl::StatusOr<std::string> ReadPem(const std::string& path, const char* flag) {
+  std::ifstream f(path, std::ios::binary);
+  std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  if (!f.good() && !f.eof()) return absl::InvalidArgumentError(absl::StrCat("--", flag, ": cannot read ", path));
+  if (text.empty()) return absl::InvalidArgumentError(absl::StrCat("--", flag, ": ", path, " is empty or unreadable"));
+  return text;
 }
 
-// A stale socket file from an earlier run would make bind fail; remove only sockets.
-void RemoveStaleSocket(const std::string& path) {
-  struct stat st;
-  if (!path.empty() && lstat(path.c_str(), &st) == 0 && S_ISSOCK(st.st_mode)) unlink(path.c_str());
+// TLS for the TCP listeners, or nullptr when the options ask for none.
+absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> TlsCredentials(const Options& o) {
+  if (o.tls_cert_file.empty()) return std::shared_ptr<grpc::ServerCredentials>();
+  grpc::SslServerCredentialsOptions ssl;
+  WPREP_ASSIGN_OR_RETURN(std::string cert, ReadPem(o.tls_cert_file, "tls-cert"));
+  WPREP_ASSIGN_OR_RETURN(std::string key, ReadPem(o.tls_key_file, "tls-key"));
+  ssl.pem_key_cert_pairs.push_back({key, cert});
+  if (!o.tls_client_ca_file.empty()) {
+    WPREP_ASSIGN_OR_RETURN(ssl.pem_root_certs, ReadPem(o.tls_client_ca_file, "tls-client-ca"));
+    ssl.client_certificate_request = GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY;
+  }
+  return grpc::SslServerCredentials(ssl);
+}
+
+// Arguments every server of the daemon's shares.
+void CommonArguments(const Options& o, grpc::ServerBuilder& b) {
+  // Compressed requests are refused (UNIMPLEMENTED) before any byte is inflated: gRPC
+  // checks the size limit only after decompressing, so a 1 MiB gzip body could cost a
+  // GiB. Tensors do not compress anyway.
+  b.AddChannelArgument(GRPC_COMPRESSION_CHANNEL_ENABLED_ALGORITHMS_BITSET, 1 << GRPC_COMPRESS_NONE);
+  // A second daemon on a TLS port fails to bind instead of sharing the port.
+  b.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  b.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS, o.max_concurrent_streams);
 }
 
 absl::Status WritePortFile(const std::string& path, const std::string& text) {
@@ -90,23 +118,32 @@ struct DaemonParts {
   DeviceRuntime* runtime = nullptr;
   absl::Time start;
   std::unique_ptr<Metrics> metrics;
+  std::unique_ptr<HostBudget> buffers;
+  std::vector<std::unique_ptr<ListeningSocket>> sockets;  // plaintext API listeners
+  std::unique_ptr<ListeningSocket> health_socket;
+  std::unique_ptr<ConnectionAcceptor> acceptor;
   std::unique_ptr<DeviceManager> devices;
   std::unique_ptr<IpcCache> ipc;
   std::unique_ptr<Executor> executor;
   Admission admission;
   std::string warmup_token;
   std::unique_ptr<WeightPrepService> service;
+  HealthService health;         // on the API listeners
+  HealthService probe_health;   // on --health-listen
   std::unique_ptr<grpc::Server> server;
+  std::unique_ptr<grpc::Server> health_server;
+  std::unique_ptr<AcceptLoop> accept_loop;
+  std::unique_ptr<AcceptLoop> health_accept_loop;
   std::vector<std::string> warmup_targets;
+  uint64_t refused_reported = 0;  // Serve's thread only
 
   absl::Mutex mu;
   bool stop ABSL_GUARDED_BY(mu) = false;
   std::atomic<bool> stop_flag{false};  // the same, for the RPC warm-up's checks
 
-  grpc::HealthCheckServiceInterface* health() { return server->GetHealthCheckService(); }
   void SetHealth(bool serving) {
-    health()->SetServingStatus(kServiceName, serving);
-    health()->SetServingStatus(serving);
+    health.SetServing(serving);
+    probe_health.SetServing(serving);
   }
   bool Stopping() {
     absl::MutexLock lock(&mu);
@@ -122,24 +159,41 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const Options& options, De
   p->options = options;
   p->runtime = runtime;
   p->start = absl::Now();
+  // Addresses first: a daemon that cannot listen fails before it touches a GPU.
   WPREP_ASSIGN_OR_RETURN(p->metrics, Metrics::Create(options.metrics_address, runtime->compiled_in()));
+  WPREP_ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> tls, TlsCredentials(options));
+  for (const std::string& addr : options.listen) {
+    if (tls != nullptr && !absl::StartsWith(addr, "unix://")) continue;  // gRPC's own TLS listener
+    WPREP_ASSIGN_OR_RETURN(std::unique_ptr<ListeningSocket> sock, ListeningSocket::Bind(addr));
+    p->sockets.push_back(std::move(sock));
+  }
+  if (!options.health_listen.empty()) {
+    WPREP_ASSIGN_OR_RETURN(p->health_socket, ListeningSocket::Bind(options.health_listen));
+  }
+  p->acceptor = std::make_unique<ConnectionAcceptor>(ConnectionFdLimit(options.max_connections));
+  p->buffers = std::make_unique<HostBudget>(options.max_buffered_bytes, p->metrics.get());
+
   WPREP_ASSIGN_OR_RETURN(p->devices, DeviceManager::Create(options, runtime, p->metrics.get()));
   p->ipc = std::make_unique<IpcCache>(runtime, options.ipc_cache_entries, options.ipc_idle_expiry,
                                       p->metrics.get());
-  p->executor = std::make_unique<Executor>(p->devices.get(), p->ipc.get(), kStreamSliceBytes,
+  p->executor = std::make_unique<Executor>(p->devices.get(), p->ipc.get(),
+                                           StreamSlicing{kStreamSliceBytes, options.max_stream_matrix_bytes},
                                            options.memory_wait);
   p->warmup_token = NewWarmupToken();
-  p->service = std::make_unique<WeightPrepService>(&p->admission, p->devices.get(), p->ipc.get(),
-                                                   p->executor.get(), p->metrics.get(),
-                                                   options.max_message_bytes, p->warmup_token);
+  p->service = std::make_unique<WeightPrepService>(
+      &p->admission, p->devices.get(), p->ipc.get(), p->executor.get(), p->metrics.get(), p->buffers.get(),
+      RequestLimits{options.max_message_bytes, options.max_tensor_bytes}, p->warmup_token);
 
-  grpc::EnableDefaultHealthCheckService(true);
+  grpc::EnableDefaultHealthCheckService(false);  // health.h says why
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
-  std::vector<int> ports(options.listen.size(), 0);
-  for (size_t i = 0; i < options.listen.size(); ++i) {
-    RemoveStaleSocket(SocketPath(options.listen[i]));
-    builder.AddListeningPort(options.listen[i], grpc::InsecureServerCredentials(), &ports[i]);
+  CommonArguments(options, builder);
+  std::vector<std::pair<std::string, int>> tls_ports;
+  if (tls != nullptr) {
+    for (const std::string& addr : options.listen) {
+      if (!absl::StartsWith(addr, "unix://")) tls_ports.emplace_back(addr, 0);
+    }
+    for (auto& [addr, port] : tls_ports) builder.AddListeningPort(addr, tls, &port);
   }
   // Streams carry 4 MiB chunks plus framing whatever --max-message-bytes says; unary
   // handlers enforce --max-message-bytes themselves.
@@ -147,41 +201,57 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const Options& options, De
       static_cast<int>(std::max<int64_t>(options.max_message_bytes, kMaxChunkBytes + (64 << 10))));
   builder.SetMaxSendMessageSize(static_cast<int>(options.max_message_bytes + (64 << 10)));
   builder.RegisterService(p->service.get());
-  // Socket files get mode 0660: set the umask while binding, then chmod to be sure.
-  const mode_t old_umask = umask(0117);
+  builder.RegisterService(&p->health);
+  std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> interceptors;
+  interceptors.push_back(HostBudget::CallEndNotifier(p->buffers.get()));
+  builder.experimental().SetInterceptorCreators(std::move(interceptors));
   p->server = builder.BuildAndStart();
-  umask(old_umask);
   if (p->server == nullptr) {
-    return absl::UnavailableError("could not listen on every --listen address (in use, or not permitted)");
+    return absl::UnavailableError("could not start the gRPC server (a TLS --listen address in use, or not permitted?)");
   }
-  p->SetHealth(false);
-
-  std::string port_text;
-  for (size_t i = 0; i < options.listen.size(); ++i) {
-    const std::string& addr = options.listen[i];
-    p->warmup_targets.push_back(WarmupTarget(addr, ports[i]));
-    if (const std::string path = SocketPath(addr); !path.empty()) {
-      chmod(path.c_str(), 0660);
-      absl::StrAppend(&port_text, "grpc ", addr, "\n");
-    } else if (ports[i] == 0) {
+  for (const auto& [addr, port] : tls_ports) {
+    if (port == 0) {
       p->server->Shutdown();
       return absl::UnavailableError(absl::StrCat("could not bind ", addr));
-    } else {
-      absl::StrAppend(&port_text, "grpc ", addr.substr(0, addr.rfind(':')), ":", ports[i], "\n");
     }
   }
+  p->SetHealth(false);
+  std::vector<const ListeningSocket*> plain;
+  for (const auto& sock : p->sockets) plain.push_back(sock.get());
+  grpc::Server* server = p->server.get();
+  p->accept_loop = std::make_unique<AcceptLoop>(plain, p->acceptor.get(),
+                                                [server](int fd, size_t) { grpc::AddInsecureChannelFromFd(server, fd); });
+  WPREP_RETURN_IF_ERROR(p->accept_loop->Start());
+  if (p->health_socket != nullptr) {
+    grpc::ServerBuilder hb;
+    CommonArguments(options, hb);
+    hb.RegisterService(&p->probe_health);
+    p->health_server = hb.BuildAndStart();
+    if (p->health_server == nullptr) return absl::UnavailableError("could not start the health server");
+    grpc::Server* hs = p->health_server.get();
+    p->health_accept_loop = std::make_unique<AcceptLoop>(std::vector<const ListeningSocket*>{p->health_socket.get()},
+                                                         p->acceptor.get(),
+                                                         [hs](int fd, size_t) { grpc::AddInsecureChannelFromFd(hs, fd); });
+    WPREP_RETURN_IF_ERROR(p->health_accept_loop->Start());
+  }
+
+  std::string port_text;
+  for (const auto& sock : p->sockets) {
+    p->warmup_targets.push_back(WarmupTarget(sock->address(), sock->port()));
+    absl::StrAppend(&port_text, "grpc ", sock->bound_address(), "\n");
+  }
+  for (const auto& [addr, port] : tls_ports) {
+    absl::StrAppend(&port_text, "grpc ", addr.substr(0, addr.rfind(':')), ":", port, "\n");
+  }
+  if (p->health_socket != nullptr) absl::StrAppend(&port_text, "health ", p->health_socket->bound_address(), "\n");
   if (p->metrics->port() != 0) {
     const std::string& m = options.metrics_address;
     absl::StrAppend(&port_text, "metrics ", m.substr(0, m.rfind(':')), ":", p->metrics->port(), "\n");
   }
-  if (!options.port_file.empty()) {
-    if (absl::Status s = WritePortFile(options.port_file, port_text); !s.ok()) {
-      p->server->Shutdown();
-      return s;
-    }
-  }
+  if (!options.port_file.empty()) WPREP_RETURN_IF_ERROR(WritePortFile(options.port_file, port_text));
   LogLine(LogLevel::kInfo, "listening",
-          absl::StrCat("addresses=", LogQuote(port_text), " gpus=", p->devices->num_gpus()));
+          absl::StrCat("addresses=", LogQuote(port_text), " gpus=", p->devices->num_gpus(),
+                       " tls=", tls != nullptr ? "true" : "false"));
   return std::unique_ptr<Daemon>(new Daemon(std::move(p)));
 }
 
@@ -245,6 +315,9 @@ void Daemon::Serve() {
     // Idle IPC mappings expire even without traffic; once client requests stop for a
     // while, the heap and pinned buffers go back to their idle size.
     p.ipc->ExpireIdle();
+    const uint64_t refused = p.acceptor->refused();
+    p.metrics->connections_refused().Increment(static_cast<double>(refused - p.refused_reported));
+    p.refused_reported = refused;
     const uint64_t requests = p.admission.client_requests();
     if (requests != trimmed_at && p.admission.IdleFor(kIdleBeforeTrim)) {
       p.devices->pinned().Trim();
@@ -267,12 +340,20 @@ bool Daemon::Drain(absl::string_view why) {
   if (!drained) {
     LogLine(LogLevel::kWarning, "drain_timeout", absl::StrCat("cancelling=", p.admission.in_flight()));
   }
+  // No new connections from here; the sockets close (and the Unix socket file goes).
+  p.accept_loop->Stop();
+  if (p.health_accept_loop) p.health_accept_loop->Stop();
+  p.sockets.clear();
+  p.health_socket.reset();
+  p.health.Shutdown();
+  p.probe_health.Shutdown();
   // A handler that returned has not necessarily sent its final status yet: give gRPC a
   // second to deliver those (it takes microseconds), then cancel whatever remains.
-  p.server->Shutdown(absl::ToChronoTime(drained ? absl::Now() + absl::Seconds(1) : absl::Now()));
+  const absl::Time grace = drained ? absl::Now() + absl::Seconds(1) : absl::Now();
+  p.server->Shutdown(absl::ToChronoTime(grace));
+  if (p.health_server) p.health_server->Shutdown(absl::ToChronoTime(grace));
   p.server->Wait();
   p.ipc->CloseAll();
-  for (const std::string& addr : p.options.listen) RemoveStaleSocket(SocketPath(addr));
   LogLine(LogLevel::kInfo, "stopped", absl::StrCat("drained=", drained ? "true" : "false"));
   return drained;
 }
@@ -330,6 +411,21 @@ class ShutdownSignalWaiter {
 }  // namespace
 
 int RunDaemon(const Options& options) {
+  // No request path may reach std::terminate; should one ever, it leaves a trace.
+  std::set_terminate([] {
+    std::string what = "no exception";
+    if (std::exception_ptr e = std::current_exception()) {
+      try {
+        std::rethrow_exception(e);
+      } catch (const std::exception& x) {
+        what = x.what();
+      } catch (...) {
+        what = "an unknown exception";
+      }
+    }
+    LogLine(LogLevel::kError, "terminate", absl::StrCat("what=", LogQuote(what)));
+    std::abort();
+  });
   TuneHeap();
   sigset_t signals = ShutdownSignals();
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);  // inherited by every thread created below

@@ -14,6 +14,7 @@ DeviceAllocator::DeviceAllocator(DeviceRuntime* runtime, int ordinal, uint64_t b
 absl::Status DeviceAllocator::Init() {
   // Freed memory stays cached between requests instead of going back to the driver at
   // every synchronization: repeated requests then allocate at pool speed.
+  if (metrics_ != nullptr) metrics_->budget_bytes->Set(static_cast<double>(budget_));
   const uint64_t keep = budget_ == 0 ? (1ull << 30) : std::min<uint64_t>(budget_, 1ull << 30);
   return runtime_->ConfigurePool(ordinal_, keep);
 }
@@ -29,7 +30,17 @@ absl::Status DeviceAllocator::Reserve(uint64_t bytes, absl::Time deadline) {
   auto fits = [this, bytes]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return budget_ == 0 || reserved_ + bytes <= budget_;
   };
-  if (!mu_.AwaitWithDeadline(absl::Condition(&fits), deadline)) {
+  bool got = fits();
+  if (!got) {
+    // Counted as waiting (and as one wait) while other requests hold the budget.
+    if (metrics_ != nullptr) {
+      metrics_->memory_waits->Increment();
+      metrics_->memory_waiting->Increment();
+    }
+    got = mu_.AwaitWithDeadline(absl::Condition(&fits), deadline);
+    if (metrics_ != nullptr) metrics_->memory_waiting->Decrement();
+  }
+  if (!got) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "timed out waiting for ", bytes, " device bytes on GPU ", ordinal_, " (", reserved_,
         " of ", budget_, " reserved by other requests); retry later"));

@@ -11,9 +11,8 @@
 
 namespace wprep::server {
 
-Executor::Executor(DeviceManager* devices, IpcCache* ipc, uint64_t stream_slice_bytes,
-                   absl::Duration memory_wait)
-    : devices_(devices), ipc_(ipc), stream_slice_bytes_(stream_slice_bytes), memory_wait_(memory_wait) {}
+Executor::Executor(DeviceManager* devices, IpcCache* ipc, const StreamSlicing& slicing, absl::Duration memory_wait)
+    : devices_(devices), ipc_(ipc), slicing_(slicing), memory_wait_(memory_wait) {}
 
 absl::Time Executor::MemoryDeadline(absl::Time deadline) const {
   return std::min(deadline, absl::Now() + memory_wait_);
@@ -113,10 +112,9 @@ absl::StatusOr<std::unique_ptr<StreamConverter>> Executor::StartStream(const Pla
     g = *found;
   }
   if (g == nullptr) {
-    return NewCpuStreamConverter(plan, stream_slice_bytes_, devices_->cpu_threads(), devices_->cpu_metrics());
+    return NewCpuStreamConverter(plan, slicing_, devices_->cpu_threads(), devices_->cpu_metrics());
   }
-  return NewGpuStreamConverter(plan, stream_slice_bytes_, *g, devices_->pinned(), deadline,
-                               MemoryDeadline(deadline));
+  return NewGpuStreamConverter(plan, slicing_, *g, devices_->pinned(), deadline, MemoryDeadline(deadline));
 }
 
 }  // namespace wprep::server

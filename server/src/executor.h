@@ -51,8 +51,7 @@ struct ConvertOutcome {
 
 class Executor {
  public:
-  Executor(DeviceManager* devices, IpcCache* ipc, uint64_t stream_slice_bytes,
-           absl::Duration memory_wait);
+  Executor(DeviceManager* devices, IpcCache* ipc, const StreamSlicing& slicing, absl::Duration memory_wait);
 
   // Runs `job`; an inline output is written to `*inline_output` (resized to
   // plan.output_bytes). Errors about the job's source, destination or chosen GPU are
@@ -75,7 +74,7 @@ class Executor {
   // Constant after construction.
   DeviceManager* const devices_;
   IpcCache* const ipc_;
-  const uint64_t stream_slice_bytes_;
+  const StreamSlicing slicing_;
   const absl::Duration memory_wait_;
 };
 

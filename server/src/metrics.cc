@@ -5,7 +5,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "prometheus/exposer.h"
+#include "metrics_http.h"
 #include "wprep/spec/spec.h"
 
 #ifndef WPREP_VERSION
@@ -141,6 +141,33 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(const std::string& addr
                          .Help("Open IPC mappings in the cache")
                          .Register(reg)
                          .Add({});
+  m->budget_ = &prometheus::BuildGauge()
+                    .Name("wprep_device_budget_bytes")
+                    .Help("Device bytes the daemon may hold for requests per device (--max-device-bytes); 0 = no budget")
+                    .Register(reg);
+  m->memory_waiting_ = &prometheus::BuildGauge()
+                            .Name("wprep_device_memory_waiting_requests")
+                            .Help("Requests waiting now for device memory within the budget")
+                            .Register(reg);
+  m->memory_waits_ = &prometheus::BuildCounter()
+                          .Name("wprep_device_memory_waits_total")
+                          .Help("Requests that had to wait for device memory within the budget")
+                          .Register(reg);
+  m->buffered_bytes_ = &prometheus::BuildGauge()
+                            .Name("wprep_host_buffered_bytes")
+                            .Help("Host bytes held for inline requests and responses and stream buffers")
+                            .Register(reg)
+                            .Add({});
+  m->buffer_budget_bytes_ = &prometheus::BuildGauge()
+                                 .Name("wprep_host_buffer_budget_bytes")
+                                 .Help("The bound on wprep_host_buffered_bytes (--max-buffered-bytes)")
+                                 .Register(reg)
+                                 .Add({});
+  m->connections_refused_ = &prometheus::BuildCounter()
+                                 .Name("wprep_connections_refused_total")
+                                 .Help("Connections closed unserved: over the limit, or shed while descriptors ran out")
+                                 .Register(reg)
+                                 .Add({});
   prometheus::BuildGauge()
       .Name("wprep_build_info")
       .Help("Build information; the value is always 1")
@@ -149,16 +176,10 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(const std::string& addr
       .Set(1);
   m->InitSuccessSeries();
   if (!address.empty()) {
-    try {
-      m->exposer_ = std::make_unique<prometheus::Exposer>(address);
-      m->exposer_->RegisterCollectable(m->registry_);
-      const std::vector<int> ports = m->exposer_->GetListeningPorts();
-      m->port_ = ports.empty() ? 0 : ports.front();
-    } catch (const std::exception& e) {
-      // civetweb throws when it cannot bind; caught at our edge.
-      return absl::UnavailableError(absl::StrCat("cannot serve metrics on --metrics-address=",
-                                                 address, ": ", e.what()));
-    }
+    absl::StatusOr<std::unique_ptr<MetricsHttpServer>> http = MetricsHttpServer::Start(address, m->registry_);
+    if (!http.ok()) return http.status();
+    m->http_ = *std::move(http);
+    m->port_ = m->http_->port();
   }
   return m;
 }
@@ -173,6 +194,9 @@ void Metrics::RegisterDevices(const std::vector<std::string>& labels) {
     d.in_flight = &in_flight_->Add({{"device", l}});
     d.warm = &warm_->Add({{"device", l}});
     d.converted_bytes = &converted_->Add({{"device", l}});
+    d.budget_bytes = &budget_->Add({{"device", l}});
+    d.memory_waiting = &memory_waiting_->Add({{"device", l}});
+    d.memory_waits = &memory_waits_->Add({{"device", l}});
     devices_.push_back(d);
   }
 }

@@ -19,11 +19,9 @@
 #include "prometheus/registry.h"
 #include "wprep/spec/spec.h"
 
-namespace prometheus {
-class Exposer;
-}
-
 namespace wprep::server {
+
+class MetricsHttpServer;
 
 enum class Method {
   kPlan,
@@ -47,6 +45,9 @@ struct DeviceMetrics {
   prometheus::Gauge* in_flight = nullptr;            // wprep_in_flight_requests
   prometheus::Gauge* warm = nullptr;                 // wprep_device_warm (0/1)
   prometheus::Counter* converted_bytes = nullptr;    // wprep_converted_bytes_total
+  prometheus::Gauge* budget_bytes = nullptr;         // wprep_device_budget_bytes (0 = none)
+  prometheus::Gauge* memory_waiting = nullptr;       // wprep_device_memory_waiting_requests
+  prometheus::Counter* memory_waits = nullptr;       // wprep_device_memory_waits_total
 };
 
 // Counts one conversion in an engine's in-flight gauge while alive (metrics may be null).
@@ -97,6 +98,11 @@ class Metrics {
   void IpcCacheHit() { ipc_hits_->Increment(); }
   void IpcCacheMiss() { ipc_misses_->Increment(); }
   void SetIpcCacheEntries(double n) { ipc_entries_->Set(n); }
+  // Host bytes held for inline requests and responses and stream buffers, and the bound.
+  prometheus::Gauge& buffered_bytes() { return *buffered_bytes_; }
+  prometheus::Gauge& buffer_budget_bytes() { return *buffer_budget_bytes_; }
+  // Connections closed unserved (over the limit, or shed while descriptors ran out).
+  prometheus::Counter& connections_refused() { return *connections_refused_; }
 
   prometheus::Registry& registry() { return *registry_; }
 
@@ -106,7 +112,7 @@ class Metrics {
 
   // Constant after Create/RegisterDevices.
   std::shared_ptr<prometheus::Registry> registry_;
-  std::unique_ptr<prometheus::Exposer> exposer_;
+  std::unique_ptr<MetricsHttpServer> http_;
   int port_ = 0;
   prometheus::Family<prometheus::Counter>* requests_ = nullptr;
   prometheus::Family<prometheus::Histogram>* request_seconds_ = nullptr;
@@ -120,6 +126,12 @@ class Metrics {
   prometheus::Counter* ipc_hits_ = nullptr;
   prometheus::Counter* ipc_misses_ = nullptr;
   prometheus::Gauge* ipc_entries_ = nullptr;
+  prometheus::Family<prometheus::Gauge>* budget_ = nullptr;
+  prometheus::Family<prometheus::Gauge>* memory_waiting_ = nullptr;
+  prometheus::Family<prometheus::Counter>* memory_waits_ = nullptr;
+  prometheus::Gauge* buffered_bytes_ = nullptr;
+  prometheus::Gauge* buffer_budget_bytes_ = nullptr;
+  prometheus::Counter* connections_refused_ = nullptr;
   std::vector<DeviceMetrics> devices_;
 };
 

@@ -8,6 +8,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "listener.h"
 
 namespace wprep::server {
 namespace {
@@ -88,6 +89,27 @@ absl::StatusOr<Options> ParseOptions(const std::vector<std::string>& args) {
          return absl::OkStatus();
        }},
       {"metrics-address", [&](const std::string& v) { o.metrics_address = v; return absl::OkStatus(); }},
+      {"health-listen", [&](const std::string& v) { o.health_listen = v; return absl::OkStatus(); }},
+      {"tls-cert", [&](const std::string& v) { o.tls_cert_file = v; return absl::OkStatus(); }},
+      {"tls-key", [&](const std::string& v) { o.tls_key_file = v; return absl::OkStatus(); }},
+      {"tls-client-ca", [&](const std::string& v) { o.tls_client_ca_file = v; return absl::OkStatus(); }},
+      {"max-tensor-bytes", [&](const std::string& v) { return ParseBytes("max-tensor-bytes", v, &o.max_tensor_bytes); }},
+      {"max-stream-matrix-bytes", [&](const std::string& v) {
+         return ParseBytes("max-stream-matrix-bytes", v, &o.max_stream_matrix_bytes);
+       }},
+      {"max-buffered-bytes", [&](const std::string& v) { return ParseBytes("max-buffered-bytes", v, &o.max_buffered_bytes); }},
+      {"max-connections", [&](const std::string& v) {
+         int64_t x;
+         auto s = ParseInt("max-connections", v, 1, 1 << 20, &x);
+         o.max_connections = static_cast<int>(x);
+         return s;
+       }},
+      {"max-concurrent-streams", [&](const std::string& v) {
+         int64_t x;
+         auto s = ParseInt("max-concurrent-streams", v, 1, 1 << 16, &x);
+         o.max_concurrent_streams = static_cast<int>(x);
+         return s;
+       }},
       {"devices", [&](const std::string& v) {
          if (!devices_seen) o.devices.clear();
          devices_seen = true;
@@ -173,6 +195,34 @@ absl::Status ValidateOptions(const Options& o) {
       return absl::InvalidArgumentError("--metrics-address must be HOST:PORT");
     }
   }
+  const bool tls = !o.tls_cert_file.empty() || !o.tls_key_file.empty();
+  if (tls && (o.tls_cert_file.empty() || o.tls_key_file.empty())) {
+    return absl::InvalidArgumentError("TLS needs both --tls-cert and --tls-key");
+  }
+  if (!o.tls_client_ca_file.empty() && !tls) {
+    return absl::InvalidArgumentError("--tls-client-ca (mutual TLS) needs --tls-cert and --tls-key");
+  }
+  for (const std::string& a : o.listen) {
+    if (!absl::StartsWith(a, "unix://") && !IsLoopbackAddress(a) && !tls) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--listen ", a, " would open the conversion API beyond this host without TLS; give "
+          "--tls-cert and --tls-key, or listen on a Unix socket or loopback (probes: --health-listen)"));
+    }
+  }
+  if (!o.health_listen.empty()) {
+    if (absl::Status s = ValidateAddress(o.health_listen); !s.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("--health-listen: ", s.message()));
+    }
+    if (absl::StartsWith(o.health_listen, "unix://")) {
+      return absl::InvalidArgumentError("--health-listen must be HOST:PORT (Kubernetes probes use TCP)");
+    }
+  }
+  if (o.max_stream_matrix_bytes < (4u << 20)) {
+    return absl::InvalidArgumentError("--max-stream-matrix-bytes must be at least 4M");
+  }
+  if (o.max_buffered_bytes < static_cast<uint64_t>(o.max_message_bytes)) {
+    return absl::InvalidArgumentError("--max-buffered-bytes must be at least --max-message-bytes");
+  }
   if (o.streams_per_device < 1) return absl::InvalidArgumentError("--streams-per-device must be >= 1");
   if (o.max_message_bytes < 1024) return absl::InvalidArgumentError("--max-message-bytes must be >= 1K");
   return absl::OkStatus();
@@ -182,9 +232,16 @@ std::string Usage() {
   return R"(wprepd: the wprep weight conversion daemon (gRPC service wprep.v1.WeightPrep)
 
 Flags (--name=value or --name value):
-  --listen ADDR            unix:///path or HOST:PORT; repeatable
-                           (default: unix:///tmp/wprepd.sock and 127.0.0.1:50051)
+  --listen ADDR            unix:///path or HOST:PORT; repeatable (default:
+                           unix:///tmp/wprepd.sock). The socket file is mode 0660:
+                           its group may convert. Loopback TCP admits every local
+                           user; other TCP addresses need --tls-cert and --tls-key
+  --health-listen H:P      plaintext listener serving only grpc.health.v1, for
+                           Kubernetes gRPC probes on the pod IP (default: none)
   --metrics-address H:P    Prometheus /metrics address (default 127.0.0.1:9464; "" = off)
+  --tls-cert PEM --tls-key PEM
+                           TLS on every TCP --listen (the Unix socket stays plain)
+  --tls-client-ca PEM      mutual TLS: clients must present a certificate of this CA
   --devices LIST           GPUs by ordinal or UUID, comma separated (default: all);
                            "cpu" = use no GPU, the CPU engine serves every request
   --streams-per-device N   CUDA streams (= concurrent requests) per GPU (default 4)
@@ -193,6 +250,13 @@ Flags (--name=value or --name value):
   --memory-wait D          how long work waits for device memory (default 10s)
   --drain-timeout D        time for in-flight work after SIGTERM (default 30s)
   --max-message-bytes N    largest unary message (default 64M)
+  --max-tensor-bytes N     largest input or output of one conversion (default 64G)
+  --max-stream-matrix-bytes N
+                           largest matrix of a ConvertStream (default 1G)
+  --max-buffered-bytes N   host memory for inline data and stream buffers (default 1G)
+  --max-connections N      open connections, all listeners together (default 1024)
+  --max-concurrent-streams N
+                           concurrent calls per connection (default 64)
   --ipc-cache-entries N    cached CUDA IPC mappings (default 256)
   --ipc-idle-expiry D      unused IPC mappings close after this (default 5m)
   --port-file PATH         write the bound addresses here once listening

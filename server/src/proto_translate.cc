@@ -1,5 +1,6 @@
 #include "proto_translate.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -124,6 +125,14 @@ absl::StatusOr<StreamStart> StreamStartFromProto(const v1::StreamRequestHeader& 
   WPREP_ASSIGN_OR_RETURN(start.gpu, OptionalUuid(h.device_uuid(), "header.device_uuid"));
   WPREP_ASSIGN_OR_RETURN(start.plan, MakePlan(spec, ShapeFromProto(h.logical_shape())));
   return start;
+}
+
+absl::Status CheckTensorBytes(const Plan& plan, uint64_t max_tensor_bytes) {
+  const uint64_t larger = std::max(plan.input_bytes, plan.output_bytes);
+  if (larger <= max_tensor_bytes) return absl::OkStatus();
+  return absl::ResourceExhaustedError(absl::StrCat(
+      "this conversion's ", plan.output_bytes >= plan.input_bytes ? "output" : "input", " has ", larger,
+      " bytes, more than --max-tensor-bytes=", max_tensor_bytes, " allows; split the tensor along its leading dims"));
 }
 
 absl::Status NameOperandField(const absl::Status& status, const OperandFields& fields) {

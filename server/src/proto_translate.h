@@ -44,6 +44,10 @@ struct StreamStart {
 absl::StatusOr<StreamStart> StreamStartFromProto(const wprep::v1::StreamRequestHeader& header,
                                                  const ConversionSpec& spec);
 
+// RESOURCE_EXHAUSTED when the plan's input or output exceeds `max_tensor_bytes`
+// (--max-tensor-bytes), whatever the transport.
+absl::Status CheckTensorBytes(const Plan& plan, uint64_t max_tensor_bytes);
+
 // The wire fields of a method's operands, to name them in errors.
 struct OperandFields {
   std::string source;

@@ -20,6 +20,28 @@ namespace wprep::server {
 
 namespace v1 = wprep::v1;
 
+absl::Status RunGuarded(absl::FunctionRef<absl::Status()> body, uint64_t request_id) {
+  try {
+    return body();
+  } catch (const std::bad_alloc&) {
+    LogLine(LogLevel::kError, "handler_exception", absl::StrCat("id=", request_id, " what=bad_alloc"));
+    return absl::ResourceExhaustedError("the daemon ran out of host memory serving this request; retry later");
+  } catch (const std::exception& e) {
+    LogLine(LogLevel::kError, "handler_exception", absl::StrCat("id=", request_id, " what=", LogQuote(e.what())));
+    return absl::InternalError(absl::StrCat("internal error: ", e.what()));
+  } catch (...) {
+    LogLine(LogLevel::kError, "handler_exception", absl::StrCat("id=", request_id, " what=unknown"));
+    return absl::InternalError("internal error: an unknown exception");
+  }
+}
+
+absl::Status BoundMessage(const absl::Status& status) {
+  if (status.message().size() <= kMaxErrorBytes) return status;
+  const size_t keep = kMaxErrorBytes - 64;
+  return absl::Status(status.code(), absl::StrCat(status.message().substr(0, keep), "... (",
+                                                  status.message().size() - keep, " more bytes)"));
+}
+
 namespace {
 
 // kSelfWarmup when the call carries the daemon's own warm-up token (rpc_warmup.h); a
@@ -88,11 +110,17 @@ class CallReport {
     return absl::OkStatus();
   }
 
+  // Runs a handler body (RunGuarded) and finishes with its status.
+  template <class Body>
+  grpc::Status Run(Body body, const OperandFields& fields = {}) {
+    return Finish(RunGuarded(body, id_), fields);
+  }
+
   grpc::Status Finish(absl::Status status, const OperandFields& fields = {}) {
     if (!status.ok() && ctx_->IsCancelled() && status.code() != absl::StatusCode::kDeadlineExceeded) {
       status = absl::CancelledError(absl::StrCat("client cancelled the call (", status.message(), ")"));
     }
-    status = NameOperandField(status, fields);
+    status = BoundMessage(NameOperandField(status, fields));
     if (caller_ == Caller::kSelfWarmup) return ToGrpcStatus(status);
     record_.code = status.code();
     record_.seconds = absl::ToDoubleSeconds(absl::Now() - start_);
@@ -129,28 +157,29 @@ class CallReport {
 };
 
 WeightPrepService::WeightPrepService(Admission* admission, DeviceManager* devices, IpcCache* ipc,
-                                     Executor* executor, Metrics* metrics, int64_t max_message_bytes,
-                                     std::string warmup_token)
+                                     Executor* executor, Metrics* metrics, HostBudget* buffers,
+                                     const RequestLimits& limits, std::string warmup_token)
     : admission_(admission),
       devices_(devices),
       ipc_(ipc),
       executor_(executor),
       metrics_(metrics),
-      max_message_bytes_(max_message_bytes),
+      buffers_(buffers),
+      limits_(limits),
       warmup_token_(std::move(warmup_token)) {}
 
 grpc::Status WeightPrepService::Plan(grpc::ServerContext* ctx, const v1::PlanRequest* req,
                                      v1::PlanResponse* resp) {
   CallReport report(Method::kPlan, ctx, metrics_, warmup_token_);
-  absl::StatusOr<Admission::Ticket> ticket = admission_->Enter(report.caller());
-  if (!ticket.ok()) return report.Finish(ticket.status());
-  absl::StatusOr<ConversionSpec> spec = SpecFromProto(req->spec(), "spec");
-  if (!spec.ok()) return report.Finish(spec.status());
-  report.SetSpec(*spec);
-  absl::StatusOr<wprep::Plan> plan = PlanFromProto(*req, *spec);
-  if (!plan.ok()) return report.Finish(plan.status());
-  PlanToProto(*plan, resp);
-  return report.Finish(absl::OkStatus());
+  return report.Run([&]() -> absl::Status {
+    WPREP_ASSIGN_OR_RETURN(Admission::Ticket ticket, admission_->Enter(report.caller()));
+    WPREP_ASSIGN_OR_RETURN(ConversionSpec spec, SpecFromProto(req->spec(), "spec"));
+    report.SetSpec(spec);
+    WPREP_ASSIGN_OR_RETURN(wprep::Plan plan, PlanFromProto(*req, spec));
+    WPREP_RETURN_IF_ERROR(CheckTensorBytes(plan, limits_.max_tensor_bytes));
+    PlanToProto(plan, resp);
+    return absl::OkStatus();
+  });
 }
 
 grpc::Status WeightPrepService::Convert(grpc::ServerContext* ctx, const v1::ConvertRequest* req,
@@ -159,17 +188,30 @@ grpc::Status WeightPrepService::Convert(grpc::ServerContext* ctx, const v1::Conv
   const bool src_ipc = req->has_source_ipc(), dst_ipc = req->has_destination_ipc();
   report.SetTransport(src_ipc ? (dst_ipc ? Transport::kIpcToIpc : Transport::kIpcToBytes)
                               : (dst_ipc ? Transport::kBytesToIpc : Transport::kBytesToBytes));
-  absl::StatusOr<Admission::Ticket> ticket = admission_->Enter(report.caller());
-  if (!ticket.ok()) return report.Finish(ticket.status());
-  return report.Finish(DoConvert(ctx, *req, resp, report), kConvertFields);
+  return report.Run(
+      [&]() -> absl::Status {
+        WPREP_ASSIGN_OR_RETURN(Admission::Ticket ticket, admission_->Enter(report.caller()));
+        return DoConvert(ctx, *req, resp, report);
+      },
+      kConvertFields);
 }
 
-absl::Status WeightPrepService::DoConvert(grpc::ServerContext*, const v1::ConvertRequest& req,
+absl::Status WeightPrepService::DoConvert(grpc::ServerContext* ctx, const v1::ConvertRequest& req,
                                           v1::ConvertResponse* resp, CallReport& report) {
   // The spec first, so that even a request refused later is counted under its layout.
   WPREP_ASSIGN_OR_RETURN(ConversionSpec spec, SpecFromProto(req.spec(), "spec"));
   report.SetSpec(spec);
-  WPREP_ASSIGN_OR_RETURN(ConvertJob job, ConvertJobFromProto(req, spec, max_message_bytes_));
+  WPREP_ASSIGN_OR_RETURN(ConvertJob job, ConvertJobFromProto(req, spec, limits_.max_message_bytes));
+  WPREP_RETURN_IF_ERROR(CheckTensorBytes(job.plan, limits_.max_tensor_bytes));
+  // Inline bytes stay in host memory until the answer has gone out (the call ends): the
+  // request's input, and the output twice (the response message and gRPC's serialized
+  // copy of it, which a client that does not read leaves unsent).
+  const uint64_t inline_bytes = (job.source_ipc ? 0 : job.plan.input_bytes) +
+                                (job.destination_ipc ? 0 : 2 * job.plan.output_bytes);
+  if (inline_bytes > 0) {
+    WPREP_ASSIGN_OR_RETURN(HostBudget::Charge charge, buffers_->Take(inline_bytes, "this Convert's inline data"));
+    buffers_->HoldUntilCallEnds(ctx, std::move(charge));
+  }
   WPREP_RETURN_IF_ERROR(report.CheckLive());
   WPREP_ASSIGN_OR_RETURN(ConvertOutcome outcome,
                          executor_->Convert(job, resp->mutable_output_bytes_inline(), report.deadline()));
@@ -184,9 +226,12 @@ grpc::Status WeightPrepService::ConvertStream(
     grpc::ServerReaderWriter<v1::ConvertStreamResponse, v1::ConvertStreamRequest>* stream) {
   CallReport report(Method::kConvertStream, ctx, metrics_, warmup_token_);
   report.SetTransport(Transport::kStream);
-  absl::StatusOr<Admission::Ticket> ticket = admission_->Enter(report.caller());
-  if (!ticket.ok()) return report.Finish(ticket.status());
-  return report.Finish(DoConvertStream(ctx, stream, report), kStreamFields);
+  return report.Run(
+      [&]() -> absl::Status {
+        WPREP_ASSIGN_OR_RETURN(Admission::Ticket ticket, admission_->Enter(report.caller()));
+        return DoConvertStream(ctx, stream, report);
+      },
+      kStreamFields);
 }
 
 absl::Status WeightPrepService::DoConvertStream(
@@ -204,10 +249,15 @@ absl::Status WeightPrepService::DoConvertStream(
   WPREP_ASSIGN_OR_RETURN(ConversionSpec spec, SpecFromProto(msg.header().spec(), "header.spec"));
   report.SetSpec(spec);
   WPREP_ASSIGN_OR_RETURN(StreamStart start, StreamStartFromProto(msg.header(), spec));
+  WPREP_RETURN_IF_ERROR(CheckTensorBytes(start.plan, limits_.max_tensor_bytes));
   WPREP_RETURN_IF_ERROR(report.CheckLive());
   WPREP_ASSIGN_OR_RETURN(std::unique_ptr<StreamConverter> conv,
                          executor_->StartStream(start.plan, start.gpu, report.deadline()));
   const wprep::Plan& plan = conv->plan();
+  const uint64_t slice = conv->slice_input_bytes();
+  WPREP_ASSIGN_OR_RETURN(
+      HostBudget::Charge buffers,
+      buffers_->Take(StreamPipeline::HostBytes(slice) + conv->SliceOutputBytes(slice), "this ConvertStream's buffers"));
   {
     v1::ConvertStreamResponse r;
     v1::StreamResponseHeader* rh = r.mutable_header();
@@ -227,7 +277,7 @@ absl::Status WeightPrepService::DoConvertStream(
                 absl::Span<const uint8_t>(reinterpret_cast<const uint8_t*>(in.data()), in.size()));
           },
           [stream](const v1::ConvertStreamResponse& m) { return stream->Write(m); }));
-  StreamInputFramer framer(plan.input_bytes, conv->slice_input_bytes(), pipeline.get());
+  StreamInputFramer framer(plan.input_bytes, slice, pipeline.get());
   while (stream->Read(&msg)) {
     if (absl::Status s = framer.Add(msg); !s.ok()) return pipeline->Abort(s);
   }
@@ -246,25 +296,26 @@ absl::Status WeightPrepService::DoConvertStream(
 grpc::Status WeightPrepService::ListDevices(grpc::ServerContext* ctx, const v1::ListDevicesRequest*,
                                             v1::ListDevicesResponse* resp) {
   CallReport report(Method::kListDevices, ctx, metrics_, warmup_token_);
-  absl::StatusOr<Admission::Ticket> ticket = admission_->Enter(report.caller());
-  if (!ticket.ok()) return report.Finish(ticket.status());
-  for (size_t i = 0; i < devices_->num_gpus(); ++i) {
-    Gpu& g = devices_->gpu(i);
-    v1::DeviceInfo* d = resp->add_devices();
-    d->set_uuid(std::string(reinterpret_cast<const char*>(g.info().uuid.data()), 16));
-    d->set_name(g.info().name);
-    d->set_ordinal(g.info().ordinal);
-    d->set_compute_capability_major(g.info().cc_major);
-    d->set_compute_capability_minor(g.info().cc_minor);
-    d->set_total_memory_bytes(g.info().total_memory);
-    d->set_warm(g.warm());
-    d->set_streams(g.streams());
-    d->set_in_flight(g.in_flight());
-    d->set_allocated_bytes(g.allocator().allocated());
-  }
-  resp->set_cpu_engine(devices_->cpu_engine());
-  resp->set_cpu_threads(devices_->cpu_threads());
-  return report.Finish(absl::OkStatus());
+  return report.Run([&]() -> absl::Status {
+    WPREP_ASSIGN_OR_RETURN(Admission::Ticket ticket, admission_->Enter(report.caller()));
+    for (size_t i = 0; i < devices_->num_gpus(); ++i) {
+      Gpu& g = devices_->gpu(i);
+      v1::DeviceInfo* d = resp->add_devices();
+      d->set_uuid(std::string(reinterpret_cast<const char*>(g.info().uuid.data()), 16));
+      d->set_name(g.info().name);
+      d->set_ordinal(g.info().ordinal);
+      d->set_compute_capability_major(g.info().cc_major);
+      d->set_compute_capability_minor(g.info().cc_minor);
+      d->set_total_memory_bytes(g.info().total_memory);
+      d->set_warm(g.warm());
+      d->set_streams(g.streams());
+      d->set_in_flight(g.in_flight());
+      d->set_allocated_bytes(g.allocator().allocated());
+    }
+    resp->set_cpu_engine(devices_->cpu_engine());
+    resp->set_cpu_threads(devices_->cpu_threads());
+    return absl::OkStatus();
+  });
 }
 
 absl::StatusOr<int> WeightPrepService::HandleOrdinal(const v1::IpcHandleRef& h, const std::string& field) {
@@ -282,41 +333,39 @@ grpc::Status WeightPrepService::RegisterIpcHandles(grpc::ServerContext* ctx,
                                                    const v1::RegisterIpcHandlesRequest* req,
                                                    v1::RegisterIpcHandlesResponse* resp) {
   CallReport report(Method::kRegisterIpcHandles, ctx, metrics_, warmup_token_);
-  absl::StatusOr<Admission::Ticket> ticket = admission_->Enter(report.caller());
-  if (!ticket.ok()) return report.Finish(ticket.status());
-  uint32_t already_open = 0;
-  for (int i = 0; i < req->handles_size(); ++i) {
-    const std::string field = absl::StrCat("handles[", i, "]");
-    absl::StatusOr<int> ordinal = HandleOrdinal(req->handles(i), field);
-    if (!ordinal.ok()) return report.Finish(ordinal.status());
-    absl::StatusOr<IpcCache::Registration> r = ipc_->Register(*ordinal, req->handles(i).handle());
-    if (!r.ok()) {
-      return report.Finish(absl::Status(r.status().code(), absl::StrCat(field, ": ", r.status().message())));
+  return report.Run([&]() -> absl::Status {
+    WPREP_ASSIGN_OR_RETURN(Admission::Ticket ticket, admission_->Enter(report.caller()));
+    uint32_t already_open = 0;
+    for (int i = 0; i < req->handles_size(); ++i) {
+      const std::string field = absl::StrCat("handles[", i, "]");
+      WPREP_ASSIGN_OR_RETURN(int ordinal, HandleOrdinal(req->handles(i), field));
+      absl::StatusOr<IpcCache::Registration> r = ipc_->Register(ordinal, req->handles(i).handle());
+      if (!r.ok()) return absl::Status(r.status().code(), absl::StrCat(field, ": ", r.status().message()));
+      resp->add_allocation_bytes(r->allocation_bytes);
+      already_open += r->was_open ? 1 : 0;
     }
-    resp->add_allocation_bytes(r->allocation_bytes);
-    already_open += r->was_open ? 1 : 0;
-  }
-  resp->set_already_open(already_open);
-  return report.Finish(absl::OkStatus());
+    resp->set_already_open(already_open);
+    return absl::OkStatus();
+  });
 }
 
 grpc::Status WeightPrepService::ReleaseIpcHandles(grpc::ServerContext* ctx,
                                                   const v1::ReleaseIpcHandlesRequest* req,
                                                   v1::ReleaseIpcHandlesResponse* resp) {
   CallReport report(Method::kReleaseIpcHandles, ctx, metrics_, warmup_token_);
-  absl::StatusOr<Admission::Ticket> ticket = admission_->Enter(report.caller());
-  if (!ticket.ok()) return report.Finish(ticket.status());
-  uint32_t released = 0, deferred = 0;
-  for (int i = 0; i < req->handles_size(); ++i) {
-    absl::StatusOr<int> ordinal = HandleOrdinal(req->handles(i), absl::StrCat("handles[", i, "]"));
-    if (!ordinal.ok()) return report.Finish(ordinal.status());
-    auto [r, d] = ipc_->Release(*ordinal, req->handles(i).handle());
-    released += r;
-    deferred += d;
-  }
-  resp->set_released(released);
-  resp->set_deferred(deferred);
-  return report.Finish(absl::OkStatus());
+  return report.Run([&]() -> absl::Status {
+    WPREP_ASSIGN_OR_RETURN(Admission::Ticket ticket, admission_->Enter(report.caller()));
+    uint32_t released = 0, deferred = 0;
+    for (int i = 0; i < req->handles_size(); ++i) {
+      WPREP_ASSIGN_OR_RETURN(int ordinal, HandleOrdinal(req->handles(i), absl::StrCat("handles[", i, "]")));
+      auto [r, d] = ipc_->Release(ordinal, req->handles(i).handle());
+      released += r;
+      deferred += d;
+    }
+    resp->set_released(released);
+    resp->set_deferred(deferred);
+    return absl::OkStatus();
+  });
 }
 
 }  // namespace wprep::server

@@ -7,9 +7,13 @@
 #include <cstdint>
 #include <string>
 
+#include "absl/functional/function_ref.h"
+#include "absl/status/status.h"
+
 #include "admission.h"
 #include "device_manager.h"
 #include "executor.h"
+#include "host_budget.h"
 #include "ipc_cache.h"
 #include "metrics.h"
 #include "wprep/v1/wprep.grpc.pb.h"
@@ -18,14 +22,31 @@ namespace wprep::server {
 
 class CallReport;
 
+// What one request may use.
+struct RequestLimits {
+  int64_t max_message_bytes = 64ll << 20;  // a unary request, and an inline output
+  uint64_t max_tensor_bytes = 64ull << 30;  // the input and the output of one conversion
+};
+
+// An error message as it goes on the wire and into the log: at most kMaxErrorBytes (a
+// message that echoes a huge request would overflow gRPC's trailer limit, and turn one
+// bad request into megabytes of log).
+inline constexpr size_t kMaxErrorBytes = 1024;
+absl::Status BoundMessage(const absl::Status& status);
+
+// Runs a handler's body. An exception that escapes it (a bug, or host memory running out)
+// becomes INTERNAL or RESOURCE_EXHAUSTED with a log line naming `request_id`, and so is
+// counted like any other outcome, rather than ending as gRPC's bare UNKNOWN.
+absl::Status RunGuarded(absl::FunctionRef<absl::Status()> body, uint64_t request_id);
+
 class WeightPrepService final : public wprep::v1::WeightPrep::Service {
  public:
   // Borrows everything; all must outlive the service. Calls whose x-wprep-warmup
   // metadata equals `warmup_token` (the daemon's own warm-up; see rpc_warmup.h) are
   // served but not counted anywhere; an empty token disables that.
   WeightPrepService(Admission* admission, DeviceManager* devices, IpcCache* ipc,
-                    Executor* executor, Metrics* metrics, int64_t max_message_bytes,
-                    std::string warmup_token);
+                    Executor* executor, Metrics* metrics, HostBudget* buffers,
+                    const RequestLimits& limits, std::string warmup_token);
 
   grpc::Status Plan(grpc::ServerContext* ctx, const wprep::v1::PlanRequest* req,
                     wprep::v1::PlanResponse* resp) override;
@@ -60,7 +81,8 @@ class WeightPrepService final : public wprep::v1::WeightPrep::Service {
   IpcCache* const ipc_;
   Executor* const executor_;
   Metrics* const metrics_;
-  const int64_t max_message_bytes_;
+  HostBudget* const buffers_;
+  const RequestLimits limits_;
   const std::string warmup_token_;
 };
 

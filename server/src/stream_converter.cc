@@ -23,7 +23,8 @@ StreamConverter::StreamConverter(const Plan& plan, uint64_t target_slice_bytes, 
       one->output_bytes * e == plan.output_bytes) {
     matrix_in_ = one->input_bytes;
     matrix_out_ = one->output_bytes;
-    const uint64_t per = std::max<uint64_t>(1, target_slice_bytes / matrix_in_);
+    // Sized by the larger side: a padded layout's output can be many times its input.
+    const uint64_t per = std::max<uint64_t>(1, target_slice_bytes / std::max(matrix_in_, matrix_out_));
     slice_in_ = std::min<uint64_t>(per, e) * matrix_in_;
     slice_plans_.emplace(1, *std::move(one));
   } else {
@@ -33,6 +34,8 @@ StreamConverter::StreamConverter(const Plan& plan, uint64_t target_slice_bytes, 
     slice_in_ = plan.input_bytes;
   }
 }
+
+uint64_t StreamConverter::MatrixBytes() const { return std::max(matrix_in_, matrix_out_); }
 
 uint64_t StreamConverter::SliceOutputBytes(uint64_t input_bytes) const {
   if (whole_ || matrix_in_ == 0) return plan_.output_bytes;
@@ -115,17 +118,28 @@ class GpuStreamConverter final : public StreamConverter {
   std::unique_ptr<DeviceRun> run_;
 };
 
+absl::Status CheckMatrixBytes(const StreamConverter& conv, uint64_t max_matrix_bytes) {
+  if (conv.MatrixBytes() <= max_matrix_bytes) return absl::OkStatus();
+  return absl::ResourceExhaustedError(absl::StrCat(
+      "one matrix of this tensor has ", conv.MatrixBytes(), " bytes (input or output), more than the ",
+      max_matrix_bytes, " a ConvertStream holds at a time (--max-stream-matrix-bytes); convert it through CUDA "
+      "IPC buffers instead"));
+}
+
 }  // namespace
 
-std::unique_ptr<StreamConverter> NewCpuStreamConverter(const Plan& plan, uint64_t target_slice_bytes,
-                                                       int threads, DeviceMetrics* metrics) {
-  return std::make_unique<CpuStreamConverter>(plan, target_slice_bytes, threads, metrics);
+absl::StatusOr<std::unique_ptr<StreamConverter>> NewCpuStreamConverter(const Plan& plan, const StreamSlicing& slicing,
+                                                                       int threads, DeviceMetrics* metrics) {
+  auto conv = std::make_unique<CpuStreamConverter>(plan, slicing.target_slice_bytes, threads, metrics);
+  WPREP_RETURN_IF_ERROR(CheckMatrixBytes(*conv, slicing.max_matrix_bytes));
+  return std::unique_ptr<StreamConverter>(std::move(conv));
 }
 
 absl::StatusOr<std::unique_ptr<StreamConverter>> NewGpuStreamConverter(
-    const Plan& plan, uint64_t target_slice_bytes, Gpu& gpu, PinnedHostPool& pinned,
+    const Plan& plan, const StreamSlicing& slicing, Gpu& gpu, PinnedHostPool& pinned,
     absl::Time deadline, absl::Time memory_deadline) {
-  auto conv = std::make_unique<GpuStreamConverter>(plan, target_slice_bytes, gpu);
+  auto conv = std::make_unique<GpuStreamConverter>(plan, slicing.target_slice_bytes, gpu);
+  WPREP_RETURN_IF_ERROR(CheckMatrixBytes(*conv, slicing.max_matrix_bytes));
   WPREP_RETURN_IF_ERROR(conv->Begin(gpu, pinned, deadline, memory_deadline));
   return std::unique_ptr<StreamConverter>(std::move(conv));
 }

@@ -31,6 +31,9 @@ class StreamConverter {
   uint64_t slice_input_bytes() const { return slice_in_; }
   // The output bytes of a slice of `input_bytes`.
   uint64_t SliceOutputBytes(uint64_t input_bytes) const;
+  // The larger of one matrix's input and output (the whole tensor's when the stream is
+  // one slice): the least a slice holds.
+  uint64_t MatrixBytes() const;
 
   // Converts `in` (a full slice, or the last, shorter one). The output stays valid until
   // the next call.
@@ -41,7 +44,8 @@ class StreamConverter {
   virtual uint64_t peak_extra_device_bytes() const { return 0; }
 
  protected:
-  // Slicing by whole matrices of about `target_slice_bytes` input bytes; one slice when
+  // Slicing by whole matrices of about `target_slice_bytes` (input or output, whichever
+  // is larger); one slice when
   // the layout's per-matrix sizes do not add up (never expected, but never wrong).
   StreamConverter(const Plan& plan, uint64_t target_slice_bytes, std::string engine,
                   DeviceMetrics* metrics);
@@ -64,13 +68,20 @@ class StreamConverter {
   std::optional<double> kernel_seconds_;
 };
 
+// How a stream slices: about `target_slice_bytes` per slice, and RESOURCE_EXHAUSTED
+// before anything is allocated when one matrix needs more than `max_matrix_bytes`.
+struct StreamSlicing {
+  uint64_t target_slice_bytes = 4ull << 20;
+  uint64_t max_matrix_bytes = 256ull << 20;
+};
+
 // A stream on the CPU engine with `threads` threads per slice.
-std::unique_ptr<StreamConverter> NewCpuStreamConverter(const Plan& plan, uint64_t target_slice_bytes,
-                                                       int threads, DeviceMetrics* metrics);
+absl::StatusOr<std::unique_ptr<StreamConverter>> NewCpuStreamConverter(const Plan& plan, const StreamSlicing& slicing,
+                                                                       int threads, DeviceMetrics* metrics);
 
 // A stream on `gpu`: leases a stream and the slice's device memory until destroyed.
 absl::StatusOr<std::unique_ptr<StreamConverter>> NewGpuStreamConverter(
-    const Plan& plan, uint64_t target_slice_bytes, Gpu& gpu, PinnedHostPool& pinned,
+    const Plan& plan, const StreamSlicing& slicing, Gpu& gpu, PinnedHostPool& pinned,
     absl::Time deadline, absl::Time memory_deadline);
 
 }  // namespace wprep::server

@@ -1,8 +1,7 @@
 // The ConvertStream data path. Receiving, converting and sending overlap: the RPC's
 // thread frames input chunks into whole slices (StreamInputFramer), a converter thread
 // converts each slice and cuts its output into chunk messages, and a sender thread writes
-// those (StreamPipeline). Memory held: kSlicesQueued input slices and kChunksQueued output
-// chunks, plus one of each in the works.
+// those (StreamPipeline). Memory held is bounded by StreamPipeline::HostBytes.
 #ifndef WPREP_SERVER_SRC_STREAM_PIPELINE_H_
 #define WPREP_SERVER_SRC_STREAM_PIPELINE_H_
 
@@ -31,8 +30,8 @@ inline constexpr uint64_t kMaxChunkBytes = 4ull << 20;
 inline constexpr uint64_t kOutputChunkBytes = 1ull << 20;
 
 // A thread that takes items from a bounded queue and works on each; the first error
-// stops it and is returned to whoever pushes next. Items are recycled (TakeBuffer), so a
-// long stream allocates its buffers once. Thread-safe.
+// stops it and is returned to whoever pushes next. Items are recycled (TakeBuffer; at
+// most `depth` kept), so a long stream allocates its buffers once. Thread-safe.
 template <typename T>
 class WorkerQueue {
  public:
@@ -113,7 +112,7 @@ class WorkerQueue {
       }
       absl::Status s = work_(item);
       absl::MutexLock lock(&mu_);
-      if (free_.size() < depth_ + 1) free_.push_back(std::move(item));
+      if (free_.size() < depth_) free_.push_back(std::move(item));
       if (!s.ok() && status_.ok()) status_ = s;
     }
   }
@@ -163,8 +162,14 @@ class StreamInputFramer {
 // The converter and sender threads of one stream.
 class StreamPipeline final : public SliceSink {
  public:
-  static constexpr size_t kSlicesQueued = 4;
-  static constexpr size_t kChunksQueued = 16;
+  static constexpr size_t kSlicesQueued = 2;
+  static constexpr size_t kChunksQueued = 8;
+  // The most host memory one stream's buffers hold, besides the engine's own output
+  // buffer of one slice: input slices queued, converting, being filled and recycled,
+  // and output chunks queued, being sent and recycled.
+  static constexpr uint64_t HostBytes(uint64_t slice_input_bytes) {
+    return (2 * kSlicesQueued + 2) * slice_input_bytes + (2 * kChunksQueued + 1) * kOutputChunkBytes;
+  }
   // Converts one input slice; its output stays valid until the next call.
   using Convert = std::function<absl::StatusOr<absl::Span<const uint8_t>>(const std::string& in)>;
   // Writes one response message to the client; false when the client went away.

@@ -5,7 +5,10 @@
 #include <netinet/in.h>
 #include <signal.h>
 #include <stdlib.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/time.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -14,6 +17,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
@@ -30,6 +34,11 @@ std::string WprepdPath() {
 
 std::unique_ptr<Daemon> Daemon::Start(const std::vector<std::string>& extra_args,
                                       std::string* error, absl::Duration bound) {
+  return Start(extra_args, error, bound, StartOptions());
+}
+
+std::unique_ptr<Daemon> Daemon::Start(const std::vector<std::string>& extra_args, std::string* error,
+                                      absl::Duration bound, const StartOptions& options) {
   std::unique_ptr<Daemon> d(new Daemon());
   char tmpl[] = "/tmp/wprepd-test-XXXXXX";
   if (mkdtemp(tmpl) == nullptr) {
@@ -37,13 +46,13 @@ std::unique_ptr<Daemon> Daemon::Start(const std::vector<std::string>& extra_args
     return nullptr;
   }
   d->dir_ = tmpl;
+  if (options.uid >= 0) chmod(tmpl, 0777);  // the daemon's user writes its socket and port file here
   const std::string port_file = d->dir_ + "/ports";
   const std::string log_file = d->dir_ + "/wprepd.log";
-  std::vector<std::string> args = {WprepdPath(),
-                                   "--listen=unix://" + d->dir_ + "/wprepd.sock",
-                                   "--listen=127.0.0.1:0",
-                                   "--metrics-address=127.0.0.1:0",
-                                   "--port-file=" + port_file};
+  std::vector<std::string> args = {WprepdPath(), "--listen=unix://" + d->dir_ + "/wprepd.sock"};
+  if (!options.no_tcp) args.push_back("--listen=127.0.0.1:0");
+  args.push_back("--metrics-address=127.0.0.1:0");
+  args.push_back("--port-file=" + port_file);
   args.insert(args.end(), extra_args.begin(), extra_args.end());
   std::vector<char*> argv;
   for (std::string& a : args) argv.push_back(a.data());
@@ -59,6 +68,13 @@ std::unique_ptr<Daemon> Daemon::Start(const std::vector<std::string>& extra_args
       dup2(fd, 2);
       dup2(fd, 1);
     }
+    if (options.uid >= 0 && (setgid(static_cast<gid_t>(options.uid)) != 0 || setuid(static_cast<uid_t>(options.uid)) != 0)) {
+      _exit(126);
+    }
+    if (options.nproc_limit > 0) {
+      const rlimit rl{static_cast<rlim_t>(options.nproc_limit), static_cast<rlim_t>(options.nproc_limit)};
+      if (setrlimit(RLIMIT_NPROC, &rl) != 0) _exit(125);
+    }
     execv(argv[0], argv.data());
     _exit(127);
   }
@@ -72,6 +88,7 @@ std::unique_ptr<Daemon> Daemon::Start(const std::vector<std::string>& extra_args
         if (kind == "grpc" && addr.rfind("unix://", 0) == 0) d->unix_target_ = addr;
         else if (kind == "grpc") d->tcp_target_ = addr;
         else if (kind == "metrics") d->metrics_ = addr;
+        else if (kind == "health") d->health_ = addr;
       }
       if (!d->unix_target_.empty()) return d;
     }
@@ -146,12 +163,29 @@ std::string Daemon::Log() const {
   return ss.str();
 }
 
-std::string HttpGet(const std::string& host_port, const std::string& path) {
+uint64_t Daemon::RssBytes() const {
+  std::ifstream f("/proc/" + std::to_string(pid_) + "/status");
+  std::string line;
+  while (std::getline(f, line)) {
+    uint64_t kb = 0;
+    if (line.rfind("VmRSS:", 0) == 0 && absl::SimpleAtoi(absl::StripAsciiWhitespace(line.substr(6, line.size() - 9)), &kb)) {
+      return kb << 10;
+    }
+  }
+  return 0;
+}
+
+std::string HttpGet(const std::string& host_port, const std::string& path, absl::Duration timeout) {
   const size_t colon = host_port.rfind(':');
   int port = 0;
   if (colon == std::string::npos || !absl::SimpleAtoi(host_port.substr(colon + 1), &port)) return "";
   const int fd = socket(AF_INET, SOCK_STREAM, 0);
   if (fd < 0) return "";
+  timeval tv{};
+  tv.tv_sec = absl::ToInt64Seconds(timeout);
+  tv.tv_usec = absl::ToInt64Microseconds(timeout) % 1000000;
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
   addr.sin_port = htons(static_cast<uint16_t>(port));

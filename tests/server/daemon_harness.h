@@ -21,12 +21,23 @@ std::string WprepdPath();
 
 class Daemon {
  public:
+  struct StartOptions {
+    // Run as this user (and its group) instead of the test's; needs root. -1: the test's.
+    int uid = -1;
+    // Leave out the harness's loopback TCP listener.
+    bool no_tcp = false;
+    // RLIMIT_NPROC of the daemon (threads of its user, all processes together); 0: as is.
+    int nproc_limit = 0;
+  };
+
   // Starts wprepd with `extra_args` added to the harness's --listen/--metrics-address/
   // --port-file flags and waits (at most `bound`) until it has written its port file.
   // Returns nullptr and sets *error when it did not start.
   static std::unique_ptr<Daemon> Start(const std::vector<std::string>& extra_args,
                                        std::string* error,
                                        absl::Duration bound = absl::Seconds(60));
+  static std::unique_ptr<Daemon> Start(const std::vector<std::string>& extra_args, std::string* error,
+                                       absl::Duration bound, const StartOptions& options);
   ~Daemon();  // kills the process if it still runs and removes the folder
 
   const std::string& unix_target() const { return unix_target_; }  // "unix:///.../wprepd.sock"
@@ -48,16 +59,21 @@ class Daemon {
   int WaitExit(absl::Duration bound = absl::Seconds(60));
   // What the daemon wrote to stderr so far.
   std::string Log() const;
+  // The daemon's resident set (VmRSS), bytes; 0 when unreadable.
+  uint64_t RssBytes() const;
+  // The "health HOST:PORT" line of the port file (--health-listen), or "".
+  const std::string& health_address() const { return health_; }
 
  private:
   Daemon() = default;
   pid_t pid_ = -1;
   bool exited_ = false;
-  std::string dir_, unix_target_, tcp_target_, metrics_;
+  std::string dir_, unix_target_, tcp_target_, metrics_, health_;
 };
 
-// GET http://host_port/path; the body, or "" on failure.
-std::string HttpGet(const std::string& host_port, const std::string& path);
+// GET http://host_port/path; the body, or "" on failure or after `timeout`.
+std::string HttpGet(const std::string& host_port, const std::string& path,
+                    absl::Duration timeout = absl::Seconds(10));
 
 // Sum of the values of every series `name` whose labels include `labels`, in Prometheus
 // text format; nullopt when no series matches.

@@ -49,7 +49,8 @@ struct Parts {
     metrics = *Metrics::Create("", true);
     devices = *DeviceManager::Create(o, &runtime, metrics.get());
     ipc = std::make_unique<IpcCache>(&runtime, 8, absl::Minutes(5), metrics.get());
-    executor = std::make_unique<Executor>(devices.get(), ipc.get(), stream_slice_bytes, o.memory_wait);
+    executor = std::make_unique<Executor>(devices.get(), ipc.get(),
+                                          server::StreamSlicing{stream_slice_bytes, 256ull << 20}, o.memory_wait);
   }
   FakeRuntime runtime;
   std::unique_ptr<Metrics> metrics;

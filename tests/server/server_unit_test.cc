@@ -1,11 +1,13 @@
 // Unit tests of the daemon's small pieces: flags, the status translation, UUIDs, the
 // accounting allocator's budget, the IPC owner map's calibration.
 #include "gtest/gtest.h"
+#include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "device_allocator.h"
 #include "device_manager.h"
 #include "fake_runtime.h"
 #include "proto_translate.h"
+#include "service.h"
 #include "ipc_owner.h"
 #include "wprep/server/options.h"
 #include "rpc_warmup.h"
@@ -17,23 +19,40 @@ namespace {
 TEST(Options, DefaultsAreLocalOnly) {
   absl::StatusOr<Options> o = ParseOptions({});
   ASSERT_TRUE(o.ok()) << o.status();
-  ASSERT_EQ(o->listen.size(), 2u);
+  // The Unix socket alone: its file mode decides who may convert (loopback TCP would
+  // admit every local user).
+  ASSERT_EQ(o->listen.size(), 1u);
   EXPECT_EQ(o->listen[0], "unix:///tmp/wprepd.sock");
-  EXPECT_EQ(o->listen[1], "127.0.0.1:50051");
   EXPECT_EQ(o->metrics_address, "127.0.0.1:9464");
   for (const std::string& a : o->listen) EXPECT_EQ(a.find("0.0.0.0"), std::string::npos);
 }
 
 TEST(Options, RepeatedListenReplacesTheDefaultsAndAccumulates) {
   absl::StatusOr<Options> o =
-      ParseOptions({"--listen=unix:///run/w.sock", "--listen", "0.0.0.0:7000", "--devices=0,GPU-1",
+      ParseOptions({"--listen=unix:///run/w.sock", "--listen", "127.0.0.1:7000", "--devices=0,GPU-1",
                     "--max-device-bytes=8G", "--drain-timeout=5s", "--streams-per-device", "2"});
   ASSERT_TRUE(o.ok()) << o.status();
-  EXPECT_EQ(o->listen, (std::vector<std::string>{"unix:///run/w.sock", "0.0.0.0:7000"}));
+  EXPECT_EQ(o->listen, (std::vector<std::string>{"unix:///run/w.sock", "127.0.0.1:7000"}));
   EXPECT_EQ(o->devices, (std::vector<std::string>{"0", "GPU-1"}));
   EXPECT_EQ(o->max_device_bytes, 8ull << 30);
   EXPECT_EQ(o->drain_timeout, absl::Seconds(5));
   EXPECT_EQ(o->streams_per_device, 2);
+}
+
+TEST(Options, TcpBeyondLoopbackNeedsTls) {
+  for (const char* addr : {"0.0.0.0:7000", "10.1.2.3:7000", "[::]:7000", "gpu-node-3:7000"}) {
+    absl::StatusOr<Options> o = ParseOptions({absl::StrCat("--listen=", addr)});
+    ASSERT_FALSE(o.ok()) << addr;
+    EXPECT_NE(o.status().message().find("--tls-cert"), absl::string_view::npos) << o.status();
+    EXPECT_TRUE(ParseOptions({absl::StrCat("--listen=", addr), "--tls-cert=c.pem", "--tls-key=k.pem"}).ok()) << addr;
+  }
+  for (const char* addr : {"127.0.0.1:7000", "localhost:7000", "[::1]:7000", "unix:///run/w.sock"}) {
+    EXPECT_TRUE(ParseOptions({absl::StrCat("--listen=", addr)}).ok()) << addr;
+  }
+  EXPECT_FALSE(ParseOptions({"--tls-cert=c.pem"}).ok());
+  EXPECT_FALSE(ParseOptions({"--tls-client-ca=ca.pem"}).ok());
+  EXPECT_FALSE(ParseOptions({"--health-listen=unix:///x"}).ok());
+  EXPECT_TRUE(ParseOptions({"--health-listen=0.0.0.0:8081"}).ok());
 }
 
 TEST(Options, BadFlagsNameTheFlag) {
@@ -67,6 +86,20 @@ TEST(Status, TranslationKeepsCodeAndMessage) {
   const absl::Status back = FromGrpc(grpc::Status(grpc::StatusCode::NOT_FOUND, "gone"));
   EXPECT_EQ(back.code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(back.message(), "gone");
+}
+
+TEST(Service, ExceptionsInAHandlerBecomeStatusesAndErrorsAreBounded) {
+  EXPECT_EQ(RunGuarded([]() -> absl::Status { throw std::bad_alloc(); }, 7).code(),
+            absl::StatusCode::kResourceExhausted);
+  const absl::Status s = RunGuarded([]() -> absl::Status { throw std::runtime_error("boom"); }, 8);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInternal);
+  EXPECT_NE(s.message().find("boom"), absl::string_view::npos);
+  EXPECT_EQ(RunGuarded([]() -> absl::Status { throw 42; }, 9).code(), absl::StatusCode::kInternal);
+  EXPECT_TRUE(RunGuarded([] { return absl::OkStatus(); }, 10).ok());
+  const absl::Status big = BoundMessage(absl::InvalidArgumentError(std::string(100000, 'x')));
+  EXPECT_EQ(big.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_LE(big.message().size(), kMaxErrorBytes);
+  EXPECT_NE(big.message().find("more bytes"), absl::string_view::npos);
 }
 
 TEST(Uuid, FormatAndParseRoundTrip) {

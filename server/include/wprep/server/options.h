@@ -14,10 +14,20 @@ namespace wprep::server {
 
 struct Options {
   // gRPC listening addresses: "unix:///path" or "HOST:PORT" (port 0 picks a free port).
-  // Defaults to a Unix socket plus loopback TCP; never all interfaces unless asked.
-  std::vector<std::string> listen = {"unix:///tmp/wprepd.sock", "127.0.0.1:50051"};
+  // The default is the Unix socket alone: its file mode decides who may convert. TCP is
+  // opt-in; loopback TCP admits every local user, and a TCP address beyond loopback
+  // needs TLS (tls_cert_file and tls_key_file).
+  std::vector<std::string> listen = {"unix:///tmp/wprepd.sock"};
+  // A plaintext gRPC listener serving grpc.health.v1 and nothing else (for Kubernetes'
+  // gRPC probes on the pod IP); empty = none.
+  std::string health_listen;
   // Prometheus exposition address, served at /metrics. Empty disables it.
   std::string metrics_address = "127.0.0.1:9464";
+  // TLS for the TCP listeners (PEM files): server certificate chain and key, and, for
+  // mutual TLS, the CA that client certificates must chain to.
+  std::string tls_cert_file;
+  std::string tls_key_file;
+  std::string tls_client_ca_file;
   // GPUs to use, by ordinal ("0") or UUID ("GPU-xxxxxxxx-..."); empty = every GPU.
   std::vector<std::string> devices;
   // CUDA streams per GPU; also the number of requests one GPU runs at once.
@@ -32,6 +42,18 @@ struct Options {
   absl::Duration drain_timeout = absl::Seconds(30);
   // Largest unary message accepted or sent, bytes (streams always accept 4 MiB chunks).
   int64_t max_message_bytes = 64ll << 20;
+  // Bound on the input and on the output of any one conversion, whatever the transport.
+  uint64_t max_tensor_bytes = 64ull << 30;
+  // Bound on one matrix of a ConvertStream (input or output): a stream holds a few
+  // matrices in host memory at a time. Larger matrices go through CUDA IPC.
+  uint64_t max_stream_matrix_bytes = 1ull << 30;
+  // Bound on host memory held for inline requests and responses (until each response
+  // has been sent, which a client that does not read delays) and for stream buffers.
+  uint64_t max_buffered_bytes = 1ull << 30;
+  // Open connections over all listeners (also kept under RLIMIT_NOFILE), and concurrent
+  // calls per connection.
+  int max_connections = 1024;
+  int max_concurrent_streams = 64;
   // Bound on cached IPC mappings and how long an unused one stays open.
   int ipc_cache_entries = 256;
   absl::Duration ipc_idle_expiry = absl::Minutes(5);
