@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from conftest import (GRAFANA, IMAGE_PREFIX, PROM, RenderedDaemon, flag_value, image_env, need_sandbox,
-                      require_flags_for)
+                      require_flags_for, wprepd_help)
 from pending import pending_in
 
 PROM_ADDR = "127.0.0.1:9090"
@@ -32,6 +32,19 @@ TRAFFIC_SECONDS = 8
 
 class Live:
     pass
+
+
+def bytes_value(v):
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+    return int(v[:-1]) * units[v[-1].upper()] if v[-1].upper() in units else int(v)
+
+
+def default_of(flag):
+    """A flag's default as `wprepd --help` states it: "(default 1G)"."""
+    text = wprepd_help()
+    m = re.search(re.escape(flag) + r"\b[^\n]*(?:\n\s{20,}[^\n]*)*?\(default ([^)\s;]+)\)", text)
+    assert m, f"wprepd --help states no default for {flag}"
+    return m.group(1)
 
 
 def api(path, **params):
@@ -73,6 +86,7 @@ def live():
         st = d.container["startupProbe"]
         d.wait_probe(st, min(st["periodSeconds"] * st["failureThreshold"], 120))
         lv.metrics = flag_value(d.cmd, "--metrics-address")
+        lv.max_buffered_bytes = bytes_value(flag_value(d.cmd, "--max-buffered-bytes") or default_of("--max-buffered-bytes"))
         config = {
             "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
             "rule_files": [str(p) for p in sorted((PROM / "rules").glob("*.yml"))],
@@ -250,9 +264,17 @@ def check_panel(lv, title, legend, res):
         else:
             assert by(res, transport="stream") == [0.0]
     elif title == "Device memory":
-        assert by(res, device="cpu") == [0.0], "the CPU engine holds no device memory"
+        assert by(res, device="cpu") == [0.0], "the CPU engine holds no device memory, and no budget applies to it"
     elif title == "In-flight work":
         assert by(res, device="cpu") == [0.0], "the traffic has finished"
+    elif title == "Host buffers":
+        (v,) = [v for _, v in res]
+        if "budget" in legend:
+            assert v == lv.max_buffered_bytes, (v, lv.max_buffered_bytes)
+        else:
+            assert v == 0, "every call has ended, so nothing stays buffered"
+    elif title == "Refused connections":
+        assert [v for _, v in res] == [0.0]
     elif title == "IPC cache":
         assert [v for _, v in res] == [0.0], "no IPC traffic on the CPU engine"
     else:
