@@ -9,6 +9,7 @@ OUT=${OUT:-/tmp/wprep-gpu-check}
 mkdir -p "$OUT"
 export LD_LIBRARY_PATH=$PWD/.bundle/lib
 export WPREP_GOLDEN_DIR=$PWD/tests/data/golden
+export WPREP_TEST_DATA_DIR=$PWD/tests/data
 export WPREP_CLI=$PWD/.bundle/bin/wprep
 export WPREPD=$PWD/.bundle/bin/wprepd
 export WPREP_IPC_CLIENT_PATH=$PWD/.bundle/bin/wprep_ipc_client

@@ -27,12 +27,14 @@ enum class Method {
   kPlan,
   kConvert,
   kConvertStream,
+  kConvertBatch,
   kListDevices,
   kRegisterIpcHandles,
   kReleaseIpcHandles,
 };
 // How the bytes travel: inline protobuf bytes or CUDA IPC, source to destination.
-enum class Transport { kNone, kBytesToBytes, kBytesToIpc, kIpcToBytes, kIpcToIpc, kStream };
+// A batch as a whole is kBatch; its items have their own transports.
+enum class Transport { kNone, kBytesToBytes, kBytesToIpc, kIpcToBytes, kIpcToIpc, kStream, kBatch };
 
 const char* MethodName(Method method);
 const char* TransportName(Transport transport);
@@ -95,6 +97,8 @@ class Metrics {
   DeviceMetrics& device(int slot) { return devices_[slot]; }
 
   void RecordRequest(const RequestRecord& record);
+  // One item of a ConvertBatch (wprep_batch_items_total); `code` is the batch's.
+  void RecordBatchItem(Layout layout, Direction direction, Transport transport, absl::StatusCode code);
   void IpcCacheHit() { ipc_hits_->Increment(); }
   void IpcCacheMiss() { ipc_misses_->Increment(); }
   void SetIpcCacheEntries(double n) { ipc_entries_->Set(n); }
@@ -115,6 +119,7 @@ class Metrics {
   std::unique_ptr<MetricsHttpServer> http_;
   int port_ = 0;
   prometheus::Family<prometheus::Counter>* requests_ = nullptr;
+  prometheus::Family<prometheus::Counter>* batch_items_ = nullptr;
   prometheus::Family<prometheus::Histogram>* request_seconds_ = nullptr;
   prometheus::Family<prometheus::Histogram>* peak_extra_bytes_ = nullptr;
   prometheus::Family<prometheus::Histogram>* kernel_seconds_ = nullptr;
