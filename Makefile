@@ -12,7 +12,7 @@ ifeq ($(shell command -v nvcc),)
   endif
 endif
 
-.PHONY: all deps build test test-unit test-sanitize test-thread-safety run bench soak-memory gpu-bundle clean
+.PHONY: all deps build test test-unit test-sanitize test-thread-safety test-deploy run bench soak-memory gpu-bundle clean
 
 all: build
 
@@ -26,8 +26,9 @@ build: deps $(BUILD)/build.ninja
 	cmake --build $(BUILD) -j $(JOBS)
 
 # Everything CI runs: the unit and integration tests, the host tests under
-# AddressSanitizer + UndefinedBehaviorSanitizer, and clang's lock-annotation check.
-test: test-unit test-sanitize test-thread-safety
+# AddressSanitizer + UndefinedBehaviorSanitizer, clang's lock-annotation check, and the
+# deployment checks.
+test: test-unit test-sanitize test-thread-safety test-deploy
 
 test-unit: build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS) --timeout 600
@@ -48,6 +49,15 @@ test-thread-safety: deps
 	  -DCMAKE_CXX_COMPILER=clang++ -DWPREP_ENABLE_CUDA=OFF $(CMAKE_FLAGS)
 	cmake --build $(TSA_BUILD) -j $(JOBS) --target wprepd wprep server_test kernels_cpu_test
 
+# The Dockerfile, deploy/k8s, deploy/prometheus and deploy/grafana against the real daemon:
+# lint, kustomize renders and schemas, the image's files staged as its build stage stages
+# them, the rendered daemons and their probes, promtool, and a real Prometheus (as root,
+# in private namespaces: tests/deploy/run.sh).
+test-deploy: build
+	bash scripts/deploy_tools.sh
+	bash scripts/stage_runtime.sh .stage
+	bash tests/deploy/run.sh
+
 # Starts the daemon in the foreground (GPU when present, else the CPU engine).
 run: build
 	@if [ -x $(BUILD)/server/wprepd ]; then exec $(BUILD)/server/wprepd $(ARGS); \
@@ -67,4 +77,4 @@ gpu-bundle: deps
 	bash scripts/gpu_bundle.sh
 
 clean:
-	rm -rf $(BUILD) $(SAN_BUILD) $(TSA_BUILD) .bundle
+	rm -rf $(BUILD) $(SAN_BUILD) $(TSA_BUILD) .bundle .stage .tools
