@@ -8,7 +8,7 @@
 //   wprep_ipc_client --target=... --mode=bad-garbage|bad-beyond|bad-wrong-uuid
 //   wprep_ipc_client --target=... --mode=loop-big      (converts until killed)
 //   wprep_ipc_client --target=... --mode=batch|batch-bad  (every case in one ConvertBatch;
-//       batch-bad: one item names freed memory, so nothing may be written)
+//       batch-bad: one item's range reaches past its allocation, so nothing may be written)
 //   wprep_ipc_client --target=... --mode=shared-source [--parallel=N]
 //       (N requests at once share one new source handle, each with its own destination)
 #include <atomic>
@@ -110,8 +110,8 @@ const std::vector<GoldenCase>& AllCases() {
 }
 
 // Every case as one ConvertBatch, IPC -> IPC: byte exact, no extra device bytes. With
-// `spoil`, one item (in the middle) carries a handle of freed memory: the batch must fail
-// naming that item, and no destination may have been written.
+// `spoil`, one item (in the middle) has a source range beyond its allocation: the batch
+// must fail naming that item, and no destination may have been written.
 int RunBatch(const Args& a, wprep::client::Client& client, const std::string& uuid, bool spoil) {
   struct Item {
     const GoldenCase* c;
@@ -137,11 +137,11 @@ int RunBatch(const Args& a, wprep::client::Client& client, const std::string& uu
     *ci->mutable_destination()->mutable_ipc() = Ipc(it.out, uuid);
   }
   const size_t bad = items.size() / 2;
-  DeviceBuffer freed;
   if (spoil) {
-    if (int r = Alloc(items[bad].c->input_bytes, 256, &freed); r != 0) return r;
-    CHECK_CUDA(cudaFree(freed.base));
-    *batch.mutable_items(static_cast<int>(bad))->mutable_convert()->mutable_source()->mutable_ipc() = Ipc(freed, uuid);
+    // A range that passes every field check but reaches past the real allocation: only
+    // the daemon's mapping of the handle can tell, after the edge checked every item.
+    v1::CudaIpcBuffer* src = batch.mutable_items(static_cast<int>(bad))->mutable_convert()->mutable_source()->mutable_ipc();
+    src->set_offset(items[bad].in.alloc);
   }
   absl::StatusOr<v1::ConvertBatchResponse> resp = client.ConvertBatch(batch);
   int rc = 0;
@@ -149,7 +149,8 @@ int RunBatch(const Args& a, wprep::client::Client& client, const std::string& uu
     const std::string want = absl::StrCat("items[", bad, "]");
     if (resp.ok() || resp.status().code() != absl::StatusCode::kInvalidArgument ||
         resp.status().message().find(want) == absl::string_view::npos) {
-      rc = Fail(absl::StrCat("a batch with a freed handle at ", want, " answered ", resp.status().ToString()));
+      rc = Fail(absl::StrCat("a batch with a range beyond its allocation at ", want, " answered ",
+                             resp.status().ToString()));
     }
     for (size_t i = 0; rc == 0 && i < items.size(); ++i) {
       std::string got(items[i].c->output_bytes, '\0');
