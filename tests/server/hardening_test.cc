@@ -64,13 +64,7 @@ ConversionSpec BlackwellSwizzle(int64_t block_k, int64_t block_n) {
   return s;
 }
 
-ConversionSpec HopperSwizzle(int mx_axis) {
-  ConversionSpec s;
-  s.layout = Layout::kHopperValue;
-  s.direction = Direction::kSwizzle;
-  s.hopper.mx_axis = mx_axis;
-  return s;
-}
+ConversionSpec HopperSwizzle(int mx_axis) { return HopperSpec(Direction::kSwizzle, mx_axis, 3); }
 
 // A small request the daemon must still answer correctly.
 void ExpectServes(const Daemon& d, const std::string& why) {
