@@ -12,7 +12,8 @@ ifeq ($(shell command -v nvcc),)
   endif
 endif
 
-.PHONY: all deps build test test-unit test-sanitize test-thread-safety test-tsan test-fuzz run bench soak-memory gpu-bundle clean
+.PHONY: all deps build test test-unit test-sanitize test-thread-safety test-tsan test-fuzz test-deploy run bench \
+  soak-memory gpu-bundle clean
 
 all: build
 
@@ -27,8 +28,9 @@ build: deps $(BUILD)/build.ninja
 
 # Everything CI runs: the unit and integration tests, the host tests under
 # AddressSanitizer + UndefinedBehaviorSanitizer, clang's lock-annotation check, the
-# daemon's tests under ThreadSanitizer, and a short run of each fuzz target.
-test: test-unit test-sanitize test-thread-safety test-tsan test-fuzz
+# daemon's tests under ThreadSanitizer, a short run of each fuzz target, and the
+# deployment checks.
+test: test-unit test-sanitize test-thread-safety test-tsan test-fuzz test-deploy
 
 test-unit: build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS) --timeout 600
@@ -71,6 +73,15 @@ test-tsan: test-thread-safety
 test-fuzz: deps
 	JOBS=$(JOBS) bash scripts/fuzz.sh 25
 
+# The Dockerfile, deploy/k8s, deploy/prometheus and deploy/grafana against the real daemon:
+# lint, kustomize renders and schemas, the image's files staged as its build stage stages
+# them, the rendered daemons and their probes, promtool, and a real Prometheus (as root,
+# in private namespaces: tests/deploy/run.sh).
+test-deploy: build
+	bash scripts/deploy_tools.sh
+	bash scripts/stage_runtime.sh .stage
+	bash tests/deploy/run.sh
+
 # Starts the daemon in the foreground (GPU when present, else the CPU engine).
 run: build
 	@if [ -x $(BUILD)/server/wprepd ]; then exec $(BUILD)/server/wprepd $(ARGS); \
@@ -90,4 +101,4 @@ gpu-bundle: deps
 	bash scripts/gpu_bundle.sh
 
 clean:
-	rm -rf $(BUILD) $(SAN_BUILD) $(TSA_BUILD) build-thread-safety build-fuzz .bundle
+	rm -rf $(BUILD) $(SAN_BUILD) $(TSA_BUILD) build-thread-safety build-fuzz .bundle .stage .tools

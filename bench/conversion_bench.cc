@@ -1,5 +1,8 @@
-// Times every conversion of ANCHORS.md (plus a Blackwell retile) on the GPU next to a
-// device-to-device copy of the same bytes, and on the CPU next to a memcpy, in one run.
+// Times every conversion of ANCHORS.md (plus a Blackwell retile), the same tensors from
+// checkpoint order (packing axis -2), blackwell_value both ways and packings, and the
+// scale layouts at --scale_shape (dense, and the transposed view loaders pass), on the
+// GPU next to a device-to-device copy of the same bytes, and on the CPU next to a memcpy,
+// in one run.
 // GPU: CUDA events around each call (warm-up, then the median of --iters calls), copy and
 // conversion interleaved so both see the same conditions. CPU: median of --cpu-reps.
 // Prints a markdown table; --csv FILE also writes every figure.
@@ -36,6 +39,8 @@ ABSL_FLAG(std::vector<std::string>, cpu_threads, std::vector<std::string>({"1", 
 ABSL_FLAG(int, cpu_reps, 3, "timed CPU runs per conversion (median reported)");
 ABSL_FLAG(std::string, csv, "", "also write results to this CSV file");
 ABSL_FLAG(std::string, only, "", "time only conversions whose name contains this text");
+ABSL_FLAG(std::string, scale_shape, "16x4096x128",
+          "shape of the scale tensors the scale rows time (8 MiB: [16, 4096, 128])");
 
 namespace wprep {
 namespace {
@@ -43,23 +48,46 @@ namespace {
 struct Case {
   std::string name;
   ConversionSpec spec;
+  // Empty: the --shapes sweep. Else this case's own shape (the scale rows run at
+  // --scale_shape, whatever --shapes says).
+  std::vector<int64_t> shape = {};
+  // The input view's strides (empty: dense), e.g. the transposed scale view loaders pass.
+  std::vector<int64_t> strides = {};
 };
+
+std::vector<int64_t> ParseShape(const std::string& s);
 
 std::vector<Case> Cases() {
   std::vector<Case> cases;
-  auto hopper = [](int mx, Direction d) {
+  auto hopper = [](int mx, Direction d, int packing = -1) {
     ConversionSpec s;
     s.layout = Layout::kHopperValue;
     s.direction = d;
     s.hopper = {mx, 3};
+    s.packing_axis = packing;
     return s;
   };
-  auto blackwell = [](Direction d) {
+  auto blackwell = [](Direction d, int packing = -1) {
     ConversionSpec s;
     s.layout = Layout::kBlackwellShuffledValue;
     s.direction = d;
     s.blackwell = {128, 256};
     s.blackwell_to = {256, 128};
+    s.packing_axis = packing;
+    return s;
+  };
+  auto blackwell_value = [](Direction d, int packing) {
+    ConversionSpec s;
+    s.layout = Layout::kBlackwellValue;
+    s.direction = d;
+    s.packing_axis = packing;
+    return s;
+  };
+  auto scale = [](Layout l, int mx, int nw, Direction d) {
+    ConversionSpec s;
+    s.layout = l;
+    s.direction = d;
+    s.hopper_scale = {mx, nw};
     return s;
   };
   cases.push_back({"hopper mx-2 mma3 swizzle", hopper(-2, Direction::kSwizzle)});
@@ -69,6 +97,40 @@ std::vector<Case> Cases() {
   cases.push_back({"blackwell 128x256 swizzle", blackwell(Direction::kSwizzle)});
   cases.push_back({"blackwell 128x256 unswizzle", blackwell(Direction::kUnswizzle)});
   cases.push_back({"blackwell retile 128x256->256x128", blackwell(Direction::kRetile)});
+  // Checkpoint order (packing axis -2) of the same logical tensors.
+  cases.push_back({"hopper mx-2 mma3 swizzle packing-2", hopper(-2, Direction::kSwizzle, -2)});
+  cases.push_back({"hopper mx-2 mma3 unswizzle packing-2", hopper(-2, Direction::kUnswizzle, -2)});
+  cases.push_back({"hopper mx-1 mma3 swizzle packing-2", hopper(-1, Direction::kSwizzle, -2)});
+  cases.push_back({"hopper mx-1 mma3 unswizzle packing-2", hopper(-1, Direction::kUnswizzle, -2)});
+  cases.push_back({"blackwell 128x256 swizzle packing-2", blackwell(Direction::kSwizzle, -2)});
+  cases.push_back({"blackwell 128x256 unswizzle packing-2", blackwell(Direction::kUnswizzle, -2)});
+  for (int packing : {-1, -2}) {
+    const std::string p = packing == -1 ? "" : " packing-2";
+    cases.push_back({"blackwell_value swizzle" + p, blackwell_value(Direction::kSwizzle, packing)});
+    cases.push_back({"blackwell_value unswizzle" + p, blackwell_value(Direction::kUnswizzle, packing)});
+  }
+  // Scales of the same weights' size class: [E, K/32, N]-shaped scale tensors.
+  const std::vector<int64_t> ss = ParseShape(absl::GetFlag(FLAGS_scale_shape));
+  const int64_t rows = ss[ss.size() - 2], cols = ss.back();
+  const std::vector<int64_t> transposed = {rows * cols, 1, rows};  // over a dense [E, cols, rows]
+  for (Direction d : {Direction::kSwizzle, Direction::kUnswizzle}) {
+    const std::string dn = d == Direction::kSwizzle ? " swizzle" : " unswizzle";
+    for (int mx : {-1, -2}) {
+      for (int nw : {4, 8}) {
+        cases.push_back({absl::StrFormat("hopper_scale mx%d w%d%s", mx, nw, dn),
+                         scale(Layout::kHopperScale, mx, nw, d), ss});
+      }
+    }
+    cases.push_back({"blackwell_scale" + dn, scale(Layout::kBlackwellScale, -2, 8, d), ss});
+  }
+  if (ss.size() == 3) {
+    for (int mx : {-1, -2}) {
+      cases.push_back({absl::StrFormat("hopper_scale mx%d w8 swizzle transposed view", mx),
+                       scale(Layout::kHopperScale, mx, 8, Direction::kSwizzle), ss, transposed});
+    }
+    cases.push_back({"blackwell_scale swizzle transposed view",
+                     scale(Layout::kBlackwellScale, -2, 8, Direction::kSwizzle), ss, transposed});
+  }
   const std::string only = absl::GetFlag(FLAGS_only);
   std::erase_if(cases, [&](const Case& c) { return c.name.find(only) == std::string::npos; });
   return cases;
@@ -120,7 +182,10 @@ void TimeGpu(const std::vector<int64_t>& shape, const std::string& shape_name,
   cudaStream_t stream;
   CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   for (const Case& c : Cases()) {
-    auto plan = MakePlan(c.spec, shape);
+    // Scale rows have their own shape: run them once, with the first --shapes entry.
+    if (!c.shape.empty() && shape_name != absl::GetFlag(FLAGS_shapes).front()) continue;
+    const std::vector<int64_t>& case_shape = c.shape.empty() ? shape : c.shape;
+    auto plan = MakePlan(c.spec, case_shape, InputBinding{c.strides, {}});
     if (!plan.ok()) {
       std::fprintf(stderr, "%s: %s\n", c.name.c_str(), plan.status().ToString().c_str());
       std::exit(1);
@@ -169,7 +234,8 @@ void TimeGpu(const std::vector<int64_t>& shape, const std::string& shape_name,
       copy.push_back(b);
     }
     for (auto& e : ev) cudaEventDestroy(e);
-    rows->push_back({"cuda", shape_name, c.name, Median(conv), Median(copy), in_bytes,
+    rows->push_back({"cuda", c.shape.empty() ? shape_name : absl::GetFlag(FLAGS_scale_shape),
+                     c.name, Median(conv), Median(copy), in_bytes,
                      absl::StrFormat("baseline: cudaMemcpyAsync D2D of the input bytes; host "
                                      "call %.1f us vs copy call %.1f us",
                                      Median(host_conv), Median(host_copy))});
@@ -188,7 +254,7 @@ void TimeCpu(const std::vector<int64_t>& shape, const std::string& shape_name,
     int threads = std::stoi(t);
     if (threads == 0) threads = static_cast<int>(std::thread::hardware_concurrency());
     for (const Case& c : Cases()) {
-      auto plan = MakePlan(c.spec, shape);
+      auto plan = MakePlan(c.spec, c.shape.empty() ? shape : c.shape, InputBinding{c.strides, {}});
       if (!plan.ok()) std::exit(1);
       const auto in = RandomBytes(plan->input_bytes);
       std::vector<uint8_t> out(plan->output_bytes, 1), copy(plan->input_bytes, 1);
@@ -204,7 +270,9 @@ void TimeCpu(const std::vector<int64_t>& shape, const std::string& shape_name,
         conv.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
         memcpy_ms.push_back(std::chrono::duration<double, std::milli>(t2 - t1).count());
       }
-      rows->push_back({absl::StrFormat("cpu x%d", threads), shape_name, c.name, Median(conv),
+      rows->push_back({absl::StrFormat("cpu x%d", threads),
+                       c.shape.empty() ? shape_name : absl::GetFlag(FLAGS_scale_shape), c.name,
+                       Median(conv),
                        Median(memcpy_ms), plan->input_bytes,
                        "baseline: one-thread memcpy of the input bytes"});
     }

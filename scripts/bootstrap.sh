@@ -10,10 +10,11 @@ PACKAGES=(
   libprotobuf-dev protobuf-compiler libgrpc++-dev protobuf-compiler-grpc
   prometheus-cpp-dev
 )
-# Extra packages for the operational tests (real Prometheus, h2load) are asked for with
+# Extra packages for the operational tests (real Prometheus and promtool, h2load, and
+# what `make test-deploy` runs on: pytest, PyYAML, ip/unshare) are asked for with
 # WPREP_BOOTSTRAP_EXTRA=1 so a plain build stays small.
 if [[ "${WPREP_BOOTSTRAP_EXTRA:-0}" == 1 ]]; then
-  PACKAGES+=(prometheus nghttp2-client)
+  PACKAGES+=(prometheus nghttp2-client python3-pytest python3-yaml iproute2 util-linux)
 fi
 
 missing=()

@@ -2,13 +2,16 @@
 # Runs on the GPU machine from the repo root, with .bundle/ carried (make gpu-bundle):
 # every test binary (GPU tests included), compute-sanitizer on the CUDA engine tests, and
 # the benchmark. Full logs go to $OUT; a short table is printed last.
-# Env: WPREP_TESTS (glob of test binaries, default *_test), WPREP_SANITIZER, WPREP_BENCH,
-# WPREP_RPC_BENCH, WPREP_SOAK (0 skips), WPREP_BENCH_ARGS.
+# Env: WPREP_TESTS (glob of test binaries, default *_test; "none" runs none),
+# WPREP_SANITIZER, WPREP_BENCH, WPREP_RPC_BENCH, WPREP_LOADER_BENCH, WPREP_SOAK (0 skips),
+# WPREP_BENCH_ARGS, WPREP_LOADER_ARGS. With .bundle-base/ carried too (a bundle of another
+# commit), its rpc bench runs right after this one's, for a comparison in one run.
 set -uo pipefail
 OUT=${OUT:-/tmp/wprep-gpu-check}
 mkdir -p "$OUT"
 export LD_LIBRARY_PATH=$PWD/.bundle/lib
 export WPREP_GOLDEN_DIR=$PWD/tests/data/golden
+export WPREP_TEST_DATA_DIR=$PWD/tests/data
 export WPREP_CLI=$PWD/.bundle/bin/wprep
 export WPREPD=$PWD/.bundle/bin/wprepd
 export WPREP_IPC_CLIENT_PATH=$PWD/.bundle/bin/wprep_ipc_client
@@ -19,6 +22,7 @@ cat "$OUT/machine.txt"
 
 : > "$OUT/tests.log"
 for t in .bundle/bin/${WPREP_TESTS:-*_test}; do
+  [[ -x $t ]] || continue
   name=$(basename "$t")
   echo "=== $name" >> "$OUT/tests.log"
   timeout 300 "$t" --gtest_brief=0 >> "$OUT/tests.log" 2>&1
@@ -31,7 +35,7 @@ done
 
 if command -v compute-sanitizer >/dev/null && [[ ${WPREP_SANITIZER:-1} == 1 ]]; then
   timeout 240 compute-sanitizer --tool memcheck --error-exitcode 9 .bundle/bin/kernels_cuda_test \
-    --gtest_filter='*Strided*:*Empty*:*Rejects*:*Golden*' > "$OUT/memcheck.log" 2>&1
+    --gtest_filter='*Strided*:*Empty*:*Rejects*:*Golden*:*LoaderTransposed*' > "$OUT/memcheck.log" 2>&1
   summary+=("compute-sanitizer memcheck rc=$? ($(grep -c 'ERROR SUMMARY: 0 errors' "$OUT/memcheck.log") clean summaries)")
   # Shared-memory races between the two stages of a tile.
   timeout 300 compute-sanitizer --tool racecheck --error-exitcode 9 .bundle/bin/kernels_cuda_test \
@@ -49,6 +53,17 @@ if [[ ${WPREP_RPC_BENCH:-1} == 1 && -x .bundle/bin/wprep_rpc_bench ]]; then
   summary+=("rpc bench rc=$?")
 fi
 
+if [[ ${WPREP_RPC_BENCH:-1} == 1 && -x .bundle-base/bin/wprep_rpc_bench ]]; then
+  LD_LIBRARY_PATH=$PWD/.bundle-base/lib WPREPD=$PWD/.bundle-base/bin/wprepd timeout 300 \
+    .bundle-base/bin/wprep_rpc_bench --iters=200 --stream-runs=9 --fresh-runs=5 > "$OUT/rpc_bench_base.txt" 2>&1
+  summary+=("rpc bench (base bundle) rc=$?")
+fi
+
+if [[ ${WPREP_LOADER_BENCH:-1} == 1 && -x .bundle/bin/wprep_loader_bench ]]; then
+  timeout 400 .bundle/bin/wprep_loader_bench ${WPREP_LOADER_ARGS:-} > "$OUT/loader_bench.txt" 2>&1
+  summary+=("loader bench rc=$?")
+fi
+
 if [[ ${WPREP_SOAK:-1} == 1 && -x .bundle/bin/wprep_memory_soak ]]; then
   timeout 300 .bundle/bin/wprep_memory_soak > "$OUT/memory_soak.txt" 2>&1
   summary+=("memory soak rc=$?")
@@ -58,6 +73,8 @@ echo
 grep -E '^\[  FAILED  \]|Failure' "$OUT/tests.log" | head -20
 # The summary lines (per-run lines and daemon logs stay in the file).
 [[ -f $OUT/rpc_bench.txt ]] && grep -vE '^(fresh_)?daemon_log|_run[0-9]+[ _]' "$OUT/rpc_bench.txt"
+[[ -f $OUT/rpc_bench_base.txt ]] && { echo "--- base bundle:"; grep -vE '^(fresh_)?daemon_log|_run[0-9]+[ _]' "$OUT/rpc_bench_base.txt"; }
+[[ -f $OUT/loader_bench.txt ]] && tail -8 "$OUT/loader_bench.txt"
 [[ -f $OUT/memory_soak.txt ]] && tail -12 "$OUT/memory_soak.txt"
 [[ -f $OUT/bench.txt ]] && grep -E '^\||^GPU|^CPU' "$OUT/bench.txt"
 printf '%s\n' "${summary[@]}"

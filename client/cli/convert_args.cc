@@ -11,11 +11,16 @@ namespace wprep::cli {
 
 const char kConvertUsage[] =
     "usage: wprep convert (--local | --target unix:///path.sock|HOST:PORT)\n"
-    "         --layout hopper_value|blackwell_shuffled_value\n"
+    "         --layout hopper_value|blackwell_shuffled_value|blackwell_value|hopper_scale|blackwell_scale\n"
     "         --direction swizzle|unswizzle|retile\n"
-    "         --shape D0,D1,...            logical shape in FP4 values\n"
-    "         [--mx-axis -1|-2]            hopper_value (default -2)\n"
+    "         --shape D0,D1,...            logical shape (FP4 values; for scales, the scale tensor)\n"
+    "         [--mx-axis -1|-2]            hopper_value and hopper_scale (default -2)\n"
     "         [--mma-version 2|3]          hopper_value (default 3)\n"
+    "         [--num-warps N]              hopper_scale: a power of two (default 8)\n"
+    "         [--packing-axis -1|-2]       value layouts: how the canonical side (swizzle input,\n"
+    "                                      unswizzle output) packs: -1 [..., D0, D1/2] (default),\n"
+    "                                      -2 checkpoint order [..., D1, D0/2]\n"
+    "         [--input-strides S0,S1,...]  byte strides of the input file's view (default dense)\n"
     "         [--block-k N] [--block-n N]  blackwell tiling (default 128, 256; input tiling for retile)\n"
     "         [--to-block-k N] [--to-block-n N]  retile output tiling (required for retile)\n"
     "         [--device cpu|cuda:N]        where a local conversion runs (default cpu)\n"
@@ -64,10 +69,11 @@ absl::StatusOr<ConvertArgs> ParseConvertArgs(const std::vector<std::string>& arg
       if (i + 1 >= args.size()) return Bad(absl::StrCat(a, " needs a value"));
       value = args[++i];
     }
-    static const char* kKnown[] = {"--layout",     "--direction",  "--shape",      "--mx-axis",
-                                   "--mma-version", "--block-k",   "--block-n",    "--to-block-k",
-                                   "--to-block-n", "--device",     "--threads",    "--input",
-                                   "--output",     "--target"};
+    static const char* kKnown[] = {"--layout",     "--direction",    "--shape",        "--mx-axis",
+                                   "--mma-version", "--num-warps",   "--packing-axis", "--input-strides",
+                                   "--block-k",    "--block-n",      "--to-block-k",   "--to-block-n",
+                                   "--device",     "--threads",      "--input",        "--output",
+                                   "--target"};
     bool known = false;
     for (const char* k : kKnown) known = known || a == k;
     if (!known) return Bad(absl::StrCat("unknown flag ", a, "; see wprep convert --help"));
@@ -106,8 +112,9 @@ absl::StatusOr<ConvertArgs> ParseConvertArgs(const std::vector<std::string>& arg
     int64_t* dst;
   };
   int64_t mx = out.spec.hopper.mx_axis, mma = out.spec.hopper.mma_version, threads = 0;
-  int64_t to_k = -1, to_n = -1;
+  int64_t to_k = -1, to_n = -1, warps = out.spec.hopper_scale.num_warps, packing = out.spec.packing_axis;
   for (IntFlag f : {IntFlag{"--mx-axis", &mx}, IntFlag{"--mma-version", &mma},
+                    IntFlag{"--num-warps", &warps}, IntFlag{"--packing-axis", &packing},
                     IntFlag{"--block-k", &out.spec.blackwell.block_k},
                     IntFlag{"--block-n", &out.spec.blackwell.block_n},
                     IntFlag{"--to-block-k", &to_k}, IntFlag{"--to-block-n", &to_n},
@@ -123,6 +130,18 @@ absl::StatusOr<ConvertArgs> ParseConvertArgs(const std::vector<std::string>& arg
   }
   out.spec.hopper.mx_axis = static_cast<int32_t>(mx);
   out.spec.hopper.mma_version = static_cast<int32_t>(mma);
+  out.spec.hopper_scale.mx_axis = static_cast<int32_t>(mx);  // only the layout's own parameters are read
+  if (warps < 1 || warps > 1024) return Bad(absl::StrCat("--num-warps must be a power of two, got ", warps));
+  out.spec.hopper_scale.num_warps = static_cast<int32_t>(warps);
+  if (packing != -1 && packing != -2) return Bad(absl::StrCat("--packing-axis must be -1 or -2, got ", packing));
+  out.spec.packing_axis = static_cast<int32_t>(packing);
+  if (const auto* st = get("--input-strides")) {
+    for (absl::string_view v : absl::StrSplit(*st, ',')) {
+      auto n = ParseInt("--input-strides", std::string(v));
+      if (!n.ok()) return Bad(absl::StrCat("--input-strides must be comma-separated integers, got '", *st, "'"));
+      out.input_strides.push_back(*n);
+    }
+  }
   if (out.spec.direction == Direction::kRetile) {
     if (to_k < 0 || to_n < 0) return Bad("retile needs --to-block-k and --to-block-n");
     out.spec.blackwell_to = {to_k, to_n};

@@ -14,6 +14,7 @@ namespace wprep::cli {
 struct ConvertArgs {
   ConversionSpec spec;
   std::vector<int64_t> shape;  // logical shape (FP4 values)
+  std::vector<int64_t> input_strides;  // byte strides of the input file's view; empty: dense
   bool local = false;
   std::string target;          // remote daemon address (unix:///path or HOST:PORT)
   std::string device = "cpu";  // cpu | cuda:N

@@ -57,11 +57,11 @@ absl::StatusOr<ConvertResult> RunLocalConvert(const ConvertArgs& args) {
   auto device = ParseDevice(args.device);
   if (!device.ok()) return device.status();
   // Validate everything that needs no input bytes before reading the file.
-  auto shape_only = MakePlan(args.spec, args.shape);
+  auto shape_only = MakePlan(args.spec, args.shape, InputBinding{args.input_strides, std::nullopt});
   if (!shape_only.ok()) return shape_only.status();
   auto input = ReadWholeFile(args.input);
   if (!input.ok()) return input.status();
-  auto plan = MakePlan(args.spec, args.shape, InputBinding{{}, input->size()});
+  auto plan = MakePlan(args.spec, args.shape, InputBinding{args.input_strides, input->size()});
   if (!plan.ok()) return plan.status();
 
   std::vector<uint8_t> output(plan->output_bytes);

@@ -1,5 +1,6 @@
 // wprep: command-line front end. `wprep convert --local ...` converts files in-process;
-// `wprep convert --target ADDR ...` has a running wprepd do it.
+// `wprep convert --target ADDR ...` has a running wprepd do it; `wprep health` asks a
+// running wprepd whether it serves (for probes).
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -8,6 +9,7 @@
 #include "convert_args.h"
 #include "local_convert.h"
 #if defined(WPREP_CLI_REMOTE)
+#include "health.h"
 #include "remote_convert.h"
 #endif
 
@@ -16,7 +18,8 @@ namespace {
 constexpr char kUsage[] =
     "usage: wprep <command> [flags]\n"
     "commands:\n"
-    "  convert   convert one tensor file between MXFP4 layouts (wprep convert --help)\n";
+    "  convert   convert one tensor file between MXFP4 layouts (wprep convert --help)\n"
+    "  health    ask a running wprepd whether it is SERVING (wprep health --help)\n";
 
 // One line, beginning with the status code name; exit status 2.
 int Fail(const absl::Status& s) {
@@ -49,6 +52,28 @@ int Convert(const std::vector<std::string>& args) {
   return 0;
 }
 
+int Health(const std::vector<std::string>& args) {
+#if defined(WPREP_CLI_REMOTE)
+  for (const auto& a : args) {
+    if (a == "--help" || a == "-h") {
+      std::fputs(wprep::cli::kHealthUsage, stdout);
+      return 0;
+    }
+  }
+  auto parsed = wprep::cli::ParseHealthArgs(args);
+  if (!parsed.ok()) {
+    Fail(parsed.status());
+    return wprep::cli::kHealthNoAnswer;
+  }
+  const wprep::cli::HealthOutcome outcome = wprep::cli::RunHealth(*parsed);
+  std::fprintf(outcome.error ? stderr : stdout, "%s\n", outcome.line.c_str());
+  return outcome.exit_code;
+#else
+  (void)args;
+  return Fail(absl::UnimplementedError("this wprep build has no gRPC client (built without gRPC)"));
+#endif
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -60,6 +85,7 @@ int main(int argc, char** argv) {
   const std::string command = args[0];
   args.erase(args.begin());
   if (command == "convert") return Convert(args);
+  if (command == "health") return Health(args);
   std::fprintf(stderr, "INVALID_ARGUMENT: unknown command '%s'\n%s", command.c_str(), kUsage);
   return 2;
 }

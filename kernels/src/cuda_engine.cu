@@ -15,7 +15,7 @@ namespace wprep {
 namespace async_fetch {
 
 // Asynchronous fetch (sm_80+ cp.async): each thread copies the words its Fetch names
-// into its own slot of shared memory, kStages tiles ahead, so loads stay in flight
+// into its own slot of shared memory, kAhead tiles ahead, so loads stay in flight
 // through the interleave and the stores of the tiles before them without holding
 // registers. Slots are thread-private (no barrier guards them): a thread reads its slot
 // back after cp.async.wait_group, and refills it only after the words were consumed.
@@ -156,26 +156,26 @@ __global__ void __launch_bounds__(kTileThreads, T::kMinBlocks)
   }
 }
 
-// Dynamic shared memory of ConvertKernelAsync<T, kStages>: two windows, kStages slots.
+// Dynamic shared memory of ConvertKernelPrefetch<T, kAhead>: two windows, kAhead slots.
 template <class T>
 constexpr int WindowWords() {
   return T::kTwoStage ? (T::kSmemWords + 3) / 4 * 4 : 0;
 }
-template <class T, int kStages>
-constexpr size_t AsyncSmemBytes() {
-  return sizeof(uint32_t) * (2 * WindowWords<T>() + kStages * async_fetch::kSlotWords);
+template <class T, int kAhead>
+constexpr size_t PrefetchSmemBytes() {
+  return sizeof(uint32_t) * (2 * WindowWords<T>() + kAhead * async_fetch::kSlotWords);
 }
 
 // Resident blocks the register budget must allow: as many as shared memory admits, up to
 // three (an H200 SM has 228 KiB: two windows and two slots take 66 KiB a block).
-template <class T, int kStages>
-constexpr int AsyncMinBlocks() {
-  return T::kTwoStage && kStages > 2 ? 2 : 3;
+template <class T, int kAhead>
+constexpr int PrefetchMinBlocks() {
+  return T::kTwoStage && kAhead > 2 ? 2 : 3;
 }
 
-template <class T, int kStages>
-__global__ void __launch_bounds__(kTileThreads, (AsyncMinBlocks<T, kStages>()))
-    ConvertKernelAsync(const Geometry g, const uint8_t* __restrict__ in,
+template <class T, int kAhead>
+__global__ void __launch_bounds__(kTileThreads, (PrefetchMinBlocks<T, kAhead>()))
+    ConvertKernelPrefetch(const Geometry g, const uint8_t* __restrict__ in,
                        uint8_t* __restrict__ out, tiles::Access access, tiles::TileGrid grid,
                        uint32_t num_tiles) {
   extern __shared__ uint4 dynamic_smem[];
@@ -184,9 +184,9 @@ __global__ void __launch_bounds__(kTileThreads, (AsyncMinBlocks<T, kStages>()))
   const int vt = threadIdx.x;
   auto context = [&](uint32_t t) { return TileContext<T>(g, in, out, grid, t); };
   // Every thread commits one group per call, fetched or not, so wait_group counts match.
-  auto fetch = [&](uint32_t t, int s) {
+  auto fetch = [&](uint32_t t, int slot) {
     if (t < num_tiles) {
-      async_fetch::SlotLoader ld{slots + s * async_fetch::kSlotWords, vt};
+      async_fetch::SlotLoader ld{slots + slot * async_fetch::kSlotWords, vt};
       T::Fetch(g, context(t), vt, access, ld);
     }
     async_fetch::CpAsyncCommit();
@@ -194,22 +194,22 @@ __global__ void __launch_bounds__(kTileThreads, (AsyncMinBlocks<T, kStages>()))
   uint32_t t = blockIdx.x;
   if (t >= num_tiles) return;
 #pragma unroll
-  for (int s = 0; s < kStages; ++s) fetch(t + s * gridDim.x, s);
-  int buf = 0, s = 0;
+  for (int slot = 0; slot < kAhead; ++slot) fetch(t + slot * gridDim.x, slot);
+  int buf = 0, slot = 0;
   for (; t < num_tiles; t += gridDim.x) {
-    async_fetch::CpAsyncWait<kStages - 1>();
+    async_fetch::CpAsyncWait<kAhead - 1>();
     tiles::Regs cur;
-    async_fetch::SlotLoader{slots + s * async_fetch::kSlotWords, vt}.Read(cur);
+    async_fetch::SlotLoader{slots + slot * async_fetch::kSlotWords, vt}.Read(cur);
     const tiles::TileCtx ctx = context(t);
     uint32_t* const window = windows + buf * WindowWords<T>();
     T::Stage(g, ctx, vt, access, cur, window);
     // Same double-buffer argument as ConvertKernel: one barrier per tile.
     if constexpr (T::kTwoStage) __syncthreads();
     // Stage has consumed the slot's words (its stores depend on them), so refill it.
-    fetch(t + kStages * gridDim.x, s);
+    fetch(t + kAhead * gridDim.x, slot);
     if constexpr (T::kTwoStage) T::Store(g, ctx, vt, access, window);
     buf ^= 1;
-    s = s + 1 == kStages ? 0 : s + 1;
+    slot = slot + 1 == kAhead ? 0 : slot + 1;
   }
 }
 
@@ -226,11 +226,11 @@ __global__ void TouchKernel(const uint8_t* p, uint64_t bytes) {
 // Tiles of one launch: indices stay below 2^31 (2^31 tiles of >= 4 KiB is 8 TiB).
 constexpr int64_t kMaxTiles = (int64_t{1} << 31) - 1;
 
-// Blocks of `kernel` (T's kernel with kStages) that fit on `device` (the current
+// Blocks of `kernel` (T's kernel with kAhead) that fit on `device` (the current
 // device) at once: multiprocessors x resident blocks per multiprocessor, read once per
 // kernel and device. Also raises the kernel's dynamic shared memory limit there.
 constexpr int kMaxDevices = 64;
-template <class T, int kStages, class Kernel>
+template <class T, int kAhead, class Kernel>
 int64_t MaxResidentBlocks(int device, Kernel kernel, size_t smem) {
   static std::atomic<int64_t> cache[kMaxDevices];
   if (device < 0 || device >= kMaxDevices) return 1;
@@ -268,23 +268,23 @@ struct Launcher {
       *too_many_tiles = num_tiles;
       return;
     }
-    Launch<T, T::kAsyncStages>(num_tiles);
+    Launch<T, T::kPrefetchTiles>(num_tiles);
   }
-  template <class T, int kStages>
+  template <class T, int kAhead>
   void Launch(int64_t num_tiles) const {
-    // The register pipeline (ConvertKernel) or fetching kStages tiles ahead.
-    constexpr size_t smem = kStages > 0 ? AsyncSmemBytes<T, kStages>() : DynamicWindowBytes<T>();
+    // The register pipeline (ConvertKernel) or fetching kAhead tiles ahead.
+    constexpr size_t smem = kAhead > 0 ? PrefetchSmemBytes<T, kAhead>() : DynamicWindowBytes<T>();
     auto* kernel = [] {
-      if constexpr (kStages > 0) {
-        return ConvertKernelAsync<T, kStages>;
+      if constexpr (kAhead > 0) {
+        return ConvertKernelPrefetch<T, kAhead>;
       } else {
         return ConvertKernel<T>;
       }
     }();
     // One wave of resident blocks; each loops over tiles (no partial last wave).
-    const int64_t max_blocks = MaxResidentBlocks<T, kStages>(device, kernel, smem);
+    const int64_t max_blocks = MaxResidentBlocks<T, kAhead>(device, kernel, smem);
     const tiles::TileGrid grid = tiles::MakeTileGrid<T>(g);
-    if constexpr (kStages > 0) {
+    if constexpr (kAhead > 0) {
       const unsigned blocks = static_cast<unsigned>(std::min(num_tiles, max_blocks));
       kernel<<<blocks, kTileThreads, smem, stream>>>(g, in, out, access, grid,
                                                      static_cast<uint32_t>(num_tiles));

@@ -6,7 +6,9 @@
 // Two-stage tiles stage a window in `smem`. Blackwell unswizzle holds 128 rows of 32
 // words at a pitch of kPitch = 33 words (the odd pitch spreads both access patterns over
 // the banks): storage n x k. Blackwell swizzle holds its 256 canonical rows x 128 bytes
-// as loaded (SwizzleWindowWord). The Hopper tiles need no shared memory.
+// as loaded (SwizzleWindowWord). The Hopper value tiles need no shared memory. The
+// Blackwell tiles take any K-packed tiling (BlackwellTiling): shuffled tiles, and the
+// single-tile rows of blackwell_value and of checkpoint order.
 // Micro-tile threads cover (jg, rg): 16 groups of 4 bytes along a canonical row x 32
 // groups of 8 canonical rows; neighbouring threads take neighbouring jg so global
 // accesses along canonical rows coalesce.
@@ -74,10 +76,10 @@ TileGrid MakeTileGrid(const Geometry& g) {
 // Every tile type has TilesPerMatrix(g), TilesAlongB(g) and Context(g, in, out, e, a, b)
 // -> TileCtx, and three steps per virtual thread `vt`, so a kernel can fetch the next
 // tile while it finishes the current one:
-//   Fetch(g, ctx, vt, acc, regs)         global loads into registers;
-//   Stage(g, ctx, vt, acc, regs, smem)   registers -> smem (two-stage tiles) or -> the
+//   Fetch(g, ctx, vt, access, regs)         global loads into registers;
+//   Stage(g, ctx, vt, access, regs, smem)   registers -> smem (two-stage tiles) or -> the
 //                                        output (single-stage tiles);
-//   Store(g, ctx, vt, acc, smem)         smem -> the output (two-stage tiles).
+//   Store(g, ctx, vt, access, smem)         smem -> the output (two-stage tiles).
 // A tile's Fetch writes its words (T::Fetched: 16, or 32 for Hopper mx_axis -2 and
 // Blackwell swizzle) through a loader: RegsOf loads them into registers now; the CUDA
 // engine's asynchronous loader (cuda_engine.cu, 16 words) copies them into shared memory
@@ -98,30 +100,33 @@ struct RegsOf {
 using Regs = RegsOf<16>;
 
 // ---------------------------------------------------------------------------------------
-// Hopper, mx_axis -1: Q is the canonical matrix, so each virtual thread moves one 64-byte
-// O block straight between global memory and registers. ctx.a0 = first unit of the tile.
+// Hopper, the mx axis along the input's packing (mx_axis -1 from canonical storage): Q is
+// the input matrix as it is, so each virtual thread moves one 64-byte O block straight
+// between global memory and registers. ctx.a0 = first unit of the tile.
 
 template <Op kOp, int kMma>
-struct HopperMx1Tile {
+struct HopperMxAlongPackingTile {
   using Fetched = Regs;
   static constexpr int kSmemWords = 1;
   static constexpr bool kTwoStage = false;
   static constexpr bool kSwizzle = kOp == Op::kHopperSwizzle;
-  // Resident blocks the register budget must allow (measured best on an H200, see
-  // docs/PERFORMANCE.md): the pack needs room, the unpack less.
+  // Resident blocks the register budget must allow: the pack needs registers for both Q
+  // pieces and the placed block at once.
   static constexpr int kMinBlocks = 3;
-  // Tiles fetched ahead through shared memory on the GPU (cuda_engine.cu). Swizzle: 1.17x
-  // the copy with 2 against 1.21x with none; unswizzle 1.53x against 1.25x (H200, 128 MiB,
-  // docs/PERFORMANCE.md).
-  static constexpr int kAsyncStages = kSwizzle ? 2 : 0;
+  // Tiles fetched ahead through shared memory on the GPU (cuda_engine.cu). The swizzle's
+  // loads are two half-blocks of separate Q rows, and the pack between load and store is
+  // long, so loads issued two tiles ahead hide it; the unswizzle's loads are whole O rows
+  // that the register pipeline already keeps in flight, and the extra shared-memory round
+  // trip would only add latency.
+  static constexpr int kPrefetchTiles = kSwizzle ? 2 : 0;
 
   // Blocks per O row and O rows visited: all of O for swizzle; for unswizzle only blocks
   // that hold some of the tensor.
   WPREP_HD static int32_t BlocksPerRow(const Geometry& g) {
-    return static_cast<int32_t>(kSwizzle ? g.q_cols_pad / 16 : 2 * CeilDiv(g.q_cols, 32));
+    return static_cast<int32_t>(kSwizzle ? g.hopper.cols_pad / 16 : 2 * CeilDiv(g.hopper.q_cols, 32));
   }
   WPREP_HD static int64_t Rows(const Geometry& g) {
-    return kSwizzle ? g.q_rows_pad / 4 : RoundUp(g.q_rows, 16) / 4;
+    return kSwizzle ? g.hopper.out_rows : RoundUp(g.hopper.q_rows, 16) / 4;
   }
   WPREP_HD static int64_t TilesPerMatrix(const Geometry& g) {
     return CeilDiv(Rows(g) * BlocksPerRow(g), kTileThreads);
@@ -152,35 +157,36 @@ struct HopperMx1Tile {
   }
 
   // Every lane reaches the block store (StoreBlock64). Loads stay per lane: L1 already
-  // merges the four 16-byte loads of a block (quad-exchanged loads measured slower).
+  // merges the four 16-byte loads of a block, so exchanging them between lanes would only
+  // add shuffles.
   template <class Ld>
-  WPREP_HD static void Fetch(const Geometry& g, const TileCtx& ctx, int vt, Access acc, Ld& ld) {
+  WPREP_HD static void Fetch(const Geometry& g, const TileCtx& ctx, int vt, Access access, Ld& ld) {
     Unit u;
     const bool active = GetUnit(g, ctx, vt, &u);
     const int64_t rs = g.in_stride[0];
     if constexpr (kSwizzle) {
       if (!active) return;
-      ld.template Row<8>(0, u.v0 > 0 ? ctx.in + u.r0 * rs + u.c0 : ctx.in, u.v0, acc.vec_in);
-      ld.template Row<8>(8, u.v1 > 0 ? ctx.in + u.r1 * rs + u.c0 : ctx.in, u.v1, acc.vec_in);
+      ld.template Row<8>(0, u.v0 > 0 ? ctx.in + u.r0 * rs + u.c0 : ctx.in, u.v0, access.vec_in);
+      ld.template Row<8>(8, u.v1 > 0 ? ctx.in + u.r1 * rs + u.c0 : ctx.in, u.v1, access.vec_in);
     } else {
-      if (active) ld.template Row<16>(0, ctx.in + u.orow * rs + 64 * u.blk, 64, acc.vec_in);
+      if (active) ld.template Row<16>(0, ctx.in + u.orow * rs + 64 * u.blk, 64, access.vec_in);
     }
   }
-  WPREP_HD static void Stage(const Geometry& g, const TileCtx& ctx, int vt, Access acc,
+  WPREP_HD static void Stage(const Geometry& g, const TileCtx& ctx, int vt, Access access,
                              const Regs& r, uint32_t*) {
     Unit u;
     const bool active = GetUnit(g, ctx, vt, &u);
     uint32_t o[16];
     if constexpr (kSwizzle) {
       HopperPackBlock<kMma>(r.w, r.w + 8, o);
-      StoreBlock64(active ? ctx.out + u.orow * (4 * g.q_cols_pad) + 64 * u.blk : ctx.out, o, active,
-                   acc.vec_out);
+      StoreBlock64(active ? ctx.out + u.orow * g.hopper.out_cols + 64 * u.blk : ctx.out, o, active,
+                   access.vec_out);
     } else {
       if (!active) return;
       HopperUnpackBlock<kMma>(r.w, o, o + 8);
-      StoreRowWords<8>(u.v0 > 0 ? ctx.out + u.r0 * g.d1b + u.c0 : ctx.out, u.v0, o, acc.vec_out);
+      StoreRowWords<8>(u.v0 > 0 ? ctx.out + u.r0 * g.d1b + u.c0 : ctx.out, u.v0, o, access.vec_out);
       StoreRowWords<8>(u.v1 > 0 ? ctx.out + u.r1 * g.d1b + u.c0 : ctx.out, u.v1, o + 8,
-                       acc.vec_out);
+                       access.vec_out);
     }
   }
   WPREP_HD static void Store(const Geometry&, const TileCtx&, int, Access, uint32_t*) {}
@@ -217,20 +223,21 @@ WPREP_HD void StoreMicroTiles(const Geometry& g, uint8_t* mat, int vt, int64_t c
 }
 
 // ---------------------------------------------------------------------------------------
-// Hopper, mx_axis -2, straight between canonical words and O words: no Q, no shared
-// memory (HopperInterleaveCanonical). A thread moves 16 canonical rows x 8 bytes <-> the
+// Hopper, the mx axis across the input's packing (mx_axis -2 from canonical storage): each
+// Q byte pairs nibbles of two input rows. Straight between canonical words and O words:
+// no Q, no shared memory (HopperInterleaveCanonical). A thread moves 16 canonical rows x 8 bytes <-> the
 // 16-byte pieces at O rows 4*m + t0 (t0 0..3), columns 128*cr + 64*s0 + 16*t1 (s0 0..1)
 // of its Q column group cr, O row group m and t1. Lanes are t1 + 4*mm, so each warp
 // access fills whole sectors: 64 contiguous bytes of four canonical rows, or of eight O
 // rows. A tile is a 256 x 128 window of Q (ctx.a0 = Q row qr0, ctx.b0 = Q column qc0):
 // 256 canonical rows x 128 bytes <-> 64 O rows x 512 bytes. Warp w takes Q columns
 // qc0 + 32*(w >> 1).. (64 canonical rows) and canonical bytes qr0/2 + 64*(w & 1)...
-// Measured against the two-stage form (Q bytes through shared memory and a quad chunk
-// exchange: 1.36x the copy for swizzle, 1.26x for unswizzle) and against 8-byte pieces
-// (1.19x and 1.17x) on an H200 at 128 MiB; docs/PERFORMANCE.md.
+// Registers only: Q bytes through shared memory would add a round trip and a barrier per
+// tile for a transpose the interleave does anyway, and 16-byte pieces (rather than 8)
+// keep every warp access on whole 32-byte sectors.
 
 template <Op kOp, int kMma>
-struct HopperMx2Tile {
+struct HopperMxAcrossPackingTile {
   static constexpr int kSmemWords = 1;
   static constexpr bool kTwoStage = false;
   static constexpr bool kSwizzle = kOp == Op::kHopperSwizzle;
@@ -238,11 +245,11 @@ struct HopperMx2Tile {
   using Fetched = RegsOf<2 * kPieces>;
   // 32 words fetched ahead and 32 in flight through the interleave need 128 registers.
   static constexpr int kMinBlocks = 2;
-  static constexpr int kAsyncStages = 0;
+  static constexpr int kPrefetchTiles = 0;
   static constexpr int kWinRows = 256, kWinCols = 128;  // Q rows and columns of a tile
 
-  WPREP_HD static int64_t RowsLimit(const Geometry& g) { return kSwizzle ? g.q_rows_pad : g.q_rows; }
-  WPREP_HD static int64_t ColsLimit(const Geometry& g) { return kSwizzle ? g.q_cols_pad : g.q_cols; }
+  WPREP_HD static int64_t RowsLimit(const Geometry& g) { return kSwizzle ? g.hopper.rows_pad : g.hopper.q_rows; }
+  WPREP_HD static int64_t ColsLimit(const Geometry& g) { return kSwizzle ? g.hopper.cols_pad : g.hopper.q_cols; }
   WPREP_HD static int64_t TilesPerMatrix(const Geometry& g) {
     return TilesAlongB(g) * CeilDiv(ColsLimit(g), kWinCols);
   }
@@ -289,14 +296,14 @@ struct HopperMx2Tile {
   // Swizzle: canonical words 2*i + h = row row0 + RowOffset(i), bytes col + 4*h (zero
   // outside the tensor). Unswizzle: words 4*(2*t0 + s0) + j = word j of O piece (t0, s0).
   template <class Ld>
-  WPREP_HD static void Fetch(const Geometry& g, const TileCtx& ctx, int vt, Access acc, Ld& ld) {
+  WPREP_HD static void Fetch(const Geometry& g, const TileCtx& ctx, int vt, Access access, Ld& ld) {
     Unit u;
     if (!GetUnit(g, ctx, vt, &u)) return;
     const int64_t rs = g.in_stride[0];
     if constexpr (kSwizzle) {
       const int64_t valid_col = ValidBytes(u.col, g.d1b, 8);
       const uint8_t* p = ctx.in + u.row0 * rs + u.col;
-      if (acc.vec_in && valid_col == 8 && u.row0 + RowOffset(kPieces - 1) < g.d0) {
+      if (access.vec_in && valid_col == 8 && u.row0 + RowOffset(kPieces - 1) < g.d0) {
         WPREP_UNROLL
         for (int i = 0; i < kPieces; ++i) ld.Pair(2 * i, p + RowOffset(i) * rs);
         return;
@@ -304,7 +311,7 @@ struct HopperMx2Tile {
       WPREP_UNROLL
       for (int i = 0; i < kPieces; ++i) {
         const int64_t valid = u.row0 + RowOffset(i) < g.d0 ? valid_col : 0;
-        ld.template Row<2>(2 * i, valid > 0 ? p + RowOffset(i) * rs : ctx.in, valid, acc.word_in);
+        ld.template Row<2>(2 * i, valid > 0 ? p + RowOffset(i) * rs : ctx.in, valid, access.word_in);
       }
     } else {
       const uint8_t* p = ctx.in + u.orow * rs + u.ocol;
@@ -312,13 +319,13 @@ struct HopperMx2Tile {
       for (int t0 = 0; t0 < 4; ++t0) {
         WPREP_UNROLL
         for (int s0 = 0; s0 < 2; ++s0) {
-          ld.template Row<4>(4 * (2 * t0 + s0), p + t0 * rs + 64 * s0, kChunk, acc.vec_in);
+          ld.template Row<4>(4 * (2 * t0 + s0), p + t0 * rs + 64 * s0, kChunk, access.vec_in);
         }
       }
     }
   }
 
-  WPREP_HD static void Stage(const Geometry& g, const TileCtx& ctx, int vt, Access acc,
+  WPREP_HD static void Stage(const Geometry& g, const TileCtx& ctx, int vt, Access access,
                              const Fetched& r, uint32_t*) {
     Unit u;
     if (!GetUnit(g, ctx, vt, &u)) return;
@@ -336,13 +343,13 @@ struct HopperMx2Tile {
         WPREP_UNROLL
         for (int k = 0; k < 8; ++k) o[k][j] = w[k];
       }
-      const int64_t pitch = 4 * g.q_cols_pad;
+      const int64_t pitch = g.hopper.out_cols;
       uint8_t* const base = ctx.out + u.orow * pitch + u.ocol;
       WPREP_UNROLL
       for (int t0 = 0; t0 < 4; ++t0) {
         WPREP_UNROLL
         for (int s0 = 0; s0 < 2; ++s0) {
-          StoreRowWords<4>(base + t0 * pitch + 64 * s0, kChunk, o[2 * t0 + s0], acc.vec_out);
+          StoreRowWords<4>(base + t0 * pitch + 64 * s0, kChunk, o[2 * t0 + s0], access.vec_out);
         }
       }
     } else {
@@ -365,10 +372,10 @@ struct HopperMx2Tile {
       for (int i = 0; i < kPieces; ++i) {
         const int64_t valid = u.row0 + RowOffset(i) < g.d0 ? valid_col : 0;
         uint8_t* dst = base + RowOffset(i) * g.d1b;
-        if (acc.vec_out && valid == 8) {
+        if (access.vec_out && valid == 8) {
           Store2Words(dst, c[2 * i], c[2 * i + 1]);
         } else {
-          StoreRowWords<2>(valid > 0 ? dst : ctx.out, valid, c + 2 * i, acc.word_out);
+          StoreRowWords<2>(valid > 0 ? dst : ctx.out, valid, c + 2 * i, access.word_out);
         }
       }
     }
@@ -380,14 +387,13 @@ struct HopperMx2Tile {
 // Blackwell unswizzle and retile (tile_k a multiple of 16): a tile is 128 value columns
 // (ctx.a0 = n0) x 128 K bytes (ctx.b0 = k0). Unswizzle stages storage rows [n][k] (16-byte
 // chunks in, micro-tiles out); retile moves 16-byte chunks straight from one tiling to the
-// other. (A register-only unswizzle measured 3.5x the copy against 1.5x with smem:
-// without the exchange one side of every access is scattered.) Swizzle has its own tile
-// below.
+// other. The unswizzle goes through shared memory because a register-only form leaves one
+// side of every access scattered (each thread's bytes of a micro-tile lie in 8 storage
+// rows). Swizzle has its own tile below.
 
 // The tile grid of the Blackwell tiles: windows of kWinN value columns x kWinK K bytes
 // over T::ExtentN(g) x T::ExtentK(g), N windows fastest, so tiles running together cover
-// neighbouring pieces of the same canonical rows (unswizzle 1.21x -> 1.15x the copy,
-// swizzle 1.27x -> 1.20x with its earlier tile, retile unchanged; H200, 128 MiB).
+// neighbouring pieces of the same canonical rows and their DRAM pages are open together.
 // ctx.a0 = first value column n0, ctx.b0 = first K byte k0.
 template <class T, int kWinN, int kWinK>
 struct NFastestGrid {
@@ -417,7 +423,7 @@ struct BlackwellTile : NFastestGrid<BlackwellTile<kOp>, kWindow, kWindow> {
   static constexpr bool kTwoStage = kOp == Op::kBlackwellUnswizzle;
   static constexpr int kSmemWords = kTwoStage ? kWindowWords : 1;
   static constexpr int kMinBlocks = 4;
-  static constexpr int kAsyncStages = 0;
+  static constexpr int kPrefetchTiles = 0;
   static constexpr int kChunksPerThread = kWindow * kWindow / kChunk / kTileThreads;  // 4
 
   // Windows cover the output tiling's padded extent (retile) or the tensor.
@@ -428,7 +434,7 @@ struct BlackwellTile : NFastestGrid<BlackwellTile<kOp>, kWindow, kWindow> {
     return kOp == Op::kBlackwellUnswizzle ? g.kp : g.out_tiling.kpad;
   }
   template <class Ld>
-  WPREP_HD static void Fetch(const Geometry& g, const TileCtx& ctx, int vt, Access acc, Ld& ld) {
+  WPREP_HD static void Fetch(const Geometry& g, const TileCtx& ctx, int vt, Access access, Ld& ld) {
     // Input storage bytes with n < N and k < K/2; padding reads as 0.
     WPREP_UNROLL
     for (int i = 0; i < kChunksPerThread; ++i) {
@@ -438,11 +444,11 @@ struct BlackwellTile : NFastestGrid<BlackwellTile<kOp>, kWindow, kWindow> {
       const int64_t valid = n < g.n ? ValidBytes(k, g.kp, kChunk) : 0;
       ld.template Row<4>(4 * i,
                          valid > 0 ? ctx.in + BlackwellOffset(g.in_tiling, g.in_stride, n, k) : ctx.in,
-                         valid, acc.vec_in);
+                         valid, access.vec_in);
     }
   }
 
-  WPREP_HD static void Stage(const Geometry& g, const TileCtx& ctx, int vt, Access acc,
+  WPREP_HD static void Stage(const Geometry& g, const TileCtx& ctx, int vt, Access access,
                              const Regs& r, uint32_t* smem) {
     WPREP_UNROLL
     for (int i = 0; i < kChunksPerThread; ++i) {
@@ -453,19 +459,22 @@ struct BlackwellTile : NFastestGrid<BlackwellTile<kOp>, kWindow, kWindow> {
         for (int j = 0; j < 4; ++j) smem[nl * kPitch + 4 * kc + j] = r.w[4 * i + j];
       } else {  // retile: straight to the output tiling
         const int64_t n = ctx.a0 + nl, k = ctx.b0 + 16 * kc;
-        if (n >= ExtentN(g) || k >= ExtentK(g)) continue;
-        StoreRowWords<4>(ctx.out + BlackwellOffset(g.out_tiling, nullptr, n, k), kChunk,
-                         r.w + 4 * i, acc.vec_out);
+        // A single-tile output (checkpoint order) ends its rows at K/2 bytes, which need
+        // not be a multiple of 16.
+        const int64_t valid = n < ExtentN(g) ? ValidBytes(k, ExtentK(g), kChunk) : 0;
+        if (valid == 0) continue;
+        StoreRowWords<4>(ctx.out + BlackwellOffset(g.out_tiling, nullptr, n, k), valid,
+                         r.w + 4 * i, access.vec_out);
       }
     }
   }
 
-  WPREP_HD static void Store(const Geometry& g, const TileCtx& ctx, int vt, Access acc,
+  WPREP_HD static void Store(const Geometry& g, const TileCtx& ctx, int vt, Access access,
                              uint32_t* smem) {
     if constexpr (kOp == Op::kBlackwellUnswizzle) {
       const int64_t k0 = ctx.b0;
       StoreMicroTiles(g, ctx.out, vt, ctx.a0 / 2, [k0](int rg) { return 2 * k0 + 8 * rg; },
-                      acc.word_out, smem);
+                      access.word_out, smem);
     }
   }
 };
@@ -475,9 +484,9 @@ struct BlackwellTile : NFastestGrid<BlackwellTile<kOp>, kWindow, kWindow> {
 // x 128 K bytes (ctx.b0 = k0), staged as its 256 canonical rows x 128 bytes as they are
 // (16-byte loads in). On the way out a thread pair-transposes word column jw of 32 rows
 // (32*rg ..) into storage rows n0 + 8*jw + 0..7 at K bytes k0 + 16*rg..+15, so every
-// store is 16 bytes. H200, 128 MiB: 1.09-1.10x the copy, where the 128 x 128 tile with
-// 8-byte stores (16 rows per thread) took 1.19-1.21x; register-only forms with 4- or
-// 8-byte accesses on one side took 1.37-1.40x (docs/PERFORMANCE.md).
+// store is 16 bytes: with 128 K bytes a thread covers 32 canonical rows, twice the rows
+// (and so twice the store width) of a 128 x 128 window, and no access of either side is
+// narrower than 16 bytes.
 
 // Word w (0..31) of canonical row r (0..255) in the window. Store reads rows 32 apart
 // (four row groups per warp) x eight consecutive words: the XOR puts them in 32 distinct
@@ -489,11 +498,11 @@ struct BlackwellSwizzleTile : NFastestGrid<BlackwellSwizzleTile, 256, 128> {
   static constexpr bool kTwoStage = true;
   static constexpr int kSmemWords = 256 * 32;
   static constexpr int kMinBlocks = 2;
-  static constexpr int kAsyncStages = 0;
+  static constexpr int kPrefetchTiles = 0;
   WPREP_HD static int64_t ExtentN(const Geometry& g) { return g.out_tiling.ntn * g.out_tiling.tile_n; }
   WPREP_HD static int64_t ExtentK(const Geometry& g) { return g.out_tiling.kpad; }
   template <class Ld>
-  WPREP_HD static void Fetch(const Geometry& g, const TileCtx& ctx, int vt, Access acc, Ld& ld) {
+  WPREP_HD static void Fetch(const Geometry& g, const TileCtx& ctx, int vt, Access access, Ld& ld) {
     WPREP_UNROLL
     for (int i = 0; i < 8; ++i) {
       int r, c;
@@ -501,7 +510,7 @@ struct BlackwellSwizzleTile : NFastestGrid<BlackwellSwizzleTile, 256, 128> {
       const int64_t row = 2 * ctx.b0 + r, col = ctx.a0 / 2 + kChunk * c;
       const int64_t valid = row < g.d0 ? ValidBytes(col, g.d1b, kChunk) : 0;
       ld.template Row<4>(4 * i, valid > 0 ? ctx.in + row * g.in_stride[0] + col : ctx.in, valid,
-                         acc.vec_in);
+                         access.vec_in);
     }
   }
   WPREP_HD static void Stage(const Geometry&, const TileCtx&, int vt, Access, const Fetched& r,
@@ -515,7 +524,7 @@ struct BlackwellSwizzleTile : NFastestGrid<BlackwellSwizzleTile, 256, 128> {
   }
   // Lanes 4i..4i+3 take four consecutive rg, so each 16-byte store instruction writes 64
   // contiguous bytes of eight storage rows.
-  WPREP_HD static void Store(const Geometry& g, const TileCtx& ctx, int vt, Access acc,
+  WPREP_HD static void Store(const Geometry& g, const TileCtx& ctx, int vt, Access access,
                              uint32_t* smem) {
     const int warp = vt >> 5, lane = vt & 31;
     const int rg = 4 * (warp & 1) + (lane & 3), jw = 8 * (warp >> 1) + (lane >> 2);
@@ -537,7 +546,7 @@ struct BlackwellSwizzleTile : NFastestGrid<BlackwellSwizzleTile, 256, 128> {
     for (int m = 0; m < 8; ++m) {
       if (n + m >= extent_n) break;
       const uint32_t piece[4] = {t[0][m], t[1][m], t[2][m], t[3][m]};
-      StoreRowWords<4>(base + m * g.out_tiling.tile_k, kChunk, piece, acc.vec_out);
+      StoreRowWords<4>(base + m * g.out_tiling.tile_k, kChunk, piece, access.vec_out);
     }
   }
 };

@@ -60,7 +60,7 @@ struct GenericTile {
   static constexpr int kSmemWords = kGenericTileBytes / 4;
   static constexpr bool kTwoStage = true;
   static constexpr int kMinBlocks = 4;
-  static constexpr int kAsyncStages = 0;  // all loads happen in Stage
+  static constexpr int kPrefetchTiles = 0;  // all loads happen in Stage
   static constexpr int kWidth = kBlackwellTileN / 2;  // canonical bytes per window row
 
   // Windows over (n, k): the output tiling's padded extent for swizzle and retile, the

@@ -12,8 +12,9 @@ namespace wprep::tiles {
 
 inline constexpr int kChunk = 16;
 
-// Widest access every row of the input / output view allows (pointer, strides, row
-// pitch and, for Blackwell storage, tile_k, which bounds contiguous runs).
+// Widest access every run of the input / output allows: the pointers, the leading
+// strides and what the planner found every access start inside a matrix to be a
+// multiple of (Geometry::in_align, out_align: row pitches, tile_k, strides).
 struct Access {
   bool vec_in = false;   // 16-byte loads
   bool word_in = false;  // 4-byte loads
@@ -24,17 +25,11 @@ struct Access {
 inline int64_t Gcd64(int64_t a, int64_t b) { return b == 0 ? (a < 0 ? -a : a) : Gcd64(b, a % b); }
 
 inline Access ChooseAccess(const Geometry& g, const void* in, const void* out) {
-  const bool bw_in = g.op == Op::kBlackwellUnswizzle || g.op == Op::kBlackwellRetile;
-  const bool bw_out = g.op == Op::kBlackwellSwizzle || g.op == Op::kBlackwellRetile;
-  const bool canonical_out = g.op == Op::kHopperUnswizzle || g.op == Op::kBlackwellUnswizzle;
   int64_t a_in = static_cast<int64_t>(reinterpret_cast<uintptr_t>(in) % 64);
   for (int i = 0; i < g.lead_rank; ++i) a_in = Gcd64(a_in, g.in_lead_stride[i]);
-  for (int i = 0; i < (bw_in ? 3 : 1); ++i) a_in = Gcd64(a_in, g.in_stride[i]);
-  if (bw_in) a_in = Gcd64(a_in, g.in_tiling.tile_k);
-  int64_t a_out = static_cast<int64_t>(reinterpret_cast<uintptr_t>(out) % 64);
-  a_out = Gcd64(a_out, g.out_matrix_bytes);
-  if (canonical_out) a_out = Gcd64(a_out, g.d1b);
-  if (bw_out) a_out = Gcd64(a_out, g.out_tiling.tile_k);
+  a_in = Gcd64(a_in, g.in_align);
+  const int64_t a_out = Gcd64(static_cast<int64_t>(reinterpret_cast<uintptr_t>(out) % 64),
+                              g.out_align);
   Access a;
   a.vec_in = a_in % 16 == 0;
   a.word_in = a_in % 4 == 0;
@@ -77,6 +72,25 @@ WPREP_HD void Store4Words(uint8_t* p, const uint32_t* w) {
   *reinterpret_cast<uint4*>(p) = make_uint4(w[0], w[1], w[2], w[3]);
 #else
   std::memcpy(p, w, kChunk);
+#endif
+}
+
+// A halfword (low 16 bits of the result) from / to a 2-byte aligned `p`.
+WPREP_HD uint32_t LoadHalf(const uint8_t* p) {
+#if defined(__CUDA_ARCH__)
+  return *reinterpret_cast<const uint16_t*>(p);
+#else
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  return h;
+#endif
+}
+WPREP_HD void StoreHalf(uint8_t* p, uint32_t h) {
+#if defined(__CUDA_ARCH__)
+  *reinterpret_cast<uint16_t*>(p) = static_cast<uint16_t>(h);
+#else
+  const uint16_t v = static_cast<uint16_t>(h);
+  std::memcpy(p, &v, 2);
 #endif
 }
 
@@ -151,11 +165,11 @@ WPREP_HD void StoreRowWords(uint8_t* dst, int64_t valid, const uint32_t* w, bool
 }
 
 // ---------------------------------------------------------------------------------------
-// 64-byte blocks per thread (Hopper O blocks). Written chunk by chunk, the 16-byte
-// stores of one warp instruction would land 64 bytes apart: half a 32-byte sector each,
-// which doubled the L2 write traffic (Nsight Compute on the H200). On the device the 4
-// lanes of a quad therefore swap chunks so that each store instruction writes 64
-// contiguous bytes per quad. Every lane of the warp must call StoreBlock64 (lanes
+// 64-byte blocks per thread (Hopper O blocks, Blackwell scale blocks). Written chunk by
+// chunk, the 16-byte stores of one warp instruction would land 64 bytes apart: half a
+// 32-byte sector each, so every sector is written twice and L2 write traffic doubles. On
+// the device the 4 lanes of a quad therefore swap chunks so that each store instruction
+// writes 64 contiguous bytes per quad. Every lane of the warp must call StoreBlock64 (lanes
 // without a block pass active = false); on the host it stores the block directly.
 
 #if defined(__CUDA_ARCH__)

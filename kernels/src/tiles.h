@@ -1,6 +1,6 @@
 // A tile is the unit of work of one CUDA block (kTileThreads threads) and of one CPU
-// task: the body is written once (fast_tiles.h, generic_tiles.h) and runs in both
-// engines. Every tile type T provides T::kSmemWords, T::kTwoStage, T::Fetched (the
+// task: the body is written once (fast_tiles.h, generic_tiles.h, scale_tiles.h) and runs
+// in both engines. Every tile type T provides T::kSmemWords, T::kTwoStage, T::Fetched (the
 // registers one Fetch fills), its tile grid (TilesPerMatrix, TilesAlongB, Context) and the
 // per-virtual-thread steps Fetch, Stage and Store described in fast_tiles.h. A CUDA block
 // runs one virtual thread per thread (kTileThreads); the CPU engine runs them in turn.
@@ -9,37 +9,42 @@
 
 #include "fast_tiles.h"
 #include "generic_tiles.h"
+#include "scale_tiles.h"
 
 namespace wprep::tiles {
 
 // Calls fn.template operator()<T>() with the tile type for g's conversion (a closed
-// set, FlashInfer style). Returns false for a geometry outside the set.
+// set, FlashInfer style). Returns false for a geometry outside the set. Checkpoint order
+// adds no tile: MakePlan expresses it as the Hopper tiles on the stored matrix and as
+// Blackwell retiles between single-tile arrangements (Geometry::hopper_q_is_canonical,
+// MakeRowTiling); blackwell_value is the Blackwell tiles on its single-tile tiling.
 template <class Fn>
 bool DispatchTile(const Geometry& g, Fn&& fn) {
-  const bool mx1 = g.mx_axis == -1;
+  const bool along = g.hopper_q_is_canonical;
   const bool mma2 = g.mma_version == 2;
-  const bool in16 = g.in_tiling.tile_k % 16 == 0, out16 = g.out_tiling.tile_k % 16 == 0;
+  const bool in16 = ChunksStayInTiles(g.in_tiling), out16 = ChunksStayInTiles(g.out_tiling);
+  const bool columns = g.scale_access == ScaleAccess::kColumns;
   switch (g.op) {
     case Op::kHopperSwizzle:
-      if (mx1) {
-        mma2 ? fn.template operator()<HopperMx1Tile<Op::kHopperSwizzle, 2>>()
-             : fn.template operator()<HopperMx1Tile<Op::kHopperSwizzle, 3>>();
+      if (along) {
+        mma2 ? fn.template operator()<HopperMxAlongPackingTile<Op::kHopperSwizzle, 2>>()
+             : fn.template operator()<HopperMxAlongPackingTile<Op::kHopperSwizzle, 3>>();
       } else {
-        mma2 ? fn.template operator()<HopperMx2Tile<Op::kHopperSwizzle, 2>>()
-             : fn.template operator()<HopperMx2Tile<Op::kHopperSwizzle, 3>>();
+        mma2 ? fn.template operator()<HopperMxAcrossPackingTile<Op::kHopperSwizzle, 2>>()
+             : fn.template operator()<HopperMxAcrossPackingTile<Op::kHopperSwizzle, 3>>();
       }
       return true;
     case Op::kHopperUnswizzle:
-      if (mx1) {
-        mma2 ? fn.template operator()<HopperMx1Tile<Op::kHopperUnswizzle, 2>>()
-             : fn.template operator()<HopperMx1Tile<Op::kHopperUnswizzle, 3>>();
+      if (along) {
+        mma2 ? fn.template operator()<HopperMxAlongPackingTile<Op::kHopperUnswizzle, 2>>()
+             : fn.template operator()<HopperMxAlongPackingTile<Op::kHopperUnswizzle, 3>>();
       } else {
-        mma2 ? fn.template operator()<HopperMx2Tile<Op::kHopperUnswizzle, 2>>()
-             : fn.template operator()<HopperMx2Tile<Op::kHopperUnswizzle, 3>>();
+        mma2 ? fn.template operator()<HopperMxAcrossPackingTile<Op::kHopperUnswizzle, 2>>()
+             : fn.template operator()<HopperMxAcrossPackingTile<Op::kHopperUnswizzle, 3>>();
       }
       return true;
     case Op::kBlackwellSwizzle:
-      out16 ? fn.template operator()<BlackwellSwizzleTile>()
+      g.out_tiling.tile_k % 16 == 0 ? fn.template operator()<BlackwellSwizzleTile>()
             : fn.template operator()<GenericTile<Op::kBlackwellSwizzle>>();
       return true;
     case Op::kBlackwellUnswizzle:
@@ -49,6 +54,20 @@ bool DispatchTile(const Geometry& g, Fn&& fn) {
     case Op::kBlackwellRetile:
       in16 && out16 ? fn.template operator()<BlackwellTile<Op::kBlackwellRetile>>()
                     : fn.template operator()<GenericTile<Op::kBlackwellRetile>>();
+      return true;
+    case Op::kHopperScaleSwizzle:
+      columns ? fn.template operator()<HopperScaleColumnsTile<Op::kHopperScaleSwizzle>>()
+              : fn.template operator()<HopperScaleRowsTile<Op::kHopperScaleSwizzle>>();
+      return true;
+    case Op::kHopperScaleUnswizzle:
+      columns ? fn.template operator()<HopperScaleColumnsTile<Op::kHopperScaleUnswizzle>>()
+              : fn.template operator()<HopperScaleRowsTile<Op::kHopperScaleUnswizzle>>();
+      return true;
+    case Op::kBlackwellScaleSwizzle:
+      fn.template operator()<BlackwellScaleTile<Op::kBlackwellScaleSwizzle>>();
+      return true;
+    case Op::kBlackwellScaleUnswizzle:
+      fn.template operator()<BlackwellScaleTile<Op::kBlackwellScaleUnswizzle>>();
       return true;
   }
   return false;

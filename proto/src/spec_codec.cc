@@ -3,6 +3,13 @@
 #include "absl/strings/str_cat.h"
 
 namespace wprep {
+namespace {
+
+constexpr char kLayouts[] =
+    "LAYOUT_HOPPER_VALUE (1), LAYOUT_BLACKWELL_SHUFFLED_VALUE (2), LAYOUT_BLACKWELL_VALUE (3), "
+    "LAYOUT_HOPPER_SCALE (4), LAYOUT_BLACKWELL_SCALE (5)";
+
+}  // namespace
 
 
 v1::ConversionSpec SpecToProto(const ConversionSpec& spec) {
@@ -10,6 +17,9 @@ v1::ConversionSpec SpecToProto(const ConversionSpec& spec) {
   switch (spec.layout) {
     case Layout::kHopperValue: p.set_layout(v1::LAYOUT_HOPPER_VALUE); break;
     case Layout::kBlackwellShuffledValue: p.set_layout(v1::LAYOUT_BLACKWELL_SHUFFLED_VALUE); break;
+    case Layout::kBlackwellValue: p.set_layout(v1::LAYOUT_BLACKWELL_VALUE); break;
+    case Layout::kHopperScale: p.set_layout(v1::LAYOUT_HOPPER_SCALE); break;
+    case Layout::kBlackwellScale: p.set_layout(v1::LAYOUT_BLACKWELL_SCALE); break;
   }
   switch (spec.direction) {
     case Direction::kSwizzle: p.set_direction(v1::DIRECTION_SWIZZLE); break;
@@ -22,6 +32,9 @@ v1::ConversionSpec SpecToProto(const ConversionSpec& spec) {
   p.mutable_blackwell()->set_block_n(spec.blackwell.block_n);
   p.mutable_blackwell_to()->set_block_k(spec.blackwell_to.block_k);
   p.mutable_blackwell_to()->set_block_n(spec.blackwell_to.block_n);
+  p.mutable_hopper_scale()->set_mx_axis(spec.hopper_scale.mx_axis);
+  p.mutable_hopper_scale()->set_num_warps(spec.hopper_scale.num_warps);
+  p.set_packing_axis(spec.packing_axis);
   return p;
 }
 
@@ -30,13 +43,14 @@ absl::StatusOr<ConversionSpec> SpecFromProto(const v1::ConversionSpec& p, absl::
   switch (p.layout()) {
     case v1::LAYOUT_HOPPER_VALUE: s.layout = Layout::kHopperValue; break;
     case v1::LAYOUT_BLACKWELL_SHUFFLED_VALUE: s.layout = Layout::kBlackwellShuffledValue; break;
+    case v1::LAYOUT_BLACKWELL_VALUE: s.layout = Layout::kBlackwellValue; break;
+    case v1::LAYOUT_HOPPER_SCALE: s.layout = Layout::kHopperScale; break;
+    case v1::LAYOUT_BLACKWELL_SCALE: s.layout = Layout::kBlackwellScale; break;
     case v1::LAYOUT_UNSPECIFIED:
-      return absl::InvalidArgumentError(absl::StrCat(
-          field, ".layout is not set; use LAYOUT_HOPPER_VALUE or LAYOUT_BLACKWELL_SHUFFLED_VALUE"));
+      return absl::InvalidArgumentError(absl::StrCat(field, ".layout is not set; use one of ", kLayouts));
     default:
-      return absl::InvalidArgumentError(absl::StrCat(
-          field, ".layout has unknown value ", static_cast<int>(p.layout()),
-          "; use LAYOUT_HOPPER_VALUE (1) or LAYOUT_BLACKWELL_SHUFFLED_VALUE (2)"));
+      return absl::InvalidArgumentError(absl::StrCat(field, ".layout has unknown value ",
+                                                     static_cast<int>(p.layout()), "; use one of ", kLayouts));
   }
   switch (p.direction()) {
     case v1::DIRECTION_SWIZZLE: s.direction = Direction::kSwizzle; break;
@@ -56,7 +70,18 @@ absl::StatusOr<ConversionSpec> SpecFromProto(const v1::ConversionSpec& p, absl::
   if (p.blackwell().has_block_n()) s.blackwell.block_n = p.blackwell().block_n();
   if (p.blackwell_to().has_block_k()) s.blackwell_to.block_k = p.blackwell_to().block_k();
   if (p.blackwell_to().has_block_n()) s.blackwell_to.block_n = p.blackwell_to().block_n();
+  if (p.hopper_scale().has_mx_axis()) s.hopper_scale.mx_axis = p.hopper_scale().mx_axis();
+  if (p.hopper_scale().has_num_warps()) s.hopper_scale.num_warps = p.hopper_scale().num_warps();
+  if (p.has_packing_axis()) s.packing_axis = p.packing_axis();
   return s;
+}
+
+v1::LayoutIdentity IdentityToProto(const ConversionSpec& spec) {
+  v1::LayoutIdentity id;
+  id.set_layout(LayoutIdentity(spec));
+  id.set_conversion(ConversionIdentity(spec));
+  id.set_contract_version(kLayoutContractVersion);
+  return id;
 }
 
 std::vector<int64_t> ShapeFromProto(const google::protobuf::RepeatedField<int64_t>& shape) {

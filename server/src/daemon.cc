@@ -143,6 +143,7 @@ struct DaemonParts {
   void SetHealth(bool serving) {
     health.SetServing(serving);
     probe_health.SetServing(serving);
+    metrics->health_serving().Set(serving ? 1 : 0);
   }
   bool Stopping() {
     absl::MutexLock lock(&mu);
@@ -181,7 +182,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const Options& options, De
   p->warmup_token = NewWarmupToken();
   p->service = std::make_unique<WeightPrepService>(
       &p->admission, p->devices.get(), p->ipc.get(), p->executor.get(), p->metrics.get(), p->buffers.get(),
-      RequestLimits{options.max_message_bytes, options.max_tensor_bytes}, p->warmup_token);
+      RequestLimits{options.max_message_bytes, options.max_tensor_bytes, options.max_batch_items}, p->warmup_token);
 
   grpc::EnableDefaultHealthCheckService(false);  // health.h says why
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();

@@ -86,6 +86,24 @@ absl::StatusOr<DeviceRun::Result> DeviceRun::Convert(const Plan& plan, RunInput 
   return r;
 }
 
+absl::Status DeviceRun::Enqueue(const Plan& plan, const void* device_in, void* device_out) {
+  DeviceRuntime& rt = gpu_.runtime();
+  std::unique_ptr<DeviceTimer> timer = rt.NewTimer(gpu_.ordinal());
+  timer->Start(lease_.stream());
+  WPREP_RETURN_IF_ERROR(rt.Convert(gpu_.ordinal(), plan, device_in, device_out, lease_.stream()));
+  timer->Stop(lease_.stream());
+  enqueued_.push_back(std::move(timer));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<std::optional<double>>> DeviceRun::Wait() {
+  WPREP_RETURN_IF_ERROR(gpu_.runtime().Synchronize(gpu_.ordinal(), lease_.stream()));
+  std::vector<std::optional<double>> seconds;
+  for (auto& t : enqueued_) seconds.push_back(t->Seconds());
+  enqueued_.clear();
+  return seconds;
+}
+
 absl::StatusOr<int> WarmUpKernels(Gpu& gpu, PinnedHostPool& pinned) {
   const std::vector<ConversionSpec> specs = KernelVariantSpecs();
   for (const ConversionSpec& spec : specs) {

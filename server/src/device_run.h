@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
@@ -60,6 +61,13 @@ class DeviceRun {
   };
   absl::StatusOr<Result> Convert(const Plan& plan, RunInput in, void* device_out);
 
+  // For batches: launches one conversion between memory of the run's GPU without
+  // waiting for it. Conversions run in the order given, Convert's included; Wait
+  // finishes them.
+  absl::Status Enqueue(const Plan& plan, const void* device_in, void* device_out);
+  // Waits for everything launched; the kernel seconds of each Enqueue, in order.
+  absl::StatusOr<std::vector<std::optional<double>>> Wait();
+
   // Extra device bytes the run allocated (its staging buffers).
   uint64_t peak_extra_device_bytes() const { return memory_.peak(); }
   Gpu& gpu() const { return gpu_; }
@@ -87,6 +95,7 @@ class DeviceRun {
   RequestMemory memory_;
   void* device_in_ = nullptr;   // the device copy of a host input
   void* device_out_ = nullptr;  // the device output before it is copied to the host
+  std::vector<std::unique_ptr<DeviceTimer>> enqueued_;  // timers of Enqueue's launches
 };
 
 // Runs every kernel variant of the engine (KernelVariantSpecs) once on `gpu` through a

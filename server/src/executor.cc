@@ -1,6 +1,9 @@
 #include "executor.h"
 
 #include <algorithm>
+#include <map>
+#include <system_error>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -53,7 +56,11 @@ absl::StatusOr<ConvertOutcome> Executor::Convert(const ConvertJob& job, std::str
     return absl::DeadlineExceededError("the request's deadline passed before the conversion started");
   }
   if (gpu != nullptr) return RunOnGpu(*gpu, job, inline_output, deadline);
-  // The CPU engine: no GPU is in use, so the edge admitted inline bytes on both sides.
+  return RunOnCpu(job, inline_output);
+}
+
+absl::StatusOr<ConvertOutcome> Executor::RunOnCpu(const ConvertJob& job, std::string* inline_output) {
+  // No GPU is in use, so PickGpu admitted inline bytes on both sides only.
   ConvertOutcome outcome;
   outcome.engine = "cpu";
   outcome.engine_metrics = devices_->cpu_metrics();
@@ -67,23 +74,30 @@ absl::StatusOr<ConvertOutcome> Executor::Convert(const ConvertJob& job, std::str
   return outcome;
 }
 
-absl::StatusOr<ConvertOutcome> Executor::RunOnGpu(Gpu& gpu, const ConvertJob& job,
-                                                  std::string* inline_output, absl::Time deadline) {
-  const Plan& plan = job.plan;
-  // Map the IPC buffers first: a bad handle fails before any stream or memory is held.
-  IpcCache::Lease src, dst;
+absl::StatusOr<Executor::Mapped> Executor::MapIpc(Gpu& gpu, const ConvertJob& job) {
+  Mapped m;
   if (job.source_ipc) {
     const IpcRegion& r = *job.source_ipc;
     absl::StatusOr<IpcCache::Lease> l = ipc_->Acquire(gpu.ordinal(), r.handle, r.offset, r.size);
     if (!l.ok()) return OperandError(Operand::kSource, "", l.status());
-    src = *std::move(l);
+    m.source = *std::move(l);
   }
   if (job.destination_ipc) {
     const IpcRegion& r = *job.destination_ipc;
     absl::StatusOr<IpcCache::Lease> l = ipc_->Acquire(gpu.ordinal(), r.handle, r.offset, r.size);
     if (!l.ok()) return OperandError(Operand::kDestination, "", l.status());
-    dst = *std::move(l);
+    m.destination = *std::move(l);
   }
+  return m;
+}
+
+absl::StatusOr<ConvertOutcome> Executor::RunOnGpu(Gpu& gpu, const ConvertJob& job,
+                                                  std::string* inline_output, absl::Time deadline) {
+  const Plan& plan = job.plan;
+  // Map the IPC buffers first: a bad handle fails before any stream or memory is held.
+  WPREP_ASSIGN_OR_RETURN(Mapped mapped, MapIpc(gpu, job));
+  IpcCache::Lease& src = mapped.source;
+  IpcCache::Lease& dst = mapped.destination;
   const DeviceRun::Staging staging{job.source_ipc ? 0 : plan.input_bytes,
                                    job.destination_ipc ? 0 : plan.output_bytes};
   WPREP_ASSIGN_OR_RETURN(std::unique_ptr<DeviceRun> run,
@@ -100,6 +114,133 @@ absl::StatusOr<ConvertOutcome> Executor::RunOnGpu(Gpu& gpu, const ConvertJob& jo
   outcome.kernel_seconds = r.kernel_seconds;
   outcome.peak_extra_device_bytes = run->peak_extra_device_bytes();
   return outcome;
+}
+
+namespace {
+
+// An operand error of batch job `i`, marked with its index (a batch-wide GPU is no item's).
+absl::Status OfItem(size_t i, absl::Status s) {
+  std::optional<OperandPath> path = OperandPathOf(s);
+  if (path && path->operand == Operand::kDevice) return s;
+  return ForItem(static_cast<int>(i), std::move(s));
+}
+
+}  // namespace
+
+absl::StatusOr<Executor::BatchOutcome> Executor::ConvertBatch(const std::vector<ConvertJob>& jobs,
+                                                              const std::vector<std::string*>& inline_outputs,
+                                                              absl::Time deadline) {
+  // Every job's engine first, then every mapping: all checks before any work.
+  std::vector<Gpu*> gpus(jobs.size(), nullptr);
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    absl::StatusOr<Gpu*> g = PickGpu(jobs[i]);
+    if (!g.ok()) return OfItem(i, g.status());
+    gpus[i] = *g;
+  }
+  std::vector<Mapped> mapped(jobs.size());
+  std::map<Gpu*, std::vector<size_t>> by_gpu;
+  std::vector<size_t> on_cpu;
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    if (gpus[i] == nullptr) {
+      on_cpu.push_back(i);
+      continue;
+    }
+    absl::StatusOr<Mapped> m = MapIpc(*gpus[i], jobs[i]);
+    if (!m.ok()) return OfItem(i, m.status());
+    mapped[i] = *std::move(m);
+    by_gpu[gpus[i]].push_back(i);
+  }
+  if (absl::Now() >= deadline) {
+    return absl::DeadlineExceededError("the request's deadline passed before the batch started");
+  }
+  BatchOutcome out;
+  out.items.resize(jobs.size());
+  for (size_t i : on_cpu) {
+    absl::StatusOr<ConvertOutcome> r = RunOnCpu(jobs[i], inline_outputs[i]);
+    if (!r.ok()) return OfItem(i, r.status());
+    out.items[i] = *std::move(r);
+  }
+  // Each GPU on its own thread (the calling thread takes the last); a GPU whose thread
+  // cannot start runs on the calling thread too.
+  std::vector<std::pair<Gpu*, const std::vector<size_t>*>> groups;
+  for (const auto& [g, items] : by_gpu) groups.emplace_back(g, &items);
+  std::vector<BatchOutcome> partial(groups.size());
+  std::vector<absl::Status> results(groups.size());
+  auto run = [&](size_t k) {
+    partial[k].items.resize(jobs.size());
+    results[k] = RunBatchOnGpu(*groups[k].first, jobs, *groups[k].second, mapped, inline_outputs, deadline, &partial[k]);
+  };
+  std::vector<std::thread> threads;
+  for (size_t k = 0; k + 1 < groups.size(); ++k) {
+    try {
+      threads.emplace_back(run, k);
+    } catch (const std::system_error&) {
+      run(k);
+    }
+  }
+  if (!groups.empty()) run(groups.size() - 1);
+  for (auto& t : threads) t.join();
+  for (size_t k = 0; k < groups.size(); ++k) {
+    WPREP_RETURN_IF_ERROR(results[k]);
+    for (size_t i : *groups[k].second) out.items[i] = std::move(partial[k].items[i]);
+    out.peak_extra_device_bytes += partial[k].peak_extra_device_bytes;
+  }
+  return out;
+}
+
+absl::Status Executor::RunBatchOnGpu(Gpu& gpu, const std::vector<ConvertJob>& jobs, const std::vector<size_t>& items,
+                                     std::vector<Mapped>& mapped, const std::vector<std::string*>& inline_outputs,
+                                     absl::Time deadline, BatchOutcome* out) {
+  // The items go round-robin over up to all of the GPU's streams, each a DeviceRun
+  // staged for the largest host-side item it gets.
+  const size_t k = std::min<size_t>(items.size(), static_cast<size_t>(std::max(1, gpu.streams())));
+  std::vector<std::vector<size_t>> lanes(k);
+  for (size_t n = 0; n < items.size(); ++n) lanes[n % k].push_back(items[n]);
+  std::vector<std::unique_ptr<DeviceRun>> runs;
+  for (const std::vector<size_t>& lane : lanes) {
+    DeviceRun::Staging staging;
+    for (size_t i : lane) {
+      if (!jobs[i].source_ipc) staging.input_bytes = std::max(staging.input_bytes, jobs[i].plan.input_bytes);
+      if (!jobs[i].destination_ipc) staging.output_bytes = std::max(staging.output_bytes, jobs[i].plan.output_bytes);
+    }
+    WPREP_ASSIGN_OR_RETURN(std::unique_ptr<DeviceRun> run,
+                           DeviceRun::Begin(gpu, devices_->pinned(), staging, deadline, MemoryDeadline(deadline)));
+    runs.push_back(std::move(run));
+  }
+  for (size_t lane = 0; lane < k; ++lane) {
+    for (size_t i : lanes[lane]) {
+      const ConvertJob& job = jobs[i];
+      ConvertOutcome& o = out->items[i];
+      o.engine = gpu.engine_name();
+      o.engine_metrics = gpu.metrics();
+      void* device_out = job.destination_ipc ? mapped[i].destination.ptr() : nullptr;
+      if (job.source_ipc && job.destination_ipc) {
+        absl::Status s = runs[lane]->Enqueue(job.plan, mapped[i].source.ptr(), device_out);
+        if (!s.ok()) return ForItem(static_cast<int>(i), s);
+        continue;
+      }
+      const RunInput in = job.source_ipc ? RunInput::Device(mapped[i].source.ptr())
+                                         : RunInput::Host(reinterpret_cast<const uint8_t*>(job.source_bytes.data()));
+      absl::StatusOr<DeviceRun::Result> r = runs[lane]->Convert(job.plan, in, device_out);
+      if (!r.ok()) return ForItem(static_cast<int>(i), r.status());
+      o.kernel_seconds = r->kernel_seconds;
+      if (!job.destination_ipc) {
+        inline_outputs[i]->assign(reinterpret_cast<const char*>(r->host_output.data()), r->host_output.size());
+      }
+    }
+  }
+  // Every lane's launches, then their kernel times in launch order.
+  for (size_t lane = 0; lane < k; ++lane) {
+    WPREP_ASSIGN_OR_RETURN(std::vector<std::optional<double>> seconds, runs[lane]->Wait());
+    size_t next = 0;
+    for (size_t i : lanes[lane]) {
+      if (jobs[i].source_ipc && jobs[i].destination_ipc && next < seconds.size()) {
+        out->items[i].kernel_seconds = seconds[next++];
+      }
+    }
+    out->peak_extra_device_bytes += runs[lane]->peak_extra_device_bytes();
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::unique_ptr<StreamConverter>> Executor::StartStream(const Plan& plan,

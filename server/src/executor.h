@@ -9,6 +9,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -41,6 +42,9 @@ struct ConvertJob {
   std::optional<Uuid> gpu;
 };
 
+// One conversion, planned once at the edge, may also read its source as a strided view
+// of inline bytes (the plan's binding says so).
+
 // What ran, for the reply and for the call's single exit (metrics, log).
 struct ConvertOutcome {
   std::string engine;                    // "cpu" or "cuda:GPU-..."
@@ -59,6 +63,19 @@ class Executor {
   absl::StatusOr<ConvertOutcome> Convert(const ConvertJob& job, std::string* inline_output,
                                          absl::Time deadline);
 
+  // Runs every job of a batch: jobs[i] writes an inline output to *inline_outputs[i].
+  // Every job's GPU is chosen and every IPC buffer mapped and range-checked before any
+  // work starts, so one bad job fails the batch (an OperandError marked with its index,
+  // operand_error.h) and nothing is written. The jobs of one GPU are spread over its
+  // streams and finish together; GPUs work at once.
+  struct BatchOutcome {
+    std::vector<ConvertOutcome> items;
+    uint64_t peak_extra_device_bytes = 0;
+  };
+  absl::StatusOr<BatchOutcome> ConvertBatch(const std::vector<ConvertJob>& jobs,
+                                            const std::vector<std::string*>& inline_outputs,
+                                            absl::Time deadline);
+
   // Picks the engine of a streamed conversion (dense input) and starts it.
   absl::StatusOr<std::unique_ptr<StreamConverter>> StartStream(const Plan& plan,
                                                                const std::optional<Uuid>& gpu,
@@ -69,6 +86,16 @@ class Executor {
   absl::StatusOr<Gpu*> PickGpu(const ConvertJob& job);
   absl::StatusOr<ConvertOutcome> RunOnGpu(Gpu& gpu, const ConvertJob& job, std::string* inline_output,
                                           absl::Time deadline);
+  absl::StatusOr<ConvertOutcome> RunOnCpu(const ConvertJob& job, std::string* inline_output);
+  // The IPC memory of a job, mapped: source and destination leases.
+  struct Mapped {
+    IpcCache::Lease source, destination;
+  };
+  absl::StatusOr<Mapped> MapIpc(Gpu& gpu, const ConvertJob& job);
+  // The batch jobs `items` of one GPU, over its streams; outcomes and the peak added to `out`.
+  absl::Status RunBatchOnGpu(Gpu& gpu, const std::vector<ConvertJob>& jobs, const std::vector<size_t>& items,
+                             std::vector<Mapped>& mapped, const std::vector<std::string*>& inline_outputs,
+                             absl::Time deadline, BatchOutcome* out);
   absl::Time MemoryDeadline(absl::Time deadline) const;
 
   // Constant after construction.

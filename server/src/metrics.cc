@@ -34,19 +34,10 @@ const prometheus::Histogram::BucketBoundaries& BytesBuckets() {
   return b;
 }
 
-const char* LayoutLabel(const std::optional<Layout>& l) {
-  if (!l) return "none";
-  return *l == Layout::kHopperValue ? "hopper_value" : "blackwell_shuffled_value";
-}
+std::string LayoutLabel(const std::optional<Layout>& l) { return l ? std::string(LayoutName(*l)) : "none"; }
 
-const char* DirectionLabel(const std::optional<Direction>& d) {
-  if (!d) return "none";
-  switch (*d) {
-    case Direction::kSwizzle: return "swizzle";
-    case Direction::kUnswizzle: return "unswizzle";
-    case Direction::kRetile: return "retile";
-  }
-  return "none";
+std::string DirectionLabel(const std::optional<Direction>& d) {
+  return d ? std::string(DirectionName(*d)) : "none";
 }
 
 // The labels of a request's wprep_requests_total series.
@@ -65,6 +56,7 @@ const char* MethodName(Method m) {
     case Method::kPlan: return "Plan";
     case Method::kConvert: return "Convert";
     case Method::kConvertStream: return "ConvertStream";
+    case Method::kConvertBatch: return "ConvertBatch";
     case Method::kListDevices: return "ListDevices";
     case Method::kRegisterIpcHandles: return "RegisterIpcHandles";
     case Method::kReleaseIpcHandles: return "ReleaseIpcHandles";
@@ -80,6 +72,7 @@ const char* TransportName(Transport t) {
     case Transport::kIpcToBytes: return "ipc_to_bytes";
     case Transport::kIpcToIpc: return "ipc_to_ipc";
     case Transport::kStream: return "stream";
+    case Transport::kBatch: return "batch";
   }
   return "none";
 }
@@ -94,6 +87,10 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(const std::string& addr
                       .Name("wprep_requests_total")
                       .Help("Finished RPCs by method, layout, direction, transport and status code")
                       .Register(reg);
+  m->batch_items_ = &prometheus::BuildCounter()
+                         .Name("wprep_batch_items_total")
+                         .Help("Items of finished ConvertBatch calls by layout, direction, transport and the call's code")
+                         .Register(reg);
   m->request_seconds_ = &prometheus::BuildHistogram()
                              .Name("wprep_request_duration_seconds")
                              .Help("RPC duration from arrival to final status, seconds")
@@ -163,6 +160,11 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(const std::string& addr
                                  .Help("The bound on wprep_host_buffered_bytes (--max-buffered-bytes)")
                                  .Register(reg)
                                  .Add({});
+  m->health_serving_ = &prometheus::BuildGauge()
+                            .Name("wprep_health_serving")
+                            .Help("1 while grpc.health.v1 answers SERVING (warm, not draining), else 0")
+                            .Register(reg)
+                            .Add({});
   m->connections_refused_ = &prometheus::BuildCounter()
                                  .Name("wprep_connections_refused_total")
                                  .Help("Connections closed unserved: over the limit, or shed while descriptors ran out")
@@ -205,7 +207,8 @@ void Metrics::InitSuccessSeries() {
   // Every successful kind of request starts at zero, so rates and dashboards have a
   // series from the start (Prometheus' advice for known label values), and a request
   // never creates one on its way out. Error codes appear as they happen.
-  const Method methods[] = {Method::kPlan, Method::kConvert, Method::kConvertStream,
+  const Method methods[] = {Method::kPlan,        Method::kConvert,
+                            Method::kConvertStream, Method::kConvertBatch,
                             Method::kListDevices, Method::kRegisterIpcHandles,
                             Method::kReleaseIpcHandles};
   for (Method m : methods) request_seconds_->Add({{"method", MethodName(m)}}, SecondsBuckets());
@@ -227,7 +230,14 @@ void Metrics::InitSuccessSeries() {
     ok(Method::kPlan, layout, direction, Transport::kNone);
     for (Transport t : convert_transports) ok(Method::kConvert, layout, direction, t);
     ok(Method::kConvertStream, layout, direction, Transport::kStream);
+    for (Transport t : convert_transports) {
+      batch_items_->Add({{"layout", LayoutLabel(layout)},
+                         {"direction", DirectionLabel(direction)},
+                         {"transport", TransportName(t)},
+                         {"code", absl::StatusCodeToString(absl::StatusCode::kOk)}});
+    }
   }
+  ok(Method::kConvertBatch, std::nullopt, std::nullopt, Transport::kBatch);
   for (Method m : {Method::kListDevices, Method::kRegisterIpcHandles, Method::kReleaseIpcHandles}) {
     ok(m, std::nullopt, std::nullopt, Transport::kNone);
   }
@@ -235,6 +245,16 @@ void Metrics::InitSuccessSeries() {
     peak_extra_bytes_->Add({{"transport", TransportName(t)}}, BytesBuckets());
   }
   peak_extra_bytes_->Add({{"transport", TransportName(Transport::kStream)}}, BytesBuckets());
+  peak_extra_bytes_->Add({{"transport", TransportName(Transport::kBatch)}}, BytesBuckets());
+}
+
+void Metrics::RecordBatchItem(Layout layout, Direction direction, Transport transport, absl::StatusCode code) {
+  batch_items_
+      ->Add({{"layout", LayoutLabel(layout)},
+             {"direction", DirectionLabel(direction)},
+             {"transport", TransportName(transport)},
+             {"code", absl::StatusCodeToString(code)}})
+      .Increment();
 }
 
 void Metrics::RecordRequest(const RequestRecord& r) {

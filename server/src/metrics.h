@@ -27,12 +27,14 @@ enum class Method {
   kPlan,
   kConvert,
   kConvertStream,
+  kConvertBatch,
   kListDevices,
   kRegisterIpcHandles,
   kReleaseIpcHandles,
 };
 // How the bytes travel: inline protobuf bytes or CUDA IPC, source to destination.
-enum class Transport { kNone, kBytesToBytes, kBytesToIpc, kIpcToBytes, kIpcToIpc, kStream };
+// A batch as a whole is kBatch; its items have their own transports.
+enum class Transport { kNone, kBytesToBytes, kBytesToIpc, kIpcToBytes, kIpcToIpc, kStream, kBatch };
 
 const char* MethodName(Method method);
 const char* TransportName(Transport transport);
@@ -95,12 +97,16 @@ class Metrics {
   DeviceMetrics& device(int slot) { return devices_[slot]; }
 
   void RecordRequest(const RequestRecord& record);
+  // One item of a ConvertBatch (wprep_batch_items_total); `code` is the batch's.
+  void RecordBatchItem(Layout layout, Direction direction, Transport transport, absl::StatusCode code);
   void IpcCacheHit() { ipc_hits_->Increment(); }
   void IpcCacheMiss() { ipc_misses_->Increment(); }
   void SetIpcCacheEntries(double n) { ipc_entries_->Set(n); }
   // Host bytes held for inline requests and responses and stream buffers, and the bound.
   prometheus::Gauge& buffered_bytes() { return *buffered_bytes_; }
   prometheus::Gauge& buffer_budget_bytes() { return *buffer_budget_bytes_; }
+  // 1 while grpc.health.v1 answers SERVING, else 0.
+  prometheus::Gauge& health_serving() { return *health_serving_; }
   // Connections closed unserved (over the limit, or shed while descriptors ran out).
   prometheus::Counter& connections_refused() { return *connections_refused_; }
 
@@ -115,6 +121,7 @@ class Metrics {
   std::unique_ptr<MetricsHttpServer> http_;
   int port_ = 0;
   prometheus::Family<prometheus::Counter>* requests_ = nullptr;
+  prometheus::Family<prometheus::Counter>* batch_items_ = nullptr;
   prometheus::Family<prometheus::Histogram>* request_seconds_ = nullptr;
   prometheus::Family<prometheus::Histogram>* peak_extra_bytes_ = nullptr;
   prometheus::Family<prometheus::Histogram>* kernel_seconds_ = nullptr;
@@ -132,6 +139,7 @@ class Metrics {
   prometheus::Gauge* buffered_bytes_ = nullptr;
   prometheus::Gauge* buffer_budget_bytes_ = nullptr;
   prometheus::Counter* connections_refused_ = nullptr;
+  prometheus::Gauge* health_serving_ = nullptr;
   std::vector<DeviceMetrics> devices_;
 };
 

@@ -98,6 +98,12 @@ absl::StatusOr<Options> ParseOptions(const std::vector<std::string>& args) {
          return ParseBytes("max-stream-matrix-bytes", v, &o.max_stream_matrix_bytes);
        }},
       {"max-buffered-bytes", [&](const std::string& v) { return ParseBytes("max-buffered-bytes", v, &o.max_buffered_bytes); }},
+      {"max-batch-items", [&](const std::string& v) {
+         int64_t x;
+         auto s = ParseInt("max-batch-items", v, 1, 1 << 20, &x);
+         o.max_batch_items = static_cast<uint64_t>(x);
+         return s;
+       }},
       {"max-connections", [&](const std::string& v) {
          int64_t x;
          auto s = ParseInt("max-connections", v, 1, 1 << 20, &x);
@@ -252,12 +258,15 @@ Flags (--name=value or --name value):
   --max-message-bytes N    largest unary message (default 64M)
   --max-tensor-bytes N     largest input or output of one conversion (default 64G)
   --max-stream-matrix-bytes N
-                           largest matrix of a ConvertStream (default 1G)
+                           largest matrix of a ConvertStream (default 128M; a stream
+                           holds about 7 of them in --max-buffered-bytes)
   --max-buffered-bytes N   host memory for inline data and stream buffers (default 1G)
+  --max-batch-items N      items of one ConvertBatch (default 4096)
   --max-connections N      open connections, all listeners together (default 1024)
   --max-concurrent-streams N
                            concurrent calls per connection (default 64)
-  --ipc-cache-entries N    cached CUDA IPC mappings (default 256)
+  --ipc-cache-entries N    cached CUDA IPC mappings; also the most handles one
+                           request may use at once (default 4096)
   --ipc-idle-expiry D      unused IPC mappings close after this (default 5m)
   --port-file PATH         write the bound addresses here once listening
 )";

@@ -83,7 +83,77 @@ void PlanToProto(const Plan& plan, v1::PlanResponse* out) {
   for (int64_t d : plan.output_strides) out->add_output_strides(d);
   out->set_output_bytes(plan.output_bytes);
   out->set_description(Describe(plan.spec));
+  *out->mutable_identity() = IdentityToProto(plan.spec);
 }
+
+namespace {
+
+// The parts of a conversion on the wire, and the field names its errors use.
+struct JobWire {
+  const v1::ConversionSpec* spec_proto = nullptr;
+  const google::protobuf::RepeatedField<int64_t>* shape = nullptr;
+  const std::string* source_bytes = nullptr;  // when inline
+  const google::protobuf::RepeatedField<int64_t>* source_strides = nullptr;  // of the inline source
+  const v1::CudaIpcBuffer* source_ipc = nullptr;
+  const v1::CudaIpcBuffer* destination_ipc = nullptr;
+  std::string prefix;  // "" or "items[3].convert." before every field name below
+  std::string source_bytes_field, source_strides_field, source_ipc_field, destination_ipc_field;
+};
+
+// One job from its wire parts: IPC fields checked, planned with the source's binding,
+// and the destination checked against the plan. `max_inline_output` bounds an inline
+// output (the answer must fit one message).
+absl::StatusOr<ConvertJob> JobFromWire(const JobWire& w, const ConversionSpec& spec, uint64_t max_inline_output) {
+  ConvertJob job;
+  InputBinding binding;
+  const std::string src_ipc = w.prefix + w.source_ipc_field, dst_ipc = w.prefix + w.destination_ipc_field;
+  if (w.source_ipc != nullptr) {
+    WPREP_ASSIGN_OR_RETURN(job.source_ipc, IpcFromProto(*w.source_ipc, src_ipc));
+    binding.strides.assign(w.source_ipc->strides().begin(), w.source_ipc->strides().end());
+    binding.buffer_bytes = job.source_ipc->size;
+    if (w.source_strides != nullptr && !w.source_strides->empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(w.prefix, w.source_strides_field, " apply to ", w.prefix,
+                                                     w.source_bytes_field, "; give IPC strides in ", src_ipc,
+                                                     ".strides"));
+    }
+  } else {
+    job.source_bytes = *w.source_bytes;
+    binding.buffer_bytes = job.source_bytes.size();
+    if (w.source_strides != nullptr) binding.strides.assign(w.source_strides->begin(), w.source_strides->end());
+  }
+  if (w.destination_ipc != nullptr) {
+    WPREP_ASSIGN_OR_RETURN(job.destination_ipc, IpcFromProto(*w.destination_ipc, dst_ipc));
+  }
+  WPREP_RETURN_IF_ERROR(CheckEmptyShape(*w.shape, w.prefix + "logical_shape"));
+  absl::StatusOr<Plan> plan = MakePlan(spec, ShapeFromProto(*w.shape), binding);
+  if (!plan.ok()) {
+    if (w.prefix.empty()) return plan.status();
+    return absl::Status(plan.status().code(), absl::StrCat(w.prefix.substr(0, w.prefix.size() - 1), ": ",
+                                                           plan.status().message()));
+  }
+  job.plan = *std::move(plan);
+  if (w.destination_ipc == nullptr) {
+    // Refuse before converting when the answer could not be sent.
+    if (job.plan.output_bytes > max_inline_output) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          w.prefix, "the output has ", job.plan.output_bytes, " bytes, more than ", max_inline_output,
+          " allowed inline (--max-message-bytes); give ", dst_ipc, " (CUDA IPC), or use ConvertStream"));
+    }
+  } else {
+    if (w.destination_ipc->strides_size() != 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(dst_ipc, ".strides must be empty: outputs are always written densely"));
+    }
+    if (job.destination_ipc->size < job.plan.output_bytes) {
+      return absl::InvalidArgumentError(absl::StrCat(dst_ipc, ".size is ", job.destination_ipc->size,
+                                                     " bytes but the output needs ", job.plan.output_bytes,
+                                                     " (see Plan)"));
+    }
+  }
+  return job;
+}
+
+}  // namespace
 
 absl::StatusOr<ConvertJob> ConvertJobFromProto(const v1::ConvertRequest& req, const ConversionSpec& spec,
                                                int64_t max_message_bytes) {
@@ -97,42 +167,74 @@ absl::StatusOr<ConvertJob> ConvertJobFromProto(const v1::ConvertRequest& req, co
   if (req.source_case() == v1::ConvertRequest::SOURCE_NOT_SET) {
     return absl::InvalidArgumentError("source is not set: give source_bytes or source_ipc");
   }
-  ConvertJob job;
-  InputBinding binding;
-  if (req.has_source_ipc()) {
-    WPREP_ASSIGN_OR_RETURN(job.source_ipc, IpcFromProto(req.source_ipc(), "source_ipc"));
-    binding.strides.assign(req.source_ipc().strides().begin(), req.source_ipc().strides().end());
-    binding.buffer_bytes = job.source_ipc->size;
-  } else {
-    job.source_bytes = req.source_bytes();
-    binding.buffer_bytes = job.source_bytes.size();
-  }
-  if (req.has_destination_ipc()) {
-    WPREP_ASSIGN_OR_RETURN(job.destination_ipc, IpcFromProto(req.destination_ipc(), "destination_ipc"));
-  }
-  WPREP_ASSIGN_OR_RETURN(job.gpu, OptionalUuid(req.device_uuid(), "device_uuid"));
-  WPREP_RETURN_IF_ERROR(CheckEmptyShape(req.logical_shape(), "logical_shape"));
-  WPREP_ASSIGN_OR_RETURN(job.plan, MakePlan(spec, ShapeFromProto(req.logical_shape()), binding));
-  const Plan& plan = job.plan;
-  if (!job.destination_ipc) {
-    // Refuse before converting when the answer could not be sent.
-    if (plan.output_bytes > max_bytes) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "the output has ", plan.output_bytes, " bytes, more than --max-message-bytes=",
-          max_message_bytes, " allows inline; use ConvertStream or destination_ipc"));
-    }
-  } else {
-    if (req.destination_ipc().strides_size() != 0) {
-      return absl::InvalidArgumentError(
-          "destination_ipc.strides must be empty: outputs are always written densely");
-    }
-    if (job.destination_ipc->size < plan.output_bytes) {
-      return absl::InvalidArgumentError(absl::StrCat("destination_ipc.size is ", job.destination_ipc->size,
-                                                     " bytes but the output needs ", plan.output_bytes,
-                                                     " (see Plan)"));
-    }
-  }
+  JobWire w;
+  w.spec_proto = &req.spec();
+  w.shape = &req.logical_shape();
+  w.source_bytes = &req.source_bytes();
+  w.source_strides = &req.source_strides();
+  w.source_ipc = req.has_source_ipc() ? &req.source_ipc() : nullptr;
+  w.destination_ipc = req.has_destination_ipc() ? &req.destination_ipc() : nullptr;
+  w.source_bytes_field = "source_bytes";
+  w.source_strides_field = "source_strides";
+  w.source_ipc_field = "source_ipc";
+  w.destination_ipc_field = "destination_ipc";
+  WPREP_ASSIGN_OR_RETURN(std::optional<Uuid> gpu, OptionalUuid(req.device_uuid(), "device_uuid"));
+  WPREP_ASSIGN_OR_RETURN(ConvertJob job, JobFromWire(w, spec, max_bytes));
+  job.gpu = gpu;
   return job;
+}
+
+absl::StatusOr<std::vector<ConvertJob>> BatchJobsFromProto(const v1::ConvertBatchRequest& req,
+                                                           const BatchLimits& limits) {
+  if (req.items_size() == 0) return absl::InvalidArgumentError("items is empty: give at least one item");
+  if (static_cast<uint64_t>(req.items_size()) > limits.max_items) {
+    return absl::ResourceExhaustedError(absl::StrCat("the batch has ", req.items_size(), " items, more than --max-batch-items=",
+                                                     limits.max_items, "; split it into several batches"));
+  }
+  const uint64_t max_bytes = static_cast<uint64_t>(limits.max_message_bytes);
+  if (const uint64_t n = req.ByteSizeLong(); n > max_bytes) {
+    return absl::ResourceExhaustedError(absl::StrCat("ConvertBatch request of ", n, " bytes exceeds --max-message-bytes=",
+                                                     limits.max_message_bytes,
+                                                     "; send large tensors as CUDA IPC buffers"));
+  }
+  WPREP_ASSIGN_OR_RETURN(std::optional<Uuid> gpu, OptionalUuid(req.device_uuid(), "device_uuid"));
+  std::vector<ConvertJob> jobs;
+  jobs.reserve(static_cast<size_t>(req.items_size()));
+  uint64_t inline_out = 0;
+  for (int i = 0; i < req.items_size(); ++i) {
+    const v1::BatchItem& item = req.items(i);
+    const std::string prefix = absl::StrCat("items[", i, "].");
+    if (item.kind_case() != v1::BatchItem::kConvert) {
+      return absl::InvalidArgumentError(absl::StrCat(prefix, "kind is not set: give convert"));
+    }
+    const v1::ConvertItem& c = item.convert();
+    WPREP_ASSIGN_OR_RETURN(ConversionSpec spec, SpecFromProto(c.spec(), prefix + "convert.spec"));
+    if (c.source().kind_case() == v1::TensorSource::KIND_NOT_SET) {
+      return absl::InvalidArgumentError(absl::StrCat(prefix, "convert.source is not set: give inline_bytes or ipc"));
+    }
+    JobWire w;
+    w.spec_proto = &c.spec();
+    w.shape = &c.logical_shape();
+    w.source_bytes = &c.source().inline_bytes();
+    w.source_strides = &c.source().inline_strides();
+    w.source_ipc = c.source().has_ipc() ? &c.source().ipc() : nullptr;
+    w.destination_ipc = c.destination().has_ipc() ? &c.destination().ipc() : nullptr;
+    w.prefix = prefix + "convert.";
+    w.source_bytes_field = "source.inline_bytes";
+    w.source_strides_field = "source.inline_strides";
+    w.source_ipc_field = "source.ipc";
+    w.destination_ipc_field = "destination.ipc";
+    WPREP_ASSIGN_OR_RETURN(ConvertJob job, JobFromWire(w, spec, max_bytes));
+    job.gpu = gpu;
+    if (!job.destination_ipc) inline_out += job.plan.output_bytes;
+    if (inline_out > max_bytes) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "the inline outputs reach ", inline_out, " bytes at items[", i, "], more than --max-message-bytes=",
+          limits.max_message_bytes, " allows in one answer; send outputs to CUDA IPC destinations or split the batch"));
+    }
+    jobs.push_back(std::move(job));
+  }
+  return jobs;
 }
 
 void OutcomeToProto(const ConvertJob& job, const ConvertOutcome& outcome, v1::ConvertResponse* resp) {
@@ -141,6 +243,17 @@ void OutcomeToProto(const ConvertJob& job, const ConvertOutcome& outcome, v1::Co
   resp->set_output_bytes(job.plan.output_bytes);
   resp->set_engine(outcome.engine);
   resp->set_peak_extra_device_bytes(outcome.peak_extra_device_bytes);
+  *resp->mutable_identity() = IdentityToProto(job.plan.spec);
+}
+
+void BatchItemToProto(const ConvertJob& job, const ConvertOutcome& outcome, v1::BatchItemResult* item) {
+  v1::TensorResult* t = item->mutable_outputs(0);
+  for (int64_t d : job.plan.output_shape) t->add_shape(d);
+  for (int64_t d : job.plan.output_strides) t->add_strides(d);
+  t->set_bytes(job.plan.output_bytes);
+  *t->mutable_identity() = IdentityToProto(job.plan.spec);
+  item->set_engine(outcome.engine);
+  item->set_kernel_seconds(outcome.kernel_seconds.value_or(0));
 }
 
 absl::StatusOr<StreamStart> StreamStartFromProto(const v1::StreamRequestHeader& h,

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -35,6 +36,17 @@ absl::StatusOr<ConvertJob> ConvertJobFromProto(const wprep::v1::ConvertRequest& 
                                                const ConversionSpec& spec, int64_t max_message_bytes);
 void OutcomeToProto(const ConvertJob& job, const ConvertOutcome& outcome,
                     wprep::v1::ConvertResponse* resp);
+
+// ConvertBatchRequest -> one job per item, every field of every item checked and every
+// item planned (errors name items[i]....), with the batch's GPU in each job.
+struct BatchLimits {
+  int64_t max_message_bytes = 64ll << 20;  // the request, and all inline outputs together
+  uint64_t max_items = 4096;
+};
+absl::StatusOr<std::vector<ConvertJob>> BatchJobsFromProto(const wprep::v1::ConvertBatchRequest& req,
+                                                           const BatchLimits& limits);
+// Fills `item` (whose one output was added, its inline bytes already set) from the job.
+void BatchItemToProto(const ConvertJob& job, const ConvertOutcome& outcome, wprep::v1::BatchItemResult* item);
 
 // StreamRequestHeader -> the stream's plan (dense input) and requested GPU.
 struct StreamStart {

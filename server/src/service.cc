@@ -57,6 +57,12 @@ Caller CallerOf(const grpc::ServerContext& ctx, const std::string& token) {
 
 const OperandFields kConvertFields{"source_ipc", "destination_ipc", "device_uuid"};
 const OperandFields kStreamFields{"", "", "header.device_uuid"};
+const OperandFields kBatchFields{"convert.source.ipc", "convert.destination.ipc", "device_uuid"};
+
+Transport TransportOf(const ConvertJob& job) {
+  return job.source_ipc ? (job.destination_ipc ? Transport::kIpcToIpc : Transport::kIpcToBytes)
+                        : (job.destination_ipc ? Transport::kBytesToIpc : Transport::kBytesToBytes);
+}
 
 // How close to its deadline a cancelled call counts as having run out of time.
 constexpr absl::Duration kDeadlineSlack = absl::Milliseconds(100);
@@ -96,6 +102,13 @@ class CallReport {
     engine_metrics_ = engine_metrics;
     kernel_seconds_ = kernel_seconds;
     record_.peak_extra_device_bytes = peak_extra_device_bytes;
+  }
+
+  // One more engine's conversion of a multi-item request (ConvertBatch), recorded in that
+  // engine's metrics at the exit; and the items, for wprep_batch_items_total.
+  void AddItem(const ConversionSpec& spec, Transport transport, DeviceMetrics* engine_metrics,
+               std::optional<double> kernel_seconds, uint64_t bytes_out) {
+    items_.push_back({spec.layout, spec.direction, transport, engine_metrics, kernel_seconds, bytes_out});
   }
 
   // The request's deadline as absl::Time (InfiniteFuture when none).
@@ -142,6 +155,12 @@ class CallReport {
       if (kernel_seconds_) engine_metrics_->kernel_seconds->Observe(*kernel_seconds_);
       engine_metrics_->converted_bytes->Increment(static_cast<double>(bytes_out_));
     }
+    for (const Item& item : items_) {
+      metrics_->RecordBatchItem(item.layout, item.direction, item.transport, status.code());
+      if (!status.ok() || item.engine_metrics == nullptr) continue;
+      if (item.kernel_seconds) item.engine_metrics->kernel_seconds->Observe(*item.kernel_seconds);
+      item.engine_metrics->converted_bytes->Increment(static_cast<double>(item.bytes_out));
+    }
     std::string fields_text = absl::StrCat(
         "id=", id_, " method=", MethodName(record_.method),
         " layout=", record_.layout ? std::string(LayoutName(*record_.layout)) : "none",
@@ -166,6 +185,15 @@ class CallReport {
   std::string engine_;
   DeviceMetrics* engine_metrics_ = nullptr;
   std::optional<double> kernel_seconds_;
+  struct Item {
+    Layout layout;
+    Direction direction;
+    Transport transport;
+    DeviceMetrics* engine_metrics;
+    std::optional<double> kernel_seconds;
+    uint64_t bytes_out;
+  };
+  std::vector<Item> items_;
 };
 
 WeightPrepService::WeightPrepService(Admission* admission, DeviceManager* devices, IpcCache* ipc,
@@ -278,6 +306,7 @@ absl::Status WeightPrepService::DoConvertStream(
     rh->set_output_bytes(plan.output_bytes);
     rh->set_input_bytes(plan.input_bytes);
     rh->set_engine(conv->engine());
+    *rh->mutable_identity() = IdentityToProto(plan.spec);
     if (!stream->Write(r)) return absl::CancelledError("client went away before the header was sent");
   }
   WPREP_ASSIGN_OR_RETURN(
@@ -302,6 +331,52 @@ absl::Status WeightPrepService::DoConvertStream(
   }
   report.SetConversion(framer.received(), sent, conv->engine(), conv->engine_metrics(), conv->kernel_seconds(),
                        conv->peak_extra_device_bytes());
+  return absl::OkStatus();
+}
+
+grpc::Status WeightPrepService::ConvertBatch(grpc::ServerContext* ctx, const v1::ConvertBatchRequest* req,
+                                             v1::ConvertBatchResponse* resp) {
+  CallReport report(Method::kConvertBatch, ctx, metrics_, warmup_token_);
+  report.SetTransport(Transport::kBatch);
+  return report.Run(
+      [&]() -> absl::Status {
+        WPREP_ASSIGN_OR_RETURN(Admission::Ticket ticket, admission_->Enter(report.caller()));
+        return DoConvertBatch(ctx, *req, resp, report);
+      },
+      kBatchFields);
+}
+
+absl::Status WeightPrepService::DoConvertBatch(grpc::ServerContext* ctx, const v1::ConvertBatchRequest& req,
+                                               v1::ConvertBatchResponse* resp, CallReport& report) {
+  WPREP_ASSIGN_OR_RETURN(std::vector<ConvertJob> jobs,
+                         BatchJobsFromProto(req, BatchLimits{limits_.max_message_bytes, limits_.max_batch_items}));
+  uint64_t inline_bytes = 0, bytes_in = 0, bytes_out = 0;
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    WPREP_RETURN_IF_ERROR(CheckTensorBytes(jobs[i].plan, limits_.max_tensor_bytes));
+    inline_bytes += (jobs[i].source_ipc ? 0 : jobs[i].plan.input_bytes) +
+                    (jobs[i].destination_ipc ? 0 : 2 * jobs[i].plan.output_bytes);
+    bytes_in += jobs[i].plan.input_bytes;
+    bytes_out += jobs[i].plan.output_bytes;
+  }
+  if (inline_bytes > 0) {
+    WPREP_ASSIGN_OR_RETURN(HostBudget::Charge charge, buffers_->Take(inline_bytes, "this ConvertBatch's inline data"));
+    buffers_->HoldUntilCallEnds(ctx, std::move(charge));
+  }
+  WPREP_RETURN_IF_ERROR(report.CheckLive());
+  std::vector<std::string*> inline_outputs(jobs.size());
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    inline_outputs[i] = resp->add_items()->add_outputs()->mutable_inline_bytes();
+  }
+  WPREP_ASSIGN_OR_RETURN(Executor::BatchOutcome outcome,
+                         executor_->ConvertBatch(jobs, inline_outputs, report.deadline()));
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    BatchItemToProto(jobs[i], outcome.items[i], resp->mutable_items(static_cast<int>(i)));
+    report.AddItem(jobs[i].plan.spec, TransportOf(jobs[i]), outcome.items[i].engine_metrics,
+                   outcome.items[i].kernel_seconds, jobs[i].plan.output_bytes);
+  }
+  resp->set_peak_extra_device_bytes(outcome.peak_extra_device_bytes);
+  report.SetConversion(bytes_in, bytes_out, jobs.size() == 1 ? outcome.items[0].engine : "batch", nullptr,
+                       std::nullopt, outcome.peak_extra_device_bytes);
   return absl::OkStatus();
 }
 

@@ -26,6 +26,7 @@ class CallReport;
 struct RequestLimits {
   int64_t max_message_bytes = 64ll << 20;  // a unary request, and an inline output
   uint64_t max_tensor_bytes = 64ull << 30;  // the input and the output of one conversion
+  uint64_t max_batch_items = 4096;           // items of one ConvertBatch
 };
 
 // An error message as it goes on the wire and into the log: at most kMaxErrorBytes (a
@@ -56,6 +57,8 @@ class WeightPrepService final : public wprep::v1::WeightPrep::Service {
       grpc::ServerContext* ctx,
       grpc::ServerReaderWriter<wprep::v1::ConvertStreamResponse, wprep::v1::ConvertStreamRequest>* stream)
       override;
+  grpc::Status ConvertBatch(grpc::ServerContext* ctx, const wprep::v1::ConvertBatchRequest* req,
+                            wprep::v1::ConvertBatchResponse* resp) override;
   grpc::Status ListDevices(grpc::ServerContext* ctx, const wprep::v1::ListDevicesRequest* req,
                            wprep::v1::ListDevicesResponse* resp) override;
   grpc::Status RegisterIpcHandles(grpc::ServerContext* ctx,
@@ -72,6 +75,8 @@ class WeightPrepService final : public wprep::v1::WeightPrep::Service {
       grpc::ServerContext* ctx,
       grpc::ServerReaderWriter<wprep::v1::ConvertStreamResponse, wprep::v1::ConvertStreamRequest>* stream,
       CallReport& report);
+  absl::Status DoConvertBatch(grpc::ServerContext* ctx, const wprep::v1::ConvertBatchRequest& req,
+                              wprep::v1::ConvertBatchResponse* resp, CallReport& report);
   // The daemon ordinal of the GPU an IpcHandleRef names, after checking its fields.
   absl::StatusOr<int> HandleOrdinal(const wprep::v1::IpcHandleRef& h, const std::string& field);
 

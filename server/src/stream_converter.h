@@ -72,7 +72,7 @@ class StreamConverter {
 // before anything is allocated when one matrix needs more than `max_matrix_bytes`.
 struct StreamSlicing {
   uint64_t target_slice_bytes = 4ull << 20;
-  uint64_t max_matrix_bytes = 256ull << 20;
+  uint64_t max_matrix_bytes = 128ull << 20;
 };
 
 // A stream on the CPU engine with `threads` threads per slice.

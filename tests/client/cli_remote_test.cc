@@ -28,6 +28,26 @@ class CliRemoteTest : public CliTest {
 };
 testing::Daemon* CliRemoteTest::daemon_ = nullptr;
 
+// Every scale and checkpoint-order reference case through `wprep convert --target`
+// (strided inputs as one Convert, dense ones as a ConvertStream).
+TEST_F(CliRemoteTest, RemoteConvertMatchesEveryScaleAndPackingCase) {
+  int converted = 0;
+  for (testing::GoldenSet set : {testing::GoldenSet::kScales, testing::GoldenSet::kPacking}) {
+    for (const auto& c : testing::GoldenCases(set)) {
+      if (c.error) continue;
+      SCOPED_TRACE(c.name);
+      const fs::path in = Write("in.bin", testing::GoldenInput(c));
+      const fs::path out = dir_ / "out.bin";
+      const RunResult r = RunCli("convert --target " + daemon_->unix_target() + " " + ConvertFlagsFor(c) +
+                                 " --input " + in.string() + " --output " + out.string());
+      ASSERT_EQ(r.exit_code, 0) << r.err;
+      EXPECT_EQ(testing::Sha256Hex(testing::ReadFile(out.string())), c.output_sha256);
+      ++converted;
+    }
+  }
+  EXPECT_GT(converted, 150);
+}
+
 TEST_F(CliRemoteTest, ConvertsAReferenceCaseOverTheUnixSocketAndTcp) {
   const auto& c = FindCase("blackwell_swizzle_3x258x130_bk64_bn64");
   const fs::path in = Write("in.bin", testing::SplitMix64Bytes(c.input_seed, c.input_bytes));

@@ -64,6 +64,44 @@ class CliTest : public ::testing::Test {
   fs::path dir_;
 };
 
+// The `wprep convert` flags that ask for case `c`'s conversion (layout, direction, shape,
+// parameters, packing axis, input strides), without --input/--output.
+inline std::string ConvertFlagsFor(const testing::GoldenCase& c) {
+  auto join = [](const std::vector<int64_t>& v) {
+    std::string s;
+    for (size_t i = 0; i < v.size(); ++i) {
+      if (i > 0) s.push_back(',');
+      s.append(std::to_string(v[i]));
+    }
+    return s;
+  };
+  const ConversionSpec& sp = c.spec;
+  std::string f = "--layout " + std::string(LayoutName(sp.layout)) + " --direction " +
+                  std::string(DirectionName(sp.direction)) + " --shape " + join(c.logical_shape);
+  switch (sp.layout) {
+    case Layout::kHopperValue:
+      f += " --mx-axis=" + std::to_string(sp.hopper.mx_axis) + " --mma-version " + std::to_string(sp.hopper.mma_version);
+      break;
+    case Layout::kBlackwellShuffledValue:
+      f += " --block-k " + std::to_string(sp.blackwell.block_k) + " --block-n " + std::to_string(sp.blackwell.block_n);
+      if (sp.direction == Direction::kRetile) {
+        f += " --to-block-k " + std::to_string(sp.blackwell_to.block_k) + " --to-block-n " +
+             std::to_string(sp.blackwell_to.block_n);
+      }
+      break;
+    case Layout::kHopperScale:
+      f += " --mx-axis=" + std::to_string(sp.hopper_scale.mx_axis) + " --num-warps " +
+           std::to_string(sp.hopper_scale.num_warps);
+      break;
+    case Layout::kBlackwellValue:
+    case Layout::kBlackwellScale:
+      break;
+  }
+  if (sp.packing_axis != -1) f += " --packing-axis=" + std::to_string(sp.packing_axis);
+  if (!c.input_strides.empty()) f += " --input-strides " + join(c.input_strides);
+  return f;
+}
+
 inline const testing::GoldenCase& FindCase(const std::string& name) {
   for (const auto& c : testing::GoldenCases()) {
     if (c.name == name) return c;

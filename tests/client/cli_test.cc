@@ -22,6 +22,31 @@ TEST_F(CliTest, LocalConvertWritesTheReferenceBytesAndPrintsShape) {
   EXPECT_NE(r.out.find("output_shape [512, 64] output_strides [1, 512]"), std::string::npos) << r.out;
 }
 
+// Every scale and checkpoint-order reference case through `wprep convert --local`, with
+// the flags a user would type (--num-warps, --packing-axis, --input-strides).
+TEST_F(CliTest, LocalConvertMatchesEveryScaleAndPackingCase) {
+  int converted = 0, refused = 0;
+  for (testing::GoldenSet set : {testing::GoldenSet::kScales, testing::GoldenSet::kPacking}) {
+    for (const auto& c : testing::GoldenCases(set)) {
+      SCOPED_TRACE(c.name);
+      const fs::path in = Write("in.bin", c.error ? std::vector<uint8_t>() : testing::GoldenInput(c));
+      const fs::path out = dir_ / "out.bin";
+      const RunResult r = RunCli("convert --local " + ConvertFlagsFor(c) + " --input " + in.string() +
+                                 " --output " + out.string());
+      if (c.error) {
+        EXPECT_EQ(r.exit_code, 2) << r.out;
+        EXPECT_EQ(r.err.rfind("INVALID_ARGUMENT: ", 0), 0u) << r.err;
+        ++refused;
+        continue;
+      }
+      ASSERT_EQ(r.exit_code, 0) << r.err;
+      EXPECT_EQ(testing::Sha256Hex(testing::ReadFile(out.string())), c.output_sha256);
+      ++converted;
+    }
+  }
+  EXPECT_GT(converted, 150);
+}
+
 void RoundTrip(CliTest* t, const std::string& device) {
   const auto x = testing::RandomBytes(3 * 258 * 65, 42);
   const fs::path in = t->Write("x.bin", x);

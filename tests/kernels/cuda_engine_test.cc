@@ -240,6 +240,122 @@ TEST_F(GpuTest, ConversionsAllocateNoDeviceMemory) {
   EXPECT_EQ(free_after, free_before);
 }
 
+// ---------------------------------------------------------------------------------------
+// The scale layouts, blackwell_value and checkpoint order (packing axis -2).
+
+// Every case of one manifest on the GPU: the output poisoned first, every byte compared
+// (sha256, and the stored file where there is one), the input through its manifest view.
+void ExpectGoldenSetOnGpu(testing::GoldenSet set, size_t min_cases) {
+  size_t ran = 0;
+  for (const auto& c : testing::GoldenCases(set)) {
+    if (c.error.has_value()) continue;
+    SCOPED_TRACE(c.name);
+    const Plan plan = MustPlan(c.spec, c.logical_shape, InputBinding{c.input_strides, c.input_bytes});
+    const auto input = testing::GoldenInput(c);
+    ASSERT_EQ(testing::Sha256Hex(input), c.input_sha256);
+    const auto out = GpuConvert(plan, input);
+    EXPECT_EQ(testing::Sha256Hex(out), c.output_sha256);
+    if (!c.output_file.empty()) {
+      EXPECT_TRUE(out == testing::ReadFile(c.output_file));
+    }
+    ++ran;
+  }
+  EXPECT_GE(ran, min_cases);
+}
+
+TEST_F(GpuTest, EveryScaleGoldenCaseMatchesTheReference) {
+  ExpectGoldenSetOnGpu(testing::GoldenSet::kScales, 50);
+}
+
+TEST_F(GpuTest, EveryPackingGoldenCaseMatchesTheReference) {
+  ExpectGoldenSetOnGpu(testing::GoldenSet::kPacking, 108);
+}
+
+// Fresh random bytes on random shapes (every edge: odd sizes where allowed, partial tiles,
+// tensors of a few tiles that take the split launch) of every spec the sweep has.
+TEST_F(GpuTest, EverySweptSpecOnRandomShapesEqualsTheCpuEngine) {
+  std::mt19937_64 rng(777);
+  for (const ConversionSpec& spec : testing::SweepSpecs()) {
+    for (int trial = 0; trial < 4; ++trial) {
+      const auto shape = testing::RandomShapeFor(spec, rng(), trial == 0 ? 40 : 700);
+      SCOPED_TRACE(Describe(spec));
+      const Plan plan = MustPlan(spec, shape);
+      const auto x = testing::RandomBytes(plan.input_bytes, rng());
+      EXPECT_EQ(GpuConvert(plan, x), CpuConvert(plan, x));
+    }
+  }
+}
+
+// Padded, transposed and byte-strided views, and dense inputs at an odd address, convert
+// like the dense tensor on the CPU.
+TEST_F(GpuTest, EverySweptSpecOnViewsEqualsTheDenseCpuConversion) {
+  std::mt19937_64 rng(778);
+  for (const ConversionSpec& spec : testing::SweepSpecs()) {
+    const auto shape = testing::RandomShapeFor(spec, rng(), 300);
+    const Plan dense = MustPlan(spec, shape);
+    const auto x = testing::RandomBytes(dense.input_bytes, rng());
+    const auto expected = CpuConvert(dense, x);
+    for (const auto& [name, view] : testing::ViewsOf(dense, x)) {
+      SCOPED_TRACE(Describe(spec) + " " + name);
+      const Plan strided = MustPlan(spec, shape, InputBinding{view.strides, view.buffer.size()});
+      EXPECT_EQ(GpuConvert(strided, view.buffer), expected);
+    }
+    SCOPED_TRACE(Describe(spec) + " at an odd address");
+    EXPECT_EQ(GpuConvert(dense, x, 0, nullptr, /*in_offset=*/1), expected);
+  }
+}
+
+// Scales as loaders pass them (the transposed view of a checkpoint's [E, N, K/32]), at a
+// size where every tile runs many times, and at the bench shape.
+TEST_F(GpuTest, LoaderTransposedScaleViewsEqualTheCpuEngine) {
+  for (const std::vector<int64_t>& shape :
+       std::vector<std::vector<int64_t>>{{4, 90, 2880}, {16, 128, 4096}}) {
+    const int64_t e = shape[0], k32 = shape[1], n = shape[2];
+    const auto checkpoint = testing::RandomBytes(static_cast<uint64_t>(e * n * k32), 6);
+    const InputBinding view{{n * k32, 1, k32}, checkpoint.size()};
+    for (const ConversionSpec& spec : testing::SweepSpecs()) {
+      if (spec.direction != Direction::kSwizzle ||
+          (spec.layout != Layout::kHopperScale && spec.layout != Layout::kBlackwellScale)) {
+        continue;
+      }
+      SCOPED_TRACE(Describe(spec));
+      const Plan plan = MustPlan(spec, shape, view);
+      EXPECT_EQ(GpuConvert(plan, checkpoint), CpuConvert(plan, checkpoint));
+    }
+  }
+}
+
+TEST_F(GpuTest, EverySweptSpecOnEmptyTensorsLaunchesNothing) {
+  for (const ConversionSpec& spec : testing::SweepSpecs()) {
+    for (auto shape : std::vector<std::vector<int64_t>>{{0, 256}, {256, 0}, {2, 0, 4, 4}}) {
+      const Plan plan = MustPlan(spec, shape);
+      EXPECT_TRUE(ConvertOnCuda(plan, nullptr, nullptr, nullptr).ok()) << Describe(spec);
+    }
+  }
+}
+
+TEST_F(GpuTest, EverySweptSpecAllocatesNoDeviceMemory) {
+  std::vector<Plan> plans;
+  size_t max_in = 0, max_out = 0;
+  for (const auto& s : testing::SweepSpecs()) {
+    plans.push_back(MustPlan(s, {4, 1024, 1024}));
+    max_in = std::max<size_t>(max_in, plans.back().input_bytes);
+    max_out = std::max<size_t>(max_out, plans.back().output_bytes);
+  }
+  DeviceBuffer in(max_in, 0), out(max_out, 0);
+  ASSERT_CUDA(cudaMemset(in.get(), 0x5A, max_in));
+  for (const Plan& p : plans) ASSERT_TRUE(ConvertOnCuda(p, in.get(), out.get(), nullptr).ok());
+  ASSERT_CUDA(cudaDeviceSynchronize());
+  size_t free_before = 0, total = 0, free_after = 0;
+  ASSERT_CUDA(cudaMemGetInfo(&free_before, &total));
+  for (int rep = 0; rep < 5; ++rep) {
+    for (const Plan& p : plans) ASSERT_TRUE(ConvertOnCuda(p, in.get(), out.get(), nullptr).ok());
+  }
+  ASSERT_CUDA(cudaDeviceSynchronize());
+  ASSERT_CUDA(cudaMemGetInfo(&free_after, &total));
+  EXPECT_EQ(free_after, free_before);
+}
+
 #endif  // WPREP_HAVE_CUDA
 
 }  // namespace

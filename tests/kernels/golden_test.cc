@@ -1,6 +1,10 @@
-// Every reference vector of ../shared/golden (copied to tests/data/golden) through the
-// planner and the CPU engine.
+// Every reference vector through the planner and the CPU engine: ../shared/golden (values,
+// copied to tests/data/golden), golden_scales (MX scales) and golden_packing (checkpoint
+// order and blackwell_value), each copied to tests/data.
 #include <gtest/gtest.h>
+
+#include <set>
+#include <utility>
 
 #include "golden.h"
 #include "wprep/kernels/cpu_engine.h"
@@ -11,18 +15,21 @@ namespace {
 
 using testing::GoldenCase;
 using testing::GoldenCases;
+using testing::GoldenSet;
 
-// Strides of size-1 dims and of empty tensors carry no information; compare the rest.
-void ExpectSameStrides(const GoldenCase& c, const Plan& plan) {
-  EXPECT_EQ(plan.output_strides, c.output_strides) << c.name;
+// The case's plan: with its input view's strides where the manifest gives them.
+absl::StatusOr<Plan> PlanCase(const GoldenCase& c) {
+  InputBinding binding;
+  if (!c.error.has_value()) {
+    binding.strides = c.input_strides;
+    binding.buffer_bytes = c.input_bytes;
+  }
+  return MakePlan(c.spec, c.logical_shape, binding);
 }
 
-class GoldenCpuTest : public ::testing::TestWithParam<size_t> {};
-
-TEST_P(GoldenCpuTest, MatchesReference) {
-  const GoldenCase& c = GoldenCases()[GetParam()];
+void ExpectMatchesReference(const GoldenCase& c) {
   SCOPED_TRACE(c.name);
-  auto plan = MakePlan(c.spec, c.logical_shape);
+  auto plan = PlanCase(c);
   if (c.error.has_value()) {
     ASSERT_FALSE(plan.ok()) << "expected " << *c.error;
     EXPECT_EQ(plan.status().code(), absl::StatusCode::kInvalidArgument) << plan.status();
@@ -30,13 +37,23 @@ TEST_P(GoldenCpuTest, MatchesReference) {
   }
   ASSERT_TRUE(plan.ok()) << plan.status();
   EXPECT_EQ(plan->input_shape, c.input_shape);
+  if (!c.input_strides.empty()) {
+    EXPECT_EQ(plan->input_strides, c.input_strides);
+  }
   EXPECT_EQ(plan->input_bytes, c.input_bytes);
   EXPECT_EQ(plan->output_shape, c.output_shape);
-  ExpectSameStrides(c, *plan);
+  if (c.set == GoldenSet::kValues) {
+    EXPECT_EQ(plan->output_strides, c.output_strides);
+  } else {
+    EXPECT_EQ(plan->output_strides, testing::ExpectedOutputStrides(c));
+  }
   ASSERT_EQ(plan->output_bytes, c.output_bytes);
 
-  const std::vector<uint8_t> input = testing::SplitMix64Bytes(c.input_seed, c.input_bytes);
+  const std::vector<uint8_t> input = testing::GoldenInput(c);
   ASSERT_EQ(testing::Sha256Hex(input), c.input_sha256) << "regenerated input differs";
+  if (!c.input_file.empty()) {
+    ASSERT_EQ(testing::ReadFile(c.input_file), input);
+  }
 
   for (int threads : {1, 3}) {
     std::vector<uint8_t> out(c.output_bytes, 0xCD);  // poison: every byte must be written
@@ -53,12 +70,34 @@ TEST_P(GoldenCpuTest, MatchesReference) {
   }
 }
 
+class GoldenCpuTest : public ::testing::TestWithParam<size_t> {};
+class GoldenScalesCpuTest : public ::testing::TestWithParam<size_t> {};
+class GoldenPackingCpuTest : public ::testing::TestWithParam<size_t> {};
+
+TEST_P(GoldenCpuTest, MatchesReference) {
+  ExpectMatchesReference(GoldenCases()[GetParam()]);
+}
+TEST_P(GoldenScalesCpuTest, MatchesReference) {
+  ExpectMatchesReference(GoldenCases(GoldenSet::kScales)[GetParam()]);
+}
+TEST_P(GoldenPackingCpuTest, MatchesReference) {
+  ExpectMatchesReference(GoldenCases(GoldenSet::kPacking)[GetParam()]);
+}
+
+template <GoldenSet kSet>
 std::string CaseName(const ::testing::TestParamInfo<size_t>& info) {
-  return GoldenCases()[info.param].name;
+  return GoldenCases(kSet)[info.param].name;
 }
 
 INSTANTIATE_TEST_SUITE_P(AllCases, GoldenCpuTest,
-                         ::testing::Range<size_t>(0, GoldenCases().size()), CaseName);
+                         ::testing::Range<size_t>(0, GoldenCases().size()),
+                         CaseName<GoldenSet::kValues>);
+INSTANTIATE_TEST_SUITE_P(AllCases, GoldenScalesCpuTest,
+                         ::testing::Range<size_t>(0, GoldenCases(GoldenSet::kScales).size()),
+                         CaseName<GoldenSet::kScales>);
+INSTANTIATE_TEST_SUITE_P(AllCases, GoldenPackingCpuTest,
+                         ::testing::Range<size_t>(0, GoldenCases(GoldenSet::kPacking).size()),
+                         CaseName<GoldenSet::kPacking>);
 
 TEST(GoldenManifest, HasEveryKindOfCase) {
   int errors = 0, retiles = 0, empties = 0;
@@ -71,6 +110,38 @@ TEST(GoldenManifest, HasEveryKindOfCase) {
   EXPECT_GT(errors, 0);
   EXPECT_GT(retiles, 0);
   EXPECT_GT(empties, 0);
+}
+
+TEST(GoldenManifest, ScalesCoverBothLayoutsDirectionsAndTransposedViews) {
+  int hopper = 0, blackwell = 0, unswizzle = 0, transposed_inputs = 0;
+  for (const auto& c : GoldenCases(GoldenSet::kScales)) {
+    hopper += c.spec.layout == Layout::kHopperScale;
+    blackwell += c.spec.layout == Layout::kBlackwellScale;
+    unswizzle += c.spec.direction == Direction::kUnswizzle;
+    const size_t r = c.input_strides.size();
+    transposed_inputs += r >= 2 && c.input_strides[r - 2] == 1;
+  }
+  EXPECT_EQ(GoldenCases(GoldenSet::kScales).size(), 50u);
+  EXPECT_GT(hopper, 0);
+  EXPECT_GT(blackwell, 0);
+  EXPECT_GT(unswizzle, 0);
+  EXPECT_GT(transposed_inputs, 0);
+}
+
+TEST(GoldenManifest, PackingCoversEveryValueLayoutBothWaysAndErrors) {
+  int errors = 0, packing2 = 0, stored_inputs = 0;
+  std::set<std::pair<Layout, Direction>> kinds;
+  for (const auto& c : GoldenCases(GoldenSet::kPacking)) {
+    errors += c.error.has_value();
+    packing2 += c.spec.packing_axis == -2;
+    stored_inputs += !c.input_file.empty();
+    kinds.emplace(c.spec.layout, c.spec.direction);
+  }
+  EXPECT_EQ(GoldenCases(GoldenSet::kPacking).size(), 114u);
+  EXPECT_GT(errors, 0);
+  EXPECT_GT(packing2, 0);
+  EXPECT_GT(stored_inputs, 0);
+  EXPECT_EQ(kinds.size(), 6u);  // three value layouts, swizzle and unswizzle
 }
 
 }  // namespace

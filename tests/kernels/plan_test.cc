@@ -2,7 +2,9 @@
 // InvalidArgument with a message naming the problem and the value).
 #include <gtest/gtest.h>
 
+#include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "wprep/kernels/plan.h"
@@ -141,6 +143,197 @@ TEST(Names, RoundTripAndRejectUnknown) {
   }
   EXPECT_EQ(ParseLayout("ampere").status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(ParseDirection("sideways").status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+ConversionSpec Scale(Layout layout, int mx_axis = -2, int num_warps = 8,
+                     Direction d = Direction::kSwizzle) {
+  ConversionSpec s;
+  s.layout = layout;
+  s.direction = d;
+  s.hopper_scale = {mx_axis, num_warps};
+  return s;
+}
+
+ConversionSpec Packed(ConversionSpec s, int packing_axis) {
+  s.packing_axis = packing_axis;
+  return s;
+}
+
+ConversionSpec BlackwellValue(Direction d = Direction::kSwizzle, int packing_axis = -1) {
+  ConversionSpec s;
+  s.layout = Layout::kBlackwellValue;
+  s.direction = d;
+  s.packing_axis = packing_axis;
+  return s;
+}
+
+std::vector<BadCase> NewBadCases() {
+  const int64_t big = int64_t{1} << 40;
+  return {
+      {"num_warps 3", Scale(Layout::kHopperScale, -2, 3), {64, 8}, {}, "num_warps must be a power of two in [1, 32], got 3"},
+      {"num_warps 0", Scale(Layout::kHopperScale, -2, 0), {64, 8}, {}, "got 0"},
+      {"num_warps 64", Scale(Layout::kHopperScale, -2, 64), {64, 8}, {}, "got 64"},
+      {"scale mx_axis 1", Scale(Layout::kHopperScale, 1, 8), {64, 8}, {}, "hopper_scale: mx_axis must be -1 or -2, got 1"},
+      {"scale retile", Scale(Layout::kBlackwellScale, -2, 8, Direction::kRetile), {64, 8}, {}, "retile is defined only for blackwell_shuffled_value"},
+      {"blackwell_value retile", BlackwellValue(Direction::kRetile), {64, 8}, {}, "retile is defined only"},
+      {"packing_axis 0", Packed(Hopper(-1, 3), 0), {256, 256}, {}, "packing_axis must be -1 or -2, got 0"},
+      {"packing -2 on scales", Packed(Scale(Layout::kBlackwellScale), -2), {64, 8}, {}, "blackwell_scale has no packed FP4 axis"},
+      {"packing -2 on retile", Packed(Blackwell(128, 256, Direction::kRetile), -2), {256, 256}, {}, "retile has no canonical side"},
+      {"odd D0 from packing -2", Packed(Hopper(-2, 3), -2), {7, 64}, {}, "dimension -2 must have an even size"},
+      {"odd D1 for Hopper mx -1 from packing -2", Packed(Hopper(-1, 3), -2), {8, 5}, {}, "dimension -1 must have an even size, got 5"},
+      {"odd N for blackwell_value", BlackwellValue(), {64, 5}, {}, "dimension -1 must have an even size, got 5"},
+      {"odd K for blackwell_value", BlackwellValue(), {5, 64}, {}, "dimension -2 must have an even size"},
+      {"odd K, N 0", BlackwellValue(Direction::kSwizzle, -2), {3, 0}, {}, "dimension -2 must have an even size"},
+      {"scale overflow", Scale(Layout::kBlackwellScale), {big, big, 2}, {}, "overflows"},
+      {"scale negative stride", Scale(Layout::kHopperScale), {4, 64, 8}, {{512, -8, 1}, {}}, "stride of dim 1 must be >= 0, got -8"},
+      {"scale view outside buffer", Scale(Layout::kHopperScale), {4, 64, 8}, {{512, 1, 64}, 2047}, "outside the 2047-byte input buffer"},
+      {"scale storage keeps its contiguous dim", Scale(Layout::kBlackwellScale, -2, 8, Direction::kUnswizzle), {8, 128}, {{1024, 1024, 512, 256, 2}, {}}, "dim 4 must be contiguous"},
+      {"blackwell_value storage keeps dim -2 contiguous", BlackwellValue(Direction::kUnswizzle), {256, 256}, {{256, 1}, {}}, "dim 0 must be contiguous"},
+      {"checkpoint rows keep dim -1 contiguous", Packed(Blackwell(128, 256), -2), {256, 256}, {{1, 256}, {}}, "dim 1 must be contiguous"},
+  };
+}
+
+TEST(PlanErrors, NewLayoutsAndPackingRejectEachBadInputWithItsReason) {
+  for (const BadCase& c : NewBadCases()) {
+    auto plan = MakePlan(c.spec, c.shape, c.binding);
+    ASSERT_FALSE(plan.ok()) << c.what;
+    EXPECT_EQ(plan.status().code(), absl::StatusCode::kInvalidArgument) << c.what;
+    EXPECT_NE(std::string(plan.status().message()).find(c.message_part), std::string::npos)
+        << c.what << ": message was \"" << plan.status().message() << "\"";
+  }
+}
+
+TEST(PlanShapes, ScalesAtTheBenchShape) {
+  // [16, 4096, 128] scales (N = 4096 rows of K/32 = 128 groups): 8 MiB.
+  auto h1 = MakePlan(Scale(Layout::kHopperScale, -1, 8), {16, 4096, 128});
+  ASSERT_TRUE(h1.ok()) << h1.status();
+  EXPECT_EQ(h1->output_shape, (std::vector<int64_t>{16, 128, 4096}));
+  EXPECT_EQ(h1->output_bytes, uint64_t{16} * 4096 * 128);
+  // mx_axis -2: S rows are the 128 columns, padded to 256 (32 * 8 warps).
+  auto h2 = MakePlan(Scale(Layout::kHopperScale, -2, 8), {16, 4096, 128});
+  ASSERT_TRUE(h2.ok()) << h2.status();
+  EXPECT_EQ(h2->output_shape, (std::vector<int64_t>{16, 131072, 8}));
+  EXPECT_EQ(h2->output_strides, (std::vector<int64_t>{131072 * 8, 1, 131072}));
+  auto b = MakePlan(Scale(Layout::kBlackwellScale), {16, 4096, 128});
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_EQ(b->output_shape, (std::vector<int64_t>{1, 16, 1024, 2, 256}));
+}
+
+TEST(PlanShapes, BlackwellValueReportsKPaddedTransposedStorage) {
+  auto plan = MakePlan(BlackwellValue(), {16, 4096, 4096});
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->output_shape, (std::vector<int64_t>{16, 2048, 4096}));
+  EXPECT_EQ(plan->output_strides, (std::vector<int64_t>{2048 * 4096, 1, 2048}));
+  auto padded = MakePlan(BlackwellValue(Direction::kSwizzle, -2), {2, 130, 7});
+  ASSERT_TRUE(padded.ok()) << padded.status();
+  EXPECT_EQ(padded->input_shape, (std::vector<int64_t>{2, 7, 65}));
+  EXPECT_EQ(padded->output_shape, (std::vector<int64_t>{2, 128, 7}));
+  EXPECT_EQ(padded->output_bytes, 2u * 7 * 128);
+}
+
+TEST(PlanShapes, PackingMinus2InputIsTheCheckpointOrder) {
+  for (int mx : {-1, -2}) {
+    auto p2 = MakePlan(Packed(Hopper(mx, 3), -2), {4, 1024, 512});
+    auto p1 = MakePlan(Hopper(mx, 3), {4, 1024, 512});
+    ASSERT_TRUE(p2.ok() && p1.ok());
+    EXPECT_EQ(p2->input_shape, (std::vector<int64_t>{4, 512, 512}));
+    EXPECT_EQ(p2->output_shape, p1->output_shape);
+    EXPECT_EQ(p2->output_strides, p1->output_strides);
+    auto u2 = MakePlan(Packed(Hopper(mx, 3, Direction::kUnswizzle), -2), {4, 1024, 512});
+    ASSERT_TRUE(u2.ok());
+    EXPECT_EQ(u2->output_shape, (std::vector<int64_t>{4, 512, 512}));
+  }
+}
+
+TEST(PlanBinding, ScaleTensorsTakeTransposedAndZeroStrides) {
+  // The loader's view: [E, K/32, N] over the checkpoint's [E, N, K/32].
+  InputBinding transposed{{4096 * 90, 1, 90}, uint64_t{4} * 4096 * 90};
+  auto plan = MakePlan(Scale(Layout::kHopperScale), {4, 90, 4096}, transposed);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_FALSE(plan->input_dense);
+  EXPECT_EQ(plan->input_bytes, uint64_t{4} * 4096 * 90);
+  // A broadcast over the leading dim reads the same matrix four times.
+  InputBinding broadcast{{0, 8, 1}, 512};
+  auto b = MakePlan(Scale(Layout::kBlackwellScale), {4, 64, 8}, broadcast);
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_EQ(b->input_bytes, 512u);
+}
+
+TEST(PlanShapes, UnswizzleOutputStridesDescribeTheBytesWritten) {
+  // Hopper scale mx_axis -2: the reference keeps its transposed view where that view is
+  // dense (rows fill the padding), else the output is the row-major copy.
+  auto dense = MakePlan(Scale(Layout::kHopperScale, -2, 4, Direction::kUnswizzle), {1, 512, 64});
+  ASSERT_TRUE(dense.ok());
+  EXPECT_EQ(dense->output_strides, (std::vector<int64_t>{65536, 1, 512}));
+  auto sliced = MakePlan(Scale(Layout::kHopperScale, -2, 4, Direction::kUnswizzle), {3, 100, 90});
+  ASSERT_TRUE(sliced.ok());
+  EXPECT_EQ(sliced->output_strides, (std::vector<int64_t>{9000, 90, 1}));
+  EXPECT_EQ(sliced->output_bytes, 27000u);
+}
+
+TEST(Names, NewLayoutsRoundTripAndDescribe) {
+  for (Layout l : AllLayouts()) EXPECT_EQ(*ParseLayout(LayoutName(l)), l);
+  EXPECT_EQ(AllLayouts().size(), 5u);
+  EXPECT_EQ(LayoutName(Layout::kHopperScale), "hopper_scale");
+  EXPECT_EQ(LayoutName(Layout::kBlackwellScale), "blackwell_scale");
+  EXPECT_EQ(LayoutName(Layout::kBlackwellValue), "blackwell_value");
+  EXPECT_EQ(Describe(Scale(Layout::kHopperScale, -1, 4)), "hopper_scale swizzle mx_axis=-1 num_warps=4");
+  EXPECT_EQ(Describe(Packed(Hopper(-2, 3), -2)), "hopper_value swizzle mx_axis=-2 mma=3 packing_axis=-2");
+  EXPECT_EQ(Describe(BlackwellValue(Direction::kUnswizzle)), "blackwell_value unswizzle");
+}
+
+TEST(Identity, NamesTheUpstreamLayoutObject) {
+  EXPECT_EQ(kLayoutContractVersion, 1);
+  EXPECT_EQ(LayoutIdentity(Hopper(-2, 3)), "HopperMXValueLayout(mx_axis=-2, mma_version=3)");
+  EXPECT_EQ(LayoutIdentity(Hopper(-1, 2, Direction::kUnswizzle)),
+            "HopperMXValueLayout(mx_axis=-1, mma_version=2)");
+  EXPECT_EQ(LayoutIdentity(Blackwell(128, 256)),
+            "BlackwellMX4ValueShuffledLayout(block_k=128, block_n=256)");
+  EXPECT_EQ(LayoutIdentity(Blackwell(128, 256, Direction::kRetile)),
+            "BlackwellMX4ValueShuffledLayout(block_k=256, block_n=128)");
+  EXPECT_EQ(LayoutIdentity(BlackwellValue()), "BlackwellMXValueLayout()");
+  EXPECT_EQ(LayoutIdentity(Scale(Layout::kHopperScale)), "HopperMXScaleLayout(mx_axis=-2, num_warps=8)");
+  EXPECT_EQ(LayoutIdentity(Scale(Layout::kBlackwellScale)), "BlackwellMXScaleLayout()");
+  EXPECT_EQ(ConversionIdentity(Packed(Hopper(-2, 3), -2)),
+            "canonical(packing_axis=-2) -> HopperMXValueLayout(mx_axis=-2, mma_version=3)");
+  EXPECT_EQ(ConversionIdentity(Scale(Layout::kBlackwellScale, -2, 8, Direction::kUnswizzle)),
+            "BlackwellMXScaleLayout() -> scales");
+  EXPECT_EQ(ConversionIdentity(Blackwell(128, 256, Direction::kRetile)),
+            "BlackwellMX4ValueShuffledLayout(block_k=128, block_n=256) -> "
+            "BlackwellMX4ValueShuffledLayout(block_k=256, block_n=128)");
+}
+
+TEST(Defaults, MatchWhatLoadersPass) {
+  const ConversionSpec s;
+  EXPECT_EQ(s.packing_axis, -1);
+  EXPECT_EQ(s.hopper_scale.mx_axis, -2);
+  EXPECT_EQ(s.hopper_scale.num_warps, 8);
+}
+
+TEST(KernelVariants, EveryVariantPlansAtTheWarmUpShape) {
+  std::set<std::pair<Layout, Direction>> kinds;
+  for (const ConversionSpec& s : KernelVariantSpecs()) {
+    auto plan = MakePlan(s, {2, 256, 256});
+    EXPECT_TRUE(plan.ok()) << Describe(s) << ": " << plan.status();
+    kinds.emplace(s.layout, s.direction);
+  }
+  EXPECT_EQ(kinds.size(), 11u);  // 5 layouts x swizzle/unswizzle, plus retile
+}
+
+TEST(KernelVariants, ReachBothHopperScaleTilesEachWay) {
+  std::set<std::pair<Op, ScaleAccess>> reached;
+  for (const ConversionSpec& s : KernelVariantSpecs()) {
+    auto plan = MakePlan(s, {2, 256, 256});
+    ASSERT_TRUE(plan.ok());
+    const Geometry& g = plan->geometry;
+    if (g.op == Op::kHopperScaleSwizzle || g.op == Op::kHopperScaleUnswizzle) {
+      reached.emplace(g.op, g.scale_access);
+    }
+  }
+  for (Op op : {Op::kHopperScaleSwizzle, Op::kHopperScaleUnswizzle}) {
+    EXPECT_TRUE(reached.count({op, ScaleAccess::kRows})) << static_cast<int>(op);
+    EXPECT_TRUE(reached.count({op, ScaleAccess::kColumns})) << static_cast<int>(op);
+  }
 }
 
 }  // namespace

@@ -5,7 +5,10 @@
 #include <sys/stat.h>
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <atomic>
+#include <functional>
+#include <set>
 #include <cstdio>
 #include <fstream>
 #include <thread>
@@ -31,6 +34,8 @@ std::unique_ptr<Daemon> StartOrDie(const std::vector<std::string>& args = {}) {
 
 // The CPU-engine tests pin the daemon to the CPU (--devices=cpu) so they test the same
 // thing on a GPU machine.
+// Every reference case of every set (values, scales, checkpoint order) as a Convert,
+// strided inputs with source_strides.
 TEST(Daemon, EveryGoldenCaseThroughConvertOnUnixAndTcp) {
   auto d = StartOrDie({"--devices=cpu"});
   ASSERT_NE(d, nullptr);
@@ -38,60 +43,75 @@ TEST(Daemon, EveryGoldenCaseThroughConvertOnUnixAndTcp) {
   ASSERT_FALSE(d->tcp_target().empty());
   Client unix_client(MakeChannel(d->unix_target()));
   Client tcp_client(MakeChannel(d->tcp_target()));
-  int ok_cases = 0, error_cases = 0;
-  for (const GoldenCase& c : GoldenCases()) {
-    SCOPED_TRACE(c.name);
-    if (c.error) {
-      wprep::v1::ConvertRequest r = ConvertRequestFor(c.spec, c.logical_shape, {});
-      absl::StatusOr<wprep::v1::ConvertResponse> resp = unix_client.Convert(r);
-      EXPECT_EQ(resp.status().code(), absl::StatusCode::kInvalidArgument) << resp.status();
-      ++error_cases;
-      continue;
+  int ok_cases = 0, error_cases = 0, strided = 0;
+  for (GoldenSet set : {GoldenSet::kValues, GoldenSet::kScales, GoldenSet::kPacking}) {
+    for (const GoldenCase& c : GoldenCases(set)) {
+      SCOPED_TRACE(c.name);
+      if (c.error) {
+        wprep::v1::ConvertRequest r = ConvertRequestFor(c.spec, c.logical_shape, {});
+        absl::StatusOr<wprep::v1::ConvertResponse> resp = unix_client.Convert(r);
+        EXPECT_EQ(resp.status().code(), absl::StatusCode::kInvalidArgument) << resp.status();
+        ++error_cases;
+        continue;
+      }
+      const std::vector<uint8_t> in = GoldenInput(c);
+      wprep::v1::ConvertRequest r = ConvertRequestFor(c.spec, c.logical_shape, in);
+      for (int64_t st : c.input_strides) r.add_source_strides(st);
+      strided += !c.input_strides.empty();
+      for (Client* client : {&unix_client, &tcp_client}) {
+        absl::StatusOr<wprep::v1::ConvertResponse> resp = client->Convert(r);
+        ASSERT_TRUE(resp.ok()) << resp.status();
+        EXPECT_TRUE(MatchesGolden(c, resp->output_bytes_inline()));
+        EXPECT_EQ(resp->output_bytes(), c.output_bytes);
+        EXPECT_EQ(std::vector<int64_t>(resp->output_shape().begin(), resp->output_shape().end()), c.output_shape);
+        EXPECT_EQ(std::vector<int64_t>(resp->output_strides().begin(), resp->output_strides().end()),
+                  ExpectedOutputStrides(c));
+        EXPECT_EQ(resp->engine(), "cpu");
+        EXPECT_EQ(resp->identity().layout(), LayoutIdentity(c.spec));
+        EXPECT_EQ(resp->identity().contract_version(), static_cast<uint32_t>(kLayoutContractVersion));
+      }
+      ++ok_cases;
     }
-    const std::vector<uint8_t> in = GoldenInput(c);
-    wprep::v1::ConvertRequest r = ConvertRequestFor(c.spec, c.logical_shape, in);
-    for (Client* client : {&unix_client, &tcp_client}) {
-      absl::StatusOr<wprep::v1::ConvertResponse> resp = client->Convert(r);
-      ASSERT_TRUE(resp.ok()) << resp.status();
-      EXPECT_TRUE(MatchesGolden(c, resp->output_bytes_inline()));
-      EXPECT_EQ(resp->output_bytes(), c.output_bytes);
-      EXPECT_EQ(std::vector<int64_t>(resp->output_shape().begin(), resp->output_shape().end()),
-                c.output_shape);
-      EXPECT_EQ(std::vector<int64_t>(resp->output_strides().begin(), resp->output_strides().end()),
-                c.output_strides);
-      EXPECT_EQ(resp->engine(), "cpu");
-    }
-    ++ok_cases;
   }
-  EXPECT_GT(ok_cases, 0);
+  EXPECT_GT(ok_cases, 200);
   EXPECT_GT(error_cases, 0);
+  EXPECT_GT(strided, 10);
 }
 
+// The same through ConvertStream (dense inputs only: a stream carries the tensor in
+// memory order).
 TEST(Daemon, EveryGoldenCaseThroughConvertStream) {
   auto d = StartOrDie();
   ASSERT_NE(d, nullptr);
   ASSERT_TRUE(d->WaitServing()) << d->Log();
   Client client(MakeChannel(d->unix_target()));
-  for (const GoldenCase& c : GoldenCases()) {
-    SCOPED_TRACE(c.name);
-    std::string out;
-    if (c.error) {
+  int streamed = 0;
+  for (GoldenSet set : {GoldenSet::kValues, GoldenSet::kScales, GoldenSet::kPacking}) {
+    for (const GoldenCase& c : GoldenCases(set)) {
+      SCOPED_TRACE(c.name);
+      std::string out;
+      if (c.error) {
+        absl::StatusOr<wprep::v1::StreamResponseHeader> h =
+            client.ConvertStream(StreamHeaderFor(c.spec, c.logical_shape), {}, &out);
+        EXPECT_EQ(h.status().code(), absl::StatusCode::kInvalidArgument) << h.status();
+        continue;
+      }
+      if (!c.input_strides.empty()) continue;
+      const std::vector<uint8_t> in = GoldenInput(c);
+      // Small chunks that do not line up with matrices exercise the daemon's slicing.
+      wprep::client::StreamOptions opts;
+      opts.chunk_bytes = 4093;
       absl::StatusOr<wprep::v1::StreamResponseHeader> h =
-          client.ConvertStream(StreamHeaderFor(c.spec, c.logical_shape), {}, &out);
-      EXPECT_EQ(h.status().code(), absl::StatusCode::kInvalidArgument) << h.status();
-      continue;
+          client.ConvertStream(StreamHeaderFor(c.spec, c.logical_shape), in, &out, opts);
+      ASSERT_TRUE(h.ok()) << h.status();
+      EXPECT_EQ(h->input_bytes(), c.input_bytes);
+      EXPECT_EQ(h->output_bytes(), c.output_bytes);
+      EXPECT_TRUE(MatchesGolden(c, out));
+      EXPECT_EQ(h->identity().layout(), LayoutIdentity(c.spec));
+      ++streamed;
     }
-    const std::vector<uint8_t> in = GoldenInput(c);
-    // Small chunks that do not line up with matrices exercise the daemon's slicing.
-    wprep::client::StreamOptions opts;
-    opts.chunk_bytes = 4093;
-    absl::StatusOr<wprep::v1::StreamResponseHeader> h =
-        client.ConvertStream(StreamHeaderFor(c.spec, c.logical_shape), in, &out, opts);
-    ASSERT_TRUE(h.ok()) << h.status();
-    EXPECT_EQ(h->input_bytes(), c.input_bytes);
-    EXPECT_EQ(h->output_bytes(), c.output_bytes);
-    EXPECT_TRUE(MatchesGolden(c, out));
   }
+  EXPECT_GT(streamed, 150);  // 199 dense cases in the three sets
 }
 
 // A client with three connections stripes every tensor with a leading dim (the minimum
@@ -495,6 +515,140 @@ TEST(Daemon, WarmupMetadataWithAWrongTokenIsCountedAndLogged) {
   const std::string log = d->Log();
   EXPECT_NE(log.find("event=request id=1 method=ListDevices"), std::string::npos) << log;
   EXPECT_NE(log.find("event=request id=2 method=Convert"), std::string::npos) << log;
+}
+
+}  // namespace
+}  // namespace wprep::testing
+
+namespace wprep::testing {
+namespace {
+
+namespace v1 = wprep::v1;
+
+v1::BatchItem InlineItem(const GoldenCase& c, const std::vector<uint8_t>& in) {
+  v1::BatchItem item;
+  v1::ConvertItem* ci = item.mutable_convert();
+  *ci->mutable_spec() = wprep::SpecToProto(c.spec);
+  for (int64_t d : c.logical_shape) ci->add_logical_shape(d);
+  ci->mutable_source()->set_inline_bytes(AsString(in));
+  for (int64_t st : c.input_strides) ci->mutable_source()->add_inline_strides(st);
+  return item;
+}
+
+// Small cases of every set (values, scales, checkpoint order), and of every layout.
+std::vector<const GoldenCase*> MixedCases(size_t max_bytes) {
+  std::vector<const GoldenCase*> out;
+  for (GoldenSet set : {GoldenSet::kValues, GoldenSet::kScales, GoldenSet::kPacking}) {
+    for (const GoldenCase& c : GoldenCases(set)) {
+      if (!c.error && c.input_bytes <= max_bytes && c.output_bytes <= max_bytes) out.push_back(&c);
+    }
+  }
+  return out;
+}
+
+// A batch of mixed layouts gives, item for item, the bytes, shapes, strides and layout
+// identity of the same items converted one by one (and of the reference vectors).
+TEST(Batch, MixedLayoutsEqualTheSameItemsOneByOne) {
+  std::string error;
+  std::unique_ptr<Daemon> d = Daemon::Start({"--devices=cpu"}, &error);
+  ASSERT_NE(d, nullptr) << error;
+  ASSERT_TRUE(d->WaitServing()) << d->Log();
+  Client client(MakeChannel(d->unix_target()));
+  const std::vector<const GoldenCase*> cases = MixedCases(64 << 10);
+  ASSERT_GT(cases.size(), 100u);
+  v1::ConvertBatchRequest batch;
+  std::vector<std::vector<uint8_t>> inputs;
+  std::set<Layout> layouts;
+  for (const GoldenCase* c : cases) {
+    inputs.push_back(GoldenInput(*c));
+    *batch.add_items() = InlineItem(*c, inputs.back());
+    layouts.insert(c->spec.layout);
+  }
+  EXPECT_EQ(layouts.size(), AllLayouts().size());
+  absl::StatusOr<v1::ConvertBatchResponse> r = client.ConvertBatch(batch);
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_EQ(r->items_size(), static_cast<int>(cases.size()));
+  EXPECT_EQ(r->peak_extra_device_bytes(), 0u);
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const GoldenCase& c = *cases[i];
+    SCOPED_TRACE(c.name);
+    const v1::BatchItemResult& item = r->items(static_cast<int>(i));
+    ASSERT_EQ(item.outputs_size(), 1);
+    const v1::TensorResult& t = item.outputs(0);
+    EXPECT_TRUE(MatchesGolden(c, t.inline_bytes()));
+    v1::ConvertRequest one = ConvertRequestFor(c.spec, c.logical_shape, inputs[i]);
+    for (int64_t st : c.input_strides) one.add_source_strides(st);
+    absl::StatusOr<v1::ConvertResponse> single = client.Convert(one);
+    ASSERT_TRUE(single.ok()) << single.status();
+    EXPECT_EQ(t.inline_bytes(), single->output_bytes_inline());
+    EXPECT_EQ(std::vector<int64_t>(t.shape().begin(), t.shape().end()),
+              std::vector<int64_t>(single->output_shape().begin(), single->output_shape().end()));
+    EXPECT_EQ(std::vector<int64_t>(t.strides().begin(), t.strides().end()),
+              std::vector<int64_t>(single->output_strides().begin(), single->output_strides().end()));
+    EXPECT_EQ(t.bytes(), c.output_bytes);
+    EXPECT_EQ(t.identity().layout(), single->identity().layout());
+    EXPECT_EQ(t.identity().conversion(), ConversionIdentity(c.spec));
+    EXPECT_EQ(item.engine(), "cpu");
+  }
+  // Per item and per request in the metrics.
+  const std::string metrics = HttpGet(d->metrics_address(), "/metrics");
+  EXPECT_EQ(MetricValue(metrics, "wprep_requests_total", {{"method", "ConvertBatch"}, {"code", "OK"}}), 1.0);
+  EXPECT_EQ(MetricValue(metrics, "wprep_batch_items_total", {{"code", "OK"}}), static_cast<double>(cases.size()));
+  EXPECT_EQ(MetricValue(metrics, "wprep_batch_items_total", {{"layout", "hopper_scale"}, {"code", "OK"}}),
+            static_cast<double>(std::count_if(cases.begin(), cases.end(), [](const GoldenCase* c) {
+              return c->spec.layout == Layout::kHopperScale;
+            })));
+}
+
+// One bad item fails the whole batch with INVALID_ARGUMENT naming it and its field.
+TEST(Batch, OneInvalidItemFailsTheBatchNamingTheItem) {
+  std::string error;
+  std::unique_ptr<Daemon> d = Daemon::Start({"--devices=cpu", "--max-batch-items=64"}, &error);
+  ASSERT_NE(d, nullptr) << error;
+  ASSERT_TRUE(d->WaitServing()) << d->Log();
+  Client client(MakeChannel(d->unix_target()));
+  const std::vector<const GoldenCase*> cases = MixedCases(16 << 10);
+  ASSERT_GT(cases.size(), 8u);
+  auto good_batch = [&] {
+    v1::ConvertBatchRequest b;
+    for (size_t i = 0; i < 6; ++i) *b.add_items() = InlineItem(*cases[i], GoldenInput(*cases[i]));
+    return b;
+  };
+  struct Bad {
+    std::function<void(v1::ConvertBatchRequest&)> spoil;
+    absl::StatusCode code;
+    std::string part;
+  };
+  std::vector<Bad> bad = {
+      {[](v1::ConvertBatchRequest& b) { b.mutable_items(3)->mutable_convert()->mutable_spec()->set_layout(static_cast<v1::Layout>(42)); },
+       absl::StatusCode::kInvalidArgument, "items[3].convert.spec.layout"},
+      {[](v1::ConvertBatchRequest& b) { b.mutable_items(4)->mutable_convert()->mutable_source()->set_inline_bytes("x"); },
+       absl::StatusCode::kInvalidArgument, "items[4].convert"},
+      {[](v1::ConvertBatchRequest& b) { b.mutable_items(2)->mutable_convert()->mutable_source()->Clear(); },
+       absl::StatusCode::kInvalidArgument, "items[2].convert.source is not set"},
+      {[](v1::ConvertBatchRequest& b) {
+         b.mutable_items(5)->mutable_convert()->mutable_destination()->mutable_ipc()->set_handle(std::string(63, 'h'));
+       },
+       absl::StatusCode::kInvalidArgument, "items[5].convert.destination.ipc.handle"},
+      {[](v1::ConvertBatchRequest& b) { b.mutable_items(1)->clear_kind(); }, absl::StatusCode::kInvalidArgument,
+       "items[1].kind"},
+      {[](v1::ConvertBatchRequest& b) {
+         v1::BatchItem one = b.items(0);
+         for (int i = 0; i < 64; ++i) *b.add_items() = one;
+       },
+       absl::StatusCode::kResourceExhausted, "--max-batch-items"},
+      {[](v1::ConvertBatchRequest& b) { b.clear_items(); }, absl::StatusCode::kInvalidArgument, "items is empty"},
+  };
+  for (Bad& c : bad) {
+    v1::ConvertBatchRequest b = good_batch();
+    c.spoil(b);
+    absl::StatusOr<v1::ConvertBatchResponse> r = client.ConvertBatch(b);
+    EXPECT_EQ(r.status().code(), c.code) << c.part << ": " << r.status();
+    EXPECT_NE(r.status().message().find(c.part), std::string::npos) << r.status();
+  }
+  absl::StatusOr<v1::ConvertBatchResponse> ok = client.ConvertBatch(good_batch());
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_EQ(ok->items_size(), 6);
 }
 
 }  // namespace

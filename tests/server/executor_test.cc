@@ -2,6 +2,7 @@
 // fake GPUs of FakeRuntime: which engine runs a job, what it reads and writes, what device
 // memory it holds, and the operand its errors name. Expected bytes come from the
 // reference vectors, never from the engine.
+#include <algorithm>
 #include <memory>
 #include <string>
 #include <vector>
@@ -48,7 +49,7 @@ struct Parts {
     o.memory_wait = absl::Milliseconds(50);
     metrics = *Metrics::Create("", true);
     devices = *DeviceManager::Create(o, &runtime, metrics.get());
-    ipc = std::make_unique<IpcCache>(&runtime, 8, absl::Minutes(5), metrics.get());
+    ipc = std::make_unique<IpcCache>(&runtime, 64, absl::Minutes(5), metrics.get());
     executor = std::make_unique<Executor>(devices.get(), ipc.get(),
                                           server::StreamSlicing{stream_slice_bytes, 256ull << 20}, o.memory_wait);
   }
@@ -258,6 +259,86 @@ TEST(Executor, StreamsOnAFakeGpuMatchEveryStoredMultiMatrixCase) {
   }
   EXPECT_GT(checked, 3);
   EXPECT_EQ(p.runtime.totals().device_bytes_now, 0u);
+}
+
+// A batch of IPC items on two GPUs: each runs on the GPU holding its memory, the bytes
+// are the reference's, nothing extra is allocated; one bad handle anywhere fails the batch
+// before any item writes a byte.
+TEST(Executor, BatchesRunEachItemOnItsGpuAndOneBadItemWritesNothing) {
+  Parts p(2);
+  std::vector<const GoldenCase*> cases;
+  for (const GoldenCase& c : GoldenCases()) {
+    if (!c.error && !c.output_file.empty() && c.input_bytes <= (64 << 10) && cases.size() < 12) cases.push_back(&c);
+  }
+  ASSERT_GE(cases.size(), 8u);
+  std::vector<ConvertJob> jobs;
+  std::vector<FakeRuntime::Exported> outs;
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const GoldenCase& c = *cases[i];
+    const int gpu = static_cast<int>(i % 2);
+    const std::vector<uint8_t> in = GoldenInput(c);
+    FakeRuntime::Exported src = p.runtime.ExportHandle(gpu, in.size());
+    std::copy(in.begin(), in.end(), src.ptr);
+    FakeRuntime::Exported dst = p.runtime.ExportHandle(gpu, c.output_bytes);
+    std::fill(dst.ptr, dst.ptr + c.output_bytes, 0xAB);
+    ConvertJob job;
+    job.plan = *MakePlan(c.spec, c.logical_shape, InputBinding{{}, in.size()});
+    job.source_ipc = Region(src, gpu, in.size());
+    job.destination_ipc = Region(dst, gpu, c.output_bytes);
+    jobs.push_back(job);
+    outs.push_back(dst);
+  }
+  std::vector<std::string> unused(jobs.size());
+  std::vector<std::string*> inline_outputs;
+  for (std::string& u : unused) inline_outputs.push_back(&u);
+
+  // Item 5's source handle names memory its owner freed: the batch fails naming item 5.
+  std::vector<ConvertJob> spoiled = jobs;
+  FakeRuntime::Exported gone = p.runtime.ExportHandle(1, 64);
+  p.runtime.FreeExported(gone.handle);
+  spoiled[5].source_ipc->handle = gone.handle;
+  absl::Status s = p.executor->ConvertBatch(spoiled, inline_outputs, absl::InfiniteFuture()).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  ASSERT_TRUE(server::OperandPathOf(s).has_value()) << s;
+  EXPECT_EQ(server::OperandPathOf(s)->item, 5);
+  EXPECT_EQ(server::OperandPathOf(s)->operand, Operand::kSource);
+  EXPECT_EQ(p.runtime.totals().converts, 0) << "a conversion ran before every item was checked";
+  for (size_t i = 0; i < outs.size(); ++i) {
+    EXPECT_TRUE(std::all_of(outs[i].ptr, outs[i].ptr + cases[i]->output_bytes, [](uint8_t b) { return b == 0xAB; }))
+        << "item " << i << " was written";
+  }
+
+  absl::StatusOr<Executor::BatchOutcome> r = p.executor->ConvertBatch(jobs, inline_outputs, absl::InfiniteFuture());
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->peak_extra_device_bytes, 0u);
+  for (size_t i = 0; i < cases.size(); ++i) {
+    EXPECT_TRUE(MatchesGolden(*cases[i], std::string(outs[i].ptr, outs[i].ptr + cases[i]->output_bytes))) << cases[i]->name;
+    EXPECT_EQ(r->items[i].engine, p.devices->gpu(i % 2).engine_name());
+    EXPECT_TRUE(r->items[i].kernel_seconds.has_value());
+  }
+  EXPECT_EQ(p.runtime.counts(0).converts + p.runtime.counts(1).converts, static_cast<int>(cases.size()));
+  EXPECT_GT(p.runtime.counts(0).converts, 0);
+  EXPECT_GT(p.runtime.counts(1).converts, 0);
+  EXPECT_EQ(p.runtime.totals().device_bytes_now, 0u);
+}
+
+// Inline items of a batch on a GPU go through staging one at a time, mixed with IPC items.
+TEST(Executor, BatchesMixInlineAndIpcItems) {
+  Parts p(1);
+  const GoldenCase& c = SmallCase();
+  const std::string input = AsString(GoldenInput(c));
+  FakeRuntime::Exported dst = p.runtime.ExportHandle(0, c.output_bytes);
+  std::vector<ConvertJob> jobs(3, BytesJob(c, input));
+  jobs[1].destination_ipc = Region(dst, 0, c.output_bytes);
+  std::vector<std::string> outs(3);
+  std::vector<std::string*> inline_outputs = {&outs[0], &outs[1], &outs[2]};
+  absl::StatusOr<Executor::BatchOutcome> r = p.executor->ConvertBatch(jobs, inline_outputs, absl::InfiniteFuture());
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(MatchesGolden(c, outs[0]));
+  EXPECT_TRUE(outs[1].empty());
+  EXPECT_TRUE(MatchesGolden(c, std::string(dst.ptr, dst.ptr + c.output_bytes)));
+  EXPECT_TRUE(MatchesGolden(c, outs[2]));
+  EXPECT_GT(r->peak_extra_device_bytes, 0u);
 }
 
 }  // namespace

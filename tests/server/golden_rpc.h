@@ -15,13 +15,6 @@ namespace wprep::testing {
 
 inline std::string AsString(const std::vector<uint8_t>& v) { return std::string(v.begin(), v.end()); }
 
-// The golden case's input bytes (regenerated and checked against input_sha256).
-inline std::vector<uint8_t> GoldenInput(const GoldenCase& c) {
-  std::vector<uint8_t> in = SplitMix64Bytes(c.input_seed, c.input_bytes);
-  EXPECT_EQ(Sha256Hex(in), c.input_sha256) << c.name;
-  return in;
-}
-
 // True when `out` is the case's expected output (stored file, else its sha256).
 inline bool MatchesGolden(const GoldenCase& c, const std::string& out) {
   if (out.size() != c.output_bytes) return false;

@@ -148,6 +148,20 @@ TEST(GpuIpc, IpcToIpcByteExactWithZeroPeakExtraDeviceBytes) {
   EXPECT_EQ(MetricValue(m, "wprep_requests_total", {{"transport", "ipc_to_ipc"}, {"code", "OK"}}), *count);
 }
 
+TEST(GpuIpc, BatchOfEveryCaseIpcToIpcIsByteExactAndABadItemWritesNothing) {
+  SKIP_WITHOUT_GPUS(1);
+  auto d = StartGpuDaemon();
+  ASSERT_NE(d, nullptr);
+  auto [rc, out] = RunHelper({"--target=" + d->unix_target(), "--mode=batch"});
+  ASSERT_EQ(rc, 0) << out << d->Log();
+  auto [rc2, out2] = RunHelper({"--target=" + d->unix_target(), "--mode=batch-bad"});
+  ASSERT_EQ(rc2, 0) << out2 << d->Log();
+  const std::string m = Metrics(*d);
+  EXPECT_EQ(MetricValue(m, "wprep_requests_total", {{"method", "ConvertBatch"}, {"code", "OK"}}), 1.0);
+  EXPECT_EQ(MetricValue(m, "wprep_requests_total", {{"method", "ConvertBatch"}, {"code", "INVALID_ARGUMENT"}}), 1.0);
+  EXPECT_EQ(MetricValue(m, "wprep_request_peak_extra_device_bytes_sum", {{"transport", "batch"}}), 0.0);
+}
+
 TEST(GpuIpc, BytesToIpcByteExact) {
   SKIP_WITHOUT_GPUS(1);
   auto d = StartGpuDaemon();

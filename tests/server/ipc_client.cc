@@ -7,6 +7,8 @@
 //       [--alloc-device=N] [--current-device=M] [--repeat=R] [--no-release] [--register]
 //   wprep_ipc_client --target=... --mode=bad-garbage|bad-beyond|bad-wrong-uuid
 //   wprep_ipc_client --target=... --mode=loop-big      (converts until killed)
+//   wprep_ipc_client --target=... --mode=batch|batch-bad  (every case in one ConvertBatch;
+//       batch-bad: one item's range reaches past its allocation, so nothing may be written)
 //   wprep_ipc_client --target=... --mode=shared-source [--parallel=N]
 //       (N requests at once share one new source handle, each with its own destination)
 #include <atomic>
@@ -94,22 +96,105 @@ bool Matches(const GoldenCase& c, const std::string& got) {
   return wprep::testing::Sha256Hex(std::vector<uint8_t>(got.begin(), got.end())) == c.output_sha256;
 }
 
-int RunCases(const Args& a, wprep::client::Client& client, const std::string& uuid) {
-  struct Item {
-    const GoldenCase* c;
-    DeviceBuffer in, out;
-  };
-  std::vector<Item> items;
-  for (const GoldenCase& c : wprep::testing::GoldenCases()) {
+// Every case of the three reference sets: values, scales, checkpoint order.
+const std::vector<GoldenCase>& AllCases() {
+  static const std::vector<GoldenCase>& all = *[] {
+    auto* v = new std::vector<GoldenCase>();
+    for (auto set : {wprep::testing::GoldenSet::kValues, wprep::testing::GoldenSet::kScales,
+                     wprep::testing::GoldenSet::kPacking}) {
+      for (const GoldenCase& c : wprep::testing::GoldenCases(set)) v->push_back(c);
+    }
+    return v;
+  }();
+  return all;
+}
+
+// One case's input (copied in at offset 256) and output buffers on the current device.
+struct CaseBuffers {
+  const GoldenCase* c;
+  DeviceBuffer in, out;
+};
+
+// Buffers for every case of the three sets with bytes on both sides; 0 or Fail's code.
+int AllocateCases(std::vector<CaseBuffers>* items) {
+  for (const GoldenCase& c : AllCases()) {
     if (c.error || c.input_bytes == 0 || c.output_bytes == 0) continue;
-    Item it{&c, {}, {}};
-    const std::vector<uint8_t> in = wprep::testing::SplitMix64Bytes(c.input_seed, c.input_bytes);
+    CaseBuffers it{&c, {}, {}};
+    const std::vector<uint8_t> in = wprep::testing::GoldenInput(c);
     if (int r = Alloc(c.input_bytes, 256, &it.in); r != 0) return r;
-    CHECK_CUDA(cudaMemcpy(static_cast<uint8_t*>(it.in.base) + 256, in.data(), in.size(),
-                          cudaMemcpyHostToDevice));
+    CHECK_CUDA(cudaMemcpy(static_cast<uint8_t*>(it.in.base) + 256, in.data(), in.size(), cudaMemcpyHostToDevice));
     if (int r = Alloc(c.output_bytes, 512, &it.out); r != 0) return r;
-    items.push_back(std::move(it));
+    items->push_back(std::move(it));
   }
+  return 0;
+}
+
+// Every case as one ConvertBatch, IPC -> IPC: byte exact, no extra device bytes. With
+// `spoil`, one item (in the middle) has a source range beyond its allocation: the batch
+// must fail naming that item, and no destination may have been written.
+int RunBatch(const Args& a, wprep::client::Client& client, const std::string& uuid, bool spoil) {
+  std::vector<CaseBuffers> items;
+  if (int r = AllocateCases(&items); r != 0) return r;
+  v1::ConvertBatchRequest batch;
+  for (const CaseBuffers& it : items) {
+    v1::ConvertItem* ci = batch.add_items()->mutable_convert();
+    *ci->mutable_spec() = wprep::SpecToProto(it.c->spec);
+    for (int64_t d : it.c->logical_shape) ci->add_logical_shape(d);
+    *ci->mutable_source()->mutable_ipc() = Ipc(it.in, uuid);
+    for (int64_t st : it.c->input_strides) ci->mutable_source()->mutable_ipc()->add_strides(st);
+    *ci->mutable_destination()->mutable_ipc() = Ipc(it.out, uuid);
+  }
+  const size_t bad = items.size() / 2;
+  if (spoil) {
+    // A range that passes every field check but reaches past the real allocation: only
+    // the daemon's mapping of the handle can tell, after the edge checked every item.
+    v1::CudaIpcBuffer* src = batch.mutable_items(static_cast<int>(bad))->mutable_convert()->mutable_source()->mutable_ipc();
+    src->set_offset(items[bad].in.alloc);
+  }
+  absl::StatusOr<v1::ConvertBatchResponse> resp = client.ConvertBatch(batch);
+  int rc = 0;
+  if (spoil) {
+    const std::string want = absl::StrCat("items[", bad, "]");
+    if (resp.ok() || resp.status().code() != absl::StatusCode::kInvalidArgument ||
+        resp.status().message().find(want) == absl::string_view::npos) {
+      rc = Fail(absl::StrCat("a batch with a range beyond its allocation at ", want, " answered ",
+                             resp.status().ToString()));
+    }
+    for (size_t i = 0; rc == 0 && i < items.size(); ++i) {
+      std::string got(items[i].c->output_bytes, '\0');
+      CHECK_CUDA(cudaMemcpy(got.data(), static_cast<uint8_t*>(items[i].out.base) + items[i].out.offset, got.size(),
+                            cudaMemcpyDeviceToHost));
+      if (got.find_first_not_of('\xEE') != std::string::npos) rc = Fail(absl::StrCat(items[i].c->name, ": written"));
+    }
+    if (rc == 0) std::printf("OK batch refused %s and wrote nothing\n", want.c_str());
+  } else if (!resp.ok()) {
+    rc = Fail(absl::StrCat("ConvertBatch: ", resp.status().ToString()));
+  } else if (resp->peak_extra_device_bytes() != 0) {
+    rc = Fail(absl::StrCat("an IPC->IPC batch used ", resp->peak_extra_device_bytes(), " extra device bytes"));
+  } else {
+    for (size_t i = 0; rc == 0 && i < items.size(); ++i) {
+      const GoldenCase& c = *items[i].c;
+      std::string got(c.output_bytes, '\0');
+      CHECK_CUDA(cudaMemcpy(got.data(), static_cast<uint8_t*>(items[i].out.base) + items[i].out.offset, got.size(),
+                            cudaMemcpyDeviceToHost));
+      const v1::BatchItemResult& r = resp->items(static_cast<int>(i));
+      if (!Matches(c, got)) rc = Fail(absl::StrCat(c.name, ": batch output differs from the reference"));
+      else if (r.outputs(0).identity().layout() != wprep::LayoutIdentity(c.spec)) rc = Fail(c.name + ": identity");
+      else if (r.engine().rfind("cuda:", 0) != 0) rc = Fail(c.name + ": engine " + r.engine());
+    }
+    if (rc == 0) std::printf("OK batch items=%zu\n", items.size());
+  }
+  (void)a;
+  for (CaseBuffers& it : items) {
+    cudaFree(it.in.base);
+    cudaFree(it.out.base);
+  }
+  return rc;
+}
+
+int RunCases(const Args& a, wprep::client::Client& client, const std::string& uuid) {
+  std::vector<CaseBuffers> items;
+  if (int r = AllocateCases(&items); r != 0) return r;
   const bool src_ipc = a.mode != "bytes2ipc";
   const bool dst_ipc = a.mode != "ipc2bytes";
   if (a.register_first) {
@@ -117,7 +202,7 @@ int RunCases(const Args& a, wprep::client::Client& client, const std::string& uu
     // one, the second finds every one open; both report each allocation's real size.
     v1::RegisterIpcHandlesRequest reg;
     std::vector<const DeviceBuffer*> sent;
-    for (const Item& it : items) {
+    for (const CaseBuffers& it : items) {
       if (src_ipc) sent.push_back(&it.in);
       if (dst_ipc) sent.push_back(&it.out);
     }
@@ -146,16 +231,18 @@ int RunCases(const Args& a, wprep::client::Client& client, const std::string& uu
   }
   int converted = 0;
   for (int rep = 0; rep < a.repeat; ++rep) {
-    for (Item& it : items) {
+    for (CaseBuffers& it : items) {
       const GoldenCase& c = *it.c;
       v1::ConvertRequest req;
       *req.mutable_spec() = wprep::SpecToProto(c.spec);
       for (int64_t d : c.logical_shape) req.add_logical_shape(d);
       if (src_ipc) {
         *req.mutable_source_ipc() = Ipc(it.in, uuid);
+        for (int64_t st : c.input_strides) req.mutable_source_ipc()->add_strides(st);
       } else {
-        const std::vector<uint8_t> in = wprep::testing::SplitMix64Bytes(c.input_seed, c.input_bytes);
+        const std::vector<uint8_t> in = wprep::testing::GoldenInput(c);
         req.set_source_bytes(std::string(in.begin(), in.end()));
+        for (int64_t st : c.input_strides) req.add_source_strides(st);
       }
       if (dst_ipc) {
         *req.mutable_destination_ipc() = Ipc(it.out, uuid);
@@ -181,6 +268,9 @@ int RunCases(const Args& a, wprep::client::Client& client, const std::string& uu
         got = resp->output_bytes_inline();
       }
       if (!Matches(c, got)) return Fail(absl::StrCat(c.name, ": output differs from the reference"));
+      if (resp->identity().layout() != wprep::LayoutIdentity(c.spec)) {
+        return Fail(absl::StrCat(c.name, ": identity ", resp->identity().layout()));
+      }
       if (resp->engine().rfind("cuda:", 0) != 0) return Fail(absl::StrCat(c.name, ": engine ", resp->engine()));
       if (src_ipc && dst_ipc && resp->peak_extra_device_bytes() != 0) {
         return Fail(absl::StrCat(c.name, ": IPC->IPC used ", resp->peak_extra_device_bytes(),
@@ -191,7 +281,7 @@ int RunCases(const Args& a, wprep::client::Client& client, const std::string& uu
   }
   if (a.release) {
     v1::ReleaseIpcHandlesRequest rel;
-    for (const Item& it : items) {
+    for (const CaseBuffers& it : items) {
       for (const DeviceBuffer* b : {&it.in, &it.out}) {
         v1::IpcHandleRef* h = rel.add_handles();
         h->set_handle(b->handle);
@@ -202,7 +292,7 @@ int RunCases(const Args& a, wprep::client::Client& client, const std::string& uu
     if (!r.ok()) return Fail(absl::StrCat("ReleaseIpcHandles: ", r.status().ToString()));
     std::printf("OK released=%u deferred=%u\n", r->released(), r->deferred());
   }
-  for (Item& it : items) {
+  for (CaseBuffers& it : items) {
     cudaFree(it.in.base);
     cudaFree(it.out.base);
   }
@@ -389,6 +479,8 @@ int main(int argc, char** argv) {
   if (a.mode == "ipc2ipc" || a.mode == "bytes2ipc" || a.mode == "ipc2bytes") return RunCases(a, client, uuid);
   if (a.mode == "loop-big") return RunLoopBig(client, uuid);
   if (a.mode == "shared-source") return RunSharedSource(a, client, uuid);
+  if (a.mode == "batch") return RunBatch(a, client, uuid, false);
+  if (a.mode == "batch-bad") return RunBatch(a, client, uuid, true);
   return RunBad(a, client, uuid);
 #endif
 }

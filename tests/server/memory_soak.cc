@@ -80,7 +80,7 @@ struct Case {
 // Hopper (mx, mma) or Blackwell tiling (bk, bn); a Blackwell retile goes to (256, 128).
 wprep::ConversionSpec Spec(wprep::Layout l, wprep::Direction d, int32_t mx = -2, int32_t mma = 3,
                            int64_t bk = 128, int64_t bn = 256) {
-  return {l, d, {mx, mma}, {bk, bn}, {256, 128}};
+  return {l, d, {mx, mma}, {bk, bn}, {256, 128}, {}, -1};
 }
 
 // A PlanRequest, ConvertRequest or StreamRequestHeader for `spec` and `shape`.

@@ -1,5 +1,7 @@
 #include "golden.h"
 
+#include "gtest/gtest.h"
+
 #include <openssl/evp.h>
 
 #include <algorithm>
@@ -14,11 +16,24 @@
 
 namespace wprep::testing {
 
-std::string GoldenDir() {
-  if (const char* env = std::getenv("WPREP_GOLDEN_DIR"); env != nullptr && *env != '\0') {
-    return env;
+std::string GoldenDir(GoldenSet set) {
+  // Test binaries run from another checkout (the GPU machine's copy) find the data
+  // through $WPREP_TEST_DATA_DIR; $WPREP_GOLDEN_DIR still names the value set alone.
+  const char* env_root = std::getenv("WPREP_TEST_DATA_DIR");
+  const std::string root =
+      env_root != nullptr && *env_root != '\0' ? env_root : WPREP_TEST_DATA_DIR;
+  switch (set) {
+    case GoldenSet::kValues:
+      if (const char* env = std::getenv("WPREP_GOLDEN_DIR"); env != nullptr && *env != '\0') {
+        return env;
+      }
+      return root + "/golden";
+    case GoldenSet::kScales:
+      return root + "/golden_scales";
+    case GoldenSet::kPacking:
+      return root + "/golden_packing";
   }
-  return WPREP_GOLDEN_DIR;
+  std::abort();
 }
 
 std::vector<uint8_t> ReadFile(const std::string& path) {
@@ -38,13 +53,18 @@ BlackwellParams Blackwell(const nlohmann::json& p) {
   return BlackwellParams{p.at("block_k").get<int64_t>(), p.at("block_n").get<int64_t>()};
 }
 
-std::vector<GoldenCase> Load() {
-  const std::string dir = GoldenDir();
+std::vector<int64_t> OptionalDims(const nlohmann::json& c, const char* key) {
+  return c.contains(key) ? Dims(c.at(key)) : std::vector<int64_t>{};
+}
+
+std::vector<GoldenCase> Load(GoldenSet set) {
+  const std::string dir = GoldenDir(set);
   const auto text = ReadFile(dir + "/manifest.json");
   const auto manifest = nlohmann::json::parse(text.begin(), text.end());
   std::vector<GoldenCase> cases;
   for (const auto& c : manifest.at("cases")) {
     GoldenCase g;
+    g.set = set;
     g.name = c.at("name");
     auto layout = ParseLayout(c.at("layout").get<std::string>());
     auto direction = ParseDirection(c.at("direction").get<std::string>());
@@ -54,15 +74,28 @@ std::vector<GoldenCase> Load() {
     }
     g.spec.layout = *layout;
     g.spec.direction = *direction;
+    if (c.contains("packing_axis")) g.spec.packing_axis = c.at("packing_axis");
     const auto& p = c.at("params");
-    if (g.spec.layout == Layout::kHopperValue) {
-      g.spec.hopper.mx_axis = p.at("mx_axis");
-      g.spec.hopper.mma_version = p.at("mma_version");
-    } else if (g.spec.direction == Direction::kRetile) {
-      g.spec.blackwell = Blackwell(p.at("from"));
-      g.spec.blackwell_to = Blackwell(p.at("to"));
-    } else {
-      g.spec.blackwell = Blackwell(p);
+    switch (g.spec.layout) {
+      case Layout::kHopperValue:
+        g.spec.hopper.mx_axis = p.at("mx_axis");
+        g.spec.hopper.mma_version = p.at("mma_version");
+        break;
+      case Layout::kBlackwellShuffledValue:
+        if (g.spec.direction == Direction::kRetile) {
+          g.spec.blackwell = Blackwell(p.at("from"));
+          g.spec.blackwell_to = Blackwell(p.at("to"));
+        } else {
+          g.spec.blackwell = Blackwell(p);
+        }
+        break;
+      case Layout::kHopperScale:
+        g.spec.hopper_scale.mx_axis = p.at("mx_axis");
+        g.spec.hopper_scale.num_warps = p.at("num_warps");
+        break;
+      case Layout::kBlackwellValue:
+      case Layout::kBlackwellScale:
+        break;
     }
     g.logical_shape = Dims(c.at("logical_shape"));
     if (c.contains("error")) {
@@ -72,22 +105,124 @@ std::vector<GoldenCase> Load() {
       g.input_bytes = c.at("input_bytes");
       g.input_sha256 = c.at("input_sha256");
       g.input_shape = Dims(c.at("input_shape"));
+      g.input_strides = OptionalDims(c, "input_strides");
+      if (c.contains("input_rule")) {
+        if (c.at("input_rule") != "packing2_of_canonical_splitmix64") {
+          std::fprintf(stderr, "manifest case %s: unknown input_rule\n", g.name.c_str());
+          std::abort();
+        }
+        g.input_packing2_of_canonical = true;
+        g.canonical_input_bytes = c.at("canonical_input_bytes");
+      }
+      // Files absent from the manifest or null there are not stored.
+      if (c.contains("input") && c.at("input").is_string()) {
+        g.input_file = dir + "/" + c.at("input").get<std::string>();
+      }
       g.output_shape = Dims(c.at("output_shape"));
-      g.output_strides = Dims(c.at("output_strides"));
+      g.output_strides = OptionalDims(c, "output_strides");
       g.output_bytes = c.at("output_bytes");
       g.output_sha256 = c.at("output_sha256");
-      if (c.contains("output")) g.output_file = dir + "/" + c.at("output").get<std::string>();
+      if (c.contains("output") && c.at("output").is_string()) {
+        g.output_file = dir + "/" + c.at("output").get<std::string>();
+      }
     }
     cases.push_back(std::move(g));
   }
   return cases;
 }
 
+// Row-major strides of `shape` (a dim of size 0 counts as 1), written here rather than
+// taken from the planner, whose strides the tests check.
+std::vector<int64_t> RowMajor(const std::vector<int64_t>& shape) {
+  std::vector<int64_t> strides(shape.size());
+  int64_t s = 1;
+  for (size_t i = shape.size(); i-- > 0;) {
+    strides[i] = s;
+    s *= std::max<int64_t>(shape[i], 1);
+  }
+  return strides;
+}
+
+// torch's is_non_overlapping_and_dense (c10/core/Contiguity.h). The planner has the same
+// rule (NonOverlappingAndDense); it is written again here on purpose, so that the strides
+// the tests expect do not come from the code under test.
+bool TorchDense(const std::vector<int64_t>& shape, const std::vector<int64_t>& strides) {
+  std::vector<size_t> perm(shape.size());
+  std::iota(perm.begin(), perm.end(), 0);
+  std::sort(perm.begin(), perm.end(), [&](size_t a, size_t b) {
+    if (shape[a] < 2) return false;
+    if (shape[b] < 2) return true;
+    return strides[a] < strides[b];
+  });
+  int64_t required = 1;
+  for (size_t i : perm) {
+    if (shape[i] < 2) return true;
+    if (strides[i] != required) return false;
+    required *= shape[i];
+  }
+  return true;
+}
+
 }  // namespace
 
-const std::vector<GoldenCase>& GoldenCases() {
-  static const std::vector<GoldenCase> cases = Load();
-  return cases;
+const std::vector<GoldenCase>& GoldenCases(GoldenSet set) {
+  // Each set loads on first use only, so a binary that reads one set (the daemon tests,
+  // with $WPREP_GOLDEN_DIR) needs no other set's folder.
+  switch (set) {
+    case GoldenSet::kValues: {
+      static const std::vector<GoldenCase> values = Load(GoldenSet::kValues);
+      return values;
+    }
+    case GoldenSet::kScales: {
+      static const std::vector<GoldenCase> scales = Load(GoldenSet::kScales);
+      return scales;
+    }
+    case GoldenSet::kPacking: {
+      static const std::vector<GoldenCase> packing = Load(GoldenSet::kPacking);
+      return packing;
+    }
+  }
+  std::abort();
+}
+
+std::vector<uint8_t> RepackToPacking2(const std::vector<uint8_t>& canonical,
+                                      const std::vector<int64_t>& logical_shape) {
+  const size_t rank = logical_shape.size();
+  const int64_t d0 = logical_shape[rank - 2], d1 = logical_shape[rank - 1];
+  int64_t e_count = 1;
+  for (size_t i = 0; i + 2 < rank; ++i) e_count *= logical_shape[i];
+  std::vector<uint8_t> out(canonical.size());
+  const int64_t in_row = d1 / 2, out_row = d0 / 2;
+  for (int64_t e = 0; e < e_count; ++e) {
+    const uint8_t* m = canonical.data() + e * d0 * in_row;
+    uint8_t* o = out.data() + e * d1 * out_row;
+    auto nib = [&](int64_t i, int64_t j) { return (m[i * in_row + j / 2] >> (4 * (j & 1))) & 15; };
+    for (int64_t j = 0; j < d1; ++j) {
+      for (int64_t i = 0; i < out_row; ++i) {
+        o[j * out_row + i] = static_cast<uint8_t>(nib(2 * i, j) | nib(2 * i + 1, j) << 4);
+      }
+    }
+  }
+  return out;
+}
+
+std::vector<uint8_t> GoldenInput(const GoldenCase& c) {
+  std::vector<uint8_t> in =
+      c.input_packing2_of_canonical
+          ? RepackToPacking2(SplitMix64Bytes(c.input_seed, c.canonical_input_bytes), c.logical_shape)
+          : SplitMix64Bytes(c.input_seed, c.input_bytes);
+  // A regenerated input is only as good as its checksum.
+  if (!c.input_sha256.empty()) {
+    EXPECT_EQ(Sha256Hex(in), c.input_sha256) << c.name;
+  }
+  return in;
+}
+
+std::vector<int64_t> ExpectedOutputStrides(const GoldenCase& c) {
+  if (c.output_strides.empty() || !TorchDense(c.output_shape, c.output_strides)) {
+    return RowMajor(c.output_shape);
+  }
+  return c.output_strides;
 }
 
 std::vector<uint8_t> SplitMix64Bytes(uint64_t seed, uint64_t n) {
@@ -168,6 +303,134 @@ StridedInput MakeStridedInput(const Plan& dense_plan, const std::vector<uint8_t>
     }
   }
   return result;
+}
+
+StridedInput MakePermutedInput(const std::vector<int64_t>& shape, const std::vector<uint8_t>& dense,
+                               const std::vector<int>& inner_first, int64_t step, int64_t pad) {
+  const int rank = static_cast<int>(shape.size());
+  StridedInput result;
+  result.strides.assign(rank, 0);
+  int64_t s = step;
+  for (int k = 0; k < rank; ++k) {
+    const int d = inner_first[k];
+    result.strides[d] = s;
+    s = s * std::max<int64_t>(shape[d], 1) + pad;
+  }
+  int64_t numel = 1;
+  for (int64_t d : shape) numel *= d;
+  int64_t span = numel == 0 ? 0 : 1;
+  for (int i = 0; i < rank && numel > 0; ++i) span += (shape[i] - 1) * result.strides[i];
+  result.buffer.assign(static_cast<size_t>(span), 0xA5);
+  const std::vector<int64_t> dense_strides = RowMajor(shape);
+  std::vector<int64_t> idx(rank, 0);
+  for (int64_t n = 0; n < numel; ++n) {
+    int64_t src = 0, dst = 0;
+    for (int i = 0; i < rank; ++i) {
+      src += idx[i] * dense_strides[i];
+      dst += idx[i] * result.strides[i];
+    }
+    result.buffer[dst] = dense[src];
+    for (int i = rank - 1; i >= 0; --i) {
+      if (++idx[i] < shape[i]) break;
+      idx[i] = 0;
+    }
+  }
+  return result;
+}
+
+std::vector<ConversionSpec> SweepSpecs() {
+  std::vector<ConversionSpec> specs;
+  for (Direction d : {Direction::kSwizzle, Direction::kUnswizzle}) {
+    for (int packing : {-1, -2}) {
+      for (int mx : {-1, -2}) {
+        for (int mma : {2, 3}) {
+          ConversionSpec s;
+          s.layout = Layout::kHopperValue;
+          s.direction = d;
+          s.hopper = {mx, mma};
+          s.packing_axis = packing;
+          specs.push_back(s);
+        }
+      }
+      for (auto [bk, bn] : std::vector<std::pair<int, int>>{
+               {128, 256}, {256, 128}, {64, 64}, {6, 10}, {384, 48}, {128, 20}}) {
+        ConversionSpec s;
+        s.layout = Layout::kBlackwellShuffledValue;
+        s.direction = d;
+        s.blackwell = {bk, bn};
+        s.packing_axis = packing;
+        specs.push_back(s);
+      }
+      ConversionSpec v;
+      v.layout = Layout::kBlackwellValue;
+      v.direction = d;
+      v.packing_axis = packing;
+      specs.push_back(v);
+    }
+    for (int mx : {-1, -2}) {
+      for (int nw : {1, 2, 4, 8, 16}) {
+        ConversionSpec s;
+        s.layout = Layout::kHopperScale;
+        s.direction = d;
+        s.hopper_scale = {mx, nw};
+        specs.push_back(s);
+      }
+    }
+    ConversionSpec b;
+    b.layout = Layout::kBlackwellScale;
+    b.direction = d;
+    specs.push_back(b);
+  }
+  for (auto [from, to] : std::vector<std::pair<BlackwellParams, BlackwellParams>>{
+           {{128, 256}, {256, 128}}, {{6, 10}, {128, 128}}, {{384, 48}, {64, 32}}}) {
+    ConversionSpec s;
+    s.layout = Layout::kBlackwellShuffledValue;
+    s.direction = Direction::kRetile;
+    s.blackwell = from;
+    s.blackwell_to = to;
+    specs.push_back(s);
+  }
+  return specs;
+}
+
+std::vector<int64_t> RandomShapeFor(const ConversionSpec& spec, uint64_t seed, int64_t max_dim) {
+  std::mt19937_64 rng(seed);
+  std::vector<int64_t> shape;
+  const int lead = static_cast<int>(rng() % 3);
+  for (int i = 0; i < lead; ++i) shape.push_back(static_cast<int64_t>(rng() % 3) + 1);
+  const bool value = spec.layout == Layout::kHopperValue ||
+                     spec.layout == Layout::kBlackwellShuffledValue ||
+                     spec.layout == Layout::kBlackwellValue;
+  const bool storage_packs_d1 = spec.layout == Layout::kHopperValue && spec.hopper.mx_axis == -1;
+  const bool even_d0 = value && (spec.packing_axis == -2 || !storage_packs_d1);
+  const bool even_d1 = value && (spec.packing_axis == -1 || storage_packs_d1);
+  auto dim = [&](bool even) {
+    const int64_t x = static_cast<int64_t>(rng() % max_dim) + 1;
+    return even ? 2 * ((x + 1) / 2) : x;
+  };
+  shape.push_back(dim(even_d0));
+  shape.push_back(dim(even_d1));
+  return shape;
+}
+
+std::vector<NamedView> ViewsOf(const Plan& dense_plan, const std::vector<uint8_t>& dense) {
+  std::vector<NamedView> views;
+  views.push_back({"rows padded by 16", MakeStridedInput(dense_plan, dense, 16)});
+  views.push_back({"rows padded by 3", MakeStridedInput(dense_plan, dense, 3)});
+  const bool scale_tensor = dense_plan.spec.direction == Direction::kSwizzle &&
+                            (dense_plan.spec.layout == Layout::kHopperScale ||
+                             dense_plan.spec.layout == Layout::kBlackwellScale);
+  if (scale_tensor) {
+    const std::vector<int64_t>& shape = dense_plan.input_shape;
+    const int rank = static_cast<int>(shape.size());
+    std::vector<int> transposed = {rank - 2, rank - 1}, natural;
+    for (int i = rank - 3; i >= 0; --i) transposed.push_back(i);
+    for (int i = rank - 1; i >= 0; --i) natural.push_back(i);
+    views.push_back({"transposed", MakePermutedInput(shape, dense, transposed, 1, 0)});
+    views.push_back({"transposed, padded by 16", MakePermutedInput(shape, dense, transposed, 1, 16)});
+    views.push_back({"every byte 2 apart", MakePermutedInput(shape, dense, natural, 2, 0)});
+  }
+  return views;
 }
 
 }  // namespace wprep::testing

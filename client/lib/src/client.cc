@@ -194,6 +194,11 @@ absl::StatusOr<wprep::v1::StreamResponseHeader> Client::StreamOne(
   return rh;
 }
 
+absl::StatusOr<wprep::v1::ConvertBatchResponse> Client::ConvertBatch(const wprep::v1::ConvertBatchRequest& request,
+                                                                     const CallOptions& options) {
+  return Unary(*stubs_.front(), &wprep::v1::WeightPrep::Stub::ConvertBatch, request, options);
+}
+
 absl::StatusOr<wprep::v1::ListDevicesResponse> Client::ListDevices(const CallOptions& options) {
   return Unary(*stubs_.front(), &wprep::v1::WeightPrep::Stub::ListDevices,
                wprep::v1::ListDevicesRequest(), options);

@@ -50,12 +50,45 @@ WPREP_HD constexpr uint8_t PairNibbles(uint32_t a, uint32_t b, uint32_t which) {
   return static_cast<uint8_t>(Nibble(a, which) | Nibble(b, which) << 4);
 }
 
+// Logical value (i, j) of one matrix from the bytes that hold it, for the two orders a
+// value layout's canonical side may take (LAYOUTS.md, "packing axis"): packing -1 rows
+// are i, pairs along j; packing -2 (checkpoint order) rows are j, pairs along i.
+// `row_stride` is the byte distance between rows. These define what every conversion's
+// canonical side means; the per-byte definitions below take them as `nib(i, j)`.
+WPREP_HD uint32_t Packing1Nibble(const uint8_t* m, int64_t row_stride, int64_t i, int64_t j) {
+  return Nibble(m[i * row_stride + j / 2], static_cast<uint32_t>(j & 1));
+}
+WPREP_HD uint32_t Packing2Nibble(const uint8_t* m, int64_t row_stride, int64_t i, int64_t j) {
+  return Nibble(m[j * row_stride + i / 2], static_cast<uint32_t>(i & 1));
+}
+
 // ---------------------------------------------------------------------------------------
 // Hopper value layout.
 
 // Padding granularity of the Q matrix (LAYOUTS.md step 2).
 inline constexpr int64_t kHopperRowAlign = 256;
 inline constexpr int64_t kHopperColAlign = 64;
+
+// The storage geometry of one matrix (LAYOUTS.md steps 1, 2 and 5): Q's extent before
+// and after padding, and the storage matrix O in memory (out_rows x out_cols bytes,
+// row-major, whatever shape is reported).
+struct HopperTiling {
+  int64_t q_rows = 0, q_cols = 0;      // Q: rows along the non-mx axis, bytes along mx
+  int64_t rows_pad = 0, cols_pad = 0;  // R, C
+  int64_t out_rows = 0, out_cols = 0;  // R/4, 4C
+};
+
+// Logical matrix [d0, d1] (FP4 values) with the mx axis `mx_axis` (-1 or -2).
+WPREP_HD HopperTiling MakeHopperTiling(int mx_axis, int64_t d0, int64_t d1) {
+  HopperTiling t;
+  t.q_rows = mx_axis == -1 ? d0 : d1;
+  t.q_cols = mx_axis == -1 ? d1 / 2 : d0 / 2;
+  t.rows_pad = RoundUp(t.q_rows, kHopperRowAlign);
+  t.cols_pad = RoundUp(t.q_cols, kHopperColAlign);
+  t.out_rows = t.rows_pad / 4;
+  t.out_cols = 4 * t.cols_pad;
+  return t;
+}
 
 // Step 3: byte Q[r, c] goes to O[*orow, *ocol]. T is any signed integer type; the map
 // commutes with translation by multiples of 16 rows and 32 columns.
@@ -90,6 +123,64 @@ WPREP_HD void HopperSource(T orow, T ocol, int mma_version, T* r, T* c) {
     *c = 32 * cr + 8 * k + 4 * w1 + t1;
   }
   *r = 16 * r0 + 8 * w0 + 2 * t0 + s0;
+}
+
+// Step 4 as LAYOUTS.md writes it: the storage word of four consecutive O bytes
+// o = b0 | b1 << 8 | b2 << 16 | b3 << 24. The definition the word-level forms below are
+// tested against.
+WPREP_HD constexpr uint32_t HopperInterleaveWord(uint32_t o) {
+  auto s = [](uint32_t n) { return ((n & 8) << 12) | ((n & 7) << 6); };
+  auto s4 = [](uint32_t n) { return ((n & 8) << 11) | ((n & 6) << 9) | ((n & 1) << 13); };
+  auto f = [&](uint32_t b) { return s(b & 15) | s(b >> 4) << 16; };
+  auto g = [&](uint32_t b) { return s4(b & 15) | s4(b >> 4) << 16; };
+  return f(o & 255) | f((o >> 8) & 255) >> 3 | f((o >> 16) & 255) >> 6 | g(o >> 24);
+}
+
+// Its inverse, read off the formula: in each 16-bit half of W, bits 0-2 are bits 0-2 of
+// b2's code, 3-5 of b1's, 6-8 of b0's; bit 9 is b2's bit 3, 10-11 b3's bits 1-2, 12 b1's
+// bit 3, 13 b3's bit 0, 14 b3's bit 3 and 15 b0's bit 3 (low half: low nibbles).
+WPREP_HD constexpr uint32_t HopperDeinterleaveWord(uint32_t w) {
+  auto codes = [](uint32_t h) {  // the four codes of one half, b0's in bits 0-3
+    const uint32_t n0 = ((h >> 6) & 7) | ((h >> 12) & 8);
+    const uint32_t n1 = ((h >> 3) & 7) | ((h >> 9) & 8);
+    const uint32_t n2 = (h & 7) | ((h >> 6) & 8);
+    const uint32_t n3 = ((h >> 13) & 1) | ((h >> 9) & 6) | ((h >> 11) & 8);
+    return n0 | n1 << 8 | n2 << 16 | n3 << 24;
+  };
+  return codes(w & 0xFFFF) | codes(w >> 16) << 4;
+}
+
+// Step 1: byte Q[r, c] of one matrix whose logical values are nib(i, j); 0 in the padding.
+template <class Nib>
+WPREP_HD uint32_t HopperQByte(const Nib& nib, int mx_axis, const HopperTiling& t, int64_t r,
+                              int64_t c) {
+  if (r >= t.q_rows || c >= t.q_cols) return 0;
+  return mx_axis == -1 ? nib(r, 2 * c) | nib(r, 2 * c + 1) << 4
+                       : nib(2 * c, r) | nib(2 * c + 1, r) << 4;
+}
+
+// Steps 1-4 byte by byte: the storage word at O row `orow`, bytes 4*wc .. 4*wc + 3, of
+// one matrix whose logical values are nib(i, j).
+template <class Nib>
+WPREP_HD uint32_t HopperStorageWord(const Nib& nib, int mx_axis, int mma_version,
+                                    const HopperTiling& t, int64_t orow, int64_t wc) {
+  uint32_t o = 0;
+  for (int i = 0; i < 4; ++i) {
+    int64_t r = 0, c = 0;
+    HopperSource<int64_t>(orow, 4 * wc + i, mma_version, &r, &c);
+    o |= HopperQByte(nib, mx_axis, t, r, c) << (8 * i);
+  }
+  return HopperInterleaveWord(o);
+}
+
+// The other way: logical value (i, j) of a matrix is nibble *nibble of O byte
+// (*orow, *ocol) before the interleave (unswizzle reads it back through
+// HopperDeinterleaveWord of the word holding that byte).
+WPREP_HD void HopperValuePosition(int mx_axis, int mma_version, int64_t i, int64_t j,
+                                  int64_t* orow, int64_t* ocol, uint32_t* nibble) {
+  const int64_t r = mx_axis == -1 ? i : j, c = mx_axis == -1 ? j / 2 : i / 2;
+  *nibble = static_cast<uint32_t>(mx_axis == -1 ? j & 1 : i & 1);
+  HopperPlace<int64_t>(r, c, mma_version, orow, ocol);
 }
 
 // Step 4: four consecutive bytes b0..b3 of an O row become the interleaved word
@@ -266,7 +357,7 @@ WPREP_HD void HopperUnpackBlock(const uint32_t* in, uint32_t* q0, uint32_t* q1) 
 // Eight O words from eight canonical words. O word (t0, s0) -> out[2*t0 + s0] takes
 // nibble s0 of byte t0 of every input word: of x[0..3] for (lo b2, lo b3, hi b2, hi b3)
 // and of y[0..3] for (lo b1, lo b0, hi b1, hi b0). Which canonical rows and columns those
-// are depends on mma_version (HopperMx2Tile in kernels/src/fast_tiles.h).
+// are depends on mma_version (HopperMxAcrossPackingTile in kernels/src/fast_tiles.h).
 WPREP_HD void HopperInterleaveCanonical(const uint32_t* x, const uint32_t* y, uint32_t* out) {
   uint32_t e[4], o[4];
   WPREP_UNROLL
@@ -367,6 +458,119 @@ WPREP_HD int64_t BlackwellOffset(const BlackwellTiling& t, const int64_t* stride
   return kt * strides[0] + nt * strides[1] + nn * strides[2] + kk;
 }
 
+// Storage byte (n, k) of every K-packed Blackwell arrangement (shuffled tiles, the
+// blackwell_value rows, checkpoint order): values (2k, n) and (2k + 1, n) of a matrix
+// whose logical values are nib(i, j), with kp = K/2 bytes and n_values = N; 0 in the
+// padding. Where the byte lives is BlackwellOffset's business.
+template <class Nib>
+WPREP_HD uint32_t BlackwellStorageByte(const Nib& nib, int64_t kp, int64_t n_values, int64_t n,
+                                       int64_t k) {
+  if (n >= n_values || k >= kp) return 0;
+  return nib(2 * k, n) | nib(2 * k + 1, n) << 4;
+}
+
+// Blackwell value layout: rows of K bytes padded to a multiple of 128 (the TMA alignment).
+inline constexpr int64_t kBlackwellValueKAlign = 128;
+
+// A matrix of n rows of kpad K bytes, no tiles: the blackwell_value layout (kpad =
+// rup(K/2, 128), zero padding) and checkpoint order (kpad = K/2) are the tilings with a
+// single tile of n x kpad. They hold the same bytes as a shuffled tiling, arranged
+// differently, so the Blackwell tiles move them like any other tiling.
+WPREP_HD BlackwellTiling MakeRowTiling(int64_t kpad, int64_t n) {
+  BlackwellTiling t;
+  t.tile_k = kpad;
+  t.tile_n = n;
+  t.ntk = kpad > 0 ? 1 : 0;
+  t.ntn = n > 0 ? 1 : 0;
+  t.kpad = kpad;
+  // Empty extents never reach a kernel; the divisors must still be defined.
+  t.div_k = FastDivisor(static_cast<uint32_t>(kpad > 0 ? kpad : 1));
+  t.div_n = FastDivisor(static_cast<uint32_t>(n > 0 ? n : 1));
+  return t;
+}
+
+// True when no 16-byte run along K of this tiling crosses from one tile into the next:
+// tile_k is a multiple of 16, or there is a single tile along K (rows clip at kpad).
+WPREP_HD bool ChunksStayInTiles(const BlackwellTiling& t) {
+  return t.tile_k % 16 == 0 || t.ntk <= 1;
+}
+
+// ---------------------------------------------------------------------------------------
+// MX scale layouts (LAYOUTS.md, "MX scale layouts"): bytes move, nothing else.
+
+// Hopper scale storage of one matrix of the scale tensor [M, K]: S is the tensor
+// oriented so its columns walk the mx axis (S = x for mx_axis -1, x transposed for -2),
+// padded to R = rup(rows, 32 * num_warps), C = rup(cols, 2); O is R/32 x 32C bytes.
+struct HopperScaleTiling {
+  int64_t rows = 0, cols = 0;          // S before padding
+  int64_t rows_pad = 0, cols_pad = 0;  // R, C
+  int64_t out_rows = 0, out_cols = 0;  // R/32, 32C
+  int32_t num_warps = 1;
+};
+
+WPREP_HD HopperScaleTiling MakeHopperScaleTiling(int mx_axis, int num_warps, int64_t m,
+                                                 int64_t k) {
+  HopperScaleTiling t;
+  t.num_warps = num_warps;
+  t.rows = mx_axis == -1 ? m : k;
+  t.cols = mx_axis == -1 ? k : m;
+  t.rows_pad = RoundUp(t.rows, 32 * int64_t{num_warps});
+  t.cols_pad = RoundUp(t.cols, 2);
+  t.out_rows = t.rows_pad / 32;
+  t.out_cols = 32 * t.cols_pad;
+  return t;
+}
+
+// Which S[*r, *col] is O byte (orow, ocol): with r = 32*nw*m0 + 16*nw*a + 16*w + 8*b + c
+// and col = 2*k0 + d, O[m0*nw + w, 64*k0 + 32*a + 4*c + 2*d + b] = S[r, col].
+WPREP_HD void HopperScaleSource(const HopperScaleTiling& t, int64_t orow, int64_t ocol,
+                                int64_t* r, int64_t* col) {
+  const int64_t nw = t.num_warps;
+  const int64_t m0 = orow / nw, w = orow - m0 * nw;
+  const int64_t k0 = ocol >> 6, a = (ocol >> 5) & 1, c = (ocol >> 2) & 7, d = (ocol >> 1) & 1,
+                b = ocol & 1;
+  *r = 32 * nw * m0 + 16 * nw * a + 16 * w + 8 * b + c;
+  *col = 2 * k0 + d;
+}
+
+// First S row of the 16-row run (a, b = 0, c = 0..7 and b = 1) that O row `orow` takes
+// for half a (0 or 1): the runs a tile moves as 16 contiguous column bytes.
+WPREP_HD int64_t HopperScaleRunRow(const HopperScaleTiling& t, int64_t orow, int a) {
+  const int64_t nw = t.num_warps;
+  const int64_t m0 = orow / nw, w = orow - m0 * nw;
+  return 32 * nw * m0 + 16 * nw * a + 16 * w;
+}
+
+// Blackwell scale storage of one matrix of the scale tensor [K, N]: Kp = rup(K, 8),
+// Np = rup(N, 128); Np*Kp bytes in blocks of 512, block (n0, k0) at
+// (n0 * Kp/4 + k0) * 512 (the storage [1, E*Np/128, Kp/4, 2, 256] for all matrices).
+struct BlackwellScaleTiling {
+  int64_t k = 0, n = 0;        // the tensor
+  int64_t kpad = 0, npad = 0;  // Kp, Np
+};
+
+inline constexpr int64_t kBlackwellScaleBlock = 512;  // bytes of one (n0, k0) block
+
+WPREP_HD BlackwellScaleTiling MakeBlackwellScaleTiling(int64_t k, int64_t n) {
+  BlackwellScaleTiling t;
+  t.k = k;
+  t.n = n;
+  t.kpad = RoundUp(k, 8);
+  t.npad = RoundUp(n, 128);
+  return t;
+}
+
+// Which x[*k, *n] is storage byte i of one matrix: with i = ((n0*Kp/4 + k0)*32 + b)*16
+// + 4*a + c, it is x[4*k0 + c, 128*n0 + 32*a + b] (0 where that lies outside K x N).
+WPREP_HD void BlackwellScaleSource(const BlackwellScaleTiling& t, int64_t i, int64_t* k,
+                                   int64_t* n) {
+  const int64_t c = i & 3, a = (i >> 2) & 3, b = (i >> 4) & 31, block = i >> 9;
+  const int64_t k_blocks = t.kpad / 4;
+  const int64_t n0 = block / k_blocks, k0 = block - n0 * k_blocks;
+  *k = 4 * k0 + c;
+  *n = 128 * n0 + 32 * a + b;
+}
+
 // ---------------------------------------------------------------------------------------
 // The geometry of one planned conversion, as the engines consume it. Built by MakePlan;
 // plain data so it can be passed to a kernel by value.
@@ -374,14 +578,33 @@ WPREP_HD int64_t BlackwellOffset(const BlackwellTiling& t, const int64_t* stride
 enum class Op : int32_t {
   kHopperSwizzle = 0,
   kHopperUnswizzle = 1,
+  // Between canonical storage (pairs along N) and a K-packed Blackwell arrangement:
+  // nibbles move between bytes.
   kBlackwellSwizzle = 2,
   kBlackwellUnswizzle = 3,
+  // Between two K-packed arrangements (in_tiling -> out_tiling): whole bytes move. Serves
+  // retile, and every Blackwell value layout from or to checkpoint order (packing -2).
   kBlackwellRetile = 4,
+  kHopperScaleSwizzle = 5,
+  kHopperScaleUnswizzle = 6,
+  kBlackwellScaleSwizzle = 7,
+  kBlackwellScaleUnswizzle = 8,
+};
+
+// How the plain side of a scale conversion (the tensor's input view for swizzle, its
+// output for unswizzle) is laid out in one matrix, which picks the tile's access path.
+enum class ScaleAccess : int32_t {
+  kRows = 0,     // x (Blackwell) or S (Hopper) rows are contiguous: stride 1 along columns
+  kColumns = 1,  // columns are contiguous: stride 1 along rows (a transposed view)
+  kBytes = 2,    // neither: byte by byte
 };
 
 struct Geometry {
   Op op = Op::kHopperSwizzle;
-  int32_t mx_axis = -1;
+  // Hopper values: the canonical side (input of a swizzle, output of an unswizzle) is
+  // packed along the mx axis, so Q is that matrix as it is (mx_axis -1 from packing -1,
+  // mx_axis -2 from packing -2); otherwise each Q byte pairs nibbles of two of its rows.
+  bool hopper_q_is_canonical = true;
   int32_t mma_version = 3;
 
   int64_t num_matrices = 0;  // E: product of leading dims
@@ -391,23 +614,39 @@ struct Geometry {
   int64_t lead_shape[kMaxRank] = {};
   int64_t in_lead_stride[kMaxRank] = {};
 
-  // Canonical side: rows and bytes per row of one matrix.
+  // Canonical side as stored: rows and bytes per row of one matrix (for packing -2 the
+  // rows are D1 and the bytes D0/2).
   int64_t d0 = 0;
   int64_t d1b = 0;
 
-  // Hopper: Q's rows and columns and their padded extents R, C.
-  int64_t q_rows = 0, q_cols = 0, q_rows_pad = 0, q_cols_pad = 0;
+  // Hopper value storage of one matrix.
+  HopperTiling hopper;
 
   // Blackwell: K/2 bytes and N values; input and output tilings (those not used are 0).
   int64_t kp = 0, n = 0;
   BlackwellTiling in_tiling, out_tiling;
 
+  // Scales: the storage of one matrix, and the plain side's byte strides [row, column] of
+  // S (Hopper) or x (Blackwell) in one matrix, with how they can be accessed.
+  HopperScaleTiling hopper_scale;
+  BlackwellScaleTiling blackwell_scale;
+  int64_t scale_stride[2] = {};
+  ScaleAccess scale_access = ScaleAccess::kRows;
+
   // Inner byte strides of the input view. Canonical and Hopper storage: [row stride];
-  // Blackwell storage: [kt, nt, n'] strides. The innermost dim is always contiguous.
+  // Blackwell arrangements: [kt, nt, n'] strides (rows of a single-tile arrangement are
+  // n'); Blackwell scale storage: [n0 block, k0 block, half] strides. The innermost dim
+  // is always contiguous.
   int64_t in_stride[3] = {};
 
   // Output is contiguous: bytes of one output matrix.
   int64_t out_matrix_bytes = 0;
+
+  // What every access start inside one input / output matrix is a multiple of (a divisor
+  // of 64), pointer and leading strides aside: the engines pick 16-, 4- or 1-byte
+  // accesses from it (tile_common.h's ChooseAccess).
+  int64_t in_align = 64;
+  int64_t out_align = 64;
 
   // lead_shape[i] as a FastDivisor (set by MakePlan for i >= 1; dim 0 is never divided).
   FastDivisor lead_div[kMaxRank];

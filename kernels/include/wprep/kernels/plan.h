@@ -15,11 +15,19 @@
 namespace wprep {
 
 // How the caller's input buffer holds the input tensor. Shapes and strides are those of
-// the input's storage form (canonical [..., D0, D1/2] for swizzle; the layout's storage
-// shape for unswizzle and retile), in elements of one byte.
+// the input's storage form, in elements of one byte: for a value swizzle the canonical
+// side in the order spec.packing_axis names ([..., D0, D1/2] or [..., D1, D0/2]); for a
+// scale swizzle the scale tensor itself; for unswizzle and retile the layout's storage
+// shape as Plan::output_shape reports it for the swizzle.
 struct InputBinding {
   // Byte strides, one per dim of the input's storage shape. Empty: the layout's default
-  // (dense) strides. The dim that is contiguous in the default strides must keep stride 1.
+  // strides (those the layout's swizzle reports for its output, dense for canonical and
+  // scale tensors). Strides must be >= 0; a stride of 0 repeats the same bytes (a
+  // broadcast view), which is read as given. Scale tensors (the input of a scale
+  // swizzle) take any strides, e.g. the transposed view [E, K/32, N] with strides
+  // [N*K/32, 1, K/32] that loaders pass for a checkpoint's [E, N, K/32]. Every other
+  // input keeps stride 1 on the dim that is contiguous in its default strides (the
+  // packed bytes of a row); its other dims may take any strides.
   std::vector<int64_t> strides;
   // Size of the caller's buffer in bytes. Unset: assume exactly what the view spans.
   // With default strides it must equal the dense byte count; with explicit strides the
@@ -30,16 +38,23 @@ struct InputBinding {
 // A validated conversion. Immutable; cheap to copy.
 struct Plan {
   ConversionSpec spec;
-  std::vector<int64_t> logical_shape;  // FP4 values
+  std::vector<int64_t> logical_shape;  // FP4 values (value layouts) or scale bytes
 
   std::vector<int64_t> input_shape;    // storage shape the input must have
   std::vector<int64_t> input_strides;  // byte strides of the input view
   uint64_t input_bytes = 0;            // bytes the input view spans (its dense size when dense)
   bool input_dense = true;             // input strides are the default ones
 
-  std::vector<int64_t> output_shape;    // as the reference implementation reports it
-  std::vector<int64_t> output_strides;  // as the reference implementation reports it
-  uint64_t output_bytes = 0;            // output bytes, written contiguously (memory order)
+  // The output tensor: output_bytes bytes, written contiguously, that output_shape with
+  // output_strides describes exactly. The shape is the one the reference
+  // implementation reports; so are the strides wherever its tensor is non-overlapping
+  // and dense (torch's definition, size-1 dims ignored), e.g. Hopper mx_axis -2 storage
+  // reported as its transpose. Where it is not (an unswizzle whose reference result is a
+  // slice of a padded tensor), the output is that tensor's row-major copy, and the
+  // strides are the row-major ones: the bytes torch's clone() of the reference gives.
+  std::vector<int64_t> output_shape;
+  std::vector<int64_t> output_strides;
+  uint64_t output_bytes = 0;
 
   Geometry geometry;  // what the engines consume
 
@@ -53,6 +68,10 @@ absl::StatusOr<Plan> MakePlan(const ConversionSpec& spec, absl::Span<const int64
 
 // Torch's dense strides for `shape` (a dim of size 0 counts as 1), in elements.
 std::vector<int64_t> DenseStrides(absl::Span<const int64_t> shape);
+
+// Torch's is_non_overlapping_and_dense: the view covers a dense block of memory exactly
+// once, in some order of its dims (dims of size 0 or 1 ignored).
+bool NonOverlappingAndDense(absl::Span<const int64_t> shape, absl::Span<const int64_t> strides);
 
 }  // namespace wprep
 

@@ -22,6 +22,9 @@ wprep::v1::ConversionSpec SpecToProto(const ConversionSpec& spec);
 absl::StatusOr<ConversionSpec> SpecFromProto(const wprep::v1::ConversionSpec& spec,
                                              absl::string_view field);
 
+// The upstream layout object `spec` produces (or consumes), with the contract version.
+wprep::v1::LayoutIdentity IdentityToProto(const ConversionSpec& spec);
+
 std::vector<int64_t> ShapeFromProto(const google::protobuf::RepeatedField<int64_t>& shape);
 
 }  // namespace wprep

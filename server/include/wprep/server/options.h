@@ -46,16 +46,20 @@ struct Options {
   uint64_t max_tensor_bytes = 64ull << 30;
   // Bound on one matrix of a ConvertStream (input or output): a stream holds a few
   // matrices in host memory at a time. Larger matrices go through CUDA IPC.
-  uint64_t max_stream_matrix_bytes = 1ull << 30;
+  uint64_t max_stream_matrix_bytes = 128ull << 20;
   // Bound on host memory held for inline requests and responses (until each response
   // has been sent, which a client that does not read delays) and for stream buffers.
   uint64_t max_buffered_bytes = 1ull << 30;
+  // Items of one ConvertBatch.
+  uint64_t max_batch_items = 4096;
   // Open connections over all listeners (also kept under RLIMIT_NOFILE), and concurrent
   // calls per connection.
   int max_connections = 1024;
   int max_concurrent_streams = 64;
-  // Bound on cached IPC mappings and how long an unused one stays open.
-  int ipc_cache_entries = 256;
+  // Bound on cached IPC mappings and how long an unused one stays open. A request holds
+  // its mappings while it runs, so one ConvertBatch can use at most this many handles
+  // (a whole model's experts, one allocation per tensor, can take a few hundred).
+  int ipc_cache_entries = 4096;
   absl::Duration ipc_idle_expiry = absl::Minutes(5);
   // When set, a file the daemon writes once it listens: one "grpc ADDR" line per
   // listening address (TCP ones with their bound port) and one "metrics HOST:PORT" line.

@@ -73,6 +73,10 @@ class Client {
   absl::StatusOr<wprep::v1::StreamResponseHeader> ConvertStream(
       const wprep::v1::StreamRequestHeader& header, absl::Span<const uint8_t> input,
       std::string* output, const StreamOptions& options = {});
+  // Many tensors in one round trip (see the .proto): a projection's values and scales,
+  // a layer, a model's experts.
+  absl::StatusOr<wprep::v1::ConvertBatchResponse> ConvertBatch(const wprep::v1::ConvertBatchRequest& request,
+                                                               const CallOptions& options = {});
   absl::StatusOr<wprep::v1::ListDevicesResponse> ListDevices(const CallOptions& options = {});
   // Maps IPC allocations in the daemon ahead of the Converts that use them (see the
   // .proto): register a pool of buffers once, and no Convert pays for opening them.
