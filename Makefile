@@ -68,10 +68,10 @@ test-tsan: test-thread-safety
 	@if ls $(TSA_BUILD)/tsan-reports/report.* > /dev/null 2>&1; then \
 	  cat $(TSA_BUILD)/tsan-reports/report.*; echo "test-tsan: ThreadSanitizer reports above"; exit 1; fi
 
-# Each libFuzzer target for 25 s after replaying its committed inputs (clang, ASan +
+# Each libFuzzer target for 20 s after replaying its committed inputs (clang, ASan +
 # UBSan, in build-fuzz/); `scripts/fuzz.sh 3600` fuzzes for an hour each.
 test-fuzz: deps
-	JOBS=$(JOBS) bash scripts/fuzz.sh 25
+	JOBS=$(JOBS) bash scripts/fuzz.sh 20
 
 # The Dockerfile, deploy/k8s, deploy/prometheus and deploy/grafana against the real daemon:
 # lint, kustomize renders and schemas, the image's files staged as its build stage stages

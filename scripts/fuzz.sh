@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # Builds the libFuzzer targets (clang, ASan + UBSan, no CUDA) in build-fuzz/ and fuzzes
 # each for SECONDS (default 600): wprep_fuzz_request (the request edge and the planner,
-# small plans run on the CPU engine) and wprep_fuzz_stream (the stream framing). Each
+# small plans run on the CPU engine), wprep_fuzz_stream (the stream framing) and
+# wprep_fuzz_batch (ConvertBatch, small batches run on a fake GPU). Each
 # first replays its committed seeds (tests/fuzz/corpus/) and past crashes
 # (tests/fuzz/regressions/), then mutates from them and from what earlier runs learned
 # (build-fuzz/fuzz-corpus/, not committed). Exit 1 on any crash or sanitizer report; the
 # input that caused it is in build-fuzz/fuzz-artifacts/.
 #
 #   scripts/fuzz.sh            # 10 minutes per target
-#   scripts/fuzz.sh 3600       # an hour per target (CI runs 25 s: make test-fuzz)
+#   scripts/fuzz.sh 3600       # an hour per target (CI runs 20 s: make test-fuzz)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SECONDS_PER_TARGET=${1:-600}
@@ -18,12 +19,12 @@ JOBS=${JOBS:-$(nproc)}
 bash scripts/bootstrap.sh
 cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_C_COMPILER=clang \
   -DCMAKE_CXX_COMPILER=clang++ -DWPREP_FUZZ=ON -DWPREP_ENABLE_CUDA=OFF ${CMAKE_FLAGS:-} > /dev/null
-cmake --build "$BUILD" -j "$JOBS" --target wprep_fuzz_request wprep_fuzz_stream
+cmake --build "$BUILD" -j "$JOBS" --target wprep_fuzz_request wprep_fuzz_stream wprep_fuzz_batch
 
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1
 export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 status=0
-for target in request stream; do
+for target in request stream batch; do
   bin="$BUILD/tests/fuzz/wprep_fuzz_$target"
   dirs=("tests/fuzz/corpus/$target")
   if [[ -d "tests/fuzz/regressions/$target" ]]; then dirs+=("tests/fuzz/regressions/$target"); fi

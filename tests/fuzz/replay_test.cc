@@ -39,5 +39,7 @@ TEST(FuzzReplay, EveryRequestSeedAndRegression) { EXPECT_GT(Replay("request", Fu
 
 TEST(FuzzReplay, EveryStreamSeedAndRegression) { EXPECT_GT(Replay("stream", FuzzStream), 15); }
 
+TEST(FuzzReplay, EveryBatchSeedAndRegression) { EXPECT_GE(Replay("batch", FuzzBatch), 5); }
+
 }  // namespace
 }  // namespace wprep::fuzz

@@ -6,7 +6,8 @@
 // - every refusal is INVALID_ARGUMENT or RESOURCE_EXHAUSTED, never another code;
 // - the spec survives SpecToProto -> SpecFromProto unchanged;
 // - every accepted plan passes CheckPlan (fuzz_support.h), an inline source holds exactly
-//   the plan's input bytes, and an inline output fits --max-message-bytes;
+//   the plan's input bytes (a strided one: a view inside them), and an inline output fits
+//   --max-message-bytes;
 // - accepted plans of at most 256 KiB run on the CPU engine with buffers of exactly the
 //   size the request declared (the inline bytes, the IPC region's size, the Plan's
 //   input_buffer_bytes), under AddressSanitizer.
@@ -91,8 +92,13 @@ void Convert(const v1::ConvertRequest& req) {
     if (size <= wprep::fuzz::kRunBytes) RunOnCpu(plan, wprep::fuzz::Pattern(size, size).data(), size);
     return;
   }
-  WPREP_FUZZ_CHECK(job->source_bytes.size() == plan.input_bytes, "inline source of %zu bytes, plan needs %llu",
-                   job->source_bytes.size(), static_cast<unsigned long long>(plan.input_bytes));
+  if (req.source_strides_size() == 0) {
+    WPREP_FUZZ_CHECK(job->source_bytes.size() == plan.input_bytes, "inline source of %zu bytes, plan needs %llu",
+                     job->source_bytes.size(), static_cast<unsigned long long>(plan.input_bytes));
+  } else {
+    WPREP_FUZZ_CHECK(plan.input_bytes <= job->source_bytes.size(), "a strided view outside its %zu inline bytes",
+                     job->source_bytes.size());
+  }
   RunOnCpu(plan, reinterpret_cast<const uint8_t*>(job->source_bytes.data()), job->source_bytes.size());
 }
 

@@ -1,12 +1,14 @@
-// wprep_fuzz_seeds DIR: writes the seed corpora of the fuzz targets into DIR/request and
-// DIR/stream (the committed ones are tests/fuzz/corpus). Each seed is a real request:
-// the soak's and the reference vectors' conversions over every layout and direction, in
-// each transport's message, at sizes of a few KiB, plus a few valid-but-odd ones (strided
-// views, IPC buffers, empty tensors).
+// wprep_fuzz_seeds DIR: writes the seed corpora of the fuzz targets into DIR/request,
+// DIR/stream and DIR/batch (the committed ones are tests/fuzz/corpus). Each seed is a real
+// request: every conversion the engines dispatch to (KernelVariantSpecs: every layout,
+// direction and packing axis) at a small shape, in each transport's message, plus a few
+// valid but unusual ones (strided views, IPC buffers, empty tensors, batches).
 #include <algorithm>
+#include <cctype>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -18,46 +20,48 @@
 namespace {
 
 namespace v1 = wprep::v1;
-using wprep::ConversionSpec;
-using wprep::Direction;
-using wprep::Layout;
 
 struct Conversion {
-  const char* name;
-  ConversionSpec spec;
+  std::string name;
+  wprep::ConversionSpec spec;
   std::vector<int64_t> shape;
+  wprep::Plan plan;
 };
 
-wprep::Plan PlanOf(const Conversion& c) {
-  absl::StatusOr<wprep::Plan> p = wprep::MakePlan(c.spec, c.shape);
-  if (!p.ok()) {
-    std::fprintf(stderr, "%s: %s\n", c.name, p.status().ToString().c_str());
-    std::exit(1);
+// A file name for a spec and shape: "hopper_value_swizzle_mx_axis-2_mma3_2x64x64".
+std::string Name(const wprep::ConversionSpec& spec, const std::vector<int64_t>& shape) {
+  std::string n;
+  for (char c : wprep::Describe(spec)) {
+    const bool keep = std::isalnum(static_cast<unsigned char>(c)) || c == '-';
+    if (keep || (!n.empty() && n.back() != '_')) n.push_back(keep ? c : '_');
   }
-  return *p;
+  for (size_t i = 0; i < shape.size(); ++i) n += (i == 0 ? "_" : "x") + std::to_string(shape[i]);
+  return n;
 }
 
-ConversionSpec Hopper(Direction d, int mx, int mma) { return {Layout::kHopperValue, d, {mx, mma}, {}, {}}; }
-ConversionSpec Blackwell(Direction d, int64_t bk, int64_t bn, int64_t to_bk = 256, int64_t to_bn = 128) {
-  return {Layout::kBlackwellShuffledValue, d, {}, {bk, bn}, {to_bk, to_bn}};
-}
-
-// Small conversions over every layout and direction.
-const std::vector<Conversion>& Conversions() {
-  static const std::vector<Conversion> c = {
-      {"hopper_swizzle_64x128_mx1_mma2", Hopper(Direction::kSwizzle, -1, 2), {64, 128}},
-      {"hopper_swizzle_2x64x64_mx2_mma3", Hopper(Direction::kSwizzle, -2, 3), {2, 64, 64}},
-      {"hopper_swizzle_5x256_mx1_mma2", Hopper(Direction::kSwizzle, -1, 2), {5, 256}},
-      {"hopper_unswizzle_64x128_mx1_mma3", Hopper(Direction::kUnswizzle, -1, 3), {64, 128}},
-      {"hopper_unswizzle_2x16x256_mx2_mma2", Hopper(Direction::kUnswizzle, -2, 2), {2, 16, 256}},
-      {"blackwell_swizzle_64x64_bk64_bn64", Blackwell(Direction::kSwizzle, 64, 64), {64, 64}},
-      {"blackwell_swizzle_2x30x20_bk128_bn256", Blackwell(Direction::kSwizzle, 128, 256), {2, 30, 20}},
-      {"blackwell_unswizzle_64x64_bk64_bn64", Blackwell(Direction::kUnswizzle, 64, 64), {64, 64}},
-      {"blackwell_retile_64x128_bk64_bn64", Blackwell(Direction::kRetile, 64, 64, 32, 128), {64, 128}},
-      {"blackwell_swizzle_edge_0x0", Blackwell(Direction::kSwizzle, 128, 256), {0, 0}},
-      {"hopper_swizzle_edge_0x256x512", Hopper(Direction::kSwizzle, -2, 3), {0, 256, 512}},
-  };
-  return c;
+// Every kernel variant at the smallest of a few shapes its planner accepts (inputs and
+// outputs of a few KiB; padded layouts more), and two empty tensors.
+std::vector<Conversion> Conversions() {
+  std::vector<Conversion> out;
+  const std::vector<std::vector<int64_t>> shapes = {{2, 64, 64}, {64, 128}, {2, 32, 64}, {32, 64}, {64, 64},
+                                                    {2, 128, 64}, {1, 128, 256}, {1, 256, 256}};
+  for (const wprep::ConversionSpec& spec : wprep::KernelVariantSpecs()) {
+    std::optional<Conversion> best;
+    for (const auto& shape : shapes) {
+      absl::StatusOr<wprep::Plan> p = wprep::MakePlan(spec, shape);
+      if (!p.ok()) continue;
+      if (!best || p->input_bytes + p->output_bytes < best->plan.input_bytes + best->plan.output_bytes) {
+        best = Conversion{Name(spec, shape), spec, shape, *p};
+      }
+    }
+    if (best) out.push_back(*best);
+  }
+  const wprep::ConversionSpec first = wprep::KernelVariantSpecs().front();
+  for (const std::vector<int64_t>& empty : std::vector<std::vector<int64_t>>{{0, 0}, {0, 256, 512}}) {
+    absl::StatusOr<wprep::Plan> p = wprep::MakePlan(first, empty);
+    if (p.ok()) out.push_back({Name(first, empty), first, empty, *p});
+  }
+  return out;
 }
 
 template <typename M>
@@ -78,12 +82,25 @@ std::string Bytes(uint64_t n, uint64_t seed) {
   return s;
 }
 
-v1::CudaIpcBuffer Ipc(uint64_t size, uint64_t offset = 0) {
+// The handle and UUID of the allocations batch_fuzzer.cc exports on its fake GPU
+// (FakeRuntime: the handle's id in bytes 0-7, its GPU at byte 32; UUID 0xF0 ^ i).
+std::string FakeHandle(uint64_t id) {
+  std::string h(64, '\0');
+  for (int i = 0; i < 8; ++i) h[i] = static_cast<char>(id >> (8 * i));
+  return h;
+}
+std::string FakeUuid() {
+  std::string u(16, '\0');
+  for (int i = 0; i < 16; ++i) u[i] = static_cast<char>(0xF0 ^ i);
+  return u;
+}
+
+v1::CudaIpcBuffer Ipc(const std::string& handle, uint64_t size, uint64_t offset = 0) {
   v1::CudaIpcBuffer b;
-  b.set_handle(Bytes(64, size));
+  b.set_handle(handle);
   b.set_offset(offset);
   b.set_size(size);
-  b.set_device_uuid(Bytes(16, 3));
+  b.set_device_uuid(FakeUuid());
   return b;
 }
 
@@ -103,6 +120,13 @@ void Varint(std::string* out, uint64_t v) {
   } while (v != 0);
 }
 
+// A strided view of `c`'s input: every stride but the contiguous one doubled.
+std::vector<int64_t> Doubled(const wprep::Plan& p) {
+  std::vector<int64_t> s;
+  for (int64_t st : p.input_strides) s.push_back(st == 1 ? 1 : 2 * st);
+  return s;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -110,19 +134,20 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "usage: wprep_fuzz_seeds DIR\n");
     return 2;
   }
-  const std::string req = std::string(argv[1]) + "/request/", str = std::string(argv[1]) + "/stream/";
+  const std::string dir = argv[1];
+  const std::string req = dir + "/request/", str = dir + "/stream/", bat = dir + "/batch/";
   bool ok = true;
   auto request = [&](const std::string& name, char kind, const google::protobuf::Message& m) {
     ok = Write(req + name, std::string(1, kind) + m.SerializeAsString()) && ok;
   };
+  const std::vector<Conversion> all = Conversions();
   int seed = 1;
-  for (const Conversion& c : Conversions()) {
+  for (const Conversion& c : all) {
     v1::ConvertRequest convert = With<v1::ConvertRequest>(c);
-    const wprep::Plan plan = PlanOf(c);
-    convert.set_source_bytes(Bytes(plan.input_bytes, seed++));
-    request(std::string("convert_") + c.name, 0, convert);
-    request(std::string("plan_") + c.name, 1, With<v1::PlanRequest>(c));
-    request(std::string("header_") + c.name, 2, With<v1::StreamRequestHeader>(c));
+    convert.set_source_bytes(Bytes(c.plan.input_bytes, seed++));
+    request("convert_" + c.name, 0, convert);
+    request("plan_" + c.name, 1, With<v1::PlanRequest>(c));
+    request("header_" + c.name, 2, With<v1::StreamRequestHeader>(c));
 
     // A stream of the same tensor: header, then in-order chunks of 1000 bytes, then
     // the half-close (mode 1, slice target 1024, no failed push).
@@ -132,34 +157,66 @@ int main(int argc, char** argv) {
     s += header;
     Varint(&s, 1023);
     Varint(&s, 0);
-    for (uint64_t off = 0; off < plan.input_bytes; off += 1000) {
+    for (uint64_t off = 0; off < c.plan.input_bytes; off += 1000) {
       s.push_back('\x01');
-      Varint(&s, std::min<uint64_t>(1000, plan.input_bytes - off));
+      Varint(&s, std::min<uint64_t>(1000, c.plan.input_bytes - off));
     }
     s.push_back('\x06');
     ok = Write(str + "planned_" + c.name, s) && ok;
   }
-  // Valid but odd: a strided IPC source with an offset, an IPC destination, a device
-  // UUID; a Plan of a strided view inside a larger buffer.
+
+  // Valid but unusual: a strided IPC source with an offset, an IPC destination, a device
+  // UUID, an inline strided source; a Plan of a strided view inside a larger buffer.
   {
-    const Conversion& c = Conversions()[0];  // [64, 128] -> canonical [64, 64] bytes
+    const Conversion& c = all.front();
+    const std::vector<int64_t> strides = Doubled(c.plan);
+    absl::StatusOr<wprep::Plan> strided = wprep::MakePlan(c.spec, c.shape, wprep::InputBinding{strides, std::nullopt});
+    const uint64_t span = strided.ok() ? strided->input_bytes : c.plan.input_bytes;
     v1::ConvertRequest r = With<v1::ConvertRequest>(c);
-    *r.mutable_source_ipc() = Ipc(64 * 80, 256);
-    r.mutable_source_ipc()->add_strides(80);
-    r.mutable_source_ipc()->add_strides(1);
-    *r.mutable_destination_ipc() = Ipc(4096);
+    *r.mutable_source_ipc() = Ipc(FakeHandle(1), span, 256);
+    for (int64_t st : strides) r.mutable_source_ipc()->add_strides(st);
+    *r.mutable_destination_ipc() = Ipc(FakeHandle(2), c.plan.output_bytes);
     request("convert_ipc_strided_to_ipc", 0, r);
     v1::ConvertRequest b = With<v1::ConvertRequest>(c);
-    b.set_source_bytes(Bytes(4096, 99));
-    b.set_device_uuid(Bytes(16, 4));
+    b.set_source_bytes(Bytes(c.plan.input_bytes, 99));
+    b.set_device_uuid(FakeUuid());
     request("convert_bytes_on_a_named_gpu", 0, b);
-    // Hopper mx -2 storage (reported transposed), every non-contiguous stride doubled.
-    const Conversion& t = Conversions()[4];
-    v1::PlanRequest p = With<v1::PlanRequest>(t);
-    for (int64_t st : PlanOf(t).input_strides) p.add_input_strides(st == 1 ? 1 : 2 * st);
-    p.set_input_buffer_bytes(2 * PlanOf(t).input_bytes);
+    v1::ConvertRequest v = With<v1::ConvertRequest>(c);
+    v.set_source_bytes(Bytes(span, 98));
+    for (int64_t st : strides) v.add_source_strides(st);
+    request("convert_inline_strided", 0, v);
+    v1::PlanRequest p = With<v1::PlanRequest>(c);
+    for (int64_t st : strides) p.add_input_strides(st);
+    p.set_input_buffer_bytes(2 * span);
     request("plan_strided_view_in_a_larger_buffer", 1, p);
   }
+
+  // Batches: every conversion inline in one batch, and small mixed ones over the fake
+  // GPU's two allocations (source id 1, destination id 2, 256 KiB each).
+  {
+    auto item = [&](v1::ConvertBatchRequest& batch, const Conversion& c) {
+      v1::ConvertItem* it = batch.add_items()->mutable_convert();
+      *it->mutable_spec() = wprep::SpecToProto(c.spec);
+      for (int64_t d : c.shape) it->add_logical_shape(d);
+      return it;
+    };
+    v1::ConvertBatchRequest every;
+    for (const Conversion& c : all) {
+      if (c.plan.input_bytes <= (8 << 10)) item(every, c)->mutable_source()->set_inline_bytes(Bytes(c.plan.input_bytes, seed++));
+    }
+    ok = Write(bat + "every_small_conversion_inline", every.SerializeAsString()) && ok;
+    for (size_t k = 0; k + 1 < std::min<size_t>(all.size(), 8); k += 2) {
+      const Conversion &a = all[k], &b = all[k + 1];
+      v1::ConvertBatchRequest m;
+      item(m, a)->mutable_source()->set_inline_bytes(Bytes(a.plan.input_bytes, seed++));
+      v1::ConvertItem* ipc = item(m, b);
+      *ipc->mutable_source()->mutable_ipc() = Ipc(FakeHandle(1), b.plan.input_bytes);
+      *ipc->mutable_destination()->mutable_ipc() = Ipc(FakeHandle(2), b.plan.output_bytes);
+      m.set_device_uuid(FakeUuid());
+      ok = Write(bat + "mixed_" + a.name + "_and_ipc_" + b.name, m.SerializeAsString()) && ok;
+    }
+  }
+
   // Bare framing: 10 bytes in slices of 4 sent as 3 + 7; and one of each refusal.
   {
     std::string s(1, '\0');
