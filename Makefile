@@ -12,7 +12,7 @@ ifeq ($(shell command -v nvcc),)
   endif
 endif
 
-.PHONY: all deps build test test-unit test-sanitize test-thread-safety test-deploy run bench soak-memory gpu-bundle clean
+.PHONY: all deps build test test-unit lint test-sanitize test-thread-safety test-deploy run bench soak-memory gpu-bundle clean
 
 all: build
 
@@ -28,7 +28,7 @@ build: deps $(BUILD)/build.ninja
 # Everything CI runs: the unit and integration tests, the host tests under
 # AddressSanitizer + UndefinedBehaviorSanitizer, clang's lock-annotation check, and the
 # deployment checks.
-test: test-unit test-sanitize test-thread-safety test-deploy
+test: test-unit lint test-sanitize test-thread-safety test-deploy
 
 test-unit: build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS) --timeout 600
@@ -41,6 +41,10 @@ test-sanitize: deps
 	cd $(SAN_BUILD) && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
 	  UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
 	  ctest --output-on-failure -j $(JOBS) --timeout 900
+
+# clang-tidy (.clang-tidy) and cppcheck over the C++ sources, from build/'s compile commands.
+lint: build
+	BUILD=$(BUILD) JOBS=$(JOBS) bash scripts/lint.sh
 
 # clang -Wthread-safety -Werror over the host code: every ABSL_GUARDED_BY is honoured.
 # A compile-time check, so it builds the libraries and test programs without running them.
