@@ -40,13 +40,22 @@ def _wprepd():
     return os.environ.get("WPREPD") or str(REPO / "build" / "server" / "wprepd")
 
 
+def _skip(why):
+    """Skips the test: pytest's skip under pytest (reported at the test), else unittest's."""
+    if "pytest" in sys.modules:
+        import pytest
+
+        pytest.skip(why)
+    raise unittest.SkipTest(why)
+
+
 def _torch():
     try:
         import torch
     except Exception as e:  # noqa: BLE001 - any failure to import means no GPU tests here
-        raise unittest.SkipTest(f"torch is not importable: {e}")
+        _skip(f"torch is not importable: {e}")
     if not torch.cuda.is_available():
-        raise unittest.SkipTest("torch finds no CUDA device")
+        _skip("torch finds no CUDA device")
     return torch
 
 
@@ -311,7 +320,7 @@ def test_gpu_expandable_segments_are_refused_clearly():
     out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     if out.stdout.startswith("CONVERTED"):
-        raise unittest.SkipTest(f"this torch did not use expandable segments here: {out.stdout.strip()}")
+        _skip(f"this torch did not use expandable segments here: {out.stdout.strip()}")
     assert out.stdout.startswith("REFUSED") and "expandable_segments" in out.stdout, out.stdout
 
 
@@ -323,7 +332,7 @@ def _expected_identities(torch):
         return "HopperMXValueLayout(mx_axis=-2, mma_version=3)", "HopperMXScaleLayout(mx_axis=-2, num_warps=8)"
     if major >= 10:
         return "BlackwellMXValueLayout()", "BlackwellMXScaleLayout()"
-    raise unittest.SkipTest(f"the drop-in serves sm_90 and sm_100+, this GPU is sm_{major}x")
+    _skip(f"the drop-in serves sm_90 and sm_100+, this GPU is sm_{major}x")
 
 
 def _triton_kernels_reference(values, scales, num_warps):
@@ -440,7 +449,7 @@ def _main():
             continue
         try:
             fn()
-        except unittest.SkipTest as e:
+        except unittest.SkipTest as e:  # what _skip raises without pytest
             skipped += 1
             print(f"SKIPPED {name}: {e}")
         except Exception:  # noqa: BLE001

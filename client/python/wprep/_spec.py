@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, fields
-from typing import Optional, Union
+from typing import Any, Optional, Union, cast
 
 from .v1 import wprep_pb2 as pb
 
@@ -53,7 +53,7 @@ _PARAM_LAYOUTS = {
 }
 
 
-def _enum(kind: type, value: object, what: str) -> enum.Enum:
+def _enum(kind: Any, value: object, what: str) -> Any:
     if isinstance(value, kind):
         return value
     try:
@@ -92,21 +92,25 @@ class Spec:
     def __post_init__(self) -> None:
         object.__setattr__(self, "layout", _enum(Layout, self.layout, "layout"))
         object.__setattr__(self, "direction", _enum(Direction, self.direction, "direction"))
+        layout = cast(Layout, self.layout)
         for name, layouts in _PARAM_LAYOUTS.items():
             value = getattr(self, name)
             if value is None:
                 continue
             if not isinstance(value, int) or isinstance(value, bool):
                 raise TypeError(f"{name} must be an int; got {value!r}")
-            if self.layout not in layouts:
+            if layout not in layouts:
                 allowed = ", ".join(x.value for x in layouts)
-                raise ValueError(f"{name} applies to {allowed}, not to {self.layout.value}")
+                raise ValueError(f"{name} applies to {allowed}, not to {layout.value}")
         if (self.to_block_k is not None or self.to_block_n is not None) and self.direction != Direction.RETILE:
             raise ValueError("to_block_k and to_block_n apply to a retile only")
 
     def to_proto(self) -> pb.ConversionSpec:
         """The wprep.v1.ConversionSpec of this conversion."""
-        s = pb.ConversionSpec(layout=_LAYOUT_TO_PROTO[self.layout], direction=_DIRECTION_TO_PROTO[self.direction])
+        s = pb.ConversionSpec(
+            layout=_LAYOUT_TO_PROTO[cast(Layout, self.layout)],
+            direction=_DIRECTION_TO_PROTO[cast(Direction, self.direction)],
+        )
         if self.layout == Layout.HOPPER_VALUE:
             if self.mx_axis is not None:
                 s.hopper.mx_axis = self.mx_axis
@@ -130,7 +134,7 @@ class Spec:
         return s
 
     def __repr__(self) -> str:
-        parts = [f"{self.layout.value!r}", f"{self.direction.value!r}"]  # type: ignore[union-attr]
+        parts = [repr(cast(Layout, self.layout).value), repr(cast(Direction, self.direction).value)]
         for f in fields(self)[2:]:
             v = getattr(self, f.name)
             if v is not None:
