@@ -152,8 +152,10 @@ def fake(monkeypatch):
     torch = make_torch(rec)
     monkeypatch.setitem(sys.modules, "torch", torch)
     _torch.device_uuid.cache_clear()
+    _triton._import.cache_clear()
     yield torch, rec
     _torch.device_uuid.cache_clear()
+    _triton._import.cache_clear()
 
 
 def tensor(torch, rec, *, block_offset, nbytes, shape, strides, offset=0, alloc=None, kind=b"c", version=2):
@@ -379,8 +381,12 @@ def test_triton_tensors_are_built_as_convert_layout_builds_them(fake, monkeypatc
 
 def test_triton_unavailable_says_why(monkeypatch):
     monkeypatch.setitem(sys.modules, "triton_kernels", None)
-    with pytest.raises(_triton.TritonUnavailable, match="not importable"):
-        _triton.build(None, None, None, None, "", "", 8)
+    _triton._import.cache_clear()
+    try:
+        with pytest.raises(_triton.TritonUnavailable, match="not importable"):
+            _triton.build(None, None, None, None, "", "", 8)
+    finally:
+        _triton._import.cache_clear()
 
 
 def test_uuid_strings(fake):

@@ -16,6 +16,7 @@ The outputs are torch tensors with the storage shape and strides convert_layout 
 
 from __future__ import annotations
 
+import functools
 import threading
 from dataclasses import dataclass
 from typing import Any, List, Optional, Sequence, Tuple
@@ -52,6 +53,7 @@ def _import_torch() -> Any:
     return torch
 
 
+@functools.lru_cache(maxsize=64)
 def mxfp4_specs(capability: Tuple[int, int], num_warps: int = 8) -> Tuple[Spec, Spec]:
     """The (values, scales) conversions the loaders' default layouts mean on this compute capability."""
     major, minor = capability
@@ -174,7 +176,7 @@ def swizzle_mxfp4_batch(
         raise ValueError("swizzle_mxfp4_batch: every pair must be on one GPU")
     if out is not None and len(out) != len(pairs):
         raise ValueError(f"out has {len(out)} entries for {len(pairs)} pairs")
-    specs = mxfp4_specs(torch.cuda.get_device_capability(device), num_warps)
+    specs = mxfp4_specs(tuple(torch.cuda.get_device_capability(device)), num_warps)
     items: List[Item] = []
     for i, (v, s) in enumerate(pairs):
         items += _items(v, s, specs, None if out is None else out[i])
@@ -218,7 +220,7 @@ def empty_swizzled_mxfp4(values: Any, scales: Any, num_warps: int = 8, *,
     _check_pair(-1, values, scales)
     c = client or default_client()
     outs = []
-    for it in _items(values, scales, mxfp4_specs(torch.cuda.get_device_capability(values.device), num_warps), None):
+    for it in _items(values, scales, mxfp4_specs(tuple(torch.cuda.get_device_capability(values.device)), num_warps), None):
         p = c.plan(it.spec, it.logical_shape)
         outs.append(_torch.empty_output(it.source, p.output_shape, p.output_strides, p.output_bytes))
     return outs[0], outs[1]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
@@ -27,6 +28,13 @@ class Call:
     request: Any
     finish: Callable[[Any], Any]
     keep: List[Any] = field(default_factory=list)
+
+
+@functools.lru_cache(maxsize=4096)
+def spec_proto(spec: Spec) -> pb.ConversionSpec:
+    """spec.to_proto(), made once per Spec (a loader sends the same few again and again).
+    The message is shared: copy it (CopyFrom), never change it."""
+    return spec.to_proto()
 
 
 def uuid_bytes(device_uuid: Union[None, bytes, str]) -> bytes:
@@ -120,6 +128,8 @@ class _Side:
         self.out: Any = None
         self.dest_ipc: Optional[pb.CudaIpcBuffer] = None
         self.devices: List[int] = []
+        if out is not None and not _torch.is_cuda_tensor(out):
+            raise TypeError(f"{what}: out must be a CUDA torch tensor; got {type(out).__name__}")
         if _torch.is_cuda_tensor(source):
             if strides is not None:
                 raise ValueError(f"{what}: strides= is for bytes sources; a CUDA tensor carries its own strides")
@@ -132,13 +142,11 @@ class _Side:
             if out is None:
                 p = plans[(spec, self.shape)]
                 out = _torch.empty_output(t, p.output_shape, p.output_strides, p.output_bytes)
-            elif _torch.is_cuda_tensor(out) and out.device != t.device:
+            elif out.device != t.device:
                 raise ValueError(f"{what}: out is on {out.device}, the source on {t.device}; they must share a GPU")
         else:
             self.source_bytes, self.source_strides = inline_source(source, strides)
         if out is not None:
-            if not _torch.is_cuda_tensor(out):
-                raise TypeError(f"{what}: out must be a CUDA torch tensor; got {type(out).__name__}")
             self.out = out
             self.devices.append(out.device.index)
             if out.numel() > 0:
@@ -174,7 +182,8 @@ def convert_call(
     stream: Any,
 ) -> Call:
     side = _Side(spec, logical_shape, source, out, strides, plans, registry, "convert")
-    r = pb.ConvertRequest(spec=spec.to_proto(), logical_shape=side.shape, device_uuid=uuid_bytes(device_uuid))
+    r = pb.ConvertRequest(logical_shape=side.shape, device_uuid=uuid_bytes(device_uuid))
+    r.spec.CopyFrom(spec_proto(spec))
     if side.source_ipc is not None:
         r.source_ipc.CopyFrom(side.source_ipc)
     else:
@@ -209,7 +218,7 @@ def batch_call(
         sides.append(side)
         devices += side.devices
         ci = r.items.add().convert
-        ci.spec.CopyFrom(it.spec.to_proto())
+        ci.spec.CopyFrom(spec_proto(it.spec))
         ci.logical_shape.extend(side.shape)
         if side.source_ipc is not None:
             ci.source.ipc.CopyFrom(side.source_ipc)

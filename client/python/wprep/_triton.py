@@ -21,6 +21,7 @@ reason says so.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
 from typing import Any, Optional, Tuple
 
@@ -63,6 +64,17 @@ def _default_layout(make: Any, rank: int, storage_shape: Any, **kwargs: Any) -> 
     return chosen
 
 
+@functools.lru_cache(maxsize=None)
+def _import() -> Any:
+    """triton_kernels' pieces, or why they cannot be had (asked once: a failed import is slow)."""
+    try:
+        from triton_kernels.tensor import FP4, Storage, Tensor, wrap_torch_tensor
+        from triton_kernels.tensor_details import layout as tk_layout
+    except Exception as e:  # ImportError, or a triton that fails to initialize
+        return f"triton_kernels is not importable: {type(e).__name__}: {e}"
+    return FP4, Storage, Tensor, wrap_torch_tensor, tk_layout
+
+
 def build(
     values_in: Any,
     scales_in: Any,
@@ -77,11 +89,10 @@ def build(
     values_in / scales_in: the checkpoint tensors [..., N, K/2] and [..., N, K/32] (as the
     loader passes them to _swizzle_mxfp4); *_out: wprep's outputs. Raises TritonUnavailable.
     """
-    try:
-        from triton_kernels.tensor import FP4, Storage, Tensor, wrap_torch_tensor
-        from triton_kernels.tensor_details import layout as tk_layout
-    except Exception as e:  # ImportError, or a triton that fails to initialize
-        raise TritonUnavailable(f"triton_kernels is not importable: {type(e).__name__}: {e}") from e
+    tk = _import()
+    if isinstance(tk, str):
+        raise TritonUnavailable(tk)
+    FP4, Storage, Tensor, wrap_torch_tensor, tk_layout = tk
     make_values = getattr(tk_layout, "make_default_matmul_mxfp4_w_layout", None)
     make_scales = getattr(tk_layout, "make_default_matmul_mxfp4_w_scale_layout", None)
     if make_values is None or make_scales is None:
@@ -111,6 +122,6 @@ def in_flex_data() -> Optional[Any]:
     """triton_kernels.numerics.InFlexData(), the second item of the loaders' _swizzle_mxfp4 result."""
     try:
         from triton_kernels.numerics import InFlexData
-    except Exception:
+    except Exception:  # noqa: BLE001
         return None
     return InFlexData()
