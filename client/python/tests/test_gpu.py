@@ -34,6 +34,7 @@ from wprep.testing import LocalDaemon  # noqa: E402
 
 REPO = PACKAGE_DIR.parents[1]
 _daemons = {}
+_clients = {}
 
 
 def _wprepd():
@@ -67,10 +68,15 @@ def _daemon(kind):
 
 
 def _client(kind):
-    return Client(_daemon(kind).target, timeout=600)
+    if kind not in _clients:
+        _clients[kind] = Client(_daemon(kind).target, timeout=600)
+    return _clients[kind]
 
 
 def teardown_module(module=None):
+    for c in _clients.values():
+        c.close()
+    _clients.clear()
     for d in _daemons.values():
         d.stop()
     _daemons.clear()
