@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 import golden
-import wprep
 from wprep import AsyncClient, Client, Item, Spec, WprepError
+from wprep.testing import LocalDaemon
 
 HOPPER_MX2 = Spec("hopper_value", mx_axis=-2, mma_version=3)
 PACKAGE_DIR = str(Path(__file__).resolve().parents[1])
@@ -221,4 +221,4 @@ def test_the_drop_in_without_torch_says_what_is_missing():
 
 def test_a_local_daemon_that_cannot_start_says_why(tmp_path):
     with pytest.raises(FileNotFoundError, match="WPREPD"):
-        wprep.testing.LocalDaemon(str(tmp_path / "missing"))
+        LocalDaemon(str(tmp_path / "missing"))

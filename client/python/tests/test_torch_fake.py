@@ -14,7 +14,7 @@ import types
 import pytest
 
 import wprep
-from wprep import Item, Spec
+from wprep import Spec
 from wprep import _requests, _torch, _triton
 
 GOLDEN = 0x9E3779B97F4A7C15

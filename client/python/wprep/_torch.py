@@ -29,12 +29,9 @@ import os
 import sys
 import threading
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from .v1 import wprep_pb2 as pb
-
-if TYPE_CHECKING:
-    import torch
 
 
 class ExpandableSegmentsError(ValueError):
