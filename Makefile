@@ -12,7 +12,7 @@ ifeq ($(shell command -v nvcc),)
   endif
 endif
 
-.PHONY: all deps build test test-unit lint test-sanitize test-thread-safety test-deploy run bench soak-memory gpu-bundle clean
+.PHONY: all deps build test test-unit test-python lint test-sanitize test-thread-safety test-deploy run bench soak-memory gpu-bundle clean
 
 all: build
 
@@ -25,13 +25,20 @@ $(BUILD)/build.ninja: | deps
 build: deps $(BUILD)/build.ninja
 	cmake --build $(BUILD) -j $(JOBS)
 
-# Everything CI runs: the unit and integration tests, the host tests under
-# AddressSanitizer + UndefinedBehaviorSanitizer, clang's lock-annotation check, and the
-# deployment checks.
-test: test-unit lint test-sanitize test-thread-safety test-deploy
+# Everything CI runs: the unit and integration tests, the Python client's tests, static
+# analysis, the host tests under AddressSanitizer + UndefinedBehaviorSanitizer, clang's
+# lock-annotation check, and the deployment checks.
+test: test-unit test-python lint test-sanitize test-thread-safety test-deploy
 
 test-unit: build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS) --timeout 600
+
+# The Python client (client/python) against the built wprepd on the CPU engine, with Debian's
+# Python and its grpcio/protobuf (the oldest runtimes the package supports). Its GPU tests
+# report skipped here (no torch).
+PYTHON ?= /usr/bin/python3
+test-python: build
+	WPREPD=$(abspath $(BUILD))/server/wprepd $(PYTHON) -m pytest -p no:cacheprovider -q -rs client/python/tests
 
 # Host code under ASan + UBSan (no CUDA in this build: its tests report skipped).
 test-sanitize: deps
