@@ -64,7 +64,7 @@ absl::StatusOr<ConvertArgs> ParseConvertArgs(const std::vector<std::string>& arg
     std::string value;
     if (const size_t eq = a.find('='); eq != std::string::npos) {
       value = a.substr(eq + 1);
-      a = a.substr(0, eq);
+      a.resize(eq);
     } else {
       if (i + 1 >= args.size()) return Bad(absl::StrCat(a, " needs a value"));
       value = args[++i];
