@@ -7,21 +7,22 @@
 //       [--cuda-tolerance-mib=C] [--target=ADDR [--pid=PID] [--metrics=HOST:PORT]]
 //       [-- wprepd flags]
 //
-// Without --target it starts wprepd itself (daemon_harness.h). K clients (default 2),
-// each a wprep::client::Client on its own connection, alternately over the daemon's Unix
-// socket and its TCP port (one connection with --target), are connected first. It samples
-// the idle level (the daemon's VmRSS and RssAnon, wprep_host_buffered_bytes,
+// Without --target it starts wprepd itself (daemon_harness.h). K clients (default 2), each
+// a wprep::client::Client on its own connection, alternately over the daemon's Unix socket
+// and its TCP port (one connection with --target), are connected first. It samples the idle
+// level (the daemon's VmRSS and RssAnon, wprep_host_buffered_bytes,
 // wprep_device_allocated_bytes per device and, with GPUs, each GPU's used memory from
 // cudaMemGetInfo), sends N requests from T threads, thread t through client t mod K (Plan,
-// inline Convert of 4 KiB..2 MiB over every layout and direction, a 16 MiB ConvertStream
-// every 250th, bad requests expecting INVALID_ARGUMENT and, when the daemon serves this
-// process's GPU 0, IPC->IPC, bytes->IPC and IPC->bytes on cudaMalloc'd buffers, some fresh
-// and released with ReleaseIpcHandles before cudaFree; without a GPU the IPC requests are
-// skipped and it says so), checks every output against the CPU engine, waits for the
-// daemon's idle trim and prints each kind's count, failures and latency (p50, p99, max),
-// the throughput, and the memory rows idle, peak and after. Exit 0 when every request had
-// its expected outcome and every row came back within its tolerance (host H MiB, default
-// 8; the metrics 0; cudaMemGetInfo C MiB, default 16), else 1.
+// inline Convert of 4 KiB..2 MiB over the five layouts, each direction and both packing
+// axes, a 16 MiB ConvertStream every 250th, bad requests expecting INVALID_ARGUMENT and,
+// when the daemon serves this process's GPU 0, IPC->IPC, bytes->IPC and IPC->bytes on
+// cudaMalloc'd buffers, some fresh and released with ReleaseIpcHandles before cudaFree;
+// without a GPU the IPC requests are skipped and it says so), checks every output against
+// the CPU engine, waits for the daemon's idle trim and prints each kind's count, failures
+// and latency (p50, p99, max), the throughput, and the memory rows idle, peak and after.
+// Exit 0 when every request had its expected outcome and every row came back within its
+// tolerance (host H MiB, default 8; the metrics 0; cudaMemGetInfo C MiB, default 16), else
+// 1.
 //
 // Each request's expected output comes from the CPU engine in this process: the engine
 // is checked against the reference vectors elsewhere (tests/kernels/golden_test.cc); here
@@ -81,6 +82,12 @@ struct Case {
 wprep::ConversionSpec Spec(wprep::Layout l, wprep::Direction d, int32_t mx = -2, int32_t mma = 3,
                            int64_t bk = 128, int64_t bn = 256) {
   return {l, d, {mx, mma}, {bk, bn}, {256, 128}, {}, -1};
+}
+
+// `s` with its canonical side in checkpoint order (packing axis -2).
+wprep::ConversionSpec Checkpoint(wprep::ConversionSpec s) {
+  s.packing_axis = -2;
+  return s;
 }
 
 // A PlanRequest, ConvertRequest or StreamRequestHeader for `spec` and `shape`.
@@ -188,6 +195,11 @@ class Soak {
            AddCase(Spec(b, D::kSwizzle, -2, 3, 64, 64), {130, 200}, 8, &cases_) &&
            AddCase(Spec(b, D::kUnswizzle), {256, 512}, 9, &cases_) &&
            AddCase(Spec(b, D::kRetile), {1024, 1024}, 10, &cases_) &&
+           AddCase(Checkpoint(Spec(h, D::kSwizzle)), {2, 256, 256}, 13, &cases_) &&
+           AddCase(Spec(wprep::Layout::kBlackwellValue, D::kSwizzle), {2, 256, 256}, 14, &cases_) &&
+           AddCase(Checkpoint(Spec(wprep::Layout::kBlackwellValue, D::kUnswizzle)), {2, 256, 256}, 15, &cases_) &&
+           AddCase(Spec(wprep::Layout::kHopperScale, D::kSwizzle), {2, 256, 256}, 16, &cases_) &&
+           AddCase(Spec(wprep::Layout::kBlackwellScale, D::kUnswizzle), {2, 256, 256}, 17, &cases_) &&
            AddCase(Spec(h, D::kSwizzle), {8, 2048, 2048}, 11, &big_) &&  // 16 MiB
            AddCase(Spec(b, D::kUnswizzle), {4, 2048, 4096}, 12, &big_);
   }
