@@ -12,7 +12,7 @@ ifeq ($(shell command -v nvcc),)
   endif
 endif
 
-.PHONY: all deps build test test-unit test-sanitize test-thread-safety test-deploy run bench soak-memory gpu-bundle clean
+.PHONY: all deps build test test-unit test-python lint test-sanitize test-thread-safety test-deploy run bench soak-memory gpu-bundle clean
 
 all: build
 
@@ -25,13 +25,20 @@ $(BUILD)/build.ninja: | deps
 build: deps $(BUILD)/build.ninja
 	cmake --build $(BUILD) -j $(JOBS)
 
-# Everything CI runs: the unit and integration tests, the host tests under
-# AddressSanitizer + UndefinedBehaviorSanitizer, clang's lock-annotation check, and the
-# deployment checks.
-test: test-unit test-sanitize test-thread-safety test-deploy
+# Everything CI runs: the unit and integration tests, the Python client's tests, static
+# analysis, the host tests under AddressSanitizer + UndefinedBehaviorSanitizer, clang's
+# lock-annotation check, and the deployment checks.
+test: test-unit test-python lint test-sanitize test-thread-safety test-deploy
 
 test-unit: build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS) --timeout 600
+
+# The Python client (client/python) against the built wprepd on the CPU engine, with Debian's
+# Python and its grpcio/protobuf (the oldest runtimes the package supports). Its GPU tests
+# report skipped here (no torch).
+PYTHON ?= /usr/bin/python3
+test-python: build
+	WPREPD=$(abspath $(BUILD))/server/wprepd $(PYTHON) -m pytest -p no:cacheprovider -q -rs client/python/tests
 
 # Host code under ASan + UBSan (no CUDA in this build: its tests report skipped).
 test-sanitize: deps
@@ -41,6 +48,10 @@ test-sanitize: deps
 	cd $(SAN_BUILD) && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
 	  UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
 	  ctest --output-on-failure -j $(JOBS) --timeout 900
+
+# clang-tidy (.clang-tidy) and cppcheck over the C++ sources, from build/'s compile commands.
+lint: build
+	BUILD=$(BUILD) JOBS=$(JOBS) bash scripts/lint.sh
 
 # clang -Wthread-safety -Werror over the host code: every ABSL_GUARDED_BY is honoured.
 # A compile-time check, so it builds the libraries and test programs without running them.

@@ -9,6 +9,8 @@ PACKAGES=(
   libgtest-dev libgmock-dev
   libprotobuf-dev protobuf-compiler libgrpc++-dev protobuf-compiler-grpc
   prometheus-cpp-dev
+  # the Python client's tests (make test-python); pip, setuptools and wheel for its offline install
+  python3-grpcio python3-protobuf python3-numpy python3-pytest python3-pip python3-setuptools python3-wheel
 )
 # Extra packages for the operational tests (real Prometheus and promtool, h2load, and
 # what `make test-deploy` runs on: pytest, PyYAML, ip/unshare) are asked for with

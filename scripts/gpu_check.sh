@@ -78,3 +78,22 @@ grep -E '^\[  FAILED  \]|Failure' "$OUT/tests.log" | head -20
 [[ -f $OUT/memory_soak.txt ]] && tail -12 "$OUT/memory_soak.txt"
 [[ -f $OUT/bench.txt ]] && grep -E '^\||^GPU|^CPU' "$OUT/bench.txt"
 printf '%s\n' "${summary[@]}"
+
+# The Python client (client/python): its GPU tests and the gpt-oss-20b drop-in bench, with the
+# machine's torch. WPREP_PYTHON=0 skips them; the default is on when torch imports. Without
+# pytest the test file runs as a script (same tests, same skips).
+if [[ ${WPREP_PYTHON:-$(python3 -c 'import torch' >/dev/null 2>&1 && echo 1 || echo 0)} == 1 ]]; then
+  export PYTHONPATH=$PWD/client/python${PYTHONPATH:+:$PYTHONPATH}
+  if python3 -c 'import pytest' >/dev/null 2>&1; then
+    timeout 900 python3 -m pytest -v -rs -p no:cacheprovider client/python/tests -k gpu > "$OUT/python_gpu_tests.log" 2>&1
+  else
+    timeout 900 python3 client/python/tests/test_gpu.py > "$OUT/python_gpu_tests.log" 2>&1
+  fi
+  py_rc=$?
+  timeout 900 python3 client/python/bench/swizzle_bench.py --json "$OUT/python_bench.json" > "$OUT/python_bench.txt" 2>&1
+  bench_rc=$?
+  echo
+  grep -E '^(FAILED|SKIPPED|ERROR)|passed|failed' "$OUT/python_gpu_tests.log" | tail -20
+  tail -7 "$OUT/python_bench.txt"
+  echo "python gpu tests rc=$py_rc; python bench rc=$bench_rc"
+fi

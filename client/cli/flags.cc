@@ -43,7 +43,7 @@ absl::StatusOr<Flags> Flags::Parse(const std::vector<std::string>& args, const F
     const size_t eq = a.find('=');
     if (eq != std::string::npos) {
       value = a.substr(eq + 1);
-      a = a.substr(0, eq);
+      a.resize(eq);
     }
     if (Contains(spec.switches, a)) {
       if (eq != std::string::npos) return Bad(absl::StrCat(a, " takes no value"));

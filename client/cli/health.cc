@@ -36,7 +36,7 @@ absl::StatusOr<HealthArgs> ParseHealthArgs(const std::vector<std::string>& args)
     std::string value;
     if (const size_t eq = a.find('='); eq != std::string::npos) {
       value = a.substr(eq + 1);
-      a = a.substr(0, eq);
+      a.resize(eq);
     } else {
       if (i + 1 >= args.size()) return absl::InvalidArgumentError(absl::StrCat(a, " needs a value"));
       value = args[++i];

@@ -42,7 +42,6 @@
 namespace wprep::server {
 namespace {
 
-constexpr char kServiceName[] = "wprep.v1.WeightPrep";
 // Streams slice their input into pieces of this many bytes (whole matrices, at least one).
 constexpr uint64_t kStreamSliceBytes = 4ull << 20;
 // Bound on the self warm-up of one listener (milliseconds when healthy), so a stuck call
@@ -144,6 +143,7 @@ struct DaemonParts {
   void SetHealth(bool serving) {
     health.SetServing(serving);
     probe_health.SetServing(serving);
+    metrics->health_serving().Set(serving ? 1 : 0);
   }
   bool Stopping() {
     absl::MutexLock lock(&mu);

@@ -163,6 +163,7 @@ absl::StatusOr<Executor::BatchOutcome> Executor::ConvertBatch(const std::vector<
   // Each GPU on its own thread (the calling thread takes the last); a GPU whose thread
   // cannot start runs on the calling thread too.
   std::vector<std::pair<Gpu*, const std::vector<size_t>*>> groups;
+  groups.reserve(by_gpu.size());
   for (const auto& [g, items] : by_gpu) groups.emplace_back(g, &items);
   std::vector<BatchOutcome> partial(groups.size());
   std::vector<absl::Status> results(groups.size());

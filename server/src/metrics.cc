@@ -160,6 +160,11 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(const std::string& addr
                                  .Help("The bound on wprep_host_buffered_bytes (--max-buffered-bytes)")
                                  .Register(reg)
                                  .Add({});
+  m->health_serving_ = &prometheus::BuildGauge()
+                            .Name("wprep_health_serving")
+                            .Help("1 while grpc.health.v1 answers SERVING (warm, not draining), else 0")
+                            .Register(reg)
+                            .Add({});
   m->connections_refused_ = &prometheus::BuildCounter()
                                  .Name("wprep_connections_refused_total")
                                  .Help("Connections closed unserved: over the limit, or shed while descriptors ran out")

@@ -105,6 +105,8 @@ class Metrics {
   // Host bytes held for inline requests and responses and stream buffers, and the bound.
   prometheus::Gauge& buffered_bytes() { return *buffered_bytes_; }
   prometheus::Gauge& buffer_budget_bytes() { return *buffer_budget_bytes_; }
+  // 1 while grpc.health.v1 answers SERVING, else 0.
+  prometheus::Gauge& health_serving() { return *health_serving_; }
   // Connections closed unserved (over the limit, or shed while descriptors ran out).
   prometheus::Counter& connections_refused() { return *connections_refused_; }
 
@@ -137,6 +139,7 @@ class Metrics {
   prometheus::Gauge* buffered_bytes_ = nullptr;
   prometheus::Gauge* buffer_budget_bytes_ = nullptr;
   prometheus::Counter* connections_refused_ = nullptr;
+  prometheus::Gauge* health_serving_ = nullptr;
   std::vector<DeviceMetrics> devices_;
 };
 

@@ -75,7 +75,7 @@ std::string MetricsHttpServer::Respond(const std::string& request) const {
   }
   const std::string method = line.substr(0, sp1);
   std::string path = line.substr(sp1 + 1, sp2 - sp1 - 1);
-  path = path.substr(0, path.find('?'));
+  if (const size_t q = path.find('?'); q != std::string::npos) path.resize(q);
   if (method != "GET") return HttpResponse("405 Method Not Allowed", "text/plain", "only GET\n");
   if (path != "/metrics") return HttpResponse("404 Not Found", "text/plain", "metrics are at /metrics\n");
   std::ostringstream body;

@@ -115,8 +115,8 @@ absl::StatusOr<uint64_t> StreamPipeline::Finish() {
 }
 
 absl::Status StreamPipeline::Abort(absl::Status why) {
-  absl::Status s = sender_->Abort(why);
-  return converter_->Abort(s);
+  absl::Status s = sender_->Abort(std::move(why));
+  return converter_->Abort(std::move(s));
 }
 
 }  // namespace wprep::server

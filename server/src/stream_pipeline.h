@@ -81,7 +81,7 @@ class WorkerQueue {
   absl::Status Abort(absl::Status why) {
     {
       absl::MutexLock lock(&mu_);
-      if (status_.ok()) status_ = why;
+      if (status_.ok()) status_ = std::move(why);
       queue_.clear();
     }
     return Finish();

@@ -6,10 +6,7 @@ XPASS as a failure, and the entry must be removed here. Flags are never pending:
 the manifests use and `wprepd --help` lacks fails its test.
 """
 
-PENDING_METRICS = {
-    "wprep_health_serving": "gauge, no labels: 1 while grpc.health.v1 answers SERVING for "
-    "\"\" (after the warm-up, until a drain), else 0 (alert WprepdNotServing)",
-}
+PENDING_METRICS = {}
 
 
 def pending_in(expr):

@@ -64,13 +64,7 @@ ConversionSpec BlackwellSwizzle(int64_t block_k, int64_t block_n) {
   return s;
 }
 
-ConversionSpec HopperSwizzle(int mx_axis) {
-  ConversionSpec s;
-  s.layout = Layout::kHopperValue;
-  s.direction = Direction::kSwizzle;
-  s.hopper.mx_axis = mx_axis;
-  return s;
-}
+ConversionSpec HopperSwizzle(int mx_axis) { return HopperSpec(Direction::kSwizzle, mx_axis, 3); }
 
 // A small request the daemon must still answer correctly.
 void ExpectServes(const Daemon& d, const std::string& why) {
@@ -210,11 +204,22 @@ TEST(Hardening, UnreadAnswersStayWithinTheBufferBudget) {
 // to a few threads above what it runs.
 TEST(Hardening, ThreadLimitInTheCpuEngineStillConverts) {
   if (geteuid() != 0) GTEST_SKIP() << "needs root to run the daemon as another user";
-  // The daemon runs about 13 threads once serving; 20 leaves a few to spare, far fewer
-  // than the 64 the engine asks for.
+  // How many threads a serving daemon runs depends on the machine (gRPC sizes its pools by
+  // cores): count them on one, then give a second four to spare, far fewer than the 64
+  // the engine asks for.
   Daemon::StartOptions o;
   o.uid = 65534;
-  o.nproc_limit = 20;
+  int threads = 0;
+  {
+    std::unique_ptr<Daemon> probe = StartCpuDaemon({"--cpu-threads=64"}, o);
+    ASSERT_NE(probe, nullptr);
+    ExpectServes(*probe, "probe");
+    for ([[maybe_unused]] const auto& e :
+         std::filesystem::directory_iterator("/proc/" + std::to_string(probe->pid()) + "/task")) {
+      ++threads;
+    }
+  }
+  o.nproc_limit = threads + 4;
   std::unique_ptr<Daemon> d = StartCpuDaemon({"--cpu-threads=64"}, o);
   ASSERT_NE(d, nullptr);
   ExpectServes(*d, "warm");

@@ -8,7 +8,7 @@
 //   wprep_ipc_client --target=... --mode=bad-garbage|bad-beyond|bad-wrong-uuid
 //   wprep_ipc_client --target=... --mode=loop-big      (converts until killed)
 //   wprep_ipc_client --target=... --mode=batch|batch-bad  (every case in one ConvertBatch;
-//       batch-bad: one item names freed memory, so nothing may be written)
+//       batch-bad: one item's range reaches past its allocation, so nothing may be written)
 //   wprep_ipc_client --target=... --mode=shared-source [--parallel=N]
 //       (N requests at once share one new source handle, each with its own destination)
 #include <atomic>
@@ -109,26 +109,34 @@ const std::vector<GoldenCase>& AllCases() {
   return all;
 }
 
-// Every case as one ConvertBatch, IPC -> IPC: byte exact, no extra device bytes. With
-// `spoil`, one item (in the middle) carries a handle of freed memory: the batch must fail
-// naming that item, and no destination may have been written.
-int RunBatch(const Args& a, wprep::client::Client& client, const std::string& uuid, bool spoil) {
-  struct Item {
-    const GoldenCase* c;
-    DeviceBuffer in, out;
-  };
-  std::vector<Item> items;
+// One case's input (copied in at offset 256) and output buffers on the current device.
+struct CaseBuffers {
+  const GoldenCase* c;
+  DeviceBuffer in, out;
+};
+
+// Buffers for every case of the three sets with bytes on both sides; 0 or Fail's code.
+int AllocateCases(std::vector<CaseBuffers>* items) {
   for (const GoldenCase& c : AllCases()) {
     if (c.error || c.input_bytes == 0 || c.output_bytes == 0) continue;
-    Item it{&c, {}, {}};
+    CaseBuffers it{&c, {}, {}};
     const std::vector<uint8_t> in = wprep::testing::GoldenInput(c);
     if (int r = Alloc(c.input_bytes, 256, &it.in); r != 0) return r;
     CHECK_CUDA(cudaMemcpy(static_cast<uint8_t*>(it.in.base) + 256, in.data(), in.size(), cudaMemcpyHostToDevice));
     if (int r = Alloc(c.output_bytes, 512, &it.out); r != 0) return r;
-    items.push_back(std::move(it));
+    items->push_back(std::move(it));
   }
+  return 0;
+}
+
+// Every case as one ConvertBatch, IPC -> IPC: byte exact, no extra device bytes. With
+// `spoil`, one item (in the middle) has a source range beyond its allocation: the batch
+// must fail naming that item, and no destination may have been written.
+int RunBatch(const Args& a, wprep::client::Client& client, const std::string& uuid, bool spoil) {
+  std::vector<CaseBuffers> items;
+  if (int r = AllocateCases(&items); r != 0) return r;
   v1::ConvertBatchRequest batch;
-  for (const Item& it : items) {
+  for (const CaseBuffers& it : items) {
     v1::ConvertItem* ci = batch.add_items()->mutable_convert();
     *ci->mutable_spec() = wprep::SpecToProto(it.c->spec);
     for (int64_t d : it.c->logical_shape) ci->add_logical_shape(d);
@@ -137,11 +145,11 @@ int RunBatch(const Args& a, wprep::client::Client& client, const std::string& uu
     *ci->mutable_destination()->mutable_ipc() = Ipc(it.out, uuid);
   }
   const size_t bad = items.size() / 2;
-  DeviceBuffer freed;
   if (spoil) {
-    if (int r = Alloc(items[bad].c->input_bytes, 256, &freed); r != 0) return r;
-    CHECK_CUDA(cudaFree(freed.base));
-    *batch.mutable_items(static_cast<int>(bad))->mutable_convert()->mutable_source()->mutable_ipc() = Ipc(freed, uuid);
+    // A range that passes every field check but reaches past the real allocation: only
+    // the daemon's mapping of the handle can tell, after the edge checked every item.
+    v1::CudaIpcBuffer* src = batch.mutable_items(static_cast<int>(bad))->mutable_convert()->mutable_source()->mutable_ipc();
+    src->set_offset(items[bad].in.alloc);
   }
   absl::StatusOr<v1::ConvertBatchResponse> resp = client.ConvertBatch(batch);
   int rc = 0;
@@ -149,7 +157,8 @@ int RunBatch(const Args& a, wprep::client::Client& client, const std::string& uu
     const std::string want = absl::StrCat("items[", bad, "]");
     if (resp.ok() || resp.status().code() != absl::StatusCode::kInvalidArgument ||
         resp.status().message().find(want) == absl::string_view::npos) {
-      rc = Fail(absl::StrCat("a batch with a freed handle at ", want, " answered ", resp.status().ToString()));
+      rc = Fail(absl::StrCat("a batch with a range beyond its allocation at ", want, " answered ",
+                             resp.status().ToString()));
     }
     for (size_t i = 0; rc == 0 && i < items.size(); ++i) {
       std::string got(items[i].c->output_bytes, '\0');
@@ -176,7 +185,7 @@ int RunBatch(const Args& a, wprep::client::Client& client, const std::string& uu
     if (rc == 0) std::printf("OK batch items=%zu\n", items.size());
   }
   (void)a;
-  for (Item& it : items) {
+  for (CaseBuffers& it : items) {
     cudaFree(it.in.base);
     cudaFree(it.out.base);
   }
@@ -184,21 +193,8 @@ int RunBatch(const Args& a, wprep::client::Client& client, const std::string& uu
 }
 
 int RunCases(const Args& a, wprep::client::Client& client, const std::string& uuid) {
-  struct Item {
-    const GoldenCase* c;
-    DeviceBuffer in, out;
-  };
-  std::vector<Item> items;
-  for (const GoldenCase& c : AllCases()) {
-    if (c.error || c.input_bytes == 0 || c.output_bytes == 0) continue;
-    Item it{&c, {}, {}};
-    const std::vector<uint8_t> in = wprep::testing::GoldenInput(c);
-    if (int r = Alloc(c.input_bytes, 256, &it.in); r != 0) return r;
-    CHECK_CUDA(cudaMemcpy(static_cast<uint8_t*>(it.in.base) + 256, in.data(), in.size(),
-                          cudaMemcpyHostToDevice));
-    if (int r = Alloc(c.output_bytes, 512, &it.out); r != 0) return r;
-    items.push_back(std::move(it));
-  }
+  std::vector<CaseBuffers> items;
+  if (int r = AllocateCases(&items); r != 0) return r;
   const bool src_ipc = a.mode != "bytes2ipc";
   const bool dst_ipc = a.mode != "ipc2bytes";
   if (a.register_first) {
@@ -206,7 +202,7 @@ int RunCases(const Args& a, wprep::client::Client& client, const std::string& uu
     // one, the second finds every one open; both report each allocation's real size.
     v1::RegisterIpcHandlesRequest reg;
     std::vector<const DeviceBuffer*> sent;
-    for (const Item& it : items) {
+    for (const CaseBuffers& it : items) {
       if (src_ipc) sent.push_back(&it.in);
       if (dst_ipc) sent.push_back(&it.out);
     }
@@ -235,7 +231,7 @@ int RunCases(const Args& a, wprep::client::Client& client, const std::string& uu
   }
   int converted = 0;
   for (int rep = 0; rep < a.repeat; ++rep) {
-    for (Item& it : items) {
+    for (CaseBuffers& it : items) {
       const GoldenCase& c = *it.c;
       v1::ConvertRequest req;
       *req.mutable_spec() = wprep::SpecToProto(c.spec);
@@ -285,7 +281,7 @@ int RunCases(const Args& a, wprep::client::Client& client, const std::string& uu
   }
   if (a.release) {
     v1::ReleaseIpcHandlesRequest rel;
-    for (const Item& it : items) {
+    for (const CaseBuffers& it : items) {
       for (const DeviceBuffer* b : {&it.in, &it.out}) {
         v1::IpcHandleRef* h = rel.add_handles();
         h->set_handle(b->handle);
@@ -296,7 +292,7 @@ int RunCases(const Args& a, wprep::client::Client& client, const std::string& uu
     if (!r.ok()) return Fail(absl::StrCat("ReleaseIpcHandles: ", r.status().ToString()));
     std::printf("OK released=%u deferred=%u\n", r->released(), r->deferred());
   }
-  for (Item& it : items) {
+  for (CaseBuffers& it : items) {
     cudaFree(it.in.base);
     cudaFree(it.out.base);
   }

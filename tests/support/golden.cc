@@ -143,7 +143,9 @@ std::vector<int64_t> RowMajor(const std::vector<int64_t>& shape) {
   return strides;
 }
 
-// torch's is_non_overlapping_and_dense (c10/core/Contiguity.h).
+// torch's is_non_overlapping_and_dense (c10/core/Contiguity.h). The planner has the same
+// rule (NonOverlappingAndDense); it is written again here on purpose, so that the strides
+// the tests expect do not come from the code under test.
 bool TorchDense(const std::vector<int64_t>& shape, const std::vector<int64_t>& strides) {
   std::vector<size_t> perm(shape.size());
   std::iota(perm.begin(), perm.end(), 0);

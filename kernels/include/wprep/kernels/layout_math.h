@@ -406,6 +406,8 @@ struct FastDivisor {
 #if defined(__CUDA_ARCH__)
     const uint32_t hi = __umulhi(x, multiplier);
 #else
+    // A 64-bit product: cppcheck 2.10 reads uint64_t{x} as 32-bit.
+    // cppcheck-suppress shiftTooManyBits
     const uint32_t hi = static_cast<uint32_t>((uint64_t{x} * multiplier) >> 32);
 #endif
     return (hi + x) >> shift;

@@ -23,9 +23,12 @@
 #define WPREP_ASSIGN_OR_RETURN(lhs, rexpr) \
   WPREP_ASSIGN_OR_RETURN_IMPL_(WPREP_STATUS_MACROS_CONCAT_(wprep_statusor_, __LINE__), lhs, rexpr)
 
+// `lhs` may be a declaration and `statusor` is a name: neither can take parentheses.
+// NOLINTBEGIN(bugprone-macro-parentheses)
 #define WPREP_ASSIGN_OR_RETURN_IMPL_(statusor, lhs, rexpr) \
   auto statusor = (rexpr);                                 \
   if (!statusor.ok()) return std::move(statusor).status(); \
   lhs = *std::move(statusor)
+// NOLINTEND(bugprone-macro-parentheses)
 
 #endif  // WPREP_SPEC_STATUS_MACROS_H_

@@ -1,0 +1,199 @@
+"""What a Python loader pays to prepare a gpt-oss-20b-shaped model through wprep.swizzle_mxfp4.
+
+Per layer (24 by default), random bytes in checkpoint order, on one GPU:
+    w13: values [32, 5760, 1440], scales [32, 5760, 90]
+    w2:  values [32, 2880, 1440], scales [32, 2880, 90]
+converted to the layouts the loaders use on this GPU (sm_90: HopperMXValueLayout(mx_axis=-2,
+mma_version=3) and HopperMXScaleLayout(mx_axis=-2, num_warps=8)), read and written in place
+through CUDA IPC. Variants, each timed over --reps runs after one untimed warm-up (medians):
+
+  layer batch, registered   swizzle_mxfp4_batch: one ConvertBatch per layer (both projections'
+                            values and scales), into outputs preallocated with
+                            empty_swizzled_mxfp4 and registered once with the inputs
+                            (Client.register), as a loader converting through its buffers does.
+                            The acceptance figure: overhead per layer <= 0.5 ms.
+  projection, registered    swizzle_mxfp4 per projection (two round trips per layer), as the
+                            loaders call _swizzle_mxfp4 today; same buffers.
+  layer batch, fresh        the drop-in allocates every output (torch's caching allocator);
+                            the memory goes back to CUDA between runs, so each run's outputs are
+                            new allocations whose handles the daemon opens on first use.
+
+Reported: wall time from the first call to the last answer, the sum of the daemon's engine
+times (BatchItemResult.kernel_seconds), their difference per layer, and a device copy of the
+same input bytes (torch copy_, CUDA events) for scale. Correctness is the GPU tests' job
+(client/python/tests/test_gpu.py); this script only times.
+
+    WPREPD=.bundle/bin/wprepd LD_LIBRARY_PATH=.bundle/lib PYTHONPATH=client/python \
+        python3 client/python/bench/swizzle_bench.py [--layers 24] [--reps 5] [--target ADDR] [--json FILE]
+
+Without --target it starts its own wprepd ($WPREPD) on the GPUs. Exits 3 without a GPU.
+"""
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import wprep  # noqa: E402
+from wprep.testing import LocalDaemon  # noqa: E402
+
+E, K = 32, 2880
+PROJECTIONS = {"w13": 5760, "w2": 2880}  # N
+ACCEPTANCE_MS = 0.5
+
+
+def make_model(torch, layers):
+    g = torch.Generator(device="cuda").manual_seed(1234)
+    model = []
+    for _ in range(layers):
+        layer = []
+        for n in PROJECTIONS.values():
+            v = torch.randint(0, 256, (E, n, K // 2), dtype=torch.uint8, device="cuda", generator=g)
+            s = torch.randint(0, 256, (E, n, K // 32), dtype=torch.uint8, device="cuda", generator=g)
+            layer.append((v, s))
+        model.append(layer)
+    torch.cuda.synchronize()
+    return model
+
+
+def device_copy_ms(torch, model, outs, reps):
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    for r in range(reps + 1):
+        start.record()
+        for layer, layer_out in zip(model, outs):
+            for (v, s), (vo, so) in zip(layer, layer_out):
+                vo.as_strided((v.numel(),), (1,)).copy_(v.view(-1))
+                so.as_strided((s.numel(),), (1,)).copy_(s.view(-1))
+        end.record()
+        end.synchronize()
+        if r:
+            times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def timed(torch, reps, run, before=None):
+    """Median wall ms and kernel ms of `run` (which returns kernel seconds) over reps, after a warm-up."""
+    walls, kernels = [], []
+    for r in range(reps + 1):
+        if before is not None:
+            before()
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        k = run()
+        wall = (time.perf_counter() - t0) * 1e3
+        if r:
+            walls.append(wall)
+            kernels.append(k * 1e3)
+    return statistics.median(walls), statistics.median(kernels), walls
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--layers", type=int, default=24)
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--num-warps", type=int, default=8)
+    ap.add_argument("--target", help="a running wprepd (default: start one from $WPREPD)")
+    ap.add_argument("--json", help="also write the figures here")
+    args = ap.parse_args()
+
+    try:
+        import torch
+    except ImportError as e:
+        print(f"no torch: {e}")
+        return 3
+    if not torch.cuda.is_available():
+        print("no GPU")
+        return 3
+    daemon = None if args.target else LocalDaemon(args=[])
+    target = args.target or daemon.target
+    client = wprep.Client(target, timeout=600)
+    try:
+        props = torch.cuda.get_device_properties(0)
+        cap = torch.cuda.get_device_capability(0)
+        model = make_model(torch, args.layers)
+        in_bytes = sum(v.numel() + s.numel() for layer in model for v, s in layer)
+        nw = args.num_warps
+
+        outs = [[wprep.empty_swizzled_mxfp4(v, s, nw, client=client) for v, s in layer] for layer in model]
+        out_bytes = sum(vo.untyped_storage().nbytes() + so.untyped_storage().nbytes() for lo in outs for vo, so in lo)
+        allocations = client.register([t for layer in model for pair in layer for t in pair] +
+                                      [t for lo in outs for pair in lo for t in pair])
+        first = wprep.swizzle_mxfp4_batch(model[0], nw, client=client, out=outs[0])
+        print(f"GPU {props.name} (sm_{cap[0]}{cap[1]}), torch {torch.__version__}, wprep {wprep.__version__}; "
+              f"{args.layers} layers, {in_bytes / 1e9:.2f} GB in, {out_bytes / 1e9:.2f} GB out, "
+              f"{len(allocations)} allocations registered")
+        print(f"layouts: {first[0].value_identity.layout}, {first[0].scale_identity.layout}; "
+              f"triton_kernels objects: {'yes' if first[0].triton_values is not None else first[0].triton_error}")
+
+        def layer_batches():
+            k = 0.0
+            for layer, lo in zip(model, outs):
+                for r in wprep.swizzle_mxfp4_batch(layer, nw, client=client, out=lo):
+                    k += r.kernel_seconds
+            return k
+
+        def projections():
+            k = 0.0
+            for layer, lo in zip(model, outs):
+                for (v, s), o in zip(layer, lo):
+                    k += wprep.swizzle_mxfp4(v, s, nw, client=client, out=o).kernel_seconds
+            return k
+
+        fresh_outs = []
+
+        def give_back():
+            if fresh_outs:
+                client.release([t for r in fresh_outs for t in (r.values, r.scales)])
+                fresh_outs.clear()
+            torch.cuda.empty_cache()
+
+        def fresh():
+            k = 0.0
+            for layer in model:
+                rs = wprep.swizzle_mxfp4_batch(layer, nw, client=client)
+                fresh_outs.extend(rs)
+                k += sum(r.kernel_seconds for r in rs)
+            return k
+
+        rows = []
+        for name, run, before in (("layer batch, registered", layer_batches, None),
+                                  ("projection, registered", projections, None)):
+            rows.append((name,) + timed(torch, args.reps, run, before))
+        copy_ms = device_copy_ms(torch, model, outs, args.reps)
+        client.release([t for lo in outs for pair in lo for t in pair])  # room in the daemon's IPC cache
+        outs.clear()  # the registered outputs go back to the allocator
+        rows.append(("layer batch, fresh",) + timed(torch, args.reps, fresh, give_back))
+        give_back()
+
+        print(f"\n{args.layers} layers, median of {args.reps} runs (first run dropped); "
+              f"device copy of the input bytes: {copy_ms:.2f} ms")
+        print("| variant | wall ms | sum of kernel ms | overhead ms per layer | wall / copy |")
+        print("|---|---|---|---|---|")
+        figures = {"gpu": props.name, "capability": list(cap), "layers": args.layers, "reps": args.reps,
+                   "device_copy_ms": copy_ms, "variants": {}}
+        for name, wall, kern, walls in rows:
+            per_layer = (wall - kern) / args.layers
+            print(f"| {name} | {wall:.2f} | {kern:.2f} | {per_layer:.3f} | {wall / copy_ms:.2f} |")
+            figures["variants"][name] = {"wall_ms": wall, "kernel_ms": kern, "overhead_ms_per_layer": per_layer,
+                                         "wall_ms_runs": walls}
+        accept = figures["variants"]["layer batch, registered"]["overhead_ms_per_layer"]
+        verdict = "PASS" if accept <= ACCEPTANCE_MS else "FAIL"
+        print(f"acceptance: overhead per layer above the kernels (layer batch, registered) "
+              f"{accept:.3f} ms <= {ACCEPTANCE_MS} ms: {verdict}")
+        figures["acceptance"] = {"overhead_ms_per_layer": accept, "limit_ms": ACCEPTANCE_MS, "verdict": verdict}
+        if args.json:
+            Path(args.json).write_text(json.dumps(figures, indent=1))
+        return 0
+    finally:
+        client.close()
+        if daemon is not None:
+            daemon.stop()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,397 @@
+"""The CUDA IPC request building against a stand-in for torch, on machines without a GPU.
+
+The stand-in returns what torch's StorageSharing.cpp returns from _share_cuda_ (an 8-tuple whose
+handle is version byte + b"c" + the 64-byte cudaIpcMemHandle_t, and the storage's offset in its
+caching-allocator block), so these tests pin down the arithmetic: buffer offsets, sizes and
+strides, the ref-counter release, the stream synchronization, the errors. The real thing runs
+in test_gpu.py on a GPU.
+"""
+
+import dataclasses
+import sys
+import types
+
+import pytest
+
+import wprep
+from wprep import Spec
+from wprep import _requests, _torch, _triton
+
+GOLDEN = 0x9E3779B97F4A7C15
+
+
+class Recorder:
+    def __init__(self):
+        self.shared = 0
+        self.released = []
+        self.synced = []
+
+
+class FakeAllocation:
+    def __init__(self, base, size, kind=b"c", version=2):
+        self.base, self.size = base, size
+        self.handle = bytes((base >> (8 * (i % 8))) & 255 for i in range(64))
+        self.kind, self.version = kind, version
+
+
+class FakeStorage:
+    def __init__(self, rec, alloc, offset, nbytes):
+        self.rec, self.alloc, self.offset, self._nbytes = rec, alloc, offset, nbytes
+
+    def data_ptr(self):
+        return self.alloc.base + self.offset
+
+    def nbytes(self):
+        return self._nbytes
+
+    def _share_cuda_(self):
+        self.rec.shared += 1
+        h = bytes([self.alloc.version]) + self.alloc.kind + self.alloc.handle
+        return (0, h, self._nbytes, self.offset, b"/torch_fake_refs", self.rec.shared, b"\0" * 64, True)
+
+
+class FakeDevice:
+    type = "cuda"
+
+    def __init__(self, index):
+        self.index = index
+
+    def __eq__(self, other):
+        return isinstance(other, FakeDevice) and other.index == self.index
+
+    def __repr__(self):
+        return f"cuda:{self.index}"
+
+
+def make_torch(rec):
+    torch = types.ModuleType("torch")
+
+    class Tensor:
+        def __init__(self, storage, shape, strides, offset, device=0, dtype="uint8", itemsize=1):
+            self._storage, self.shape, self._strides, self._offset = storage, tuple(shape), tuple(strides), offset
+            self.device, self.dtype, self._itemsize = FakeDevice(device), dtype, itemsize
+            self.is_cuda = True
+
+        @property
+        def ndim(self):
+            return len(self.shape)
+
+        def stride(self, i=None):
+            return self._strides if i is None else self._strides[i]
+
+        def storage_offset(self):
+            return self._offset
+
+        def untyped_storage(self):
+            return self._storage
+
+        def element_size(self):
+            return self._itemsize
+
+        def numel(self):
+            n = 1
+            for d in self.shape:
+                n *= d
+            return n
+
+        def is_contiguous(self):
+            need = 1
+            for d, s in reversed(list(zip(self.shape, self._strides))):
+                if d != 1 and s != need:
+                    return False
+                need *= d
+            return True
+
+        def data_ptr(self):
+            return self._storage.data_ptr() + self._offset
+
+        def as_strided(self, size, stride, storage_offset=None):
+            return Tensor(self._storage, size, stride, self._offset if storage_offset is None else storage_offset,
+                          self.device.index, self.dtype)
+
+        def transpose(self, a, b):
+            shape, strides = list(self.shape), list(self._strides)
+            shape[a], shape[b] = shape[b], shape[a]
+            strides[a], strides[b] = strides[b], strides[a]
+            return Tensor(self._storage, shape, strides, self._offset, self.device.index, self.dtype)
+
+    class UntypedStorage:
+        @staticmethod
+        def _release_ipc_counter_cuda(handle, offset):
+            rec.released.append((handle, offset))
+
+    next_base = [1 << 40]
+
+    def empty(n, dtype=None, device=None):
+        base = next_base[0]
+        next_base[0] += 1 << 30
+        alloc = FakeAllocation(base, max(n, 1))
+        return Tensor(FakeStorage(rec, alloc, 0, n), (n,), (1,), 0, device.index, dtype)
+
+    class Stream:
+        def __init__(self, d):
+            self.d = d
+
+        def synchronize(self):
+            rec.synced.append(self.d)
+
+    cuda = types.SimpleNamespace(
+        current_stream=lambda d: Stream(d),
+        get_device_properties=lambda i: types.SimpleNamespace(
+            uuid=types.SimpleNamespace(bytes=[(i * 16 + k) & 255 for k in range(16)])),
+        get_device_capability=lambda d=None: (9, 0),
+    )
+    torch.Tensor, torch.UntypedStorage, torch.empty, torch.cuda, torch.uint8 = Tensor, UntypedStorage, empty, cuda, "uint8"
+    torch.__version__ = "fake"
+    return torch
+
+
+@pytest.fixture
+def fake(monkeypatch):
+    rec = Recorder()
+    torch = make_torch(rec)
+    monkeypatch.setitem(sys.modules, "torch", torch)
+    _torch.device_uuid.cache_clear()
+    _triton._import.cache_clear()
+    yield torch, rec
+    _torch.device_uuid.cache_clear()
+    _triton._import.cache_clear()
+
+
+def tensor(torch, rec, *, block_offset, nbytes, shape, strides, offset=0, alloc=None, kind=b"c", version=2):
+    alloc = alloc or FakeAllocation(1 << 36, 1 << 26, kind, version)
+    return torch.Tensor(FakeStorage(rec, alloc, block_offset, nbytes), shape, strides, offset)
+
+
+SPEC = Spec("hopper_value", mx_axis=-2, mma_version=3, packing_axis=-2)
+PLAN = wprep.Plan((2, 256, 64), (16384, 64, 1), 32768, (2, 256, 64), (16384, 1, 256), 32768, "", None)
+
+
+def test_a_slice_inside_a_block_is_its_allocations_handle_plus_both_offsets(fake):
+    torch, rec = fake
+    src = tensor(torch, rec, block_offset=4096, nbytes=40000, shape=(2, 256, 64), strides=(16384, 64, 1), offset=123)
+    out = tensor(torch, rec, block_offset=1 << 20, nbytes=1 << 16, shape=(32768,), strides=(1,), offset=5)
+    call = _requests.convert_call(SPEC, [2, 128, 256], src, out, None, None, {}, _torch.Registry(), None)
+    r = call.request
+    assert r.source_ipc.handle == src.untyped_storage().alloc.handle and len(r.source_ipc.handle) == 64
+    assert r.source_ipc.offset == 4096 + 123
+    assert r.source_ipc.size == 2 * 256 * 64
+    assert list(r.source_ipc.strides) == []  # contiguous: dense
+    assert r.source_ipc.device_uuid == bytes(range(16))
+    assert r.destination_ipc.offset == (1 << 20) + 5 and r.destination_ipc.size == 32768
+    assert list(r.destination_ipc.strides) == []
+    # each export's ref counter is released at once; the stream is synchronized once per GPU
+    assert rec.shared == 2 and rec.released == [(b"/torch_fake_refs", 1), (b"/torch_fake_refs", 2)]
+    assert rec.synced == [0]
+    assert src in call.keep and out in call.keep
+
+
+def test_a_transposed_view_goes_with_its_strides(fake):
+    torch, rec = fake
+    e, n, k32 = 4, 640, 90
+    ckpt = tensor(torch, rec, block_offset=0, nbytes=(e + 1) * n * k32, shape=(e, n, k32), strides=(n * k32, k32, 1),
+                  offset=n * k32)
+    view = ckpt.transpose(-2, -1)
+    b = _torch.source_buffer(view, _torch.Registry())
+    assert list(b.strides) == [n * k32, 1, k32]
+    assert b.offset == n * k32
+    assert b.size == 1 + (e - 1) * n * k32 + (k32 - 1) * 1 + (n - 1) * k32 == e * n * k32
+
+
+def test_an_output_is_allocated_from_the_plan_and_viewed_as_reported(fake):
+    torch, rec = fake
+    src = tensor(torch, rec, block_offset=0, nbytes=32768, shape=(2, 256, 64), strides=(16384, 64, 1))
+    call = _requests.convert_call(SPEC, [2, 128, 256], src, None, None, None, {(SPEC, (2, 128, 256)): PLAN},
+                                  _torch.Registry(), None)
+    assert call.request.destination_ipc.size == PLAN.output_bytes
+    resp = wprep.v1.wprep_pb2.ConvertResponse(output_shape=PLAN.output_shape, output_strides=PLAN.output_strides,
+                                              output_bytes=PLAN.output_bytes, engine="cuda:GPU-x")
+    res = call.finish(resp)
+    assert res.data is None and res.tensor.shape == PLAN.output_shape and res.tensor.stride() == PLAN.output_strides
+
+
+def test_outputs_must_be_dense_and_on_the_sources_gpu(fake):
+    torch, rec = fake
+    src = tensor(torch, rec, block_offset=0, nbytes=32768, shape=(2, 256, 64), strides=(16384, 64, 1))
+    gappy = tensor(torch, rec, block_offset=0, nbytes=1 << 20, shape=(256, 64), strides=(128, 1))
+    with pytest.raises(ValueError, match="dense"):
+        _requests.convert_call(SPEC, [2, 128, 256], src, gappy, None, None, {}, _torch.Registry(), None)
+    other = torch.Tensor(FakeStorage(rec, FakeAllocation(1 << 37, 1 << 20), 0, 32768), (32768,), (1,), 0, device=1)
+    with pytest.raises(ValueError, match="share a GPU"):
+        _requests.convert_call(SPEC, [2, 128, 256], src, other, None, None, {}, _torch.Registry(), None)
+    wide = torch.Tensor(src.untyped_storage(), (2, 256, 64), (16384, 64, 1), 0, itemsize=2)
+    with pytest.raises(TypeError, match="one-byte dtype"):
+        _requests.convert_call(SPEC, [2, 128, 256], wide, None, None, None, {}, _torch.Registry(), None)
+
+
+def test_expandable_segments_and_unknown_handles_are_refused_and_released(fake):
+    torch, rec = fake
+    es = tensor(torch, rec, block_offset=0, nbytes=64, shape=(64,), strides=(1,), kind=b"e")
+    with pytest.raises(wprep.ExpandableSegmentsError, match="expandable_segments"):
+        _torch.source_buffer(es, _torch.Registry())
+    assert len(rec.released) == 1
+    odd = tensor(torch, rec, block_offset=0, nbytes=64, shape=(64,), strides=(1,), version=9)
+    with pytest.raises(RuntimeError, match="version byte 09"):
+        _torch.source_buffer(odd, _torch.Registry())
+    assert len(rec.released) == 2
+
+    def refuse():
+        raise RuntimeError("Tensors allocated with expandable_segments:True cannot be shared between processes")
+
+    es2 = tensor(torch, rec, block_offset=0, nbytes=64, shape=(64,), strides=(1,))
+    es2.untyped_storage()._share_cuda_ = refuse
+    with pytest.raises(wprep.ExpandableSegmentsError):
+        _torch.source_buffer(es2, _torch.Registry())
+
+
+def test_older_torch_handles_without_a_version_byte(fake):
+    assert _torch.decode_handle(bytes(range(64))) == bytes(range(64))
+    assert _torch.decode_handle(b"\x01c" + bytes(range(64))) == bytes(range(64))
+
+
+def test_registered_storages_are_exported_once(fake):
+    torch, rec = fake
+    reg = _torch.Registry()
+    pool = tensor(torch, rec, block_offset=512, nbytes=1 << 20, shape=(1 << 20,), strides=(1,))
+    refs = _torch.handle_refs([pool, pool.as_strided((100,), (1,), 1000)], reg, register=True)
+    assert len(refs) == 1 and rec.shared == 1
+    for i in range(3):
+        b = _torch.source_buffer(pool.as_strided((10, 10), (10, 1), 4096 * i), reg)
+        assert b.offset == 512 + 4096 * i
+    assert rec.shared == 1
+    _torch.handle_refs([pool], reg, register=False)
+    assert reg.lookup(pool.untyped_storage(), 0) is None
+
+
+def test_the_drop_in_asks_for_the_loaders_layouts(fake):
+    torch, rec = fake
+    e, n, k = 2, 256, 512
+    alloc = FakeAllocation(1 << 38, 1 << 24)
+    values = torch.Tensor(FakeStorage(rec, alloc, 0, e * n * k // 2), (e, n, k // 2), (n * k // 2, k // 2, 1), 0)
+    scales = torch.Tensor(FakeStorage(rec, alloc, 1 << 20, e * n * k // 32), (e, n, k // 32), (n * k // 32, k // 32, 1), 0)
+    hopper = wprep.mxfp4_specs((9, 0), 4)
+    assert hopper == (Spec("hopper_value", mx_axis=-2, mma_version=3, packing_axis=-2),
+                      Spec("hopper_scale", mx_axis=-2, num_warps=4))
+    assert wprep.mxfp4_specs((10, 0)) == (Spec("blackwell_value", packing_axis=-2), Spec("blackwell_scale"))
+    with pytest.raises(ValueError, match="sm_80"):
+        wprep.mxfp4_specs((8, 0))
+    from wprep._mxfp4 import _check_pair, _items
+
+    _check_pair(-1, values, scales)
+    v, s = _items(values, scales, hopper, None)
+    assert list(v.logical_shape) == [e, k, n] and v.source is values
+    assert list(s.logical_shape) == [e, k // 32, n] and s.source.stride() == (n * k // 32, 1, k // 32)
+    bad = torch.Tensor(scales.untyped_storage(), (e, n, 15), (n * 15, 15, 1), 0)
+    with pytest.raises(ValueError, match=r"scales must be \[2, 256, 16\]"):
+        _check_pair(-1, values, bad)
+
+
+def _fake_triton(monkeypatch, new_api):
+    @dataclasses.dataclass
+    class Storage:
+        data: object
+        layout: object = None
+
+    @dataclasses.dataclass
+    class Tensor:
+        storage: Storage
+        dtype: object = None
+        shape: list = None
+        shape_max: list = None
+
+    FP4 = "FP4"
+
+    def wrap_torch_tensor(t, dtype=None):
+        shape = list(t.shape)
+        shape[list(t.stride()).index(1)] *= 2 if dtype == FP4 else 1
+        return Tensor(Storage(t), dtype or t.dtype, shape, list(shape))
+
+    @dataclasses.dataclass(frozen=True)
+    class HopperMXValueLayout:
+        mx_axis: int
+        mma_version: int
+
+    @dataclasses.dataclass(frozen=True)
+    class HopperMXScaleLayout:
+        mx_axis: int
+        num_warps: int
+
+    class OldHopperMXValueLayout:
+        def __init__(self, shape, mx_axis, mma_version=3):
+            self.shape, self.mx_axis, self.mma_version = shape, mx_axis, mma_version
+
+    OldHopperMXValueLayout.__name__ = "HopperMXValueLayout"
+
+    class OldHopperMXScaleLayout:
+        def __init__(self, shape, mx_axis, num_warps=8):
+            self.shape, self.mx_axis, self.num_warps = shape, mx_axis, num_warps
+
+    OldHopperMXScaleLayout.__name__ = "HopperMXScaleLayout"
+
+    if new_api:
+        def mv(mx_axis):
+            return HopperMXValueLayout(mx_axis=mx_axis, mma_version=3)
+
+        def ms(mx_axis, num_warps=8):
+            return HopperMXScaleLayout(mx_axis=mx_axis, num_warps=num_warps)
+    else:
+        def mv(mx_axis):
+            return OldHopperMXValueLayout, {"mx_axis": mx_axis}
+
+        def ms(mx_axis, num_warps=8):
+            return OldHopperMXScaleLayout, {"mx_axis": mx_axis, "num_warps": num_warps}
+
+    tk = types.ModuleType("triton_kernels")
+    tensor_mod = types.ModuleType("triton_kernels.tensor")
+    tensor_mod.FP4, tensor_mod.Storage, tensor_mod.Tensor, tensor_mod.wrap_torch_tensor = FP4, Storage, Tensor, wrap_torch_tensor
+    details = types.ModuleType("triton_kernels.tensor_details")
+    layout_mod = types.ModuleType("triton_kernels.tensor_details.layout")
+    layout_mod.make_default_matmul_mxfp4_w_layout = mv
+    layout_mod.make_default_matmul_mxfp4_w_scale_layout = ms
+    details.layout = layout_mod
+    for name, m in (("triton_kernels", tk), ("triton_kernels.tensor", tensor_mod),
+                    ("triton_kernels.tensor_details", details), ("triton_kernels.tensor_details.layout", layout_mod)):
+        monkeypatch.setitem(sys.modules, name, m)
+    return Tensor, Storage
+
+
+@pytest.mark.parametrize("new_api", [True, False])
+def test_triton_tensors_are_built_as_convert_layout_builds_them(fake, monkeypatch, new_api):
+    torch, rec = fake
+    Tensor, Storage = _fake_triton(monkeypatch, new_api)
+    e, n, k = 2, 256, 512
+    alloc = FakeAllocation(1 << 38, 1 << 24)
+    values = torch.Tensor(FakeStorage(rec, alloc, 0, e * n * k // 2), (e, n, k // 2), (n * k // 2, k // 2, 1), 0)
+    scales = torch.Tensor(FakeStorage(rec, alloc, 1 << 20, e * n * k // 32), (e, n, k // 32), (n * k // 32, k // 32, 1), 0)
+    vo, so = object(), object()
+    tv, ts = _triton.build(values, scales, vo, so, "HopperMXValueLayout(mx_axis=-2, mma_version=3)",
+                           "HopperMXScaleLayout(mx_axis=-2, num_warps=4)", 4)
+    assert isinstance(tv, Tensor) and tv.storage.data is vo and ts.storage.data is so
+    assert tv.dtype == "FP4" and tv.shape == [e, k, n] and tv.shape_max == [e, k, n]
+    assert ts.shape == [e, k // 32, n]
+    if new_api:
+        lay = tv.storage.layout
+        assert type(lay).__name__ == "HopperMXValueLayout" and (lay.mx_axis, lay.mma_version) == (-2, 3)
+    else:  # LayoutClass(storage shape, non-negative mx_axis), as the old convert_layout makes it
+        assert list(tv.storage.layout.shape) == [e, k // 2, n] and tv.storage.layout.mx_axis == 1
+        assert list(ts.storage.layout.shape) == [e, k // 32, n] and ts.storage.layout.num_warps == 4
+    with pytest.raises(_triton.TritonUnavailable, match="default layout for this GPU"):
+        _triton.build(values, scales, vo, so, "BlackwellMXValueLayout()", "BlackwellMXScaleLayout()", 4)
+
+
+def test_triton_unavailable_says_why(monkeypatch):
+    monkeypatch.setitem(sys.modules, "triton_kernels", None)
+    _triton._import.cache_clear()
+    try:
+        with pytest.raises(_triton.TritonUnavailable, match="not importable"):
+            _triton.build(None, None, None, None, "", "", 8)
+    finally:
+        _triton._import.cache_clear()
+
+
+def test_uuid_strings(fake):
+    assert _requests.uuid_bytes("GPU-00010203-0405-0607-0809-0a0b0c0d0e0f") == bytes(range(16))
+    d = wprep.Device(bytes(range(16)), "x", 0, (9, 0), 0, True, 4, 0, 0)
+    assert d.uuid_string == "GPU-00010203-0405-0607-0809-0a0b0c0d0e0f"
+    with pytest.raises(ValueError, match="16 bytes"):
+        _requests.uuid_bytes(b"short")

@@ -1,0 +1,57 @@
+"""wprep: the Python client of wprepd, which converts MXFP4 weights into GPU matmul layouts.
+
+    import wprep
+    c = wprep.Client("unix:///tmp/wprepd.sock")
+    r = c.convert(wprep.Spec("hopper_value", mx_axis=-2), [2880, 2880], checkpoint_bytes)
+    r.numpy(), r.identity.layout        # the Hopper storage, "HopperMXValueLayout(...)"
+
+    # In a vLLM or SGLang loader, in place of _swizzle_mxfp4 (CUDA tensors, one round trip):
+    w, flex, s = wprep.swizzle_mxfp4(values, scales, num_warps).as_triton()
+
+numpy is required; torch is imported only when torch tensors are passed (CUDA IPC), and
+triton_kernels only to build its Tensor objects. See the README's "From Python" section.
+"""
+
+from ._aio import AsyncClient
+from ._client import DEFAULT_TARGET, Client, default_target
+from ._errors import WprepError
+from ._mxfp4 import (
+    SwizzledMXFP4,
+    default_client,
+    empty_swizzled_mxfp4,
+    mxfp4_specs,
+    set_default_client,
+    swizzle_mxfp4,
+    swizzle_mxfp4_batch,
+)
+from ._spec import Direction, Layout, LayoutIdentity, Spec
+from ._torch import ExpandableSegmentsError
+from ._types import BatchResult, Device, Devices, Item, Plan, Result
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AsyncClient",
+    "BatchResult",
+    "Client",
+    "DEFAULT_TARGET",
+    "Device",
+    "Devices",
+    "Direction",
+    "ExpandableSegmentsError",
+    "Item",
+    "Layout",
+    "LayoutIdentity",
+    "Plan",
+    "Result",
+    "Spec",
+    "SwizzledMXFP4",
+    "WprepError",
+    "default_client",
+    "default_target",
+    "empty_swizzled_mxfp4",
+    "mxfp4_specs",
+    "set_default_client",
+    "swizzle_mxfp4",
+    "swizzle_mxfp4_batch",
+]

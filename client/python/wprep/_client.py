@@ -1,0 +1,331 @@
+"""Client: the synchronous (and futures) client of wprepd."""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import os
+import threading
+import time
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple, Union
+
+import grpc
+
+from . import _health, _requests, _torch
+from ._errors import WprepError, from_rpc_error
+from ._requests import Call, PlanKey
+from ._spec import Spec
+from ._types import BatchResult, Devices, Item, Plan, Result, Source
+from .v1 import wprep_pb2 as pb
+from .v1 import wprep_pb2_grpc as pb_grpc
+
+DEFAULT_TARGET = "unix:///tmp/wprepd.sock"
+
+# Messages up to what the daemon allows (--max-message-bytes); no HTTP proxy for a local daemon.
+CHANNEL_OPTIONS: List[Tuple[str, Any]] = [
+    ("grpc.max_send_message_length", -1),
+    ("grpc.max_receive_message_length", -1),
+    ("grpc.enable_http_proxy", 0),
+]
+
+
+def default_target() -> str:
+    """$WPREP_TARGET, else unix:///tmp/wprepd.sock (what `make run` listens on)."""
+    return os.environ.get("WPREP_TARGET") or DEFAULT_TARGET
+
+
+def _identity(x: bytes) -> bytes:
+    return x
+
+
+class _PlanCache:
+    """Plans of the outputs the client allocates, by (spec, logical shape); thread-safe, bounded."""
+
+    def __init__(self, capacity: int = 1024) -> None:
+        self._mu = threading.Lock()
+        self._plans: "collections.OrderedDict[PlanKey, Plan]" = collections.OrderedDict()  # guarded by _mu
+        self._capacity = capacity
+
+    def get(self, key: PlanKey) -> Optional[Plan]:
+        with self._mu:
+            p = self._plans.get(key)
+            if p is not None:
+                self._plans.move_to_end(key)
+            return p
+
+    def put(self, key: PlanKey, plan: Plan) -> None:
+        with self._mu:
+            self._plans[key] = plan
+            while len(self._plans) > self._capacity:
+                self._plans.popitem(last=False)
+
+
+class Client:
+    """A connection to one wprepd. Thread-safe; share one per process.
+
+    target: "unix:///path.sock" or "HOST:PORT" (default: $WPREP_TARGET, else
+    unix:///tmp/wprepd.sock). timeout: seconds per call (None: no deadline).
+
+    Sources and outputs:
+    - bytes, numpy arrays (uint8) and CPU tensors are sent inline; their output comes back
+      as bytes (Result.data, Result.numpy()). A non-contiguous numpy view is sent with its
+      byte strides (source_strides / inline_strides), e.g. the transposed [E, K/32, N] view
+      of [E, N, K/32] scales; bytes take `strides=` for that.
+    - CUDA tensors are read and written in place through CUDA IPC: slices, views (strides)
+      and tensors at any offset inside torch's caching-allocator blocks. The output goes to
+      `out` (dense, on the source's GPU) or to a tensor the client allocates there with
+      the size the daemon's Plan gives (Result.tensor).
+
+    Ordering with CUDA tensors: before sending, the client synchronizes `stream` (default:
+    the current stream of each GPU involved), so the producer's writes are complete when
+    the daemon reads. When a call returns, the daemon has synchronized its own stream:
+    every output byte is written and any stream of the caller may use it, no wait needed.
+    """
+
+    def __init__(
+        self,
+        target: Optional[str] = None,
+        *,
+        timeout: Optional[float] = 300.0,
+        channel: Optional[grpc.Channel] = None,
+        options: Sequence[Tuple[str, Any]] = (),
+    ) -> None:
+        self.target = target or default_target()
+        self.timeout = timeout
+        self._channel = channel or grpc.insecure_channel(self.target, options=[*CHANNEL_OPTIONS, *options])
+        self._stub = pb_grpc.WeightPrepStub(self._channel)
+        self._check = self._channel.unary_unary(
+            _health.CHECK_METHOD, request_serializer=_identity, response_deserializer=_identity
+        )
+        self._plans = _PlanCache()
+        self._registry = _torch.Registry()
+
+    def close(self) -> None:
+        """Closes the channel; calls in flight fail."""
+        self._channel.close()
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- calls ------------------------------------------------------------------------------
+
+    def _timeout(self, timeout: Optional[float]) -> Optional[float]:
+        return self.timeout if timeout is None else timeout
+
+    def _unary(self, method: str, request: Any, timeout: Optional[float]) -> Any:
+        try:
+            return getattr(self._stub, method)(request, timeout=self._timeout(timeout))
+        except grpc.RpcError as e:
+            raise from_rpc_error(e, method) from None
+
+    def _run(self, call: Call, timeout: Optional[float]) -> Any:
+        resp = self._unary(call.method, call.request, timeout)
+        return call.finish(resp)
+
+    def _submit(self, call: Call, timeout: Optional[float]) -> "concurrent.futures.Future[Any]":
+        out: "concurrent.futures.Future[Any]" = concurrent.futures.Future()
+        out.set_running_or_notify_cancel()
+        try:
+            pending = getattr(self._stub, call.method).future(call.request, timeout=self._timeout(timeout))
+        except grpc.RpcError as e:
+            out.set_exception(from_rpc_error(e, call.method))
+            return out
+
+        def done(f: Any) -> None:
+            # `call` (and so every tensor the daemon touches) stays alive until here.
+            try:
+                resp = f.result()
+            except grpc.RpcError as e:
+                out.set_exception(from_rpc_error(e, call.method))
+                return
+            except BaseException as e:  # cancelled or failed inside grpc
+                out.set_exception(e)
+                return
+            try:
+                out.set_result(call.finish(resp))
+            except BaseException as e:
+                out.set_exception(e)
+
+        pending.add_done_callback(done)
+        return out
+
+    # -- plans ------------------------------------------------------------------------------
+
+    def plan(
+        self,
+        spec: Spec,
+        logical_shape: Sequence[int],
+        *,
+        input_strides: Optional[Sequence[int]] = None,
+        input_buffer_bytes: Optional[int] = None,
+        timeout: Optional[float] = None,
+    ) -> Plan:
+        """Validates a conversion and returns its input and output shapes and sizes; no work is done."""
+        req = _requests.plan_request(spec, logical_shape, input_strides, input_buffer_bytes)
+        return Plan.from_proto(self._unary("Plan", req, timeout))
+
+    def _plans_for(self, keys: Iterable[Optional[PlanKey]], timeout: Optional[float]) -> Dict[PlanKey, Plan]:
+        plans: Dict[PlanKey, Plan] = {}
+        missing: Dict[PlanKey, Any] = {}
+        for key in keys:
+            if key is None or key in plans or key in missing:
+                continue
+            cached = self._plans.get(key)
+            if cached is not None:
+                plans[key] = cached
+            else:
+                req = _requests.plan_request(key[0], key[1])
+                missing[key] = self._stub.Plan.future(req, timeout=self._timeout(timeout))
+        for key, f in missing.items():
+            try:
+                plans[key] = Plan.from_proto(f.result())
+            except grpc.RpcError as e:
+                raise from_rpc_error(e, "Plan") from None
+            self._plans.put(key, plans[key])
+        return plans
+
+    # -- conversions --------------------------------------------------------------------------
+
+    def _convert_call(self, spec: Spec, logical_shape: Sequence[int], source: Source, out: Any,
+                      strides: Optional[Sequence[int]], device_uuid: Union[None, bytes, str], stream: Any,
+                      timeout: Optional[float]) -> Call:
+        plans = self._plans_for([_requests.needs_plan(spec, logical_shape, source, out)], timeout)
+        return _requests.convert_call(spec, logical_shape, source, out, strides, device_uuid, plans,
+                                      self._registry, stream)
+
+    def convert(
+        self,
+        spec: Spec,
+        logical_shape: Sequence[int],
+        source: Source,
+        *,
+        out: Any = None,
+        strides: Optional[Sequence[int]] = None,
+        device_uuid: Union[None, bytes, str] = None,
+        stream: Any = None,
+        timeout: Optional[float] = None,
+    ) -> Result:
+        """Converts one tensor (Convert). See the class for sources, `out` and ordering.
+
+        device_uuid: the GPU for a bytes-to-bytes conversion (16 bytes or "GPU-..."); None
+        lets the daemon pick. stream: the CUDA stream whose work must finish first.
+        Raises WprepError with the daemon's status (INVALID_ARGUMENT names the bad field).
+        """
+        call = self._convert_call(spec, logical_shape, source, out, strides, device_uuid, stream, timeout)
+        return self._run(call, timeout)
+
+    def convert_future(
+        self,
+        spec: Spec,
+        logical_shape: Sequence[int],
+        source: Source,
+        *,
+        out: Any = None,
+        strides: Optional[Sequence[int]] = None,
+        device_uuid: Union[None, bytes, str] = None,
+        stream: Any = None,
+        timeout: Optional[float] = None,
+    ) -> "concurrent.futures.Future[Result]":
+        """convert() without waiting: a Future of the Result (or of the WprepError).
+
+        The request is sent before this returns (the stream is synchronized first); many may
+        be in flight at once. Keep nothing alive yourself: the future holds the tensors.
+        """
+        call = self._convert_call(spec, logical_shape, source, out, strides, device_uuid, stream, timeout)
+        return self._submit(call, timeout)
+
+    def _batch_call(self, items: Sequence[Item], device_uuid: Union[None, bytes, str], stream: Any,
+                    timeout: Optional[float]) -> Call:
+        items = list(items)
+        plans = self._plans_for(
+            [_requests.needs_plan(it.spec, it.logical_shape, it.source, it.out) for it in items if isinstance(it, Item)],
+            timeout,
+        )
+        return _requests.batch_call(items, device_uuid, plans, self._registry, stream)
+
+    def convert_batch(
+        self,
+        items: Sequence[Item],
+        *,
+        device_uuid: Union[None, bytes, str] = None,
+        stream: Any = None,
+        timeout: Optional[float] = None,
+    ) -> BatchResult:
+        """Converts many tensors in one round trip (ConvertBatch): a projection's values and
+        scales, a layer, a model. Every item is validated before any work starts; one bad item
+        fails the call with INVALID_ARGUMENT naming it ("items[3]...") and nothing is written.
+        """
+        return self._run(self._batch_call(items, device_uuid, stream, timeout), timeout)
+
+    def convert_batch_future(
+        self,
+        items: Sequence[Item],
+        *,
+        device_uuid: Union[None, bytes, str] = None,
+        stream: Any = None,
+        timeout: Optional[float] = None,
+    ) -> "concurrent.futures.Future[BatchResult]":
+        """convert_batch() without waiting: a Future of the BatchResult."""
+        return self._submit(self._batch_call(items, device_uuid, stream, timeout), timeout)
+
+    # -- devices and health -------------------------------------------------------------------
+
+    def devices(self, *, timeout: Optional[float] = None) -> Devices:
+        """The GPUs the daemon uses, and whether its CPU engine serves bytes requests."""
+        return Devices.from_proto(self._unary("ListDevices", pb.ListDevicesRequest(), timeout))
+
+    def health(self, service: str = "", *, timeout: Optional[float] = 5.0) -> str:
+        """grpc.health.v1 Check: "SERVING", "NOT_SERVING" (warming up, draining) or "UNKNOWN".
+
+        An unknown service raises WprepError(NOT_FOUND); no daemon, WprepError(UNAVAILABLE).
+        """
+        try:
+            raw = self._check(_health.encode_request(service), timeout=timeout)
+        except grpc.RpcError as e:
+            raise from_rpc_error(e, "Health/Check") from None
+        return _health.decode_response(raw)
+
+    def wait_serving(self, timeout: float = 60.0, service: str = "") -> None:
+        """Waits until health() is SERVING; raises TimeoutError with the last answer after `timeout` s."""
+        deadline = time.monotonic() + timeout
+        last = "no answer"
+        while True:
+            try:
+                last = self.health(service, timeout=max(0.05, min(5.0, deadline - time.monotonic())))
+                if last == "SERVING":
+                    return
+            except WprepError as e:
+                if e.code != grpc.StatusCode.UNAVAILABLE and e.code != grpc.StatusCode.DEADLINE_EXCEEDED:
+                    raise
+                last = str(e)
+            if time.monotonic() >= deadline:
+                raise TimeoutError(f"wprepd at {self.target} not SERVING after {timeout} s: {last}")
+            time.sleep(0.02)
+
+    # -- CUDA IPC registration ----------------------------------------------------------------
+
+    def register(self, tensors: Iterable[Any], *, timeout: Optional[float] = None) -> List[int]:
+        """Registers the allocations of these CUDA tensors with the daemon (RegisterIpcHandles).
+
+        For a loader's buffer pool: call once, then no conversion through the pool pays for
+        opening its handles (0.5-1 ms each), and the client exports each storage once instead
+        of on every call. The client holds the tensors' storages until release(). Returns, per
+        distinct allocation, its size in bytes as the daemon sees it.
+        """
+        refs = _torch.handle_refs(list(tensors), self._registry, register=True)
+        resp = self._unary("RegisterIpcHandles", pb.RegisterIpcHandlesRequest(handles=refs), timeout)
+        return list(resp.allocation_bytes)
+
+    def release(self, tensors: Iterable[Any], *, timeout: Optional[float] = None) -> int:
+        """Lets the daemon drop its mappings of these tensors' allocations (ReleaseIpcHandles).
+
+        Call it before memory the daemon has seen goes back to CUDA (torch.cuda.empty_cache(),
+        the end of a pool): until then, or its idle expiry, the daemon's mapping keeps the
+        allocation's memory in use. Returns the mappings closed now.
+        """
+        refs = _torch.handle_refs(list(tensors), self._registry, register=False)
+        resp = self._unary("ReleaseIpcHandles", pb.ReleaseIpcHandlesRequest(handles=refs), timeout)
+        return int(resp.released)

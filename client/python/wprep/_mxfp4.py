@@ -1,0 +1,226 @@
+"""swizzle_mxfp4: the loaders' _swizzle_mxfp4 (vLLM, SGLang) served by wprepd, one round trip.
+
+The loaders' call, for an MoE projection whose weight is the logical FP4 tensor [E, K, N]
+(K the reduction axis):
+    values [E, N, K/2] uint8, checkpoint order (gpt-oss's *_blocks): the packing -2 storage
+        of [E, K, N]; the loaders pass values.transpose(-2, -1), a [E, K/2, N] view, to
+        convert_layout(wrap_torch_tensor(..., dtype=FP4), value_layout) with mx_axis -2;
+    scales [E, N, K/32] uint8 (e8m0), passed as scales.transpose(-2, -1), [E, K/32, N], to
+        convert_layout(wrap_torch_tensor(...), scale_layout) with mx_axis -2.
+Here both go to wprepd as one ConvertBatch, read in place through CUDA IPC:
+    sm_90:   HopperMXValueLayout(mx_axis=-2, mma_version=3) from packing -2, and
+             HopperMXScaleLayout(mx_axis=-2, num_warps) of the [E, K/32, N] view;
+    sm_100+: BlackwellMXValueLayout() from packing -2, and BlackwellMXScaleLayout().
+The outputs are torch tensors with the storage shape and strides convert_layout gives.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+from dataclasses import dataclass
+from typing import Any, List, Optional, Sequence, Tuple
+
+from ._client import Client
+from ._spec import LayoutIdentity, Spec
+from ._types import BatchResult, Item
+
+_default: Optional[Client] = None
+_default_mu = threading.Lock()
+
+
+def default_client() -> Client:
+    """The process's shared Client of $WPREP_TARGET (else unix:///tmp/wprepd.sock), made on first use."""
+    global _default
+    with _default_mu:
+        if _default is None:
+            _default = Client()
+        return _default
+
+
+def set_default_client(client: Optional[Client]) -> None:
+    """Makes `client` the one swizzle_mxfp4 uses when given none (None: back to the default)."""
+    global _default
+    with _default_mu:
+        _default = client
+
+
+def _import_torch() -> Any:
+    try:
+        import torch
+    except ImportError as e:
+        raise ImportError(f"wprep.swizzle_mxfp4 works on CUDA torch tensors, and torch is not importable: {e}") from e
+    return torch
+
+
+@functools.lru_cache(maxsize=64)
+def mxfp4_specs(capability: Tuple[int, int], num_warps: int = 8) -> Tuple[Spec, Spec]:
+    """The (values, scales) conversions the loaders' default layouts mean on this compute capability."""
+    major, minor = capability
+    if major == 9:
+        return (
+            Spec("hopper_value", mx_axis=-2, mma_version=3, packing_axis=-2),
+            Spec("hopper_scale", mx_axis=-2, num_warps=num_warps),
+        )
+    if major >= 10:
+        return Spec("blackwell_value", packing_axis=-2), Spec("blackwell_scale")
+    raise ValueError(
+        f"swizzle_mxfp4 serves sm_90 (Hopper layouts) and sm_100 or newer (Blackwell layouts); "
+        f"this GPU is sm_{major}{minor}"
+    )
+
+
+@dataclass
+class SwizzledMXFP4:
+    """One projection's weights in the matmul's layouts.
+
+    values / scales: the swizzled storage, shaped and strided as triton_kernels' convert_layout
+    returns it (its Tensor.storage.data). value_identity / scale_identity: the upstream layout
+    objects the bytes equal. kernel_seconds: the daemon's engine time for both.
+    triton_values / triton_scales: triton_kernels.tensor.Tensor objects for matmul_ogs, when
+    triton_kernels is importable and its default layouts for this GPU are these (else None,
+    and triton_error says why).
+    """
+
+    values: Any
+    scales: Any
+    value_identity: LayoutIdentity
+    scale_identity: LayoutIdentity
+    kernel_seconds: float
+    triton_values: Any = None
+    triton_scales: Any = None
+    triton_error: Optional[str] = None
+
+    def as_triton(self) -> Tuple[Any, Any, Any]:
+        """(values Tensor, InFlexData(), scales Tensor): what the loaders' _swizzle_mxfp4 returns."""
+        if self.triton_values is None:
+            raise RuntimeError(f"no triton_kernels Tensor objects: {self.triton_error}")
+        from ._triton import in_flex_data
+
+        return self.triton_values, in_flex_data(), self.triton_scales
+
+
+def _check_pair(i: int, values: Any, scales: Any) -> None:
+    from . import _torch
+
+    what = f"pair {i}" if i >= 0 else "swizzle_mxfp4"
+    for name, t in (("values", values), ("scales", scales)):
+        if not _torch.is_cuda_tensor(t):
+            raise TypeError(f"{what}: {name} must be a CUDA torch tensor; got {type(t).__name__}")
+        _torch.check_byte_tensor(t, f"{what}: {name}")
+    if values.device != scales.device:
+        raise ValueError(f"{what}: values on {values.device}, scales on {scales.device}")
+    if values.ndim < 2 or scales.ndim != values.ndim:
+        raise ValueError(f"{what}: values [..., N, K/2] and scales [..., N, K/32] of one rank; got "
+                         f"{list(values.shape)} and {list(scales.shape)}")
+    k = 2 * values.shape[-1]
+    if tuple(scales.shape[:-1]) != tuple(values.shape[:-1]) or scales.shape[-1] != (k + 31) // 32:
+        raise ValueError(
+            f"{what}: values {list(values.shape)} are [..., N, K/2] with K={k}, so scales must be "
+            f"{[*values.shape[:-1], (k + 31) // 32]}; got {list(scales.shape)}"
+        )
+
+
+def _items(values: Any, scales: Any, specs: Tuple[Spec, Spec], out: Optional[Sequence[Any]]) -> List[Item]:
+    *lead, n, k_half = values.shape
+    scales_view = scales.transpose(-2, -1)  # [..., K/32, N], stride 1 on dim -2 for a dense checkpoint
+    vo, so = (None, None) if out is None else out
+    return [
+        Item(specs[0], [*lead, 2 * k_half, n], values, out=vo),
+        Item(specs[1], list(scales_view.shape), scales_view, out=so),
+    ]
+
+
+def _result(values: Any, scales: Any, r: BatchResult, i: int, num_warps: int, triton: Optional[bool]) -> SwizzledMXFP4:
+    v, s = r[2 * i], r[2 * i + 1]
+    out = SwizzledMXFP4(v.tensor, s.tensor, v.identity, s.identity, v.kernel_seconds + s.kernel_seconds)
+    if triton is False:
+        out.triton_error = "not asked for (triton=False)"
+        return out
+    from ._triton import TritonUnavailable, build
+
+    try:
+        out.triton_values, out.triton_scales = build(
+            values, scales, v.tensor, s.tensor, v.identity.layout, s.identity.layout, num_warps
+        )
+    except TritonUnavailable as e:
+        if triton:
+            raise RuntimeError(str(e)) from e
+        out.triton_error = str(e)
+    return out
+
+
+def swizzle_mxfp4_batch(
+    pairs: Sequence[Tuple[Any, Any]],
+    num_warps: int = 8,
+    *,
+    client: Optional[Client] = None,
+    out: Optional[Sequence[Tuple[Any, Any]]] = None,
+    stream: Any = None,
+    triton: Optional[bool] = None,
+) -> List[SwizzledMXFP4]:
+    """swizzle_mxfp4 for several projections (a layer's w13 and w2, a whole model) in one ConvertBatch.
+
+    pairs: (values, scales) per projection, all on one GPU. out: per pair, preallocated
+    (values_out, scales_out) (see empty_swizzled_mxfp4), or None to allocate. triton: True to
+    require triton_kernels Tensor objects, False to skip them, None (default) for "when
+    available". Raises WprepError with the daemon's status on a bad request.
+    """
+    torch = _import_torch()
+    if not pairs:
+        return []
+    for i, (v, s) in enumerate(pairs):
+        _check_pair(i if len(pairs) > 1 else -1, v, s)
+    device = pairs[0][0].device
+    if any(v.device != device for v, _ in pairs):
+        raise ValueError("swizzle_mxfp4_batch: every pair must be on one GPU")
+    if out is not None and len(out) != len(pairs):
+        raise ValueError(f"out has {len(out)} entries for {len(pairs)} pairs")
+    specs = mxfp4_specs(tuple(torch.cuda.get_device_capability(device)), num_warps)
+    items: List[Item] = []
+    for i, (v, s) in enumerate(pairs):
+        items += _items(v, s, specs, None if out is None else out[i])
+    r = (client or default_client()).convert_batch(items, stream=stream)
+    return [_result(v, s, r, i, num_warps, triton) for i, (v, s) in enumerate(pairs)]
+
+
+def swizzle_mxfp4(
+    values: Any,
+    scales: Any,
+    num_warps: int = 8,
+    *,
+    client: Optional[Client] = None,
+    out: Optional[Tuple[Any, Any]] = None,
+    stream: Any = None,
+    triton: Optional[bool] = None,
+) -> SwizzledMXFP4:
+    """The loaders' _swizzle_mxfp4(values, scales, num_warps), done by wprepd in one round trip.
+
+    values: [..., N, K/2] uint8, checkpoint order; scales: [..., N, K/32] uint8 (e8m0); on one
+    CUDA device. num_warps: the Hopper scale layout's (the matmul's warps). Returns the
+    swizzled values and scales (torch tensors as convert_layout lays them out), their layout
+    identities and, with triton_kernels, the Tensor objects matmul_ogs takes
+    (SwizzledMXFP4.as_triton()). The inputs are read in place and left unchanged; the stream
+    `stream` (default: the current one) is synchronized before the daemon reads them.
+    """
+    return swizzle_mxfp4_batch([(values, scales)], num_warps, client=client,
+                               out=None if out is None else [out], stream=stream, triton=triton)[0]
+
+
+def empty_swizzled_mxfp4(values: Any, scales: Any, num_warps: int = 8, *,
+                         client: Optional[Client] = None) -> Tuple[Any, Any]:
+    """Uninitialized (values_out, scales_out) for swizzle_mxfp4(..., out=...), sized by the daemon's Plan.
+
+    For pools a loader allocates (and registers with Client.register) ahead of the calls.
+    """
+    from . import _torch
+
+    torch = _import_torch()
+
+    _check_pair(-1, values, scales)
+    c = client or default_client()
+    outs = []
+    for it in _items(values, scales, mxfp4_specs(tuple(torch.cuda.get_device_capability(values.device)), num_warps), None):
+        p = c.plan(it.spec, it.logical_shape)
+        outs.append(_torch.empty_output(it.source, p.output_shape, p.output_strides, p.output_bytes))
+    return outs[0], outs[1]

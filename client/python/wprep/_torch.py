@@ -1,0 +1,282 @@
+"""CUDA tensors as wprep.v1.CudaIpcBuffer: torch's IPC handles, offsets, strides and GPU UUIDs.
+
+torch is imported only when a torch tensor is handed in; the rest of the package needs no torch.
+
+How a tensor becomes a buffer the daemon can open:
+- `tensor.untyped_storage()._share_cuda_()` returns an 8-tuple (torch/csrc/StorageSharing.cpp):
+  (device index, handle, storage bytes, storage offset in its allocation, ref-counter file,
+  ref-counter offset, event handle, event sync required). For memory of torch's caching
+  allocator (cudaMalloc segments) the handle is 66 bytes: a version byte (1 or 2), the kind
+  b"c" (SHAREABLE_CUDA_MALLOC), then the cudaIpcMemHandle_t of the segment's base; older
+  torch returned the 64 bytes alone. Memory of expandable segments is kind b"e", a handle
+  the CUDA IPC API cannot open: refused with ExpandableSegmentsError.
+- The buffer's offset is the storage's offset in the segment plus the view's
+  storage_offset() (element size 1); strides are the view's (bytes, for one-byte dtypes).
+- _share_cuda_ also registers the storage as "sent": a counter in a shared-memory file that a
+  torch consumer decrements when it lets go, without which the block stays out of the caching
+  allocator after the tensor dies. The daemon is no torch consumer, so the client decrements it
+  right away (torch.UntypedStorage._release_ipc_counter_cuda); the client itself keeps the
+  tensors alive until the daemon has answered. Each _share_cuda_ also records an interprocess
+  event on the current stream, which the daemon does not use: ordering is the client's
+  stream synchronization (Client.convert's `stream`).
+- GPUs are named by UUID (torch.cuda.get_device_properties(i).uuid), never by ordinal.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+import threading
+from dataclasses import dataclass
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
+
+from .v1 import wprep_pb2 as pb
+
+
+class ExpandableSegmentsError(ValueError):
+    """The tensor's memory comes from torch's expandable segments, which CUDA IPC cannot share."""
+
+
+_EXPANDABLE_HELP = (
+    "the tensor's memory comes from torch's expandable segments (PYTORCH_CUDA_ALLOC_CONF="
+    "expandable_segments:True), which cudaIpcGetMemHandle cannot export, so wprepd cannot map it. "
+    "Allocate the tensors wprep reads and writes with expandable segments off, e.g. "
+    "torch.cuda.memory._set_allocator_settings('expandable_segments:False') around their "
+    "allocation, or send host copies (numpy arrays) instead"
+)
+
+_KNOWN_HANDLE_VERSIONS = (1, 2)
+
+
+def is_tensor(x: object) -> bool:
+    """True for a torch.Tensor (without importing torch when nothing imported it)."""
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(x, torch.Tensor)
+
+
+def is_cuda_tensor(x: object) -> bool:
+    return is_tensor(x) and bool(x.is_cuda)  # type: ignore[attr-defined]
+
+
+@functools.lru_cache(maxsize=None)
+def device_uuid(index: int) -> bytes:
+    """The 16-byte UUID of CUDA device `index` of this process."""
+    import torch
+
+    u = torch.cuda.get_device_properties(index).uuid
+    raw = bytes(u.bytes) if hasattr(u, "bytes") else bytes.fromhex(str(u).replace("GPU-", "").replace("-", ""))
+    if len(raw) != 16:
+        raise RuntimeError(f"torch reported a {len(raw)}-byte UUID for cuda:{index}")
+    return raw
+
+
+def decode_handle(handle: bytes) -> bytes:
+    """The 64-byte cudaIpcMemHandle_t inside the handle torch's _share_cuda_ returns."""
+    if len(handle) == 64:
+        return bytes(handle)
+    if len(handle) >= 2 and handle[1:2] == b"e":
+        raise ExpandableSegmentsError(_EXPANDABLE_HELP)
+    if len(handle) == 66 and handle[1:2] == b"c" and handle[0] in _KNOWN_HANDLE_VERSIONS:
+        return bytes(handle[2:])
+    import torch
+
+    raise RuntimeError(
+        f"torch {torch.__version__} returned a CUDA IPC handle wprep does not know: {len(handle)} bytes, "
+        f"version byte {handle[:1].hex() or '-'}, kind {handle[1:2]!r} (known: 64 bytes, or version "
+        f"{'/'.join(map(str, _KNOWN_HANDLE_VERSIONS))} + b'c' + 64 bytes)"
+    )
+
+
+@dataclass(frozen=True)
+class SharedStorage:
+    """Where a storage lives for the daemon: its allocation's handle and its offset in it."""
+
+    handle: bytes  # the 64-byte cudaIpcMemHandle_t of the allocation (segment) base
+    offset: int  # byte offset of the storage's first byte from the allocation's start
+    device_uuid: bytes
+    device_index: int
+
+
+def _release_ref_counter(ref_handle: Any, ref_offset: Any) -> None:
+    import torch
+
+    release = getattr(torch.UntypedStorage, "_release_ipc_counter_cuda", None)
+    if release is not None:
+        release(ref_handle, ref_offset)
+
+
+def _expandable_segments_configured() -> bool:
+    conf = (os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "") + "," + os.environ.get("PYTORCH_ALLOC_CONF", ""))
+    return "expandable_segments:true" in conf.lower().replace(" ", "")
+
+
+def share_storage(storage: Any, device_index: int) -> SharedStorage:
+    """Exports `storage` (a CUDA torch.UntypedStorage) through _share_cuda_."""
+    try:
+        info = storage._share_cuda_()
+    except RuntimeError as e:
+        if "expandable" in str(e).lower() or _expandable_segments_configured():
+            raise ExpandableSegmentsError(f"{_EXPANDABLE_HELP} (torch: {e})") from e
+        raise RuntimeError(f"torch could not export a CUDA IPC handle for this tensor: {e}") from e
+    if not isinstance(info, tuple) or len(info) != 8:
+        raise RuntimeError(f"torch's _share_cuda_ returned {type(info).__name__} of {len(info)} items, not 8")
+    _device, handle, _nbytes, offset, ref_handle, ref_offset, _event, _event_sync = info
+    try:
+        if handle is None:
+            raise ValueError("the tensor has no memory (an empty storage)")
+        mem = decode_handle(handle)
+    finally:
+        if ref_handle is not None:
+            _release_ref_counter(ref_handle, ref_offset)
+    return SharedStorage(handle=mem, offset=int(offset), device_uuid=device_uuid(device_index), device_index=device_index)
+
+
+class Registry:
+    """Storages registered with the daemon (Client.register): exported once, kept alive.
+
+    Thread-safe. Keyed by (device, storage address); an entry holds the storage, so the
+    address cannot be reused by another storage while it is registered.
+    """
+
+    def __init__(self) -> None:
+        self._mu = threading.Lock()
+        self._entries: Dict[Tuple[int, int], Tuple[Any, SharedStorage]] = {}  # guarded by _mu
+
+    @staticmethod
+    def _key(storage: Any, device_index: int) -> Tuple[int, int]:
+        return (device_index, int(storage.data_ptr()))
+
+    def lookup(self, storage: Any, device_index: int) -> Optional[SharedStorage]:
+        with self._mu:
+            e = self._entries.get(self._key(storage, device_index))
+        if e is None or e[0].nbytes() != storage.nbytes():
+            return None
+        return e[1]
+
+    def add(self, storage: Any, device_index: int) -> SharedStorage:
+        key = self._key(storage, device_index)
+        with self._mu:
+            e = self._entries.get(key)
+        if e is not None and e[0].nbytes() == storage.nbytes():
+            return e[1]
+        shared = share_storage(storage, device_index)
+        with self._mu:
+            self._entries[key] = (storage, shared)
+        return shared
+
+    def remove(self, storage: Any, device_index: int) -> Optional[SharedStorage]:
+        with self._mu:
+            e = self._entries.pop(self._key(storage, device_index), None)
+        return None if e is None else e[1]
+
+
+def check_byte_tensor(t: Any, what: str) -> None:
+    if t.element_size() != 1:
+        raise TypeError(
+            f"{what} must have a one-byte dtype (uint8, or e.g. float8_e8m0fnu for scales); got {t.dtype}"
+        )
+
+
+def view_span(shape: Sequence[int], strides: Sequence[int]) -> int:
+    """Bytes from a view's first element to its last, inclusive (0 when empty)."""
+    if any(d == 0 for d in shape):
+        return 0
+    return 1 + sum((d - 1) * s for d, s in zip(shape, strides))
+
+
+def is_dense(shape: Sequence[int], strides: Sequence[int]) -> bool:
+    """Non-overlapping and dense, in some order of the dims (torch's definition)."""
+    if any(s < 0 for s in strides):
+        return False
+    dims = sorted((s, d) for d, s in zip(shape, strides) if d > 1)
+    need = 1
+    for s, d in dims:
+        if s != need:
+            return False
+        need *= d
+    return True
+
+
+def shared_view(t: Any, registry: Registry) -> SharedStorage:
+    storage = t.untyped_storage()
+    index = t.device.index
+    return registry.lookup(storage, index) or share_storage(storage, index)
+
+
+def source_buffer(t: Any, registry: Registry) -> pb.CudaIpcBuffer:
+    """The CudaIpcBuffer of a CUDA tensor view read in place (strides sent unless contiguous)."""
+    check_byte_tensor(t, "a CUDA source")
+    shape, strides = list(t.shape), list(t.stride())
+    if any(s < 0 for s in strides):
+        raise ValueError(f"a source view with negative strides cannot be read in place: {strides}")
+    shared = shared_view(t, registry)
+    b = pb.CudaIpcBuffer(
+        handle=shared.handle,
+        offset=shared.offset + t.storage_offset(),
+        size=view_span(shape, strides),
+        device_uuid=shared.device_uuid,
+    )
+    if not t.is_contiguous():
+        b.strides.extend(strides)
+    return b
+
+
+def destination_buffer(t: Any, registry: Registry) -> pb.CudaIpcBuffer:
+    """The CudaIpcBuffer of a CUDA tensor the daemon writes densely."""
+    check_byte_tensor(t, "out")
+    shape, strides = list(t.shape), list(t.stride())
+    if not is_dense(shape, strides):
+        raise ValueError(
+            f"out must be dense (the daemon writes it in memory order); got shape {shape} strides {strides}"
+        )
+    shared = shared_view(t, registry)
+    return pb.CudaIpcBuffer(
+        handle=shared.handle, offset=shared.offset + t.storage_offset(), size=t.numel(), device_uuid=shared.device_uuid
+    )
+
+
+def output_view(out: Any, shape: Sequence[int], strides: Sequence[int]) -> Any:
+    """`out` viewed with the reported storage shape and strides (its memory is the output)."""
+    if tuple(out.shape) == tuple(shape) and tuple(out.stride()) == tuple(strides):
+        return out
+    return out.as_strided(tuple(shape), tuple(strides), out.storage_offset())
+
+
+def empty_output(like: Any, shape: Sequence[int], strides: Sequence[int], nbytes: int) -> Any:
+    """A new output tensor on `like`'s device and of its dtype, viewed as the layout reports it."""
+    import torch
+
+    buf = torch.empty(nbytes, dtype=like.dtype, device=like.device)
+    return buf.as_strided(tuple(shape), tuple(strides))
+
+
+def synchronize(devices: Iterable[int], stream: Any = None) -> None:
+    """Waits until the work queued so far on `stream` (default: each device's current stream) is done.
+
+    The ordering contract: the producer's writes to every source (and earlier reads of every
+    destination) must be complete before the daemon, another process, touches the memory.
+    """
+    import torch
+
+    if stream is not None:
+        stream.synchronize()
+        return
+    for d in sorted(set(devices)):
+        torch.cuda.current_stream(d).synchronize()
+
+
+def handle_refs(tensors: Iterable[Any], registry: Registry, register: bool) -> List[pb.IpcHandleRef]:
+    """One IpcHandleRef per distinct allocation among `tensors` (registering them first if asked)."""
+    refs: List[pb.IpcHandleRef] = []
+    seen = set()
+    for t in tensors:
+        if not is_cuda_tensor(t):
+            raise TypeError(f"expected a CUDA torch tensor; got {type(t).__name__}")
+        storage, index = t.untyped_storage(), t.device.index
+        shared = registry.add(storage, index) if register else (registry.remove(storage, index) or share_storage(storage, index))
+        key = (shared.handle, shared.device_uuid)
+        if key not in seen:
+            seen.add(key)
+            refs.append(pb.IpcHandleRef(handle=shared.handle, device_uuid=shared.device_uuid))
+    return refs

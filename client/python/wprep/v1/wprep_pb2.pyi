@@ -1,0 +1,355 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from typing import ClassVar as _ClassVar, Iterable as _Iterable, Mapping as _Mapping, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+DIRECTION_RETILE: Direction
+DIRECTION_SWIZZLE: Direction
+DIRECTION_UNSPECIFIED: Direction
+DIRECTION_UNSWIZZLE: Direction
+LAYOUT_BLACKWELL_SCALE: Layout
+LAYOUT_BLACKWELL_SHUFFLED_VALUE: Layout
+LAYOUT_BLACKWELL_VALUE: Layout
+LAYOUT_HOPPER_SCALE: Layout
+LAYOUT_HOPPER_VALUE: Layout
+LAYOUT_UNSPECIFIED: Layout
+
+class BatchItem(_message.Message):
+    __slots__ = ["convert"]
+    CONVERT_FIELD_NUMBER: _ClassVar[int]
+    convert: ConvertItem
+    def __init__(self, convert: _Optional[_Union[ConvertItem, _Mapping]] = ...) -> None: ...
+
+class BatchItemResult(_message.Message):
+    __slots__ = ["engine", "kernel_seconds", "outputs"]
+    ENGINE_FIELD_NUMBER: _ClassVar[int]
+    KERNEL_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    OUTPUTS_FIELD_NUMBER: _ClassVar[int]
+    engine: str
+    kernel_seconds: float
+    outputs: _containers.RepeatedCompositeFieldContainer[TensorResult]
+    def __init__(self, outputs: _Optional[_Iterable[_Union[TensorResult, _Mapping]]] = ..., engine: _Optional[str] = ..., kernel_seconds: _Optional[float] = ...) -> None: ...
+
+class BlackwellParams(_message.Message):
+    __slots__ = ["block_k", "block_n"]
+    BLOCK_K_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_N_FIELD_NUMBER: _ClassVar[int]
+    block_k: int
+    block_n: int
+    def __init__(self, block_k: _Optional[int] = ..., block_n: _Optional[int] = ...) -> None: ...
+
+class ConversionSpec(_message.Message):
+    __slots__ = ["blackwell", "blackwell_to", "direction", "hopper", "hopper_scale", "layout", "packing_axis"]
+    BLACKWELL_FIELD_NUMBER: _ClassVar[int]
+    BLACKWELL_TO_FIELD_NUMBER: _ClassVar[int]
+    DIRECTION_FIELD_NUMBER: _ClassVar[int]
+    HOPPER_FIELD_NUMBER: _ClassVar[int]
+    HOPPER_SCALE_FIELD_NUMBER: _ClassVar[int]
+    LAYOUT_FIELD_NUMBER: _ClassVar[int]
+    PACKING_AXIS_FIELD_NUMBER: _ClassVar[int]
+    blackwell: BlackwellParams
+    blackwell_to: BlackwellParams
+    direction: Direction
+    hopper: HopperValueParams
+    hopper_scale: HopperScaleParams
+    layout: Layout
+    packing_axis: int
+    def __init__(self, layout: _Optional[_Union[Layout, str]] = ..., direction: _Optional[_Union[Direction, str]] = ..., hopper: _Optional[_Union[HopperValueParams, _Mapping]] = ..., blackwell: _Optional[_Union[BlackwellParams, _Mapping]] = ..., blackwell_to: _Optional[_Union[BlackwellParams, _Mapping]] = ..., hopper_scale: _Optional[_Union[HopperScaleParams, _Mapping]] = ..., packing_axis: _Optional[int] = ...) -> None: ...
+
+class ConvertBatchRequest(_message.Message):
+    __slots__ = ["device_uuid", "items"]
+    DEVICE_UUID_FIELD_NUMBER: _ClassVar[int]
+    ITEMS_FIELD_NUMBER: _ClassVar[int]
+    device_uuid: bytes
+    items: _containers.RepeatedCompositeFieldContainer[BatchItem]
+    def __init__(self, items: _Optional[_Iterable[_Union[BatchItem, _Mapping]]] = ..., device_uuid: _Optional[bytes] = ...) -> None: ...
+
+class ConvertBatchResponse(_message.Message):
+    __slots__ = ["items", "peak_extra_device_bytes"]
+    ITEMS_FIELD_NUMBER: _ClassVar[int]
+    PEAK_EXTRA_DEVICE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    items: _containers.RepeatedCompositeFieldContainer[BatchItemResult]
+    peak_extra_device_bytes: int
+    def __init__(self, items: _Optional[_Iterable[_Union[BatchItemResult, _Mapping]]] = ..., peak_extra_device_bytes: _Optional[int] = ...) -> None: ...
+
+class ConvertItem(_message.Message):
+    __slots__ = ["destination", "logical_shape", "source", "spec"]
+    DESTINATION_FIELD_NUMBER: _ClassVar[int]
+    LOGICAL_SHAPE_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    SPEC_FIELD_NUMBER: _ClassVar[int]
+    destination: TensorDestination
+    logical_shape: _containers.RepeatedScalarFieldContainer[int]
+    source: TensorSource
+    spec: ConversionSpec
+    def __init__(self, spec: _Optional[_Union[ConversionSpec, _Mapping]] = ..., logical_shape: _Optional[_Iterable[int]] = ..., source: _Optional[_Union[TensorSource, _Mapping]] = ..., destination: _Optional[_Union[TensorDestination, _Mapping]] = ...) -> None: ...
+
+class ConvertRequest(_message.Message):
+    __slots__ = ["destination_ipc", "device_uuid", "logical_shape", "source_bytes", "source_ipc", "source_strides", "spec"]
+    DESTINATION_IPC_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_UUID_FIELD_NUMBER: _ClassVar[int]
+    LOGICAL_SHAPE_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_IPC_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_STRIDES_FIELD_NUMBER: _ClassVar[int]
+    SPEC_FIELD_NUMBER: _ClassVar[int]
+    destination_ipc: CudaIpcBuffer
+    device_uuid: bytes
+    logical_shape: _containers.RepeatedScalarFieldContainer[int]
+    source_bytes: bytes
+    source_ipc: CudaIpcBuffer
+    source_strides: _containers.RepeatedScalarFieldContainer[int]
+    spec: ConversionSpec
+    def __init__(self, spec: _Optional[_Union[ConversionSpec, _Mapping]] = ..., logical_shape: _Optional[_Iterable[int]] = ..., source_bytes: _Optional[bytes] = ..., source_ipc: _Optional[_Union[CudaIpcBuffer, _Mapping]] = ..., destination_ipc: _Optional[_Union[CudaIpcBuffer, _Mapping]] = ..., device_uuid: _Optional[bytes] = ..., source_strides: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class ConvertResponse(_message.Message):
+    __slots__ = ["engine", "identity", "output_bytes", "output_bytes_inline", "output_shape", "output_strides", "peak_extra_device_bytes"]
+    ENGINE_FIELD_NUMBER: _ClassVar[int]
+    IDENTITY_FIELD_NUMBER: _ClassVar[int]
+    OUTPUT_BYTES_FIELD_NUMBER: _ClassVar[int]
+    OUTPUT_BYTES_INLINE_FIELD_NUMBER: _ClassVar[int]
+    OUTPUT_SHAPE_FIELD_NUMBER: _ClassVar[int]
+    OUTPUT_STRIDES_FIELD_NUMBER: _ClassVar[int]
+    PEAK_EXTRA_DEVICE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    engine: str
+    identity: LayoutIdentity
+    output_bytes: int
+    output_bytes_inline: bytes
+    output_shape: _containers.RepeatedScalarFieldContainer[int]
+    output_strides: _containers.RepeatedScalarFieldContainer[int]
+    peak_extra_device_bytes: int
+    def __init__(self, output_bytes_inline: _Optional[bytes] = ..., output_shape: _Optional[_Iterable[int]] = ..., output_strides: _Optional[_Iterable[int]] = ..., output_bytes: _Optional[int] = ..., engine: _Optional[str] = ..., peak_extra_device_bytes: _Optional[int] = ..., identity: _Optional[_Union[LayoutIdentity, _Mapping]] = ...) -> None: ...
+
+class ConvertStreamRequest(_message.Message):
+    __slots__ = ["chunk", "header"]
+    CHUNK_FIELD_NUMBER: _ClassVar[int]
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    chunk: DataChunk
+    header: StreamRequestHeader
+    def __init__(self, header: _Optional[_Union[StreamRequestHeader, _Mapping]] = ..., chunk: _Optional[_Union[DataChunk, _Mapping]] = ...) -> None: ...
+
+class ConvertStreamResponse(_message.Message):
+    __slots__ = ["chunk", "header"]
+    CHUNK_FIELD_NUMBER: _ClassVar[int]
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    chunk: DataChunk
+    header: StreamResponseHeader
+    def __init__(self, header: _Optional[_Union[StreamResponseHeader, _Mapping]] = ..., chunk: _Optional[_Union[DataChunk, _Mapping]] = ...) -> None: ...
+
+class CudaIpcBuffer(_message.Message):
+    __slots__ = ["device_uuid", "handle", "offset", "size", "strides"]
+    DEVICE_UUID_FIELD_NUMBER: _ClassVar[int]
+    HANDLE_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    SIZE_FIELD_NUMBER: _ClassVar[int]
+    STRIDES_FIELD_NUMBER: _ClassVar[int]
+    device_uuid: bytes
+    handle: bytes
+    offset: int
+    size: int
+    strides: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, handle: _Optional[bytes] = ..., offset: _Optional[int] = ..., size: _Optional[int] = ..., device_uuid: _Optional[bytes] = ..., strides: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class DataChunk(_message.Message):
+    __slots__ = ["data", "offset"]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    data: bytes
+    offset: int
+    def __init__(self, offset: _Optional[int] = ..., data: _Optional[bytes] = ...) -> None: ...
+
+class DeviceInfo(_message.Message):
+    __slots__ = ["allocated_bytes", "compute_capability_major", "compute_capability_minor", "in_flight", "name", "ordinal", "streams", "total_memory_bytes", "uuid", "warm"]
+    ALLOCATED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    COMPUTE_CAPABILITY_MAJOR_FIELD_NUMBER: _ClassVar[int]
+    COMPUTE_CAPABILITY_MINOR_FIELD_NUMBER: _ClassVar[int]
+    IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    ORDINAL_FIELD_NUMBER: _ClassVar[int]
+    STREAMS_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    UUID_FIELD_NUMBER: _ClassVar[int]
+    WARM_FIELD_NUMBER: _ClassVar[int]
+    allocated_bytes: int
+    compute_capability_major: int
+    compute_capability_minor: int
+    in_flight: int
+    name: str
+    ordinal: int
+    streams: int
+    total_memory_bytes: int
+    uuid: bytes
+    warm: bool
+    def __init__(self, uuid: _Optional[bytes] = ..., name: _Optional[str] = ..., ordinal: _Optional[int] = ..., compute_capability_major: _Optional[int] = ..., compute_capability_minor: _Optional[int] = ..., total_memory_bytes: _Optional[int] = ..., warm: bool = ..., streams: _Optional[int] = ..., in_flight: _Optional[int] = ..., allocated_bytes: _Optional[int] = ...) -> None: ...
+
+class HopperScaleParams(_message.Message):
+    __slots__ = ["mx_axis", "num_warps"]
+    MX_AXIS_FIELD_NUMBER: _ClassVar[int]
+    NUM_WARPS_FIELD_NUMBER: _ClassVar[int]
+    mx_axis: int
+    num_warps: int
+    def __init__(self, mx_axis: _Optional[int] = ..., num_warps: _Optional[int] = ...) -> None: ...
+
+class HopperValueParams(_message.Message):
+    __slots__ = ["mma_version", "mx_axis"]
+    MMA_VERSION_FIELD_NUMBER: _ClassVar[int]
+    MX_AXIS_FIELD_NUMBER: _ClassVar[int]
+    mma_version: int
+    mx_axis: int
+    def __init__(self, mx_axis: _Optional[int] = ..., mma_version: _Optional[int] = ...) -> None: ...
+
+class IpcHandleRef(_message.Message):
+    __slots__ = ["device_uuid", "handle"]
+    DEVICE_UUID_FIELD_NUMBER: _ClassVar[int]
+    HANDLE_FIELD_NUMBER: _ClassVar[int]
+    device_uuid: bytes
+    handle: bytes
+    def __init__(self, handle: _Optional[bytes] = ..., device_uuid: _Optional[bytes] = ...) -> None: ...
+
+class LayoutIdentity(_message.Message):
+    __slots__ = ["contract_version", "conversion", "layout"]
+    CONTRACT_VERSION_FIELD_NUMBER: _ClassVar[int]
+    CONVERSION_FIELD_NUMBER: _ClassVar[int]
+    LAYOUT_FIELD_NUMBER: _ClassVar[int]
+    contract_version: int
+    conversion: str
+    layout: str
+    def __init__(self, layout: _Optional[str] = ..., conversion: _Optional[str] = ..., contract_version: _Optional[int] = ...) -> None: ...
+
+class ListDevicesRequest(_message.Message):
+    __slots__ = []
+    def __init__(self) -> None: ...
+
+class ListDevicesResponse(_message.Message):
+    __slots__ = ["cpu_engine", "cpu_threads", "devices"]
+    CPU_ENGINE_FIELD_NUMBER: _ClassVar[int]
+    CPU_THREADS_FIELD_NUMBER: _ClassVar[int]
+    DEVICES_FIELD_NUMBER: _ClassVar[int]
+    cpu_engine: bool
+    cpu_threads: int
+    devices: _containers.RepeatedCompositeFieldContainer[DeviceInfo]
+    def __init__(self, devices: _Optional[_Iterable[_Union[DeviceInfo, _Mapping]]] = ..., cpu_engine: bool = ..., cpu_threads: _Optional[int] = ...) -> None: ...
+
+class PlanRequest(_message.Message):
+    __slots__ = ["input_buffer_bytes", "input_strides", "logical_shape", "spec"]
+    INPUT_BUFFER_BYTES_FIELD_NUMBER: _ClassVar[int]
+    INPUT_STRIDES_FIELD_NUMBER: _ClassVar[int]
+    LOGICAL_SHAPE_FIELD_NUMBER: _ClassVar[int]
+    SPEC_FIELD_NUMBER: _ClassVar[int]
+    input_buffer_bytes: int
+    input_strides: _containers.RepeatedScalarFieldContainer[int]
+    logical_shape: _containers.RepeatedScalarFieldContainer[int]
+    spec: ConversionSpec
+    def __init__(self, spec: _Optional[_Union[ConversionSpec, _Mapping]] = ..., logical_shape: _Optional[_Iterable[int]] = ..., input_strides: _Optional[_Iterable[int]] = ..., input_buffer_bytes: _Optional[int] = ...) -> None: ...
+
+class PlanResponse(_message.Message):
+    __slots__ = ["description", "identity", "input_bytes", "input_shape", "input_strides", "output_bytes", "output_shape", "output_strides"]
+    DESCRIPTION_FIELD_NUMBER: _ClassVar[int]
+    IDENTITY_FIELD_NUMBER: _ClassVar[int]
+    INPUT_BYTES_FIELD_NUMBER: _ClassVar[int]
+    INPUT_SHAPE_FIELD_NUMBER: _ClassVar[int]
+    INPUT_STRIDES_FIELD_NUMBER: _ClassVar[int]
+    OUTPUT_BYTES_FIELD_NUMBER: _ClassVar[int]
+    OUTPUT_SHAPE_FIELD_NUMBER: _ClassVar[int]
+    OUTPUT_STRIDES_FIELD_NUMBER: _ClassVar[int]
+    description: str
+    identity: LayoutIdentity
+    input_bytes: int
+    input_shape: _containers.RepeatedScalarFieldContainer[int]
+    input_strides: _containers.RepeatedScalarFieldContainer[int]
+    output_bytes: int
+    output_shape: _containers.RepeatedScalarFieldContainer[int]
+    output_strides: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, input_shape: _Optional[_Iterable[int]] = ..., input_strides: _Optional[_Iterable[int]] = ..., input_bytes: _Optional[int] = ..., output_shape: _Optional[_Iterable[int]] = ..., output_strides: _Optional[_Iterable[int]] = ..., output_bytes: _Optional[int] = ..., description: _Optional[str] = ..., identity: _Optional[_Union[LayoutIdentity, _Mapping]] = ...) -> None: ...
+
+class RegisterIpcHandlesRequest(_message.Message):
+    __slots__ = ["handles"]
+    HANDLES_FIELD_NUMBER: _ClassVar[int]
+    handles: _containers.RepeatedCompositeFieldContainer[IpcHandleRef]
+    def __init__(self, handles: _Optional[_Iterable[_Union[IpcHandleRef, _Mapping]]] = ...) -> None: ...
+
+class RegisterIpcHandlesResponse(_message.Message):
+    __slots__ = ["allocation_bytes", "already_open"]
+    ALLOCATION_BYTES_FIELD_NUMBER: _ClassVar[int]
+    ALREADY_OPEN_FIELD_NUMBER: _ClassVar[int]
+    allocation_bytes: _containers.RepeatedScalarFieldContainer[int]
+    already_open: int
+    def __init__(self, allocation_bytes: _Optional[_Iterable[int]] = ..., already_open: _Optional[int] = ...) -> None: ...
+
+class ReleaseIpcHandlesRequest(_message.Message):
+    __slots__ = ["handles"]
+    HANDLES_FIELD_NUMBER: _ClassVar[int]
+    handles: _containers.RepeatedCompositeFieldContainer[IpcHandleRef]
+    def __init__(self, handles: _Optional[_Iterable[_Union[IpcHandleRef, _Mapping]]] = ...) -> None: ...
+
+class ReleaseIpcHandlesResponse(_message.Message):
+    __slots__ = ["deferred", "released"]
+    DEFERRED_FIELD_NUMBER: _ClassVar[int]
+    RELEASED_FIELD_NUMBER: _ClassVar[int]
+    deferred: int
+    released: int
+    def __init__(self, released: _Optional[int] = ..., deferred: _Optional[int] = ...) -> None: ...
+
+class StreamRequestHeader(_message.Message):
+    __slots__ = ["device_uuid", "logical_shape", "spec"]
+    DEVICE_UUID_FIELD_NUMBER: _ClassVar[int]
+    LOGICAL_SHAPE_FIELD_NUMBER: _ClassVar[int]
+    SPEC_FIELD_NUMBER: _ClassVar[int]
+    device_uuid: bytes
+    logical_shape: _containers.RepeatedScalarFieldContainer[int]
+    spec: ConversionSpec
+    def __init__(self, spec: _Optional[_Union[ConversionSpec, _Mapping]] = ..., logical_shape: _Optional[_Iterable[int]] = ..., device_uuid: _Optional[bytes] = ...) -> None: ...
+
+class StreamResponseHeader(_message.Message):
+    __slots__ = ["engine", "identity", "input_bytes", "output_bytes", "output_shape", "output_strides"]
+    ENGINE_FIELD_NUMBER: _ClassVar[int]
+    IDENTITY_FIELD_NUMBER: _ClassVar[int]
+    INPUT_BYTES_FIELD_NUMBER: _ClassVar[int]
+    OUTPUT_BYTES_FIELD_NUMBER: _ClassVar[int]
+    OUTPUT_SHAPE_FIELD_NUMBER: _ClassVar[int]
+    OUTPUT_STRIDES_FIELD_NUMBER: _ClassVar[int]
+    engine: str
+    identity: LayoutIdentity
+    input_bytes: int
+    output_bytes: int
+    output_shape: _containers.RepeatedScalarFieldContainer[int]
+    output_strides: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, output_shape: _Optional[_Iterable[int]] = ..., output_strides: _Optional[_Iterable[int]] = ..., output_bytes: _Optional[int] = ..., input_bytes: _Optional[int] = ..., engine: _Optional[str] = ..., identity: _Optional[_Union[LayoutIdentity, _Mapping]] = ...) -> None: ...
+
+class TensorDestination(_message.Message):
+    __slots__ = ["ipc"]
+    IPC_FIELD_NUMBER: _ClassVar[int]
+    ipc: CudaIpcBuffer
+    def __init__(self, ipc: _Optional[_Union[CudaIpcBuffer, _Mapping]] = ...) -> None: ...
+
+class TensorResult(_message.Message):
+    __slots__ = ["bytes", "identity", "inline_bytes", "shape", "strides"]
+    BYTES_FIELD_NUMBER: _ClassVar[int]
+    IDENTITY_FIELD_NUMBER: _ClassVar[int]
+    INLINE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    SHAPE_FIELD_NUMBER: _ClassVar[int]
+    STRIDES_FIELD_NUMBER: _ClassVar[int]
+    bytes: int
+    identity: LayoutIdentity
+    inline_bytes: bytes
+    shape: _containers.RepeatedScalarFieldContainer[int]
+    strides: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, shape: _Optional[_Iterable[int]] = ..., strides: _Optional[_Iterable[int]] = ..., bytes: _Optional[int] = ..., inline_bytes: _Optional[bytes] = ..., identity: _Optional[_Union[LayoutIdentity, _Mapping]] = ...) -> None: ...
+
+class TensorSource(_message.Message):
+    __slots__ = ["inline_bytes", "inline_strides", "ipc"]
+    INLINE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    INLINE_STRIDES_FIELD_NUMBER: _ClassVar[int]
+    IPC_FIELD_NUMBER: _ClassVar[int]
+    inline_bytes: bytes
+    inline_strides: _containers.RepeatedScalarFieldContainer[int]
+    ipc: CudaIpcBuffer
+    def __init__(self, inline_bytes: _Optional[bytes] = ..., ipc: _Optional[_Union[CudaIpcBuffer, _Mapping]] = ..., inline_strides: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class Layout(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = []
+
+class Direction(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = []
