@@ -201,11 +201,12 @@ absl::StatusOr<Row> RunRow(const Settings& s, Mode mode, const std::vector<Bench
   std::latch warm(concurrency + 1), go(1);
   std::vector<std::vector<double>> latencies(static_cast<size_t>(concurrency));
   std::vector<std::thread> threads;
+  threads.reserve(static_cast<size_t>(concurrency));
   for (int w = 0; w < concurrency; ++w) {
     threads.emplace_back([&, w] {
       Worker& worker = *workers[static_cast<size_t>(w)];
       absl::Status st;
-      for (int i = 0; i < s.warmup && st.ok(); ++i) st = worker.Run(static_cast<size_t>(w + i)).status();
+      for (int i = 0; i < s.warmup && st.ok(); ++i) st = worker.Run(static_cast<size_t>(w) + static_cast<size_t>(i)).status();
       warm.count_down();
       go.wait();
       for (int i = next.fetch_add(1); st.ok() && i < requests; i = next.fetch_add(1)) {
