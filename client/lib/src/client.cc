@@ -145,9 +145,10 @@ std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target, int max_me
   args.SetInt("wprep.connection", connection);
   // The daemon is local: reconnecting costs little, and gRPC's default backoff (1 s,
   // growing to 2 min) would keep a channel failing fast long after a restarted daemon
-  // listens again, whatever RetryPolicy the calls have.
+  // listens again, whatever RetryPolicy the calls have. (GRPC_ARG_MIN_RECONNECT_BACKOFF_MS
+  // stays at its 20 s: it is also how long a connection may take to answer, and a busy
+  // daemon can take more than a short backoff.)
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
-  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
   return grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);
 }
