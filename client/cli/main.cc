@@ -7,8 +7,11 @@
 
 #include "absl/status/status.h"
 #include "convert_args.h"
+#include "inspect.h"
 #include "local_convert.h"
 #if defined(WPREP_CLI_REMOTE)
+#include "bench.h"
+#include "convert_safetensors.h"
 #include "health.h"
 #include "remote_convert.h"
 #endif
@@ -19,7 +22,11 @@ constexpr char kUsage[] =
     "usage: wprep <command> [flags]\n"
     "commands:\n"
     "  convert   convert one tensor file between MXFP4 layouts (wprep convert --help)\n"
-    "  health    ask a running wprepd whether it is SERVING (wprep health --help)\n";
+    "  health    ask a running wprepd whether it is SERVING (wprep health --help)\n"
+    "  plan      what a conversion reads and writes, without converting (wprep plan --help)\n"
+    "  devices   the GPUs and engines a running wprepd uses (wprep devices --help)\n"
+    "  bench     latency and throughput of a running wprepd (wprep bench --help)\n"
+    "  convert-safetensors  convert an MXFP4 checkpoint's tensors (wprep convert-safetensors --help)\n";
 
 // One line, beginning with the status code name; exit status 2.
 int Fail(const absl::Status& s) {
@@ -86,6 +93,16 @@ int main(int argc, char** argv) {
   args.erase(args.begin());
   if (command == "convert") return Convert(args);
   if (command == "health") return Health(args);
+  if (command == "plan") return wprep::cli::PlanCommand(args);
+  if (command == "devices") return wprep::cli::DevicesCommand(args);
+#if defined(WPREP_CLI_REMOTE)
+  if (command == "bench") return wprep::cli::BenchCommand(args);
+  if (command == "convert-safetensors") return wprep::cli::ConvertSafetensorsCommand(args);
+#else
+  if (command == "bench" || command == "convert-safetensors") {
+    return Fail(absl::UnimplementedError("this wprep build has no gRPC client (built without gRPC)"));
+  }
+#endif
   std::fprintf(stderr, "INVALID_ARGUMENT: unknown command '%s'\n%s", command.c_str(), kUsage);
   return 2;
 }

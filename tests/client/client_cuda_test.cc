@@ -1,0 +1,209 @@
+// wprep::client_cuda (IpcExporter) on a GPU, against a real wprepd on the same GPU:
+// tensors that sit in the middle of larger allocations convert byte for byte through
+// the daemon, IPC -> IPC, as the local engine (wprep::ConvertOnCpu, checked against the
+// reference vectors elsewhere) converts the same bytes. Skipped where no GPU exists.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "daemon_harness.h"
+#include "golden.h"
+#include "wprep/client/batch.h"
+#include "wprep/client/client.h"
+#include "wprep/client/cuda_ipc.h"
+#include "wprep/kernels/cpu_engine.h"
+#include "wprep/kernels/plan.h"
+
+namespace wprep {
+namespace {
+
+namespace v1 = wprep::v1;
+
+bool HaveGpu() {
+  int n = 0;
+  const bool ok = cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+  cudaGetLastError();
+  return ok;
+}
+
+std::vector<uint8_t> Expected(const client::TensorConversion& c, const std::vector<uint8_t>& in) {
+  absl::StatusOr<Plan> plan = MakePlan(c.spec, c.logical_shape, InputBinding{c.input_strides, in.size()});
+  EXPECT_TRUE(plan.ok()) << plan.status();
+  std::vector<uint8_t> out(plan->output_bytes);
+  EXPECT_TRUE(ConvertOnCpu(*plan, in.data(), in.size(), out.data(), out.size()).ok());
+  return out;
+}
+
+// One cudaMalloc'd pool, filled with a canary, freed at the end.
+struct Pool {
+  explicit Pool(size_t bytes) : size(bytes) {
+    EXPECT_EQ(cudaMalloc(&base, bytes), cudaSuccess);
+    EXPECT_EQ(cudaMemset(base, 0xEE, bytes), cudaSuccess);
+  }
+  ~Pool() { cudaFree(base); }
+  uint8_t* at(size_t off) const { return static_cast<uint8_t*>(base) + off; }
+  void Put(size_t off, const std::vector<uint8_t>& b) const {
+    ASSERT_EQ(cudaMemcpy(at(off), b.data(), b.size(), cudaMemcpyHostToDevice), cudaSuccess);
+  }
+  std::vector<uint8_t> Get(size_t off, size_t n) const {
+    std::vector<uint8_t> b(n);
+    EXPECT_EQ(cudaMemcpy(b.data(), at(off), n, cudaMemcpyDeviceToHost), cudaSuccess);
+    return b;
+  }
+  void* base = nullptr;
+  size_t size = 0;
+};
+
+class ClientCudaTest : public ::testing::Test {
+ protected:
+  // The daemon starts before this process touches CUDA (it is forked from here).
+  static void SetUpTestSuite() {
+    std::string error;
+    daemon_ = testing::Daemon::Start({}, &error, absl::Seconds(300)).release();
+    ASSERT_NE(daemon_, nullptr) << error;
+    ASSERT_TRUE(daemon_->WaitServing(absl::Seconds(300))) << daemon_->Log();
+  }
+  static void TearDownTestSuite() {
+    delete daemon_;
+    daemon_ = nullptr;
+  }
+  void SetUp() override {
+    if (!HaveGpu()) GTEST_SKIP() << "no GPU";
+    client_ = std::make_unique<client::Client>(daemon_->unix_target(), 1);
+    absl::StatusOr<v1::ListDevicesResponse> d = client_->ListDevices();
+    ASSERT_TRUE(d.ok()) << d.status();
+    if (d->devices_size() == 0) GTEST_SKIP() << "the daemon uses no GPU";
+  }
+  static testing::Daemon* daemon_;
+  std::unique_ptr<client::Client> client_;
+};
+testing::Daemon* ClientCudaTest::daemon_ = nullptr;
+
+TEST_F(ClientCudaTest, APointerIntoTheMiddleOfAnAllocationConvertsByteExact) {
+  client::TensorConversion c;
+  c.spec.layout = Layout::kHopperValue;
+  c.spec.packing_axis = -2;
+  c.logical_shape = {4, 512, 768};
+  const std::vector<uint8_t> in = testing::SplitMix64Bytes(11, 4 * 768 * 256);
+  const std::vector<uint8_t> want = Expected(c, in);
+  Pool pool(64 << 20);
+  const size_t src_off = (1 << 20) + 4096 + 256, dst_off = (40 << 20) + 512;
+  pool.Put(src_off, in);
+
+  client::IpcExporter ex;
+  absl::StatusOr<v1::CudaIpcBuffer> src = ex.Export(pool.at(src_off), in.size());
+  absl::StatusOr<v1::CudaIpcBuffer> dst = ex.Export(pool.at(dst_off), want.size());
+  ASSERT_TRUE(src.ok()) << src.status();
+  ASSERT_TRUE(dst.ok()) << dst.status();
+  EXPECT_EQ(ex.cached(), 1u);  // one allocation, exported once
+  EXPECT_EQ(src->handle(), dst->handle());
+  EXPECT_EQ(src->handle().size(), 64u);
+  EXPECT_EQ(src->device_uuid().size(), 16u);
+  EXPECT_EQ(src->offset(), src_off);
+  EXPECT_EQ(dst->offset(), dst_off);
+
+  v1::ConvertRequest r;
+  *r.mutable_spec() = SpecToProto(c.spec);
+  for (int64_t d : c.logical_shape) r.add_logical_shape(d);
+  *r.mutable_source_ipc() = *src;
+  *r.mutable_destination_ipc() = *dst;
+  absl::StatusOr<v1::ConvertResponse> resp = client_->Convert(r);
+  ASSERT_TRUE(resp.ok()) << resp.status();
+  EXPECT_EQ(resp->peak_extra_device_bytes(), 0u);
+  EXPECT_EQ(pool.Get(dst_off, want.size()), want);
+  // Nothing outside the destination was written.
+  const std::vector<uint8_t> before = pool.Get(dst_off - 512, 512), after = pool.Get(dst_off + want.size(), 4096);
+  EXPECT_EQ(before, std::vector<uint8_t>(512, 0xEE));
+  EXPECT_EQ(after, std::vector<uint8_t>(4096, 0xEE));
+  EXPECT_TRUE(ex.Release(*client_, pool.at(src_off)).ok());
+  EXPECT_EQ(ex.cached(), 0u);
+}
+
+// A gpt-oss projection from its checkpoint bytes in device memory: values and the
+// strided scale view in one ConvertBatch, IPC -> IPC, sources and destinations in two
+// allocations.
+TEST_F(ClientCudaTest, ACheckpointPairConvertsInOneBatch) {
+  const int64_t e = 4, n = 384, g = 6;  // K = 192
+  ConversionSpec hv, hs;
+  hv.layout = Layout::kHopperValue;
+  hs.layout = Layout::kHopperScale;
+  const client::TensorConversion values = *client::CheckpointValues(hv, {e, n, g, 16});
+  const client::TensorConversion scales = *client::CheckpointScales(hs, {e, n, g});
+  const std::vector<uint8_t> vin = testing::SplitMix64Bytes(5, static_cast<uint64_t>(e * n * g * 16));
+  const std::vector<uint8_t> sin = testing::SplitMix64Bytes(6, static_cast<uint64_t>(e * n * g));
+  const std::vector<uint8_t> vwant = Expected(values, vin), swant = Expected(scales, sin);
+  Pool sources(8 << 20), outputs(8 << 20);
+  sources.Put(4096, vin);
+  sources.Put(3 << 20, sin);
+  client::IpcExporter ex;
+  client::BatchBuilder b;
+  auto exp = [&](void* p, uint64_t size) {
+    absl::StatusOr<v1::CudaIpcBuffer> r = ex.Export(p, size);
+    EXPECT_TRUE(r.ok()) << r.status();
+    return *r;
+  };
+  const v1::CudaIpcBuffer vout = exp(outputs.at(256), vwant.size());
+  const v1::CudaIpcBuffer sout = exp(outputs.at(5 << 20), swant.size());
+  b.AddIpc(values, exp(sources.at(4096), vin.size()), &vout);
+  b.AddIpc(scales, exp(sources.at(3 << 20), sin.size()), &sout);
+  EXPECT_EQ(ex.cached(), 2u);
+  EXPECT_EQ(b.request().items(1).convert().source().ipc().strides_size(), 3);
+  absl::StatusOr<v1::ConvertBatchResponse> r = client_->ConvertBatch(b.Take());
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(outputs.Get(256, vwant.size()), vwant);
+  EXPECT_EQ(outputs.Get(5 << 20, swant.size()), swant);
+  v1::ReleaseIpcHandlesRequest release;
+  for (v1::IpcHandleRef& ref : ex.ForgetAll()) *release.add_handles() = std::move(ref);
+  EXPECT_EQ(release.handles_size(), 2);
+  EXPECT_TRUE(client_->ReleaseIpcHandles(release).ok());
+}
+
+TEST_F(ClientCudaTest, RefusesWhatHasNoHandle) {
+  client::IpcExporter ex;
+  std::vector<uint8_t> host(4096);
+  absl::StatusOr<v1::CudaIpcBuffer> r = ex.Export(host.data(), host.size());
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << r.status();
+  void* managed = nullptr;
+  ASSERT_EQ(cudaMallocManaged(&managed, 4096), cudaSuccess);
+  r = ex.Export(managed, 4096);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << r.status();
+  cudaFree(managed);
+  Pool pool(1 << 20);
+  r = ex.Export(pool.at(1000), pool.size);  // runs past the allocation's end
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << r.status();
+  EXPECT_TRUE(ex.Export(pool.at(1000), pool.size - 1000).ok());
+}
+
+// Memory released and allocated again is exported afresh once the old entry is gone.
+TEST_F(ClientCudaTest, ReleasedMemoryIsExportedAfresh) {
+  client::TensorConversion c;
+  c.spec.layout = Layout::kBlackwellValue;
+  c.logical_shape = {256, 512};
+  const std::vector<uint8_t> in = testing::SplitMix64Bytes(9, 256 * 256);
+  const std::vector<uint8_t> want = Expected(c, in);
+  client::IpcExporter ex;
+  for (int round = 0; round < 3; ++round) {
+    SCOPED_TRACE(round);
+    Pool src(1 << 20), dst(1 << 20);
+    src.Put(512, in);
+    v1::ConvertRequest r;
+    *r.mutable_spec() = SpecToProto(c.spec);
+    for (int64_t d : c.logical_shape) r.add_logical_shape(d);
+    *r.mutable_source_ipc() = *ex.Export(src.at(512), in.size());
+    *r.mutable_destination_ipc() = *ex.Export(dst.at(1024), want.size());
+    absl::StatusOr<v1::ConvertResponse> resp = client_->Convert(r);
+    ASSERT_TRUE(resp.ok()) << resp.status();
+    EXPECT_EQ(dst.Get(1024, want.size()), want);
+    EXPECT_TRUE(ex.Release(*client_, src.base).ok());
+    EXPECT_TRUE(ex.Release(*client_, dst.at(100)).ok());  // any pointer into it
+    EXPECT_EQ(ex.cached(), 0u);
+  }
+}
+
+}  // namespace
+}  // namespace wprep
