@@ -42,7 +42,13 @@ absl::StatusOr<std::unique_ptr<DeviceRun>> DeviceRun::Begin(Gpu& gpu, PinnedHost
   run->staging_ = staging;
   WPREP_RETURN_IF_ERROR(run->stage_in_.Get(pinned, staging.input_bytes));
   WPREP_RETURN_IF_ERROR(run->stage_out_.Get(pinned, staging.output_bytes));
-  WPREP_RETURN_IF_ERROR(run->memory_.Reserve(staging.input_bytes + staging.output_bytes, memory_deadline));
+  absl::Status reserved = run->memory_.Reserve(staging.input_bytes + staging.output_bytes, memory_deadline);
+  if (!reserved.ok() && absl::Now() >= deadline) {
+    // The call's own deadline ended the wait, not --memory-wait: say so.
+    return absl::DeadlineExceededError(absl::StrCat("deadline passed while waiting for device memory: ",
+                                                    reserved.message()));
+  }
+  WPREP_RETURN_IF_ERROR(reserved);
   WPREP_ASSIGN_OR_RETURN(run->device_in_, run->memory_.Allocate(staging.input_bytes));
   WPREP_ASSIGN_OR_RETURN(run->device_out_, run->memory_.Allocate(staging.output_bytes));
   return run;
