@@ -72,7 +72,7 @@ test-thread-safety: deps
 # justified) are in tests/tsan/suppressions.txt.
 TSAN_EXCLUDE = NOT_BUILT|Hardening.UnreadAnswersStayWithinTheBufferBudget
 test-tsan: test-thread-safety
-	rm -rf $(TSA_BUILD)/tsan-reports && mkdir -p $(TSA_BUILD)/tsan-reports
+	rm -rf $(TSA_BUILD)/tsan-reports && mkdir -p $(TSA_BUILD)/tsan-reports && chmod 1777 $(TSA_BUILD)/tsan-reports
 	cd $(TSA_BUILD) && TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 \
 	  suppressions=$(CURDIR)/tests/tsan/suppressions.txt log_path=$(CURDIR)/$(TSA_BUILD)/tsan-reports/report" \
 	  ctest --output-on-failure -j $(JOBS) --timeout 900 -E '$(TSAN_EXCLUDE)'

@@ -4,6 +4,7 @@
 # the benchmark. Full logs go to $OUT; a short table is printed last.
 # Env: WPREP_TESTS (glob of test binaries, default *_test; "none" runs none),
 # WPREP_SANITIZER, WPREP_BENCH, WPREP_RPC_BENCH, WPREP_LOADER_BENCH, WPREP_SOAK (0 skips),
+# WPREP_PYTHON (the Python GPU tests), WPREP_PYTHON_BENCH, WPREP_SAFETENSORS_BENCH,
 # WPREP_BENCH_ARGS, WPREP_LOADER_ARGS. With .bundle-base/ carried too (a bundle of another
 # commit), its rpc bench runs right after this one's, for a comparison in one run.
 set -uo pipefail
@@ -15,6 +16,7 @@ export WPREP_TEST_DATA_DIR=$PWD/tests/data
 export WPREP_CLI=$PWD/.bundle/bin/wprep
 export WPREPD=$PWD/.bundle/bin/wprepd
 export WPREP_IPC_CLIENT_PATH=$PWD/.bundle/bin/wprep_ipc_client
+export WPREP_FAULT_CLIENT_PATH=$PWD/.bundle/bin/wprep_fault_client
 summary=()
 
 { date -u; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv; nproc; } > "$OUT/machine.txt" 2>&1
@@ -90,10 +92,24 @@ if [[ ${WPREP_PYTHON:-$(python3 -c 'import torch' >/dev/null 2>&1 && echo 1 || e
     timeout 900 python3 client/python/tests/test_gpu.py > "$OUT/python_gpu_tests.log" 2>&1
   fi
   py_rc=$?
-  timeout 900 python3 client/python/bench/swizzle_bench.py --json "$OUT/python_bench.json" > "$OUT/python_bench.txt" 2>&1
-  bench_rc=$?
   echo
   grep -E '^(FAILED|SKIPPED|ERROR)|passed|failed' "$OUT/python_gpu_tests.log" | tail -20
-  tail -7 "$OUT/python_bench.txt"
-  echo "python gpu tests rc=$py_rc; python bench rc=$bench_rc"
+  echo "python gpu tests rc=$py_rc"
+fi
+if [[ ${WPREP_PYTHON_BENCH:-${WPREP_PYTHON:-$(python3 -c 'import torch' >/dev/null 2>&1 && echo 1 || echo 0)}} == 1 ]]; then
+  export PYTHONPATH=$PWD/client/python${PYTHONPATH:+:$PYTHONPATH}
+  timeout 900 python3 client/python/bench/swizzle_bench.py --json "$OUT/python_bench.json" --profile "$OUT/python_profile.txt" > "$OUT/python_bench.txt" 2>&1
+  bench_rc=$?
+  tail -9 "$OUT/python_bench.txt"
+  echo "python bench rc=$bench_rc"
+fi
+
+# convert-safetensors on a ~1 GiB gpt-oss-shaped checkpoint next to raw ConvertStream of the
+# same bytes, on this machine's GPUs (WPREP_SAFETENSORS_BENCH=0 skips it).
+if [[ ${WPREP_SAFETENSORS_BENCH:-1} == 1 && -x .bundle/bin/wprep_fake_checkpoint ]]; then
+  BIN=.bundle/bin DAEMON_ARGS= WORK=${WPREP_SAFETENSORS_WORK:-/tmp/wprep-safetensors-bench} \
+    timeout 400 bash scripts/safetensors_bench.sh > "$OUT/safetensors_bench.txt" 2>&1
+  st_rc=$?
+  tail -6 "$OUT/safetensors_bench.txt"
+  echo "safetensors bench rc=$st_rc"
 fi

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "log.h"
 
 namespace wprep::server {
@@ -31,7 +32,9 @@ absl::Status DeviceAllocator::Reserve(uint64_t bytes, absl::Time deadline) {
     return budget_ == 0 || reserved_ + bytes <= budget_;
   };
   bool got = fits();
-  if (!got) {
+  if (!got && deadline <= absl::Now()) {
+    // Only asked whether it fits now (a batch's extra lane): no wait to count.
+  } else if (!got) {
     // Counted as waiting (and as one wait) while other requests hold the budget.
     if (metrics_ != nullptr) {
       metrics_->memory_waits->Increment();

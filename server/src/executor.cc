@@ -192,22 +192,32 @@ absl::StatusOr<Executor::BatchOutcome> Executor::ConvertBatch(const std::vector<
 absl::Status Executor::RunBatchOnGpu(Gpu& gpu, const std::vector<ConvertJob>& jobs, const std::vector<size_t>& items,
                                      std::vector<Mapped>& mapped, const std::vector<std::string*>& inline_outputs,
                                      absl::Time deadline, BatchOutcome* out) {
-  // The items go round-robin over up to all of the GPU's streams, each a DeviceRun
-  // staged for the largest host-side item it gets.
-  const size_t k = std::min<size_t>(items.size(), static_cast<size_t>(std::max(1, gpu.streams())));
+  // The items go round-robin over up to all of the GPU's streams, each a DeviceRun staged
+  // for the largest host-side item, so any item can run on any lane. Only the first lane
+  // waits for a stream and memory; the others are taken only if free at once. A batch
+  // never waits while it holds a stream, so concurrent batches cannot deadlock, each
+  // holding some streams and waiting for more: with fewer lanes it runs on fewer streams.
+  DeviceRun::Staging staging;
+  for (size_t i : items) {
+    if (!jobs[i].source_ipc) staging.input_bytes = std::max(staging.input_bytes, jobs[i].plan.input_bytes);
+    if (!jobs[i].destination_ipc) staging.output_bytes = std::max(staging.output_bytes, jobs[i].plan.output_bytes);
+  }
+  const size_t want = std::min<size_t>(items.size(), static_cast<size_t>(std::max(1, gpu.streams())));
+  std::vector<std::unique_ptr<DeviceRun>> runs;
+  {
+    WPREP_ASSIGN_OR_RETURN(std::unique_ptr<DeviceRun> first,
+                           DeviceRun::Begin(gpu, devices_->pinned(), staging, deadline, MemoryDeadline(deadline)));
+    runs.push_back(std::move(first));
+  }
+  while (runs.size() < want) {
+    const absl::Time now = absl::Now();  // a deadline already reached: take what is free, wait for nothing
+    absl::StatusOr<std::unique_ptr<DeviceRun>> more = DeviceRun::Begin(gpu, devices_->pinned(), staging, now, now);
+    if (!more.ok()) break;
+    runs.push_back(*std::move(more));
+  }
+  const size_t k = runs.size();
   std::vector<std::vector<size_t>> lanes(k);
   for (size_t n = 0; n < items.size(); ++n) lanes[n % k].push_back(items[n]);
-  std::vector<std::unique_ptr<DeviceRun>> runs;
-  for (const std::vector<size_t>& lane : lanes) {
-    DeviceRun::Staging staging;
-    for (size_t i : lane) {
-      if (!jobs[i].source_ipc) staging.input_bytes = std::max(staging.input_bytes, jobs[i].plan.input_bytes);
-      if (!jobs[i].destination_ipc) staging.output_bytes = std::max(staging.output_bytes, jobs[i].plan.output_bytes);
-    }
-    WPREP_ASSIGN_OR_RETURN(std::unique_ptr<DeviceRun> run,
-                           DeviceRun::Begin(gpu, devices_->pinned(), staging, deadline, MemoryDeadline(deadline)));
-    runs.push_back(std::move(run));
-  }
   for (size_t lane = 0; lane < k; ++lane) {
     for (size_t i : lanes[lane]) {
       const ConvertJob& job = jobs[i];

@@ -133,7 +133,9 @@ class FaultClient {
     posix_spawn_file_actions_init(&actions);
     posix_spawn_file_actions_adddup2(&actions, fds[1], STDOUT_FILENO);
     posix_spawn_file_actions_addclose(&actions, fds[0]);
-    std::string path = WPREP_FAULT_CLIENT_PATH, m = mode, t = target;
+    // $WPREP_FAULT_CLIENT_PATH overrides the built path (the GPU bundle moves binaries).
+    const char* env = std::getenv("WPREP_FAULT_CLIENT_PATH");
+    std::string path = env != nullptr && *env != '\0' ? env : WPREP_FAULT_CLIENT_PATH, m = mode, t = target;
     char* argv[] = {path.data(), m.data(), t.data(), nullptr};
     if (posix_spawn(&pid_, path.c_str(), &actions, nullptr, argv, environ) != 0) pid_ = -1;
     posix_spawn_file_actions_destroy(&actions);
@@ -734,6 +736,45 @@ TEST(FaultFakeGpu, DeadlineWhileWaitingForAStream) {
   EXPECT_TRUE(*held == c.expected);
   EXPECT_TRUE(WaitFor([&] { return Idle(d.metrics(), "gpu0"); }));
   EXPECT_EQ(d.runtime().fake().totals().converts, converts + 1) << "the expired request converted";
+}
+
+// A batch never waits for a second stream while it holds one: with one of the GPU's two
+// streams held by a conversion at the gate, a two-item batch runs both items on the
+// stream it got (it reaches the gate) instead of holding that stream while it waits for
+// the other. Batches that each held some streams and waited for more deadlocked.
+TEST(FaultFakeGpu, BatchTakesOnlyFreeStreamsBeyondItsFirst) {
+  FakeGpuDaemon d({"--streams-per-device=2"});
+  ASSERT_SERVING(d);
+  const BigCase c;
+  d.runtime().Close();
+  Async<absl::StatusOr<std::string>> holder([&] { return ConvertBytes(d.target(), c.Request()); });
+  ASSERT_TRUE(d.runtime().WaitHeld(1));
+  v1::ConvertBatchRequest batch;
+  for (int i = 0; i < 2; ++i) {
+    v1::ConvertItem* item = batch.add_items()->mutable_convert();
+    *item->mutable_spec() = SpecToProto(HopperSwizzleMx1());
+    for (int64_t dim : c.shape) item->add_logical_shape(dim);
+    item->mutable_source()->set_inline_bytes(AsString(c.input));
+  }
+  Async<absl::StatusOr<v1::ConvertBatchResponse>> batcher([&] {
+    Client client(MakeChannel(d.target()));
+    wprep::client::CallOptions o;
+    o.timeout = std::chrono::seconds(60);
+    return client.ConvertBatch(batch, o);
+  });
+  EXPECT_TRUE(d.runtime().WaitHeld(2)) << "the batch waits for the held stream instead of running on its own";
+  d.runtime().Open();
+  absl::StatusOr<std::string> held = holder.Join();
+  ASSERT_TRUE(held.ok()) << held.status();
+  EXPECT_TRUE(*held == c.expected);
+  absl::StatusOr<v1::ConvertBatchResponse> r = batcher.Join();
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_EQ(r->items_size(), 2);
+  for (const v1::BatchItemResult& item : r->items()) {
+    ASSERT_EQ(item.outputs_size(), 1);
+    EXPECT_TRUE(item.outputs(0).inline_bytes() == c.expected);
+  }
+  EXPECT_TRUE(WaitFor([&] { return Idle(d.metrics(), "gpu0"); }));
 }
 
 // Deadline while waiting for device memory: the budget is held by a request in

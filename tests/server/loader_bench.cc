@@ -50,6 +50,13 @@ namespace v1 = wprep::v1;
     }                                                                                     \
   } while (0)
 
+// Progress on stderr with the seconds since start: a run cut short still says how far it got.
+void Progress(const char* what) {
+  static const auto t0 = std::chrono::steady_clock::now();
+  std::fprintf(stderr, "[%7.2f s] %s\n",
+               std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), what);
+}
+
 double Median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v.empty() ? 0 : v[v.size() / 2];
@@ -145,6 +152,8 @@ int Main(int argc, char** argv) {
       return 2;
     }
   }
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);
+  Progress("start");
   int count = 0;
   if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
     std::printf("no GPU\n");
@@ -187,6 +196,7 @@ int Main(int argc, char** argv) {
     }
   }
   CHECK_CUDA(cudaDeviceSynchronize());
+  Progress("inputs on the GPU");
 
   std::unique_ptr<wprep::testing::Daemon> daemon;
   if (target.empty()) {
@@ -198,6 +208,7 @@ int Main(int argc, char** argv) {
     }
     target = daemon->unix_target();
   }
+  Progress("daemon serving");
   wprep::client::Client client(target, 2);
   // The loader registers its buffers once.
   v1::RegisterIpcHandlesRequest reg;
@@ -214,6 +225,7 @@ int Main(int argc, char** argv) {
     std::fprintf(stderr, "RegisterIpcHandles: %s\n", r.status().ToString().c_str());
     return 1;
   }
+  Progress("handles registered");
   std::vector<v1::ConvertBatchRequest> per_layer(static_cast<size_t>(layers));
   v1::ConvertBatchRequest whole;
   for (int l = 0; l < layers; ++l) {
@@ -251,7 +263,10 @@ int Main(int argc, char** argv) {
     int failures = 0;
   };
   std::vector<Row> rows;
+  std::atomic<uint64_t> peak_extra{0};  // the most extra device memory any batch reported
+  Progress("copy baseline timed");
   auto run = [&](const std::string& name, auto body) {
+    Progress(name.c_str());
     std::vector<double> wall, kern;
     int failures = 0;
     for (int r = 0; r < reps + 1; ++r) {
@@ -273,6 +288,9 @@ int Main(int argc, char** argv) {
       return 1;
     }
     *k += kernel_ms(*resp);
+    for (uint64_t seen = peak_extra.load(), mine = resp->peak_extra_device_bytes();
+         mine > seen && !peak_extra.compare_exchange_weak(seen, mine);) {
+    }
     return 0;
   };
   run("one batch per layer, in turn", [&](double* k) {
@@ -296,6 +314,7 @@ int Main(int argc, char** argv) {
   run("one batch for the whole model", [&](double* k) { return one(whole, k); });
 
   // Layer 0, byte for byte against the CPU engine.
+  Progress("checking layer 0");
   int mismatches = 0;
   for (const Tensor& t : model[0]) {
     std::vector<uint8_t> in(t.plan.input_bytes), got(t.plan.output_bytes), want(t.plan.output_bytes);
@@ -316,6 +335,8 @@ int Main(int argc, char** argv) {
     std::printf("| %s | %.2f | %.2f | %.3f | %.2f | %d |\n", r.variant.c_str(), r.wall_ms, copy, r.wall_ms / copy,
                 r.kernel_ms, r.failures);
   }
+  std::printf("extra device bytes, the most any batch reported: %llu\n",
+              static_cast<unsigned long long>(peak_extra.load()));
   std::printf("layer 0 checked against the CPU engine: %s\n", mismatches == 0 ? "byte exact" : "MISMATCH");
   for (const auto& layer : model) {
     for (const Tensor& t : layer) {

@@ -14,6 +14,11 @@ through CUDA IPC. Variants, each timed over --reps runs after one untimed warm-u
                             The acceptance figure: overhead per layer <= 0.5 ms.
   projection, registered    swizzle_mxfp4 per projection (two round trips per layer), as the
                             loaders call _swizzle_mxfp4 today; same buffers.
+  model batch, registered   swizzle_mxfp4_batch over every layer at once: one round trip for the
+                            model, so its wall time is the GPU work plus one call; the layer
+                            batch's wall time minus this one, per layer, is what a round trip
+                            per layer adds (the daemon's items overlap on its streams, so the
+                            sum of their engine times counts overlapped time more than once).
   layer batch, fresh        the drop-in allocates every output (torch's caching allocator);
                             the memory goes back to CUDA between runs, so each run's outputs are
                             new allocations whose handles the daemon opens on first use.
@@ -99,6 +104,7 @@ def main():
     ap.add_argument("--num-warps", type=int, default=8)
     ap.add_argument("--target", help="a running wprepd (default: start one from $WPREPD)")
     ap.add_argument("--json", help="also write the figures here")
+    ap.add_argument("--profile", help="also profile the registered layer batches (cProfile) into this text file")
     args = ap.parse_args()
 
     try:
@@ -137,6 +143,11 @@ def main():
                     k += r.kernel_seconds
             return k
 
+        def model_batch():
+            pairs = [p for layer in model for p in layer]
+            rs = wprep.swizzle_mxfp4_batch(pairs, nw, client=client, out=[o for lo in outs for o in lo])
+            return sum(r.kernel_seconds for r in rs)
+
         def projections():
             k = 0.0
             for layer, lo in zip(model, outs):
@@ -162,8 +173,24 @@ def main():
 
         rows = []
         for name, run, before in (("layer batch, registered", layer_batches, None),
+                                  ("model batch, registered", model_batch, None),
                                   ("projection, registered", projections, None)):
             rows.append((name,) + timed(torch, args.reps, run, before))
+        if args.profile:
+            import cProfile
+            import io
+            import pstats
+
+            prof = cProfile.Profile()
+            prof.enable()
+            for _ in range(args.reps):
+                layer_batches()
+            prof.disable()
+            text = io.StringIO()
+            st = pstats.Stats(prof, stream=text)
+            st.sort_stats("tottime").print_stats(30)
+            st.sort_stats("cumulative").print_stats(30)
+            Path(args.profile).write_text(text.getvalue())
         copy_ms = device_copy_ms(torch, model, outs, args.reps)
         client.release([t for lo in outs for pair in lo for t in pair])  # room in the daemon's IPC cache
         outs.clear()  # the registered outputs go back to the allocator
@@ -181,6 +208,11 @@ def main():
             print(f"| {name} | {wall:.2f} | {kern:.2f} | {per_layer:.3f} | {wall / copy_ms:.2f} |")
             figures["variants"][name] = {"wall_ms": wall, "kernel_ms": kern, "overhead_ms_per_layer": per_layer,
                                          "wall_ms_runs": walls}
+        lb, mb = figures["variants"]["layer batch, registered"], figures["variants"]["model batch, registered"]
+        per_round_trip = (lb["wall_ms"] - mb["wall_ms"]) / max(1, args.layers - 1)
+        print(f"a round trip per layer adds {per_round_trip:.3f} ms a layer "
+              f"(layer batches {lb['wall_ms']:.2f} ms, one model batch {mb['wall_ms']:.2f} ms)")
+        figures["round_trip_ms_per_layer"] = per_round_trip
         accept = figures["variants"]["layer batch, registered"]["overhead_ms_per_layer"]
         verdict = "PASS" if accept <= ACCEPTANCE_MS else "FAIL"
         print(f"acceptance: overhead per layer above the kernels (layer batch, registered) "
