@@ -2,7 +2,8 @@
 # Builds the libFuzzer targets (clang, ASan + UBSan, no CUDA) in build-fuzz/ and fuzzes
 # each for SECONDS (default 600): wprep_fuzz_request (the request edge and the planner,
 # small plans run on the CPU engine), wprep_fuzz_stream (the stream framing) and
-# wprep_fuzz_batch (ConvertBatch, small batches run on a fake GPU). Each
+# wprep_fuzz_batch (ConvertBatch, small batches run on a fake GPU) and
+# wprep_fuzz_safetensors (the safetensors header parser of the CLI). Each
 # first replays its committed seeds (tests/fuzz/corpus/) and past crashes
 # (tests/fuzz/regressions/), then mutates from them and from what earlier runs learned
 # (build-fuzz/fuzz-corpus/, not committed). Exit 1 on any crash or sanitizer report; the
@@ -19,12 +20,12 @@ JOBS=${JOBS:-$(nproc)}
 bash scripts/bootstrap.sh
 cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_C_COMPILER=clang \
   -DCMAKE_CXX_COMPILER=clang++ -DWPREP_FUZZ=ON -DWPREP_ENABLE_CUDA=OFF ${CMAKE_FLAGS:-} > /dev/null
-cmake --build "$BUILD" -j "$JOBS" --target wprep_fuzz_request wprep_fuzz_stream wprep_fuzz_batch
+cmake --build "$BUILD" -j "$JOBS" --target wprep_fuzz_request wprep_fuzz_stream wprep_fuzz_batch wprep_fuzz_safetensors
 
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1
 export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 status=0
-for target in request stream batch; do
+for target in request stream batch safetensors; do
   bin="$BUILD/tests/fuzz/wprep_fuzz_$target"
   dirs=("tests/fuzz/corpus/$target")
   if [[ -d "tests/fuzz/regressions/$target" ]]; then dirs+=("tests/fuzz/regressions/$target"); fi

@@ -30,7 +30,7 @@ for t in .bundle/bin/${WPREP_TESTS:-*_test}; do
   timeout 300 "$t" --gtest_brief=0 >> "$OUT/tests.log" 2>&1
   rc=$?
   passed=$(grep -c '^\[       OK \]' <(sed -n "/=== $name\$/,/^=== /p" "$OUT/tests.log"))
-  skipped=$(grep -c '^\[  SKIPPED \] [A-Za-z]' <(sed -n "/=== $name\$/,/^=== /p" "$OUT/tests.log"))
+  skipped=$(grep -cE '^\[  SKIPPED \] [A-Za-z].* \([0-9]+ ms\)$' <(sed -n "/=== $name\$/,/^=== /p" "$OUT/tests.log"))
   failed=$(grep -c '^\[  FAILED  \] [A-Za-z].*(' <(sed -n "/=== $name\$/,/^=== /p" "$OUT/tests.log"))
   summary+=("$(printf '%-28s rc=%-3s ok=%-4s skipped=%-3s failed=%s' "$name" "$rc" "$passed" "$skipped" "$failed")")
 done

@@ -30,12 +30,14 @@
 
 namespace wprep::fuzz {
 
-// The fuzz targets' entry points (request_fuzzer.cc, stream_fuzzer.cc, batch_fuzzer.cc):
+// The fuzz targets' entry points (request_fuzzer.cc, stream_fuzzer.cc, batch_fuzzer.cc,
+// safetensors_fuzzer.cc):
 // what libFuzzer calls, and what fuzz_replay_test calls with every committed input.
 // Return 0; a broken invariant aborts.
 int FuzzRequest(const uint8_t* data, size_t size);
 int FuzzStream(const uint8_t* data, size_t size);
 int FuzzBatch(const uint8_t* data, size_t size);
+int FuzzSafetensors(const uint8_t* data, size_t size);
 
 // Plans whose input, input buffer and output all fit in this many bytes are also run
 // through the CPU engine (one thread), on buffers of exactly their size so that

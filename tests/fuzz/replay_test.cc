@@ -41,5 +41,7 @@ TEST(FuzzReplay, EveryStreamSeedAndRegression) { EXPECT_GT(Replay("stream", Fuzz
 
 TEST(FuzzReplay, EveryBatchSeedAndRegression) { EXPECT_GE(Replay("batch", FuzzBatch), 5); }
 
+TEST(FuzzReplay, EverySafetensorsSeedAndRegression) { EXPECT_GE(Replay("safetensors", FuzzSafetensors), 8); }
+
 }  // namespace
 }  // namespace wprep::fuzz
