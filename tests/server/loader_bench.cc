@@ -12,8 +12,10 @@
 // checked byte for byte against the CPU engine.
 //
 //   wprep_loader_bench [--layers=N] [--inflight=K] [--reps=R] [--target=unix:///...]
+//                      [--daemon-arg=FLAG ...]
 //
-// Without --target it starts its own wprepd (harness). Needs a GPU; exits 3 without one.
+// Without --target it starts its own wprepd (harness), with each --daemon-arg. Needs a
+// GPU; exits 3 without one.
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -141,12 +143,14 @@ void AddItems(const std::vector<Tensor>& layer, const std::string& uuid, v1::Con
 int Main(int argc, char** argv) {
   int layers = 0, inflight = 4, reps = 3;
   std::string target;
+  std::vector<std::string> daemon_flags = {"--devices=0"};
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a.rfind("--layers=", 0) == 0) absl::SimpleAtoi(a.substr(9), &layers);
     else if (a.rfind("--inflight=", 0) == 0) absl::SimpleAtoi(a.substr(11), &inflight);
     else if (a.rfind("--reps=", 0) == 0) absl::SimpleAtoi(a.substr(7), &reps);
     else if (a.rfind("--target=", 0) == 0) target = a.substr(9);
+    else if (a.rfind("--daemon-arg=", 0) == 0) daemon_flags.push_back(a.substr(13));
     else {
       std::fprintf(stderr, "unknown argument %s\n", a.c_str());
       return 2;
@@ -201,7 +205,7 @@ int Main(int argc, char** argv) {
   std::unique_ptr<wprep::testing::Daemon> daemon;
   if (target.empty()) {
     std::string error;
-    daemon = wprep::testing::Daemon::Start({"--devices=0"}, &error);
+    daemon = wprep::testing::Daemon::Start(daemon_flags, &error);
     if (daemon == nullptr || !daemon->WaitServing()) {
       std::fprintf(stderr, "wprepd did not start: %s\n", error.c_str());
       return 1;

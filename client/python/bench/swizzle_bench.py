@@ -103,6 +103,8 @@ def main():
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--num-warps", type=int, default=8)
     ap.add_argument("--target", help="a running wprepd (default: start one from $WPREPD)")
+    ap.add_argument("--daemon-arg", action="append", default=[],
+                    help="a flag for the wprepd this script starts (repeatable), e.g. --daemon-arg=--streams-per-device=1")
     ap.add_argument("--json", help="also write the figures here")
     ap.add_argument("--profile", help="also profile the registered layer batches (cProfile) into this text file")
     args = ap.parse_args()
@@ -115,7 +117,7 @@ def main():
     if not torch.cuda.is_available():
         print("no GPU")
         return 3
-    daemon = None if args.target else LocalDaemon(args=[])
+    daemon = None if args.target else LocalDaemon(args=args.daemon_arg)
     target = args.target or daemon.target
     client = wprep.Client(target, timeout=600)
     try:
@@ -172,10 +174,22 @@ def main():
             return k
 
         rows = []
+        handler = {}  # variant -> the daemon's ConvertBatch handler times (ms), from its request log
+
+        def logged_batches(text):
+            out = []
+            for line in text.splitlines():
+                if "method=ConvertBatch" in line and " seconds=" in line:
+                    out.append(1e3 * float(line.split(" seconds=")[1].split()[0]))
+            return out
+
         for name, run, before in (("layer batch, registered", layer_batches, None),
                                   ("model batch, registered", model_batch, None),
                                   ("projection, registered", projections, None)):
+            seen = len(logged_batches(daemon.log())) if daemon is not None else 0
             rows.append((name,) + timed(torch, args.reps, run, before))
+            if daemon is not None:
+                handler[name] = logged_batches(daemon.log())[seen:]
         if args.profile:
             import cProfile
             import io
@@ -213,6 +227,11 @@ def main():
         print(f"a round trip per layer adds {per_round_trip:.3f} ms a layer "
               f"(layer batches {lb['wall_ms']:.2f} ms, one model batch {mb['wall_ms']:.2f} ms)")
         figures["round_trip_ms_per_layer"] = per_round_trip
+        for name, times in handler.items():
+            if times:
+                print(f"daemon's ConvertBatch handler, {name}: median {statistics.median(times):.3f} ms "
+                      f"of {len(times)} calls")
+                figures["variants"][name]["handler_ms_median"] = statistics.median(times)
         accept = figures["variants"]["layer batch, registered"]["overhead_ms_per_layer"]
         verdict = "PASS" if accept <= ACCEPTANCE_MS else "FAIL"
         print(f"acceptance: overhead per layer above the kernels (layer batch, registered) "
