@@ -12,25 +12,15 @@
 
 #include "cli_runner.h"
 #include "daemon_harness.h"
+#include "shared_daemon.h"
 
 namespace wprep {
 namespace {
 
-class CliHealthTest : public CliTest {
+class CliHealthTest : public testing::SharedDaemonTest<CliHealthTest, CliTest> {
  protected:
-  static void SetUpTestSuite() {
-    std::string error;
-    daemon_ = testing::Daemon::Start({"--devices=cpu", "--cpu-threads=2"}, &error).release();
-    ASSERT_NE(daemon_, nullptr) << error;
-    ASSERT_TRUE(daemon_->WaitServing()) << daemon_->Log();
-  }
-  static void TearDownTestSuite() {
-    delete daemon_;
-    daemon_ = nullptr;
-  }
-  static testing::Daemon* daemon_;
+  static void SetUpTestSuite() { StartSharedDaemon({"--devices=cpu", "--cpu-threads=2"}); }
 };
-testing::Daemon* CliHealthTest::daemon_ = nullptr;
 
 TEST_F(CliHealthTest, ServingIsOneLineAndExitZeroOnEveryListener) {
   for (const std::string& target : {daemon_->unix_target(), daemon_->tcp_target()}) {

@@ -7,26 +7,16 @@
 
 #include "cli_runner.h"
 #include "daemon_harness.h"
+#include "shared_daemon.h"
 #include "golden.h"
 
 namespace wprep {
 namespace {
 
-class CliRemoteTest : public CliTest {
+class CliRemoteTest : public testing::SharedDaemonTest<CliRemoteTest, CliTest> {
  protected:
-  static void SetUpTestSuite() {
-    std::string error;
-    daemon_ = testing::Daemon::Start({"--cpu-threads=2"}, &error).release();
-    ASSERT_NE(daemon_, nullptr) << error;
-    ASSERT_TRUE(daemon_->WaitServing()) << daemon_->Log();
-  }
-  static void TearDownTestSuite() {
-    delete daemon_;
-    daemon_ = nullptr;
-  }
-  static testing::Daemon* daemon_;
+  static void SetUpTestSuite() { StartSharedDaemon({"--cpu-threads=2"}); }
 };
-testing::Daemon* CliRemoteTest::daemon_ = nullptr;
 
 // Every scale and checkpoint-order reference case through `wprep convert --target`
 // (strided inputs as one Convert, dense ones as a ConvertStream).

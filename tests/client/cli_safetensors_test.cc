@@ -16,6 +16,7 @@
 #include "absl/strings/str_split.h"
 #include "cli_runner.h"
 #include "daemon_harness.h"
+#include "shared_daemon.h"
 #include "fake_checkpoint.h"
 #include "nlohmann/json.hpp"
 #include "safetensors.h"
@@ -30,18 +31,9 @@ using cli::SafetensorsHeader;
 using testing::FakeCheckpointOptions;
 using testing::FakeTensor;
 
-class CliSafetensorsTest : public CliTest {
+class CliSafetensorsTest : public testing::SharedDaemonTest<CliSafetensorsTest, CliTest> {
  protected:
-  static void SetUpTestSuite() {
-    std::string error;
-    daemon_ = testing::Daemon::Start({"--devices=cpu", "--cpu-threads=2"}, &error).release();
-    ASSERT_NE(daemon_, nullptr) << error;
-    ASSERT_TRUE(daemon_->WaitServing()) << daemon_->Log();
-  }
-  static void TearDownTestSuite() {
-    delete daemon_;
-    daemon_ = nullptr;
-  }
+  static void SetUpTestSuite() { StartSharedDaemon({"--devices=cpu", "--cpu-threads=2"}); }
 
   RunResult Convert(const fs::path& in, const fs::path& out, const std::string& flags) {
     return RunCli("convert-safetensors " + in.string() + " " + out.string() + " --target " + daemon_->unix_target() +
@@ -57,9 +49,7 @@ class CliSafetensorsTest : public CliTest {
     }
   }
 
-  static testing::Daemon* daemon_;
 };
-testing::Daemon* CliSafetensorsTest::daemon_ = nullptr;
 
 struct Layouts {
   std::string flags;  // the command line's layout flags

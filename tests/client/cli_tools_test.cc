@@ -7,26 +7,16 @@
 #include "absl/strings/str_split.h"
 #include "cli_runner.h"
 #include "daemon_harness.h"
+#include "shared_daemon.h"
 
 namespace wprep {
 namespace {
 
-class CliToolsTest : public CliTest {
+class CliToolsTest : public testing::SharedDaemonTest<CliToolsTest, CliTest> {
  protected:
-  static void SetUpTestSuite() {
-    std::string error;
-    daemon_ = testing::Daemon::Start({"--devices=cpu", "--cpu-threads=2"}, &error).release();
-    ASSERT_NE(daemon_, nullptr) << error;
-    ASSERT_TRUE(daemon_->WaitServing()) << daemon_->Log();
-  }
-  static void TearDownTestSuite() {
-    delete daemon_;
-    daemon_ = nullptr;
-  }
+  static void SetUpTestSuite() { StartSharedDaemon({"--devices=cpu", "--cpu-threads=2"}); }
   std::string Nobody() { return "unix://" + (dir_ / "nobody.sock").string(); }
-  static testing::Daemon* daemon_;
 };
-testing::Daemon* CliToolsTest::daemon_ = nullptr;
 
 void ExpectOneErrorLine(const RunResult& r, const std::string& code, const std::string& reason) {
   EXPECT_EQ(r.exit_code, 2) << r.out << r.err;

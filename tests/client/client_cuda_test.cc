@@ -12,6 +12,7 @@
 
 #include "daemon_harness.h"
 #include "golden.h"
+#include "shared_daemon.h"
 #include "wprep/client/batch.h"
 #include "wprep/client/client.h"
 #include "wprep/client/cuda_ipc.h"
@@ -58,19 +59,10 @@ struct Pool {
   size_t size = 0;
 };
 
-class ClientCudaTest : public ::testing::Test {
+class ClientCudaTest : public testing::SharedDaemonTest<ClientCudaTest> {
  protected:
   // The daemon starts before this process touches CUDA (it is forked from here).
-  static void SetUpTestSuite() {
-    std::string error;
-    daemon_ = testing::Daemon::Start({}, &error, absl::Seconds(300)).release();
-    ASSERT_NE(daemon_, nullptr) << error;
-    ASSERT_TRUE(daemon_->WaitServing(absl::Seconds(300))) << daemon_->Log();
-  }
-  static void TearDownTestSuite() {
-    delete daemon_;
-    daemon_ = nullptr;
-  }
+  static void SetUpTestSuite() { StartSharedDaemon({}, absl::Seconds(300)); }
   void SetUp() override {
     if (!HaveGpu()) GTEST_SKIP() << "no GPU";
     client_ = std::make_unique<client::Client>(daemon_->unix_target(), 1);
@@ -78,10 +70,8 @@ class ClientCudaTest : public ::testing::Test {
     ASSERT_TRUE(d.ok()) << d.status();
     if (d->devices_size() == 0) GTEST_SKIP() << "the daemon uses no GPU";
   }
-  static testing::Daemon* daemon_;
   std::unique_ptr<client::Client> client_;
 };
-testing::Daemon* ClientCudaTest::daemon_ = nullptr;
 
 TEST_F(ClientCudaTest, APointerIntoTheMiddleOfAnAllocationConvertsByteExact) {
   client::TensorConversion c;

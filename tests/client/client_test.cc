@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "daemon_harness.h"
+#include "shared_daemon.h"
 #include "golden.h"
 #include "wprep/client/batch.h"
 #include "wprep/client/client.h"
@@ -36,21 +37,10 @@ std::vector<uint8_t> Expected(const client::TensorConversion& c, const std::vect
 
 std::vector<uint8_t> Bytes(const std::string& s) { return std::vector<uint8_t>(s.begin(), s.end()); }
 
-class ClientTest : public ::testing::Test {
+class ClientTest : public testing::SharedDaemonTest<ClientTest> {
  protected:
-  static void SetUpTestSuite() {
-    std::string error;
-    daemon_ = testing::Daemon::Start({"--devices=cpu", "--cpu-threads=2"}, &error).release();
-    ASSERT_NE(daemon_, nullptr) << error;
-    ASSERT_TRUE(daemon_->WaitServing()) << daemon_->Log();
-  }
-  static void TearDownTestSuite() {
-    delete daemon_;
-    daemon_ = nullptr;
-  }
-  static testing::Daemon* daemon_;
+  static void SetUpTestSuite() { StartSharedDaemon({"--devices=cpu", "--cpu-threads=2"}); }
 };
-testing::Daemon* ClientTest::daemon_ = nullptr;
 
 std::string NobodyTarget() {
   return "unix://" + (std::filesystem::temp_directory_path() / ("wprep-nobody-" + std::to_string(getpid()) + ".sock")).string();
