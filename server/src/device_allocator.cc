@@ -32,10 +32,9 @@ absl::Status DeviceAllocator::Reserve(uint64_t bytes, absl::Time deadline) {
     return budget_ == 0 || reserved_ + bytes <= budget_;
   };
   bool got = fits();
-  if (!got && deadline <= absl::Now()) {
-    // Only asked whether it fits now (a batch's extra lane): no wait to count.
-  } else if (!got) {
-    // Counted as waiting (and as one wait) while other requests hold the budget.
+  if (!got && deadline > absl::Now()) {
+    // Counted as waiting (and as one wait) while other requests hold the budget. A deadline
+    // already past only asks whether it fits now (a batch's extra lane): no wait to count.
     if (metrics_ != nullptr) {
       metrics_->memory_waits->Increment();
       metrics_->memory_waiting->Increment();
