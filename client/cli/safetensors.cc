@@ -161,6 +161,12 @@ class HeaderSax : public json::json_sax_t {
     if (const size_t colon = what.find(": "); what.rfind("[json.exception", 0) == 0 && colon != std::string::npos) {
       what = what.substr(colon + 2);
     }
+    // nlohmann's reason quotes what it last read ("last read: '...'"), as long as the file makes it.
+    constexpr size_t kMaxReason = 160;
+    if (what.size() > kMaxReason) {
+      what.resize(kMaxReason);
+      what += "...";
+    }
     return Fail(absl::StrCat("bad header JSON near byte ", position, ": ", what));
   }
 
