@@ -236,6 +236,12 @@ TEST(Fault, DeadlineBeforeAdmissionNeverReachesAHandler) {
 // for flow control when the call's deadline passes. Clients drop a call when it ends, as
 // the client library does; the host budget bounds what one that does not can hold.)
 TEST(Fault, DeadlineMidStreamFreesTheStreamsBuffers) {
+  // The client below sleeps in neither a read nor a write, so nothing of its own polls its
+  // connection: the RST_STREAM its deadline produces would go out only at gRPC's next
+  // backup poll (every 5 s), and the daemon, whose write waits on that client, learns of
+  // the end only then. A live client polls; this one is made to, every 100 ms. (Read when
+  // gRPC initializes in this process, which is at the daemon's start below.)
+  setenv("GRPC_CLIENT_CHANNEL_BACKUP_POLL_INTERVAL_MS", "100", 1);
   std::unique_ptr<Daemon> d = StartCpuDaemon();
   ASSERT_NE(d, nullptr);
   const std::vector<int64_t> shape = {16, 1024, 1024};  // 8 MiB in, 8 MiB out
