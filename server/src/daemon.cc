@@ -35,6 +35,7 @@
 #include "log.h"
 #include "metrics.h"
 #include "rpc_warmup.h"
+#include "tls_terminator.h"
 #include "service.h"
 #include "stream_pipeline.h"
 #include "wprep/spec/status_macros.h"
@@ -71,18 +72,18 @@ absl::StatusOr<std::string> ReadPem(const std::string& path, const char* flag) {
   return text;
 }
 
-// TLS for the TCP listeners, or nullptr when the options ask for none.
-absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> TlsCredentials(const Options& o) {
-  if (o.tls_cert_file.empty()) return std::shared_ptr<grpc::ServerCredentials>();
-  grpc::SslServerCredentialsOptions ssl;
-  WPREP_ASSIGN_OR_RETURN(std::string cert, ReadPem(o.tls_cert_file, "tls-cert"));
-  WPREP_ASSIGN_OR_RETURN(std::string key, ReadPem(o.tls_key_file, "tls-key"));
-  ssl.pem_key_cert_pairs.push_back({key, cert});
+// TLS for the TCP listeners (tls_terminator.h), or nullptr when the options ask for none.
+absl::StatusOr<std::unique_ptr<TlsTerminator>> MakeTlsTerminator(const Options& o) {
+  if (o.tls_cert_file.empty()) return std::unique_ptr<TlsTerminator>();
+  TlsConfig config;
+  WPREP_ASSIGN_OR_RETURN(config.cert_pem, ReadPem(o.tls_cert_file, "tls-cert"));
+  WPREP_ASSIGN_OR_RETURN(config.key_pem, ReadPem(o.tls_key_file, "tls-key"));
   if (!o.tls_client_ca_file.empty()) {
-    WPREP_ASSIGN_OR_RETURN(ssl.pem_root_certs, ReadPem(o.tls_client_ca_file, "tls-client-ca"));
-    ssl.client_certificate_request = GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY;
+    WPREP_ASSIGN_OR_RETURN(config.client_ca_pem, ReadPem(o.tls_client_ca_file, "tls-client-ca"));
   }
-  return grpc::SslServerCredentials(ssl);
+  config.max_connections = o.max_connections;
+  config.handshake_timeout = o.tls_handshake_timeout;
+  return TlsTerminator::Create(config);
 }
 
 // Arguments every server of the daemon's shares.
@@ -91,8 +92,6 @@ void CommonArguments(const Options& o, grpc::ServerBuilder& b) {
   // checks the size limit only after decompressing, so a 1 MiB gzip body could cost a
   // GiB. Tensors do not compress anyway.
   b.AddChannelArgument(GRPC_COMPRESSION_CHANNEL_ENABLED_ALGORITHMS_BITSET, 1 << GRPC_COMPRESS_NONE);
-  // A second daemon on a TLS port fails to bind instead of sharing the port.
-  b.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   b.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS, o.max_concurrent_streams);
 }
 
@@ -118,7 +117,9 @@ struct DaemonParts {
   absl::Time start;
   std::unique_ptr<Metrics> metrics;
   std::unique_ptr<HostBudget> buffers;
-  std::vector<std::unique_ptr<ListeningSocket>> sockets;  // plaintext API listeners
+  std::vector<std::unique_ptr<ListeningSocket>> sockets;  // API listeners, plaintext then TLS
+  size_t plain_sockets = 0;                                // how many of them are plaintext
+  std::unique_ptr<TlsTerminator> tls;                      // for the TLS ones
   std::unique_ptr<ListeningSocket> health_socket;
   std::unique_ptr<ConnectionAcceptor> acceptor;
   std::unique_ptr<DeviceManager> devices;
@@ -161,16 +162,24 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const Options& options, De
   p->start = absl::Now();
   // Addresses first: a daemon that cannot listen fails before it touches a GPU.
   WPREP_ASSIGN_OR_RETURN(p->metrics, Metrics::Create(options.metrics_address, runtime->compiled_in()));
-  WPREP_ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> tls, TlsCredentials(options));
-  for (const std::string& addr : options.listen) {
-    if (tls != nullptr && !absl::StartsWith(addr, "unix://")) continue;  // gRPC's own TLS listener
-    WPREP_ASSIGN_OR_RETURN(std::unique_ptr<ListeningSocket> sock, ListeningSocket::Bind(addr));
-    p->sockets.push_back(std::move(sock));
+  WPREP_ASSIGN_OR_RETURN(p->tls, MakeTlsTerminator(options));
+  // With TLS configured, every TCP listener speaks TLS; Unix sockets stay plaintext.
+  for (bool tls_pass : {false, true}) {
+    for (const std::string& addr : options.listen) {
+      if (tls_pass != (p->tls != nullptr && !absl::StartsWith(addr, "unix://"))) continue;
+      WPREP_ASSIGN_OR_RETURN(std::unique_ptr<ListeningSocket> sock, ListeningSocket::Bind(addr));
+      p->sockets.push_back(std::move(sock));
+    }
+    if (!tls_pass) p->plain_sockets = p->sockets.size();
   }
   if (!options.health_listen.empty()) {
     WPREP_ASSIGN_OR_RETURN(p->health_socket, ListeningSocket::Bind(options.health_listen));
   }
-  p->acceptor = std::make_unique<ConnectionAcceptor>(ConnectionFdLimit(options.max_connections));
+  // A TLS connection holds three descriptors (tls_terminator.h); the terminator itself
+  // holds TLS connections to --max-connections.
+  const bool any_tls = p->sockets.size() > p->plain_sockets;
+  p->acceptor = std::make_unique<ConnectionAcceptor>(
+      ConnectionFdLimit(any_tls ? 3 * options.max_connections : options.max_connections));
   p->buffers = std::make_unique<HostBudget>(options.max_buffered_bytes, p->metrics.get());
 
   WPREP_ASSIGN_OR_RETURN(p->devices, DeviceManager::Create(options, runtime, p->metrics.get()));
@@ -188,13 +197,6 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const Options& options, De
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   CommonArguments(options, builder);
-  std::vector<std::pair<std::string, int>> tls_ports;
-  if (tls != nullptr) {
-    for (const std::string& addr : options.listen) {
-      if (!absl::StartsWith(addr, "unix://")) tls_ports.emplace_back(addr, 0);
-    }
-    for (auto& [addr, port] : tls_ports) builder.AddListeningPort(addr, tls, &port);
-  }
   // Streams carry 4 MiB chunks plus framing whatever --max-message-bytes says; unary
   // handlers enforce --max-message-bytes themselves.
   builder.SetMaxReceiveMessageSize(
@@ -206,21 +208,20 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const Options& options, De
   interceptors.push_back(HostBudget::CallEndNotifier(p->buffers.get()));
   builder.experimental().SetInterceptorCreators(std::move(interceptors));
   p->server = builder.BuildAndStart();
-  if (p->server == nullptr) {
-    return absl::UnavailableError("could not start the gRPC server (a TLS --listen address in use, or not permitted?)");
-  }
-  for (const auto& [addr, port] : tls_ports) {
-    if (port == 0) {
-      p->server->Shutdown();
-      return absl::UnavailableError(absl::StrCat("could not bind ", addr));
-    }
-  }
+  if (p->server == nullptr) return absl::UnavailableError("could not start the gRPC server");
   p->SetHealth(false);
-  std::vector<const ListeningSocket*> plain;
-  for (const auto& sock : p->sockets) plain.push_back(sock.get());
+  std::vector<const ListeningSocket*> listeners;
+  for (const auto& sock : p->sockets) listeners.push_back(sock.get());
   grpc::Server* server = p->server.get();
-  p->accept_loop = std::make_unique<AcceptLoop>(plain, p->acceptor.get(),
-                                                [server](int fd, size_t) { grpc::AddInsecureChannelFromFd(server, fd); });
+  p->accept_loop = std::make_unique<AcceptLoop>(
+      listeners, p->acceptor.get(),
+      [server, tls = p->tls.get(), plain = p->plain_sockets](int fd, size_t socket) {
+        if (socket < plain) {
+          grpc::AddInsecureChannelFromFd(server, fd);
+        } else {
+          tls->Serve(fd, [server](int plain_fd) { grpc::AddInsecureChannelFromFd(server, plain_fd); });
+        }
+      });
   WPREP_RETURN_IF_ERROR(p->accept_loop->Start());
   if (p->health_socket != nullptr) {
     grpc::ServerBuilder hb;
@@ -236,12 +237,11 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const Options& options, De
   }
 
   std::string port_text;
-  for (const auto& sock : p->sockets) {
-    p->warmup_targets.push_back(WarmupTarget(sock->address(), sock->port()));
-    absl::StrAppend(&port_text, "grpc ", sock->bound_address(), "\n");
-  }
-  for (const auto& [addr, port] : tls_ports) {
-    absl::StrAppend(&port_text, "grpc ", addr.substr(0, addr.rfind(':')), ":", port, "\n");
+  for (size_t i = 0; i < p->sockets.size(); ++i) {
+    const ListeningSocket& sock = *p->sockets[i];
+    // The warm-up speaks plaintext; a TLS listener's path differs only in the relay.
+    if (i < p->plain_sockets) p->warmup_targets.push_back(WarmupTarget(sock.address(), sock.port()));
+    absl::StrAppend(&port_text, "grpc ", sock.bound_address(), "\n");
   }
   if (p->health_socket != nullptr) absl::StrAppend(&port_text, "health ", p->health_socket->bound_address(), "\n");
   if (p->metrics->port() != 0) {
@@ -251,7 +251,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const Options& options, De
   if (!options.port_file.empty()) WPREP_RETURN_IF_ERROR(WritePortFile(options.port_file, port_text));
   LogLine(LogLevel::kInfo, "listening",
           absl::StrCat("addresses=", LogQuote(port_text), " gpus=", p->devices->num_gpus(),
-                       " tls=", tls != nullptr ? "true" : "false"));
+                       " tls=", p->tls != nullptr ? "true" : "false"));
   return std::unique_ptr<Daemon>(new Daemon(std::move(p)));
 }
 
@@ -315,7 +315,7 @@ void Daemon::Serve() {
     // Idle IPC mappings expire even without traffic; once client requests stop for a
     // while, the heap and pinned buffers go back to their idle size.
     p.ipc->ExpireIdle();
-    const uint64_t refused = p.acceptor->refused();
+    const uint64_t refused = p.acceptor->refused() + (p.tls ? p.tls->refused() : 0);
     p.metrics->connections_refused().Increment(static_cast<double>(refused - p.refused_reported));
     p.refused_reported = refused;
     const uint64_t requests = p.admission.client_requests();
@@ -342,6 +342,7 @@ bool Daemon::Drain(absl::string_view why) {
   }
   // No new connections from here; the sockets close (and the Unix socket file goes).
   p.accept_loop->Stop();
+  if (p.tls) p.tls->Stop();
   if (p.health_accept_loop) p.health_accept_loop->Stop();
   p.sockets.clear();
   p.health_socket.reset();

@@ -139,6 +139,8 @@ absl::StatusOr<Options> ParseOptions(const std::vector<std::string>& args) {
       {"max-device-bytes", [&](const std::string& v) { return ParseBytes("max-device-bytes", v, &o.max_device_bytes); }},
       {"memory-wait", [&](const std::string& v) { return ParseDuration("memory-wait", v, &o.memory_wait); }},
       {"drain-timeout", [&](const std::string& v) { return ParseDuration("drain-timeout", v, &o.drain_timeout); }},
+      {"tls-handshake-timeout",
+       [&](const std::string& v) { return ParseDuration("tls-handshake-timeout", v, &o.tls_handshake_timeout); }},
       {"max-message-bytes", [&](const std::string& v) {
          uint64_t x;
          auto s = ParseBytes("max-message-bytes", v, &x);
@@ -248,6 +250,9 @@ Flags (--name=value or --name value):
   --tls-cert PEM --tls-key PEM
                            TLS on every TCP --listen (the Unix socket stays plain)
   --tls-client-ca PEM      mutual TLS: clients must present a certificate of this CA
+  --tls-handshake-timeout D
+                           a TLS connection that has not completed its handshake
+                           by then is closed (default 10s)
   --devices LIST           GPUs by ordinal or UUID, comma separated (default: all);
                            "cpu" = use no GPU, the CPU engine serves every request
   --streams-per-device N   CUDA streams (= concurrent requests) per GPU (default 4)
@@ -262,7 +267,8 @@ Flags (--name=value or --name value):
                            holds about 7 of them in --max-buffered-bytes)
   --max-buffered-bytes N   host memory for inline data and stream buffers (default 1G)
   --max-batch-items N      items of one ConvertBatch (default 4096)
-  --max-connections N      open connections, all listeners together (default 1024)
+  --max-connections N      open connections, all listeners together (default 1024;
+                           TLS connections are also held to N by themselves)
   --max-concurrent-streams N
                            concurrent calls per connection (default 64)
   --ipc-cache-entries N    cached CUDA IPC mappings; also the most handles one

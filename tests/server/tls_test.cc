@@ -1,5 +1,11 @@
 // TLS and mutual TLS on the daemon's TCP listeners, with certificates the test makes
 // (openssl): a CA, a server certificate for 127.0.0.1 and a client certificate.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -7,7 +13,10 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "daemon_harness.h"
+#include "golden.h"
+#include "golden_rpc.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
 #include "gtest/gtest.h"
@@ -66,6 +75,58 @@ absl::Status ListDevicesOver(const std::string& target, std::shared_ptr<grpc::Ch
   wprep::v1::ListDevicesResponse resp;
   return wprep::client::FromGrpcStatus(stub->ListDevices(&ctx, wprep::v1::ListDevicesRequest(), &resp));
 }
+
+// A channel of its own connection (gRPC shares connections between channels of the same
+// target and arguments otherwise), trusting the test CA.
+std::shared_ptr<grpc::Channel> TlsChannel(const std::string& target, const Certificates& certs) {
+  grpc::SslCredentialsOptions trust;
+  trust.pem_root_certs = certs.Pem("ca.pem");
+  grpc::ChannelArguments args;
+  args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+  args.SetMaxReceiveMessageSize(-1);
+  return grpc::CreateCustomChannel(target, grpc::SslCredentials(trust), args);
+}
+
+// A TCP connection to "127.0.0.1:PORT" that sends nothing (it never starts a handshake).
+int ConnectTcp(const std::string& target) {
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_port = htons(static_cast<uint16_t>(std::stoi(target.substr(target.rfind(':') + 1))));
+  inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
+  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd >= 0 && connect(fd, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)) != 0) {
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+std::unique_ptr<Daemon> StartTlsDaemon(const Certificates& certs, std::vector<std::string> extra = {}) {
+  std::vector<std::string> args = {"--devices=cpu", "--tls-cert=" + certs.Path("server.pem"),
+                                   "--tls-key=" + certs.Path("server.key")};
+  args.insert(args.end(), extra.begin(), extra.end());
+  std::string error;
+  std::unique_ptr<Daemon> d = Daemon::Start(args, &error);
+  EXPECT_NE(d, nullptr) << error;
+  if (d != nullptr) {
+    EXPECT_TRUE(d->WaitServing()) << d->Log();
+  }
+  return d;
+}
+
+// The daemon's count of refused connections, once it is above zero (it is published
+// every few seconds), or 0 after 10 s.
+double RefusedConnections(const Daemon& d) {
+  const absl::Time until = absl::Now() + absl::Seconds(10);
+  double v = 0;
+  while ((v = MetricValue(HttpGet(d.metrics_address(), "/metrics"), "wprep_connections_refused_total").value_or(0)) <= 0 &&
+         absl::Now() < until) {
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+  return v;
+}
+
+ConversionSpec HopperSwizzle() { return HopperSpec(Direction::kSwizzle, -2, 3); }
 
 TEST(Tls, TcpListenersSpeakTlsAndTheUnixSocketStaysPlain) {
   Certificates certs;
@@ -129,6 +190,95 @@ TEST(Tls, AnOpenAddressIsAllowedWithTlsAndABadKeyStopsTheStart) {
     error = bad->Log();
   }
   EXPECT_NE(error.find("--tls-key"), std::string::npos) << error;
+}
+
+// The relay moves large messages both ways: a 16 MiB unary conversion and a 48 MiB
+// stream, byte for byte, on one TLS connection.
+TEST(Tls, LargeConversionsOverTlsAreByteExact) {
+  Certificates certs;
+  ASSERT_TRUE(certs.ok()) << "openssl could not make the test certificates";
+  std::unique_ptr<Daemon> d = StartTlsDaemon(certs);
+  ASSERT_NE(d, nullptr);
+  wprep::client::Client c(TlsChannel(d->tcp_target(), certs));
+  const std::vector<int64_t> unary_shape = {8, 2048, 2048};  // 16 MiB
+  const std::vector<uint8_t> in = RandomBytes(16u << 20, 11);
+  absl::StatusOr<v1::ConvertResponse> r = c.Convert(ConvertRequestFor(HopperSwizzle(), unary_shape, in));
+  ASSERT_TRUE(r.ok()) << r.status() << "\n" << d->Log();
+  EXPECT_EQ(r->output_bytes_inline(), CpuReference(HopperSwizzle(), unary_shape, in));
+
+  const std::vector<int64_t> stream_shape = {24, 2048, 2048};  // 48 MiB
+  const std::vector<uint8_t> big = RandomBytes(48u << 20, 12);
+  std::string out;
+  absl::StatusOr<v1::StreamResponseHeader> h = c.ConvertStream(StreamHeaderFor(HopperSwizzle(), stream_shape), big, &out);
+  ASSERT_TRUE(h.ok()) << h.status() << "\n" << d->Log();
+  EXPECT_TRUE(out == CpuReference(HopperSwizzle(), stream_shape, big)) << "the streamed output differs";
+}
+
+// Finding: gRPC's own TLS listener closed for good once accept failed with EMFILE. The
+// daemon's TLS listener sheds connections while descriptors run out and serves again
+// after.
+TEST(Tls, TheTlsListenerRecoversAfterDescriptorExhaustion) {
+  Certificates certs;
+  ASSERT_TRUE(certs.ok()) << "openssl could not make the test certificates";
+  std::unique_ptr<Daemon> d = StartTlsDaemon(certs);
+  ASSERT_NE(d, nullptr);
+  ASSERT_TRUE(ListDevicesOver(d->tcp_target(), grpc::SslCredentials({certs.Pem("ca.pem"), "", ""})).ok());
+  int open_fds = 0;
+  for ([[maybe_unused]] const auto& e : std::filesystem::directory_iterator("/proc/" + std::to_string(d->pid()) + "/fd")) {
+    ++open_fds;
+  }
+  rlimit old{};
+  ASSERT_EQ(prlimit(d->pid(), RLIMIT_NOFILE, nullptr, &old), 0);
+  rlimit low{static_cast<rlim_t>(open_fds + 8), old.rlim_max};
+  ASSERT_EQ(prlimit(d->pid(), RLIMIT_NOFILE, &low, nullptr), 0);
+  std::vector<int> idle;
+  for (int i = 0; i < 40; ++i) {
+    const int fd = ConnectTcp(d->tcp_target());
+    if (fd >= 0) idle.push_back(fd);
+  }
+  absl::SleepFor(absl::Milliseconds(500));  // the daemon runs out of descriptors
+  EXPECT_FALSE(ListDevicesOver(d->tcp_target(), grpc::SslCredentials({certs.Pem("ca.pem"), "", ""})).ok())
+      << "served with no descriptor to spare";
+  for (int fd : idle) close(fd);
+  ASSERT_EQ(prlimit(d->pid(), RLIMIT_NOFILE, &old, nullptr), 0);
+  absl::SleepFor(absl::Milliseconds(500));
+  EXPECT_TRUE(ListDevicesOver(d->tcp_target(), grpc::SslCredentials({certs.Pem("ca.pem"), "", ""})).ok())
+      << d->Log();
+  EXPECT_GT(RefusedConnections(*d), 0);
+}
+
+// --max-connections holds TLS connections too: with 3 of them open (here, clients that
+// never start a handshake), a fourth client is refused; once they close, it is served.
+// A connection that never completes its handshake is closed after
+// --tls-handshake-timeout.
+TEST(Tls, MaxConnectionsAndTheHandshakeTimeoutHoldTlsConnections) {
+  Certificates certs;
+  ASSERT_TRUE(certs.ok()) << "openssl could not make the test certificates";
+  std::unique_ptr<Daemon> d = StartTlsDaemon(certs, {"--max-connections=3", "--tls-handshake-timeout=3s"});
+  ASSERT_NE(d, nullptr);
+  const auto creds = grpc::SslCredentials({certs.Pem("ca.pem"), "", ""});
+  std::vector<int> silent;
+  silent.reserve(3);
+  for (int i = 0; i < 3; ++i) silent.push_back(ConnectTcp(d->tcp_target()));
+  absl::SleepFor(absl::Milliseconds(300));
+  EXPECT_FALSE(ListDevicesOver(d->tcp_target(), creds).ok()) << "a fourth TLS connection was served";
+  EXPECT_GT(RefusedConnections(*d), 0);
+  EXPECT_TRUE(ListDevicesOver(d->unix_target(), grpc::InsecureChannelCredentials()).ok())
+      << "the Unix socket is not held by the TLS connections";
+  // The silent clients are closed by the daemon at the handshake timeout.
+  for (int fd : silent) {
+    ASSERT_GE(fd, 0);
+    timeval tv{10, 0};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    char b;
+    const absl::Time t0 = absl::Now();
+    EXPECT_EQ(recv(fd, &b, 1, 0), 0) << "not closed by the daemon within 10 s";
+    EXPECT_LT(absl::Now() - t0, absl::Seconds(10));
+    close(fd);
+  }
+  absl::SleepFor(absl::Milliseconds(200));
+  EXPECT_TRUE(ListDevicesOver(d->tcp_target(), creds).ok()) << d->Log();
+  EXPECT_NE(d->Log().find("event=tls_handshake_failed"), std::string::npos) << d->Log();
 }
 
 }  // namespace

@@ -28,6 +28,7 @@ struct Options {
   std::string tls_cert_file;
   std::string tls_key_file;
   std::string tls_client_ca_file;
+  absl::Duration tls_handshake_timeout = absl::Seconds(10);
   // GPUs to use, by ordinal ("0") or UUID ("GPU-xxxxxxxx-..."); empty = every GPU.
   std::vector<std::string> devices;
   // CUDA streams per GPU; also the number of requests one GPU runs at once.
