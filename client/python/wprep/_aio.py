@@ -9,7 +9,7 @@ import grpc
 import grpc.aio
 
 from . import _health, _requests, _torch
-from ._client import CHANNEL_OPTIONS, _identity, _PlanCache, default_target
+from ._client import _identity, _open_channel, _PlanCache, default_target
 from ._errors import from_rpc_error
 from ._requests import Call, PlanKey
 from ._spec import Spec
@@ -31,11 +31,12 @@ class AsyncClient:
         target: Optional[str] = None,
         *,
         timeout: Optional[float] = 300.0,
+        credentials: Optional[grpc.ChannelCredentials] = None,
         options: Sequence[Tuple[str, Any]] = (),
     ) -> None:
         self.target = target or default_target()
         self.timeout = timeout
-        self._channel = grpc.aio.insecure_channel(self.target, options=[*CHANNEL_OPTIONS, *options])
+        self._channel = _open_channel(grpc.aio, self.target, credentials, options)
         self._stub = pb_grpc.WeightPrepStub(self._channel)
         self._check = self._channel.unary_unary(
             _health.CHECK_METHOD, request_serializer=_identity, response_deserializer=_identity

@@ -29,6 +29,14 @@ CHANNEL_OPTIONS: List[Tuple[str, Any]] = [
 ]
 
 
+def _open_channel(module: Any, target: str, credentials: Any, options: Sequence[Tuple[str, Any]]) -> Any:
+    """A channel of `module` (grpc or grpc.aio) to `target`, over TLS when `credentials`."""
+    opts = [*CHANNEL_OPTIONS, *options]
+    if credentials is None:
+        return module.insecure_channel(target, options=opts)
+    return module.secure_channel(target, credentials, options=opts)
+
+
 def default_target() -> str:
     """$WPREP_TARGET, else unix:///tmp/wprepd.sock (what `make run` listens on)."""
     return os.environ.get("WPREP_TARGET") or DEFAULT_TARGET
@@ -65,6 +73,9 @@ class Client:
 
     target: "unix:///path.sock" or "HOST:PORT" (default: $WPREP_TARGET, else
     unix:///tmp/wprepd.sock). timeout: seconds per call (None: no deadline).
+    credentials: for a TLS listener, e.g. grpc.ssl_channel_credentials(root_certificates=ca)
+    (with private_key and certificate_chain for mutual TLS). channel: a channel of your own
+    instead (then options and credentials are not used).
 
     Sources and outputs:
     - bytes, numpy arrays (uint8) and CPU tensors are sent inline; their output comes back
@@ -88,11 +99,12 @@ class Client:
         *,
         timeout: Optional[float] = 300.0,
         channel: Optional[grpc.Channel] = None,
+        credentials: Optional[grpc.ChannelCredentials] = None,
         options: Sequence[Tuple[str, Any]] = (),
     ) -> None:
         self.target = target or default_target()
         self.timeout = timeout
-        self._channel = channel or grpc.insecure_channel(self.target, options=[*CHANNEL_OPTIONS, *options])
+        self._channel = channel or _open_channel(grpc, self.target, credentials, options)
         self._stub = pb_grpc.WeightPrepStub(self._channel)
         self._check = self._channel.unary_unary(
             _health.CHECK_METHOD, request_serializer=_identity, response_deserializer=_identity

@@ -46,6 +46,7 @@ class LocalDaemon:
             self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
                                          env=None if env is None else dict(env))
         self.target = ""
+        self.tcp_targets: list = []  # "HOST:PORT" of each TCP --listen in `args`, as bound
         deadline = time.monotonic() + startup_timeout
         try:
             while not self.target:
@@ -59,6 +60,8 @@ class LocalDaemon:
                             kind, _, addr = line.strip().partition(" ")
                             if kind == "grpc" and addr.startswith("unix://"):
                                 self.target = addr
+                            elif kind == "grpc" and addr not in self.tcp_targets:
+                                self.tcp_targets.append(addr)
                 except FileNotFoundError:
                     pass
                 time.sleep(0.005)
