@@ -242,4 +242,22 @@ std::optional<double> MetricValue(const std::string& text, const std::string& na
   return sum;
 }
 
+DescriptorLimit::DescriptorLimit(pid_t pid, int spare) : pid_(pid) {
+  int open_fds = 0;
+  std::error_code ec;
+  for (std::filesystem::directory_iterator it("/proc/" + std::to_string(pid) + "/fd", ec), end; !ec && it != end;
+       it.increment(ec)) {
+    ++open_fds;
+  }
+  if (ec || prlimit(pid, RLIMIT_NOFILE, nullptr, &old_) != 0) return;
+  const rlimit low{static_cast<rlim_t>(open_fds + spare), old_.rlim_max};
+  ok_ = prlimit(pid, RLIMIT_NOFILE, &low, nullptr) == 0;
+}
+
+bool DescriptorLimit::Restore() {
+  if (!ok_) return true;
+  ok_ = prlimit(pid_, RLIMIT_NOFILE, &old_, nullptr) != 0;
+  return !ok_;
+}
+
 }  // namespace wprep::testing

@@ -4,6 +4,7 @@
 #ifndef WPREP_TESTS_SERVER_DAEMON_HARNESS_H_
 #define WPREP_TESTS_SERVER_DAEMON_HARNESS_H_
 
+#include <sys/resource.h>
 #include <sys/types.h>
 
 #include <map>
@@ -69,6 +70,24 @@ class Daemon {
   pid_t pid_ = -1;
   bool exited_ = false;
   std::string dir_, unix_target_, tcp_target_, metrics_, health_;
+};
+
+// Lowers a process's RLIMIT_NOFILE soft limit to the descriptors it has open plus `spare`
+// (the hard limit stays), so that its next connections run out of descriptors. Restore()
+// or the destructor puts the old limit back.
+class DescriptorLimit {
+ public:
+  DescriptorLimit(pid_t pid, int spare);
+  ~DescriptorLimit() { Restore(); }
+  DescriptorLimit(const DescriptorLimit&) = delete;
+  DescriptorLimit& operator=(const DescriptorLimit&) = delete;
+  bool ok() const { return ok_; }  // the limit was lowered
+  bool Restore();                  // true when the old limit is back (or was never changed)
+
+ private:
+  pid_t pid_;
+  bool ok_ = false;
+  rlimit old_{};
 };
 
 // GET http://host_port/path; the body, or "" on failure or after `timeout`.

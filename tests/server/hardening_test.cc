@@ -256,15 +256,8 @@ TEST(Hardening, ListenersRecoverAfterDescriptorExhaustion) {
   std::unique_ptr<Daemon> d = StartCpuDaemon();
   ASSERT_NE(d, nullptr);
   ExpectServes(*d, "warm");
-  int open_fds = 0;
-  for ([[maybe_unused]] const auto& e : std::filesystem::directory_iterator("/proc/" + std::to_string(d->pid()) + "/fd")) {
-    ++open_fds;
-  }
-  rlimit low{static_cast<rlim_t>(open_fds + 8), RLIM_INFINITY};
-  rlimit old{};
-  ASSERT_EQ(prlimit(d->pid(), RLIMIT_NOFILE, nullptr, &old), 0);
-  low.rlim_max = old.rlim_max;
-  ASSERT_EQ(prlimit(d->pid(), RLIMIT_NOFILE, &low, nullptr), 0);
+  DescriptorLimit limit(d->pid(), 8);
+  ASSERT_TRUE(limit.ok());
   std::vector<int> idle;
   for (int i = 0; i < 40; ++i) {
     const int fd = ConnectUnix(d->unix_target());
@@ -272,7 +265,7 @@ TEST(Hardening, ListenersRecoverAfterDescriptorExhaustion) {
   }
   absl::SleepFor(absl::Milliseconds(500));  // the daemon runs out of descriptors
   for (int fd : idle) close(fd);
-  ASSERT_EQ(prlimit(d->pid(), RLIMIT_NOFILE, &old, nullptr), 0);
+  ASSERT_TRUE(limit.Restore());
   absl::SleepFor(absl::Milliseconds(500));
   ExpectServes(*d, "after descriptor exhaustion");
   EXPECT_EQ(d->Health(), 1);

@@ -223,14 +223,8 @@ TEST(Tls, TheTlsListenerRecoversAfterDescriptorExhaustion) {
   std::unique_ptr<Daemon> d = StartTlsDaemon(certs);
   ASSERT_NE(d, nullptr);
   ASSERT_TRUE(ListDevicesOver(d->tcp_target(), grpc::SslCredentials({certs.Pem("ca.pem"), "", ""})).ok());
-  int open_fds = 0;
-  for ([[maybe_unused]] const auto& e : std::filesystem::directory_iterator("/proc/" + std::to_string(d->pid()) + "/fd")) {
-    ++open_fds;
-  }
-  rlimit old{};
-  ASSERT_EQ(prlimit(d->pid(), RLIMIT_NOFILE, nullptr, &old), 0);
-  rlimit low{static_cast<rlim_t>(open_fds + 8), old.rlim_max};
-  ASSERT_EQ(prlimit(d->pid(), RLIMIT_NOFILE, &low, nullptr), 0);
+  DescriptorLimit limit(d->pid(), 8);
+  ASSERT_TRUE(limit.ok());
   std::vector<int> idle;
   for (int i = 0; i < 40; ++i) {
     const int fd = ConnectTcp(d->tcp_target());
@@ -240,7 +234,7 @@ TEST(Tls, TheTlsListenerRecoversAfterDescriptorExhaustion) {
   EXPECT_FALSE(ListDevicesOver(d->tcp_target(), grpc::SslCredentials({certs.Pem("ca.pem"), "", ""})).ok())
       << "served with no descriptor to spare";
   for (int fd : idle) close(fd);
-  ASSERT_EQ(prlimit(d->pid(), RLIMIT_NOFILE, &old, nullptr), 0);
+  ASSERT_TRUE(limit.Restore());
   absl::SleepFor(absl::Milliseconds(500));
   EXPECT_TRUE(ListDevicesOver(d->tcp_target(), grpc::SslCredentials({certs.Pem("ca.pem"), "", ""})).ok())
       << d->Log();
