@@ -1,7 +1,7 @@
 # wprep: the two commands are `make run` and `make test`; both set up a fresh machine first.
 SHELL := /bin/bash
 BUILD ?= build
-SAN_BUILD ?= build-sanitize
+SAN_BUILD ?= build-fuzz
 TSA_BUILD ?= build-tsan
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
@@ -42,10 +42,13 @@ PYTHON ?= /usr/bin/python3
 test-python: build
 	WPREPD=$(abspath $(BUILD))/server/wprepd $(PYTHON) -m pytest -p no:cacheprovider -q -rs client/python/tests
 
-# Host code under ASan + UBSan (no CUDA in this build: its tests report skipped).
+# Host code under ASan + UBSan (no CUDA in this build: its tests report skipped). It is
+# the fuzzing build (clang, instrumented for libFuzzer too), so test-fuzz builds nothing
+# more; scripts/fuzz.sh configures it the same way.
+SAN_CMAKE = -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ \
+  -DWPREP_FUZZ=ON -DWPREP_ENABLE_CUDA=OFF
 test-sanitize: deps
-	cmake -S . -B $(SAN_BUILD) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-	  -DWPREP_SANITIZE=ON -DWPREP_ENABLE_CUDA=OFF $(CMAKE_FLAGS)
+	cmake -S . -B $(SAN_BUILD) -G Ninja $(SAN_CMAKE) $(CMAKE_FLAGS)
 	cmake --build $(SAN_BUILD) -j $(JOBS)
 	cd $(SAN_BUILD) && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
 	  UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
@@ -82,7 +85,7 @@ test-tsan: test-thread-safety
 # Each libFuzzer target for 20 s after replaying its committed inputs (clang, ASan +
 # UBSan, in build-fuzz/); `scripts/fuzz.sh 3600` fuzzes for an hour each.
 test-fuzz: deps
-	JOBS=$(JOBS) bash scripts/fuzz.sh 20
+	FUZZ_BUILD=$(SAN_BUILD) JOBS=$(JOBS) bash scripts/fuzz.sh 20
 
 # The Dockerfile, deploy/k8s, deploy/prometheus and deploy/grafana against the real daemon:
 # lint, kustomize renders and schemas, the image's files staged as its build stage stages
@@ -112,4 +115,4 @@ gpu-bundle: deps
 	bash scripts/gpu_bundle.sh
 
 clean:
-	rm -rf $(BUILD) $(SAN_BUILD) $(TSA_BUILD) build-thread-safety build-fuzz .bundle .stage .tools
+	rm -rf $(BUILD) $(SAN_BUILD) $(TSA_BUILD) build-sanitize build-thread-safety build-fuzz .bundle .stage .tools

@@ -466,7 +466,7 @@ TEST(Fault, SigkillThenRestartOnTheSameSocketAndPort) {
 // stream's slice buffers and gRPC's flow-control windows), whatever the tensor's size,
 // and the output is exact once the client reads on.
 TEST(Fault, SlowStreamReaderKeepsDaemonMemoryBounded) {
-#if defined(__SANITIZE_ADDRESS__)
+#if defined(WPREP_ASAN)
   // The daemon is built like this test. AddressSanitizer keeps what is freed resident (its
   // quarantine, 256 MiB), and resident memory is what this test measures: this daemon
   // runs without it.

@@ -38,7 +38,7 @@ using wprep::client::MakeChannel;
 namespace v1 = wprep::v1;
 
 // The daemon under test is built like this test (make test-sanitize builds both).
-#if defined(__SANITIZE_ADDRESS__)
+#if defined(WPREP_ASAN)
 constexpr bool kAddressSanitizer = true;
 #else
 constexpr bool kAddressSanitizer = false;
