@@ -253,17 +253,18 @@ void TlsTerminator::Shared::Relay(SSL* ssl, int tls_fd, int plain_fd) {
   size_t up_begin = 0, up_end = 0, down_begin = 0, down_end = 0;
   bool client_done = false;  // the client closed its side (close_notify)
   bool plain_shut = false;   // gRPC was told so
+  bool grpc_done = false;    // gRPC closed its end; what it wrote still goes out
   for (;;) {
     short tls_events = 0, plain_events = 0;
     bool progress = true;
     while (progress) {
       progress = false;
-      if (!client_done && up_begin == up_end) {
+      // Reads fill the buffer (a TLS record carries at most 16 KiB) before it goes on.
+      if (!client_done && up_end < up.size()) {
         ERR_clear_error();
-        const int n = SSL_read(ssl, up.data(), static_cast<int>(up.size()));
+        const int n = SSL_read(ssl, up.data() + up_end, static_cast<int>(up.size() - up_end));
         if (n > 0) {
-          up_begin = 0;
-          up_end = static_cast<size_t>(n);
+          up_end += static_cast<size_t>(n);
           progress = true;
         } else {
           switch (SSL_get_error(ssl, n)) {
@@ -286,6 +287,7 @@ void TlsTerminator::Shared::Relay(SSL* ssl, int tls_fd, int plain_fd) {
         const ssize_t w = send(plain_fd, up.data() + up_begin, up_end - up_begin, MSG_NOSIGNAL);
         if (w > 0) {
           up_begin += static_cast<size_t>(w);
+          if (up_begin == up_end) up_begin = up_end = 0;
           progress = true;
         } else if (errno == EAGAIN || errno == EINTR) {
           plain_events |= POLLOUT;
@@ -297,15 +299,14 @@ void TlsTerminator::Shared::Relay(SSL* ssl, int tls_fd, int plain_fd) {
         shutdown(plain_fd, SHUT_WR);
         plain_shut = true;
       }
-      if (down_begin == down_end) {
-        const ssize_t r = recv(plain_fd, down.data(), down.size(), 0);
+      if (!grpc_done && down_end < down.size()) {
+        const ssize_t r = recv(plain_fd, down.data() + down_end, down.size() - down_end, 0);
         if (r > 0) {
-          down_begin = 0;
-          down_end = static_cast<size_t>(r);
+          down_end += static_cast<size_t>(r);
           progress = true;
         } else if (r == 0) {
-          SSL_shutdown(ssl);  // gRPC is done with the connection: close_notify, best effort
-          return;
+          grpc_done = true;
+          progress = true;
         } else if (errno == EAGAIN || errno == EINTR) {
           plain_events |= POLLIN;
         } else {
@@ -317,6 +318,7 @@ void TlsTerminator::Shared::Relay(SSL* ssl, int tls_fd, int plain_fd) {
         const int n = SSL_write(ssl, down.data() + down_begin, static_cast<int>(down_end - down_begin));
         if (n > 0) {
           down_begin += static_cast<size_t>(n);
+          if (down_begin == down_end) down_begin = down_end = 0;
           progress = true;
         } else {
           switch (SSL_get_error(ssl, n)) {
@@ -330,6 +332,10 @@ void TlsTerminator::Shared::Relay(SSL* ssl, int tls_fd, int plain_fd) {
               return;
           }
         }
+      }
+      if (grpc_done && down_begin == down_end) {
+        SSL_shutdown(ssl);  // gRPC is done with the connection: close_notify, best effort
+        return;
       }
       if (progress) tls_events = plain_events = 0;  // retried below before any wait
     }
