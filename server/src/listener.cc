@@ -30,7 +30,12 @@ namespace {
 // Descriptors kept for the daemon's own files, pipes, IPC and child process.
 constexpr int kOwnDescriptors = 64;
 
-std::string Errno(int err) { return std::error_code(err, std::generic_category()).message(); }
+// strerror_r, not std::generic_category().message(): clang's UBSan vptr check misreads
+// that call into gcc's libstdc++ (its category type is private to the library) and halts.
+std::string Errno(int err) {
+  char buf[128];
+  return strerror_r(err, buf, sizeof(buf));  // the GNU variant: returns the text
+}
 
 // "HOST:PORT" -> host (brackets of an IPv6 literal removed) and port.
 bool SplitHostPort(const std::string& address, std::string* host, std::string* port) {
