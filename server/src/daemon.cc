@@ -21,7 +21,6 @@
 #include "absl/time/clock.h"
 #include "admission.h"
 #include "device_manager.h"
-#include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server_posix.h"
 #include "health.h"
 #include "host_budget.h"
@@ -35,9 +34,9 @@
 #include "log.h"
 #include "metrics.h"
 #include "rpc_warmup.h"
-#include "tls_terminator.h"
 #include "service.h"
 #include "stream_pipeline.h"
+#include "tls_terminator.h"
 #include "wprep/spec/status_macros.h"
 
 namespace wprep::server {
@@ -164,6 +163,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const Options& options, De
   WPREP_ASSIGN_OR_RETURN(p->metrics, Metrics::Create(options.metrics_address, runtime->compiled_in()));
   WPREP_ASSIGN_OR_RETURN(p->tls, MakeTlsTerminator(options));
   // With TLS configured, every TCP listener speaks TLS; Unix sockets stay plaintext.
+  // Plaintext listeners first, then TLS ones: the accept loop tells them apart by index.
   for (bool tls_pass : {false, true}) {
     for (const std::string& addr : options.listen) {
       if (tls_pass != (p->tls != nullptr && !absl::StartsWith(addr, "unix://"))) continue;
