@@ -3,10 +3,15 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/resource.h>
+#include <signal.h>
 #include <sys/socket.h>
+#include <sys/time.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -273,6 +278,58 @@ TEST(Tls, MaxConnectionsAndTheHandshakeTimeoutHoldTlsConnections) {
   absl::SleepFor(absl::Milliseconds(200));
   EXPECT_TRUE(ListDevicesOver(d->tcp_target(), creds).ok()) << d->Log();
   EXPECT_NE(d->Log().find("event=tls_handshake_failed"), std::string::npos) << d->Log();
+}
+
+// Bytes that are no TLS handshake (here, a plaintext HTTP/2 preface and garbage) end the
+// connection, are counted and logged, and the daemon goes on serving TLS.
+TEST(Tls, GarbageOnTheTlsPortIsAFailedHandshakeAndNothingMore) {
+  Certificates certs;
+  ASSERT_TRUE(certs.ok()) << "openssl could not make the test certificates";
+  std::unique_ptr<Daemon> d = StartTlsDaemon(certs);
+  ASSERT_NE(d, nullptr);
+  for (const std::string& junk : {std::string("PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"), std::string(4096, '\x16'),
+                                  std::string("\x16\x03\x01\xff\xff") + std::string(70000, 'x')}) {
+    const int fd = ConnectTcp(d->tcp_target());
+    ASSERT_GE(fd, 0);
+    (void)send(fd, junk.data(), junk.size(), MSG_NOSIGNAL);
+    timeval tv{10, 0};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    char buf[256];
+    ssize_t n = 0;
+    while ((n = recv(fd, buf, sizeof(buf), 0)) > 0) {
+    }  // a TLS alert at most, then the close
+    // Closed with unread bytes in its buffer, the connection may end in a reset.
+    EXPECT_TRUE(n == 0 || (n < 0 && errno == ECONNRESET)) << "not closed within 10 s: " << std::strerror(errno);
+    close(fd);
+  }
+  EXPECT_TRUE(ListDevicesOver(d->tcp_target(), grpc::SslCredentials({certs.Pem("ca.pem"), "", ""})).ok())
+      << d->Log();
+  EXPECT_NE(d->Log().find("event=tls_handshake_failed"), std::string::npos) << d->Log();
+}
+
+// SIGTERM with TLS clients connected (one idle, one mid-way through a stream it stopped
+// feeding) drains and exits 0: the relays end when gRPC closes its side.
+TEST(Tls, SigtermWithTlsClientsConnectedDrainsAndExits) {
+  Certificates certs;
+  ASSERT_TRUE(certs.ok()) << "openssl could not make the test certificates";
+  std::unique_ptr<Daemon> d = StartTlsDaemon(certs, {"--drain-timeout=2s"});
+  ASSERT_NE(d, nullptr);
+  std::shared_ptr<grpc::Channel> idle = TlsChannel(d->tcp_target(), certs);
+  ASSERT_TRUE(idle->WaitForConnected(std::chrono::system_clock::now() + std::chrono::seconds(10)));
+  std::shared_ptr<grpc::Channel> busy = TlsChannel(d->tcp_target(), certs);
+  auto stub = wprep::v1::WeightPrep::NewStub(busy);
+  grpc::ClientContext ctx;
+  auto stream = stub->ConvertStream(&ctx);
+  v1::ConvertStreamRequest m;
+  *m.mutable_header() = StreamHeaderFor(HopperSwizzle(), {4, 2048, 2048});
+  ASSERT_TRUE(stream->Write(m));
+  v1::ConvertStreamResponse resp;
+  ASSERT_TRUE(stream->Read(&resp) && resp.has_header()) << d->Log();
+  d->Signal(SIGTERM);
+  const int status = d->WaitExit(absl::Seconds(30));
+  ASSERT_NE(status, -1) << "still running 30 s after SIGTERM\n" << d->Log();
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << d->Log();
+  EXPECT_NE(stream->Finish().error_code(), grpc::StatusCode::OK);
 }
 
 }  // namespace
