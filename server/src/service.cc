@@ -136,7 +136,10 @@ class CallReport {
 
   grpc::Status Finish(absl::Status status, const OperandFields& fields = {}) {
     const bool converted = status.ok();  // the engine's work ran to the end
-    if (ctx_->IsCancelled() && status.code() != absl::StatusCode::kDeadlineExceeded) {
+    // The handler's own CANCELLED (a read or write that failed as the client left) can come
+    // before gRPC marks the call cancelled.
+    const bool client_ended = ctx_->IsCancelled() || status.code() == absl::StatusCode::kCancelled;
+    if (client_ended && status.code() != absl::StatusCode::kDeadlineExceeded) {
       // The call ended before its answer could go out: the client cancelled, went away or
       // ran out of time. Record what the client saw, even when the work itself finished.
       const std::string why = status.ok() ? "the answer was ready after the call ended" : std::string(status.message());
