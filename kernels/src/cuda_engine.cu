@@ -38,11 +38,16 @@ __device__ __forceinline__ void CpAsyncWait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
 }
 
-inline constexpr int kSlotWords = 16 * kTileThreads;  // one thread's 16 words, for every thread
+// One slot: every thread's fetched words (T::Fetched), in 16-byte chunks.
+template <class T>
+constexpr int SlotWords() {
+  static_assert(sizeof(typename T::Fetched) % 16 == 0, "slots hold whole 16-byte chunks");
+  return static_cast<int>(sizeof(typename T::Fetched) / 4) * kTileThreads;
+}
 
-// The loader of tiles::Regs's interface that targets a slot: 16-byte chunk c of thread
-// vt at words (c * kTileThreads + vt) * 4, so a warp's 16-byte copies and read-backs
-// are contiguous.
+// The loader of tiles::RegsOf's interface that targets a slot: 16-byte chunk c of
+// thread vt at words (c * kTileThreads + vt) * 4, so a warp's 16-byte copies and
+// read-backs are contiguous.
 struct SlotLoader {
   uint32_t* slot;
   int vt;
@@ -66,9 +71,11 @@ struct SlotLoader {
   }
   __device__ void Word(int k, const uint8_t* p) { CpAsync4(At(k), p); }
   __device__ void Pair(int k, const uint8_t* p) { CpAsync8(At(k), p); }
-  __device__ void Read(tiles::Regs& r) const {
+  __device__ void Set(int k, uint32_t word) { *At(k) = word; }  // the thread's own slot
+  template <int kCount>
+  __device__ void Read(tiles::RegsOf<kCount>& r) const {
 #pragma unroll
-    for (int c = 0; c < 4; ++c) {
+    for (int c = 0; c < kCount / 4; ++c) {
       const uint4 v = *reinterpret_cast<const uint4*>(At(4 * c));
       r.w[4 * c] = v.x;
       r.w[4 * c + 1] = v.y;
@@ -163,13 +170,14 @@ constexpr int WindowWords() {
 }
 template <class T, int kAhead>
 constexpr size_t PrefetchSmemBytes() {
-  return sizeof(uint32_t) * (2 * WindowWords<T>() + kAhead * async_fetch::kSlotWords);
+  return sizeof(uint32_t) * (2 * WindowWords<T>() + kAhead * async_fetch::SlotWords<T>());
 }
 
 // Resident blocks the register budget must allow: as many as shared memory admits, up to
 // three (an H200 SM has 228 KiB: two windows and two slots take 66 KiB a block).
 template <class T, int kAhead>
 constexpr int PrefetchMinBlocks() {
+  if constexpr (sizeof(typename T::Fetched) < sizeof(tiles::Regs)) return T::kMinBlocks;  // small slots
   return T::kTwoStage && kAhead > 2 ? 2 : 3;
 }
 
@@ -186,7 +194,7 @@ __global__ void __launch_bounds__(kTileThreads, (PrefetchMinBlocks<T, kAhead>())
   // Every thread commits one group per call, fetched or not, so wait_group counts match.
   auto fetch = [&](uint32_t t, int slot) {
     if (t < num_tiles) {
-      async_fetch::SlotLoader ld{slots + slot * async_fetch::kSlotWords, vt};
+      async_fetch::SlotLoader ld{slots + slot * async_fetch::SlotWords<T>(), vt};
       T::Fetch(g, context(t), vt, access, ld);
     }
     async_fetch::CpAsyncCommit();
@@ -198,8 +206,8 @@ __global__ void __launch_bounds__(kTileThreads, (PrefetchMinBlocks<T, kAhead>())
   int buf = 0, slot = 0;
   for (; t < num_tiles; t += gridDim.x) {
     async_fetch::CpAsyncWait<kAhead - 1>();
-    tiles::Regs cur;
-    async_fetch::SlotLoader{slots + slot * async_fetch::kSlotWords, vt}.Read(cur);
+    typename T::Fetched cur;
+    async_fetch::SlotLoader{slots + slot * async_fetch::SlotWords<T>(), vt}.Read(cur);
     const tiles::TileCtx ctx = context(t);
     uint32_t* const window = windows + buf * WindowWords<T>();
     T::Stage(g, ctx, vt, access, cur, window);

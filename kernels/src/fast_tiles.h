@@ -96,6 +96,7 @@ struct RegsOf {
   }
   WPREP_HD void Word(int k, const uint8_t* p) { w[k] = LoadWord(p); }
   WPREP_HD void Pair(int k, const uint8_t* p) { Load2Words(w + k, p); }
+  WPREP_HD void Set(int k, uint32_t word) { w[k] = word; }  // a word put together byte by byte
 };
 using Regs = RegsOf<16>;
 

@@ -18,9 +18,11 @@
 #include <sstream>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
@@ -258,6 +260,31 @@ bool DescriptorLimit::Restore() {
   if (!ok_) return true;
   ok_ = prlimit(pid_, RLIMIT_NOFILE, &old_, nullptr) != 0;
   return !ok_;
+}
+
+std::vector<HandlerSpan> RequestSpans(const std::string& log_text, const std::string& method) {
+  std::vector<HandlerSpan> out;
+  const std::string tag = absl::StrCat("method=", method, " ");
+  std::istringstream log(log_text);
+  for (std::string line; std::getline(log, line);) {
+    if (line.find("event=request") == std::string::npos || line.find(tag) == std::string::npos ||
+        line.rfind("ts=", 0) != 0) {
+      continue;
+    }
+    const size_t sp = line.find(" seconds=");
+    HandlerSpan h;
+    std::string err;
+    if (sp == std::string::npos ||
+        !absl::ParseTime("%Y-%m-%dT%H:%M:%E*SZ", line.substr(3, line.find(' ') - 3), &h.end, &err)) {
+      continue;
+    }
+    h.seconds = std::atof(line.c_str() + sp + 9);
+    const size_t kp = line.find(" kernel_seconds=");
+    if (kp != std::string::npos) h.kernel_seconds = std::atof(line.c_str() + kp + 16);
+    h.line = std::move(line);
+    out.push_back(std::move(h));
+  }
+  return out;
 }
 
 }  // namespace wprep::testing

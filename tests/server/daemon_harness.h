@@ -72,6 +72,17 @@ class Daemon {
   std::string dir_, unix_target_, tcp_target_, metrics_, health_;
 };
 
+// One request line of a daemon log: its end (ts=), handler seconds (seconds=) and kernel
+// seconds (kernel_seconds=, 0 where absent).
+struct HandlerSpan {
+  std::string line;
+  absl::Time end;
+  double seconds = 0;
+  double kernel_seconds = 0;
+};
+// Every request line of `method` ("Convert", "ConvertBatch", ...) in `log_text`, in order.
+std::vector<HandlerSpan> RequestSpans(const std::string& log_text, const std::string& method);
+
 // Lowers a process's RLIMIT_NOFILE soft limit to the descriptors it has open plus `spare`
 // (the hard limit stays), so that its next connections run out of descriptors. Restore()
 // or the destructor puts the old limit back.

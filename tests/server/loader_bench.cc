@@ -28,6 +28,9 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "daemon_harness.h"
 #include "wprep/client/client.h"
 #include "wprep/kernels/cpu_engine.h"
@@ -297,11 +300,35 @@ int Main(int argc, char** argv) {
     }
     return 0;
   };
+  std::vector<std::pair<absl::Time, absl::Time>> stamps;  // the last run's calls: sent, answered
   run("one batch per layer, in turn", [&](double* k) {
     int f = 0;
-    for (const auto& b : per_layer) f += one(b, k);
+    stamps.clear();
+    for (const auto& b : per_layer) {
+      const absl::Time sent = absl::Now();
+      f += one(b, k);
+      stamps.emplace_back(sent, absl::Now());
+    }
     return f;
   });
+  // Where a layer's round trip goes: the way in (send to the handler's start), the
+  // handler, the way out (its end to the answer), from the daemon's request log.
+  std::string split;
+  if (daemon != nullptr) {
+    std::vector<wprep::testing::HandlerSpan> spans = wprep::testing::RequestSpans(daemon->Log(), "ConvertBatch");
+    if (spans.size() >= stamps.size() && !stamps.empty()) {
+      spans.erase(spans.begin(), spans.end() - static_cast<std::ptrdiff_t>(stamps.size()));
+      std::vector<double> in_us, handler_us, out_us;
+      for (size_t i = 0; i < stamps.size(); ++i) {
+        const absl::Time start = spans[i].end - absl::Seconds(spans[i].seconds);
+        in_us.push_back(absl::ToDoubleMicroseconds(start - stamps[i].first));
+        handler_us.push_back(spans[i].seconds * 1e6);
+        out_us.push_back(absl::ToDoubleMicroseconds(stamps[i].second - spans[i].end));
+      }
+      split = absl::StrFormat("one batch per layer, in turn: median per layer %.0f us in, %.0f us handler, %.0f us out",
+                              Median(in_us), Median(handler_us), Median(out_us));
+    }
+  }
   run(absl::StrCat("one batch per layer, ", inflight, " in flight"), [&](double* k) {
     std::atomic<int> next{0}, failures{0};
     std::vector<double> ks(static_cast<size_t>(inflight), 0);
@@ -339,6 +366,7 @@ int Main(int argc, char** argv) {
     std::printf("| %s | %.2f | %.2f | %.3f | %.2f | %d |\n", r.variant.c_str(), r.wall_ms, copy, r.wall_ms / copy,
                 r.kernel_ms, r.failures);
   }
+  if (!split.empty()) std::printf("%s\n", split.c_str());
   std::printf("extra device bytes, the most any batch reported: %llu\n",
               static_cast<unsigned long long>(peak_extra.load()));
   std::printf("layer 0 checked against the CPU engine: %s\n", mismatches == 0 ? "byte exact" : "MISMATCH");

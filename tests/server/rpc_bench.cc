@@ -165,38 +165,6 @@ bool Converts(wprep::client::Client& client, const IpcPair& pair, int n, std::ve
   return true;
 }
 
-// Every Convert line of a daemon log, in order, with its end time (ts=), handler seconds
-// (seconds=) and kernel seconds (kernel_seconds=).
-struct HandlerSpan {
-  std::string line;
-  absl::Time end;
-  double seconds = 0;
-  double kernel_seconds = 0;
-};
-std::vector<HandlerSpan> ConvertSpans(const std::string& log_text) {
-  std::vector<HandlerSpan> out;
-  std::istringstream log(log_text);
-  for (std::string line; std::getline(log, line);) {
-    if (line.find("event=request") == std::string::npos ||
-        line.find("method=Convert ") == std::string::npos || line.rfind("ts=", 0) != 0) {
-      continue;
-    }
-    const size_t sp = line.find(" seconds=");
-    HandlerSpan h;
-    std::string err;
-    if (sp == std::string::npos ||
-        !absl::ParseTime("%Y-%m-%dT%H:%M:%E*SZ", line.substr(3, line.find(' ') - 3), &h.end, &err)) {
-      continue;
-    }
-    h.seconds = std::atof(line.c_str() + sp + 9);
-    const size_t kp = line.find(" kernel_seconds=");
-    if (kp != std::string::npos) h.kernel_seconds = std::atof(line.c_str() + kp + 16);
-    h.line = std::move(line);
-    out.push_back(std::move(h));
-  }
-  return out;
-}
-
 // The same kernel in this process, timed with events: its p50 in milliseconds.
 bool KernelP50(const IpcPair& pair, int iters, double* p50) {
   cudaStream_t st;
@@ -340,7 +308,7 @@ bool FreshDaemonRun(const std::vector<std::string>& daemon_args, wprep::testing:
   // (handler end to receipt), in microseconds, with the kernel's share of the handler
   // (its events' time): the first five calls, then the median of the
   // warm ones. The measured pair's Converts are the last iters + 1 in the log.
-  std::vector<HandlerSpan> spans = ConvertSpans(d->Log());
+  std::vector<wprep::testing::HandlerSpan> spans = wprep::testing::RequestSpans(d->Log(), "Convert");
   if (spans.size() < stamps.size()) {
     std::printf("%s split unavailable (%zu Convert lines for %zu calls)\n", label.c_str(), spans.size(),
                 stamps.size());
