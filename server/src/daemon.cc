@@ -23,6 +23,7 @@
 #include "device_manager.h"
 #include "grpcpp/server_posix.h"
 #include "health.h"
+#include "idle_spinners.h"
 #include "host_budget.h"
 #include "listener.h"
 #include "device_runtime.h"
@@ -126,6 +127,7 @@ struct DaemonParts {
   std::unique_ptr<Executor> executor;
   Admission admission;
   std::string warmup_token;
+  std::unique_ptr<IdleSpinners> spinners;  // outlives the service and the servers
   std::unique_ptr<WeightPrepService> service;
   HealthService health;         // on the API listeners
   HealthService probe_health;   // on --health-listen
@@ -189,9 +191,11 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const Options& options, De
                                            StreamSlicing{kStreamSliceBytes, options.max_stream_matrix_bytes},
                                            options.memory_wait);
   p->warmup_token = NewWarmupToken();
+  p->spinners = IdleSpinners::Start(options.keep_cpus_awake);
   p->service = std::make_unique<WeightPrepService>(
       &p->admission, p->devices.get(), p->ipc.get(), p->executor.get(), p->metrics.get(), p->buffers.get(),
-      RequestLimits{options.max_message_bytes, options.max_tensor_bytes, options.max_batch_items}, p->warmup_token);
+      RequestLimits{options.max_message_bytes, options.max_tensor_bytes, options.max_batch_items}, p->warmup_token,
+      p->spinners.get());
 
   grpc::EnableDefaultHealthCheckService(false);  // health.h says why
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();

@@ -139,6 +139,7 @@ absl::StatusOr<Options> ParseOptions(const std::vector<std::string>& args) {
       {"max-device-bytes", [&](const std::string& v) { return ParseBytes("max-device-bytes", v, &o.max_device_bytes); }},
       {"memory-wait", [&](const std::string& v) { return ParseDuration("memory-wait", v, &o.memory_wait); }},
       {"drain-timeout", [&](const std::string& v) { return ParseDuration("drain-timeout", v, &o.drain_timeout); }},
+      {"keep-cpus-awake", [&](const std::string& v) { return ParseDuration("keep-cpus-awake", v, &o.keep_cpus_awake); }},
       {"tls-handshake-timeout",
        [&](const std::string& v) { return ParseDuration("tls-handshake-timeout", v, &o.tls_handshake_timeout); }},
       {"max-message-bytes", [&](const std::string& v) {
@@ -260,6 +261,9 @@ Flags (--name=value or --name value):
   --max-device-bytes N     device bytes budget per GPU, e.g. 8G; 0 = unlimited (default 0)
   --memory-wait D          how long work waits for device memory (default 10s)
   --drain-timeout D        time for in-flight work after SIGTERM (default 30s)
+  --keep-cpus-awake D      while requests come, an idle-priority spinner per CPU keeps
+                           the CPUs from halting until D after the last one: faster
+                           round trips on VMs, at the cost of busy cores (default 0 = off)
   --max-message-bytes N    largest unary message (default 64M)
   --max-tensor-bytes N     largest input or output of one conversion (default 64G)
   --max-stream-matrix-bytes N

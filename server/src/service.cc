@@ -78,12 +78,15 @@ constexpr absl::Duration kDeadlineSlack = absl::Milliseconds(500);
 // (they answer id 0), no log line, no metrics.
 class CallReport {
  public:
-  CallReport(Method method, grpc::ServerContext* ctx, Metrics* metrics, const std::string& warmup_token)
+  CallReport(Method method, grpc::ServerContext* ctx, Metrics* metrics, const std::string& warmup_token,
+             IdleSpinners* spinners)
       : ctx_(ctx),
         metrics_(metrics),
+        spinners_(spinners),
         caller_(CallerOf(*ctx, warmup_token)),
         id_(caller_ == Caller::kClient ? NextRequestId() : 0),
         start_(absl::Now()) {
+    if (spinners_ != nullptr) spinners_->Touch();
     record_.method = method;
     ctx_->AddInitialMetadata("x-wprep-request-id", std::to_string(id_));
   }
@@ -135,6 +138,7 @@ class CallReport {
   }
 
   grpc::Status Finish(absl::Status status, const OperandFields& fields = {}) {
+    if (spinners_ != nullptr) spinners_->Touch();
     const bool converted = status.ok();  // the engine's work ran to the end
     // The handler's own CANCELLED (a read or write that failed as the client left) can come
     // before gRPC marks the call cancelled.
@@ -182,6 +186,7 @@ class CallReport {
  private:
   grpc::ServerContext* const ctx_;
   Metrics* const metrics_;
+  IdleSpinners* const spinners_;
   const Caller caller_;
   const uint64_t id_;
   const absl::Time start_;
@@ -203,7 +208,8 @@ class CallReport {
 
 WeightPrepService::WeightPrepService(Admission* admission, DeviceManager* devices, IpcCache* ipc,
                                      Executor* executor, Metrics* metrics, HostBudget* buffers,
-                                     const RequestLimits& limits, std::string warmup_token)
+                                     const RequestLimits& limits, std::string warmup_token,
+                                     IdleSpinners* spinners)
     : admission_(admission),
       devices_(devices),
       ipc_(ipc),
@@ -211,11 +217,12 @@ WeightPrepService::WeightPrepService(Admission* admission, DeviceManager* device
       metrics_(metrics),
       buffers_(buffers),
       limits_(limits),
-      warmup_token_(std::move(warmup_token)) {}
+      warmup_token_(std::move(warmup_token)),
+      spinners_(spinners) {}
 
 grpc::Status WeightPrepService::Plan(grpc::ServerContext* ctx, const v1::PlanRequest* req,
                                      v1::PlanResponse* resp) {
-  CallReport report(Method::kPlan, ctx, metrics_, warmup_token_);
+  CallReport report(Method::kPlan, ctx, metrics_, warmup_token_, spinners_);
   return report.Run([&]() -> absl::Status {
     WPREP_ASSIGN_OR_RETURN(Admission::Ticket ticket, admission_->Enter(report.caller()));
     WPREP_ASSIGN_OR_RETURN(ConversionSpec spec, SpecFromProto(req->spec(), "spec"));
@@ -229,7 +236,7 @@ grpc::Status WeightPrepService::Plan(grpc::ServerContext* ctx, const v1::PlanReq
 
 grpc::Status WeightPrepService::Convert(grpc::ServerContext* ctx, const v1::ConvertRequest* req,
                                         v1::ConvertResponse* resp) {
-  CallReport report(Method::kConvert, ctx, metrics_, warmup_token_);
+  CallReport report(Method::kConvert, ctx, metrics_, warmup_token_, spinners_);
   const bool src_ipc = req->has_source_ipc(), dst_ipc = req->has_destination_ipc();
   report.SetTransport(src_ipc ? (dst_ipc ? Transport::kIpcToIpc : Transport::kIpcToBytes)
                               : (dst_ipc ? Transport::kBytesToIpc : Transport::kBytesToBytes));
@@ -269,7 +276,7 @@ absl::Status WeightPrepService::DoConvert(grpc::ServerContext* ctx, const v1::Co
 grpc::Status WeightPrepService::ConvertStream(
     grpc::ServerContext* ctx,
     grpc::ServerReaderWriter<v1::ConvertStreamResponse, v1::ConvertStreamRequest>* stream) {
-  CallReport report(Method::kConvertStream, ctx, metrics_, warmup_token_);
+  CallReport report(Method::kConvertStream, ctx, metrics_, warmup_token_, spinners_);
   report.SetTransport(Transport::kStream);
   return report.Run(
       [&]() -> absl::Status {
@@ -341,7 +348,7 @@ absl::Status WeightPrepService::DoConvertStream(
 
 grpc::Status WeightPrepService::ConvertBatch(grpc::ServerContext* ctx, const v1::ConvertBatchRequest* req,
                                              v1::ConvertBatchResponse* resp) {
-  CallReport report(Method::kConvertBatch, ctx, metrics_, warmup_token_);
+  CallReport report(Method::kConvertBatch, ctx, metrics_, warmup_token_, spinners_);
   report.SetTransport(Transport::kBatch);
   return report.Run(
       [&]() -> absl::Status {
@@ -387,7 +394,7 @@ absl::Status WeightPrepService::DoConvertBatch(grpc::ServerContext* ctx, const v
 
 grpc::Status WeightPrepService::ListDevices(grpc::ServerContext* ctx, const v1::ListDevicesRequest*,
                                             v1::ListDevicesResponse* resp) {
-  CallReport report(Method::kListDevices, ctx, metrics_, warmup_token_);
+  CallReport report(Method::kListDevices, ctx, metrics_, warmup_token_, spinners_);
   return report.Run([&]() -> absl::Status {
     WPREP_ASSIGN_OR_RETURN(Admission::Ticket ticket, admission_->Enter(report.caller()));
     for (size_t i = 0; i < devices_->num_gpus(); ++i) {
@@ -424,7 +431,7 @@ absl::StatusOr<int> WeightPrepService::HandleOrdinal(const v1::IpcHandleRef& h, 
 grpc::Status WeightPrepService::RegisterIpcHandles(grpc::ServerContext* ctx,
                                                    const v1::RegisterIpcHandlesRequest* req,
                                                    v1::RegisterIpcHandlesResponse* resp) {
-  CallReport report(Method::kRegisterIpcHandles, ctx, metrics_, warmup_token_);
+  CallReport report(Method::kRegisterIpcHandles, ctx, metrics_, warmup_token_, spinners_);
   return report.Run([&]() -> absl::Status {
     WPREP_ASSIGN_OR_RETURN(Admission::Ticket ticket, admission_->Enter(report.caller()));
     uint32_t already_open = 0;
@@ -444,7 +451,7 @@ grpc::Status WeightPrepService::RegisterIpcHandles(grpc::ServerContext* ctx,
 grpc::Status WeightPrepService::ReleaseIpcHandles(grpc::ServerContext* ctx,
                                                   const v1::ReleaseIpcHandlesRequest* req,
                                                   v1::ReleaseIpcHandlesResponse* resp) {
-  CallReport report(Method::kReleaseIpcHandles, ctx, metrics_, warmup_token_);
+  CallReport report(Method::kReleaseIpcHandles, ctx, metrics_, warmup_token_, spinners_);
   return report.Run([&]() -> absl::Status {
     WPREP_ASSIGN_OR_RETURN(Admission::Ticket ticket, admission_->Enter(report.caller()));
     uint32_t released = 0, deferred = 0;

@@ -14,6 +14,7 @@
 #include "device_manager.h"
 #include "executor.h"
 #include "host_budget.h"
+#include "idle_spinners.h"
 #include "ipc_cache.h"
 #include "metrics.h"
 #include "wprep/v1/wprep.grpc.pb.h"
@@ -44,10 +45,12 @@ class WeightPrepService final : public wprep::v1::WeightPrep::Service {
  public:
   // Borrows everything; all must outlive the service. Calls whose x-wprep-warmup
   // metadata equals `warmup_token` (the daemon's own warm-up; see rpc_warmup.h) are
-  // served but not counted anywhere; an empty token disables that.
+  // served but not counted anywhere; an empty token disables that. Every call touches
+  // `spinners` (may be null) when it starts and ends (--keep-cpus-awake).
   WeightPrepService(Admission* admission, DeviceManager* devices, IpcCache* ipc,
                     Executor* executor, Metrics* metrics, HostBudget* buffers,
-                    const RequestLimits& limits, std::string warmup_token);
+                    const RequestLimits& limits, std::string warmup_token,
+                    IdleSpinners* spinners = nullptr);
 
   grpc::Status Plan(grpc::ServerContext* ctx, const wprep::v1::PlanRequest* req,
                     wprep::v1::PlanResponse* resp) override;
@@ -89,6 +92,7 @@ class WeightPrepService final : public wprep::v1::WeightPrep::Service {
   HostBudget* const buffers_;
   const RequestLimits limits_;
   const std::string warmup_token_;
+  IdleSpinners* const spinners_;
 };
 
 }  // namespace wprep::server

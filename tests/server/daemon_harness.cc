@@ -287,4 +287,28 @@ std::vector<HandlerSpan> RequestSpans(const std::string& log_text, const std::st
   return out;
 }
 
+std::vector<ThreadStat> ThreadsOf(pid_t pid) {
+  std::vector<ThreadStat> out;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(absl::StrCat("/proc/", pid, "/task"), ec)) {
+    std::ifstream f(e.path() / "stat");
+    std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    // pid (comm) state ppid ...: the comm may hold spaces, so count fields after ')'.
+    const size_t close = text.rfind(')');
+    if (close == std::string::npos) continue;
+    std::vector<std::string> f3 = absl::StrSplit(text.substr(close + 2), ' ', absl::SkipEmpty());
+    ThreadStat t;
+    // Fields 14 (utime), 15 (stime) and 41 (policy), counting from 1; f3[0] is field 3.
+    uint64_t utime = 0, stime = 0;
+    if (f3.size() < 39 || !absl::SimpleAtoi(e.path().filename().string(), &t.tid) ||
+        !absl::SimpleAtoi(f3[11], &utime) || !absl::SimpleAtoi(f3[12], &stime) ||
+        !absl::SimpleAtoi(f3[38], &t.policy)) {
+      continue;
+    }
+    t.ticks = utime + stime;
+    out.push_back(t);
+  }
+  return out;
+}
+
 }  // namespace wprep::testing

@@ -7,6 +7,7 @@
 #include <sys/resource.h>
 #include <sys/types.h>
 
+#include <cstdint>
 #include <map>
 #include <memory>
 #include <optional>
@@ -71,6 +72,15 @@ class Daemon {
   bool exited_ = false;
   std::string dir_, unix_target_, tcp_target_, metrics_, health_;
 };
+
+// A thread of a process as /proc/PID/task/TID/stat says: its scheduling policy (SCHED_*)
+// and the CPU time it has used, in clock ticks (utime + stime).
+struct ThreadStat {
+  int tid = 0;
+  int policy = 0;
+  uint64_t ticks = 0;
+};
+std::vector<ThreadStat> ThreadsOf(pid_t pid);
 
 // One request line of a daemon log: its end (ts=), handler seconds (seconds=) and kernel
 // seconds (kernel_seconds=, 0 where absent).

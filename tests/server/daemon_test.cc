@@ -1,6 +1,7 @@
 // wprepd as a real process on the CPU engine: every golden case through Convert (Unix
 // socket and TCP) and ConvertStream, concurrent clients, health transitions, SIGTERM
 // drain and metrics scraped over HTTP.
+#include <sched.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -649,6 +650,44 @@ TEST(Batch, OneInvalidItemFailsTheBatchNamingTheItem) {
   absl::StatusOr<v1::ConvertBatchResponse> ok = client.ConvertBatch(good_batch());
   ASSERT_TRUE(ok.ok()) << ok.status();
   EXPECT_EQ(ok->items_size(), 6);
+}
+
+// The CPU ticks of the daemon's SCHED_IDLE threads (its --keep-cpus-awake spinners), and
+// how many there are.
+std::pair<int, uint64_t> SpinnerTicks(pid_t pid) {
+  int n = 0;
+  uint64_t ticks = 0;
+  for (const ThreadStat& t : ThreadsOf(pid)) {
+    if (t.policy != SCHED_IDLE) continue;
+    ++n;
+    ticks += t.ticks;
+  }
+  return {n, ticks};
+}
+
+TEST(Daemon, KeepCpusAwakeRunsOneIdlePrioritySpinnerPerCpuThatSleepsBetweenBursts) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  ASSERT_EQ(sched_getaffinity(0, sizeof(set), &set), 0);
+  std::string error;
+  auto d = Daemon::Start({"--devices=cpu", "--keep-cpus-awake=200ms"}, &error);
+  ASSERT_NE(d, nullptr) << error;
+  ASSERT_TRUE(d->WaitServing());
+  EXPECT_NE(d->Log().find(absl::StrCat("event=keep_cpus_awake spinners=", CPU_COUNT(&set))), std::string::npos)
+      << d->Log();
+  EXPECT_EQ(SpinnerTicks(d->pid()).first, CPU_COUNT(&set));
+  // A request, then quiet: past the linger the spinners use no CPU at all.
+  Client c(MakeChannel(d->unix_target()));
+  ASSERT_TRUE(c.ListDevices().ok());
+  absl::SleepFor(absl::Milliseconds(600));
+  const uint64_t quiet = SpinnerTicks(d->pid()).second;
+  absl::SleepFor(absl::Seconds(1));
+  EXPECT_EQ(SpinnerTicks(d->pid()).second, quiet) << "spinners ran with no request for 1 s";
+  // Without the flag there are none.
+  auto plain = Daemon::Start({"--devices=cpu"}, &error);
+  ASSERT_NE(plain, nullptr) << error;
+  ASSERT_TRUE(plain->WaitServing());
+  EXPECT_EQ(SpinnerTicks(plain->pid()).first, 0);
 }
 
 }  // namespace

@@ -1,11 +1,18 @@
 // Unit tests of the daemon's small pieces: flags, the status translation, UUIDs, the
 // accounting allocator's budget, the IPC owner map's calibration.
+#include <sched.h>
+#include <unistd.h>
+
+#include <thread>
+
 #include "gtest/gtest.h"
 #include "absl/strings/str_cat.h"
+#include "daemon_harness.h"
 #include "absl/time/clock.h"
 #include "device_allocator.h"
 #include "device_manager.h"
 #include "fake_runtime.h"
+#include "idle_spinners.h"
 #include "proto_translate.h"
 #include "service.h"
 #include "ipc_owner.h"
@@ -188,6 +195,77 @@ TEST(RpcWarmup, TokensAre128RandomBits) {
   EXPECT_EQ(a.size(), 32u);
   EXPECT_EQ(a.find_first_not_of("0123456789abcdef"), std::string::npos) << a;
   EXPECT_NE(a, b);
+}
+
+TEST(Options, KeepCpusAwakeIsOffUnlessAsked) {
+  absl::StatusOr<Options> o = ParseOptions({});
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->keep_cpus_awake, absl::ZeroDuration());
+  o = ParseOptions({"--keep-cpus-awake=50ms"});
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->keep_cpus_awake, absl::Milliseconds(50));
+  EXPECT_FALSE(ParseOptions({"--keep-cpus-awake=-1s"}).ok());
+  EXPECT_FALSE(ParseOptions({"--keep-cpus-awake=soon"}).ok());
+}
+
+int AffinityCpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  return sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set) : 0;
+}
+
+int SchedIdleThreads() {
+  int n = 0;
+  for (const testing::ThreadStat& t : testing::ThreadsOf(getpid())) n += t.policy == SCHED_IDLE;
+  return n;
+}
+
+// Polls `cond` until it holds or `bound` passes (spinners at idle priority may wait for a
+// busy machine's CPUs).
+template <class F>
+bool Eventually(F cond, absl::Duration bound = absl::Seconds(30)) {
+  for (const absl::Time end = absl::Now() + bound; absl::Now() < end;) {
+    if (cond()) return true;
+    absl::SleepFor(absl::Milliseconds(2));
+  }
+  return cond();
+}
+
+TEST(IdleSpinners, OnePerCpuAtIdlePrioritySpinningOnlyForTheLingerAfterATouch) {
+  const int cpus = AffinityCpus();
+  ASSERT_GT(cpus, 0);
+  const int idle_before = SchedIdleThreads();
+  const absl::Duration linger = absl::Milliseconds(300);
+  std::unique_ptr<IdleSpinners> s = IdleSpinners::Start(linger);
+  ASSERT_EQ(s->threads(), cpus);
+  // Nothing touched them yet: every spinner parks, at idle priority.
+  ASSERT_TRUE(Eventually([&] { return s->parked() == cpus; })) << s->parked() << " of " << cpus << " parked";
+  EXPECT_EQ(SchedIdleThreads() - idle_before, cpus);
+  // A touch wakes every one of them, and they park again once the linger has passed.
+  const absl::Time touched = absl::Now();
+  s->Touch();
+  ASSERT_TRUE(Eventually([&] { return s->parked() == 0; })) << s->parked() << " still parked";
+  ASSERT_TRUE(Eventually([&] { return s->parked() == cpus; }));
+  EXPECT_GE(absl::Now() - touched, linger - absl::Milliseconds(5));
+  // Touches during the linger extend it: touched every 100 ms for 600 ms, none parks.
+  s->Touch();
+  ASSERT_TRUE(Eventually([&] { return s->parked() == 0; }));
+  int most_parked = 0;
+  for (int i = 0; i < 6; ++i) {
+    absl::SleepFor(absl::Milliseconds(100));
+    most_parked = std::max(most_parked, s->parked());
+    s->Touch();
+  }
+  EXPECT_EQ(most_parked, 0);
+  s.reset();  // joins them
+  EXPECT_EQ(SchedIdleThreads(), idle_before);
+}
+
+TEST(IdleSpinners, ZeroLingerStartsNoThread) {
+  std::unique_ptr<IdleSpinners> s = IdleSpinners::Start(absl::ZeroDuration());
+  EXPECT_EQ(s->threads(), 0);
+  s->Touch();
+  EXPECT_EQ(s->parked(), 0);
 }
 
 }  // namespace

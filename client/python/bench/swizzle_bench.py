@@ -35,6 +35,7 @@ Without --target it starts its own wprepd ($WPREPD) on the GPUs. Exits 3 without
 """
 
 import argparse
+import datetime
 import json
 import statistics
 import sys
@@ -95,6 +96,47 @@ def timed(torch, reps, run, before=None):
             walls.append(wall)
             kernels.append(k * 1e3)
     return statistics.median(walls), statistics.median(kernels), walls
+
+
+def _log_time(line):
+    """The ts= of a daemon log line, as seconds since the epoch."""
+    ts = line.split(" ", 1)[0][3:].rstrip("Z")
+    return datetime.datetime.fromisoformat(ts).replace(tzinfo=datetime.timezone.utc).timestamp()
+
+
+def call_split(client, daemon, model, outs, nw):
+    """One more run of the registered layer batches, each call cut at the gRPC call's send and
+    answer (time.time(), the clock of the daemon's log) and at the handler's start and end (its
+    request log): the Python before the call, the way in, the handler, the way out, the Python after."""
+    marks = []
+    unary = client._unary
+
+    def timed_unary(method, request, timeout):
+        marks[-1].append(time.time())
+        try:
+            return unary(method, request, timeout)
+        finally:
+            marks[-1].append(time.time())
+
+    client._unary = timed_unary
+    try:
+        for layer, lo in zip(model, outs):
+            marks.append([time.time()])
+            wprep.swizzle_mxfp4_batch(layer, nw, client=client, out=lo)
+            marks[-1].append(time.time())
+    finally:
+        del client._unary
+    lines = [ln for ln in daemon.log().splitlines() if "method=ConvertBatch " in ln and " seconds=" in ln]
+    if len(lines) < len(marks) or any(len(m) != 4 for m in marks):
+        return None
+    parts = {"python before": [], "in": [], "handler": [], "out": [], "python after": []}
+    for (t0, t1, t2, t3), line in zip(marks, lines[-len(marks):]):
+        end = _log_time(line)
+        seconds = float(line.split(" seconds=")[1].split()[0])
+        for k, v in (("python before", t1 - t0), ("in", end - seconds - t1), ("handler", seconds),
+                     ("out", t2 - end), ("python after", t3 - t2)):
+            parts[k].append(v * 1e6)
+    return {k: statistics.median(v) for k, v in parts.items()}
 
 
 def main():
@@ -190,6 +232,7 @@ def main():
             rows.append((name,) + timed(torch, args.reps, run, before))
             if daemon is not None:
                 handler[name] = logged_batches(daemon.log())[seen:]
+        split = call_split(client, daemon, model, outs, nw) if daemon is not None else None
         if args.profile:
             import cProfile
             import io
@@ -232,6 +275,10 @@ def main():
                 print(f"daemon's ConvertBatch handler, {name}: median {statistics.median(times):.3f} ms "
                       f"of {len(times)} calls")
                 figures["variants"][name]["handler_ms_median"] = statistics.median(times)
+        if split:
+            print("layer batch, registered, where a call's time goes (median us a layer): " +
+                  ", ".join(f"{k} {v:.0f}" for k, v in split.items()))
+            figures["call_split_us"] = split
         accept = figures["variants"]["layer batch, registered"]["overhead_ms_per_layer"]
         verdict = "PASS" if accept <= ACCEPTANCE_MS else "FAIL"
         print(f"acceptance: overhead per layer above the kernels (layer batch, registered) "

@@ -19,7 +19,7 @@ from __future__ import annotations
 import functools
 import threading
 from dataclasses import dataclass
-from typing import Any, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from ._client import Client
 from ._spec import LayoutIdentity, Spec
@@ -100,6 +100,17 @@ class SwizzledMXFP4:
         return self.triton_values, in_flex_data(), self.triton_scales
 
 
+_capabilities: Dict[int, Tuple[int, int]] = {}
+
+
+def _capability(torch: Any, index: int) -> Tuple[int, int]:
+    """torch.cuda.get_device_capability(index), asked once per device."""
+    cap = _capabilities.get(index)
+    if cap is None:
+        cap = _capabilities[index] = tuple(torch.cuda.get_device_capability(index))
+    return cap
+
+
 def _check_pair(i: int, values: Any, scales: Any) -> None:
     from . import _torch
 
@@ -137,8 +148,12 @@ def _result(values: Any, scales: Any, r: BatchResult, i: int, num_warps: int, tr
     if triton is False:
         out.triton_error = "not asked for (triton=False)"
         return out
-    from ._triton import TritonUnavailable, build
+    from ._triton import TritonUnavailable, build, unavailable
 
+    reason = unavailable()
+    if reason is not None and not triton:  # known already: no objects, no exception per call
+        out.triton_error = reason
+        return out
     try:
         out.triton_values, out.triton_scales = build(
             values, scales, v.tensor, s.tensor, v.identity.layout, s.identity.layout, num_warps
@@ -176,7 +191,7 @@ def swizzle_mxfp4_batch(
         raise ValueError("swizzle_mxfp4_batch: every pair must be on one GPU")
     if out is not None and len(out) != len(pairs):
         raise ValueError(f"out has {len(out)} entries for {len(pairs)} pairs")
-    specs = mxfp4_specs(tuple(torch.cuda.get_device_capability(device)), num_warps)
+    specs = mxfp4_specs(_capability(torch, device.index), num_warps)
     items: List[Item] = []
     for i, (v, s) in enumerate(pairs):
         items += _items(v, s, specs, None if out is None else out[i])

@@ -51,8 +51,8 @@ def uuid_bytes(device_uuid: Union[None, bytes, str]) -> bytes:
 
 
 def shape_of(logical_shape: Sequence[int]) -> Shape:
-    shape = tuple(int(d) for d in logical_shape)
-    if any(d < 0 for d in shape):
+    shape = tuple(map(int, logical_shape))
+    if shape and min(shape) < 0:
         raise ValueError(f"logical_shape has a negative dim: {list(shape)}")
     return shape
 
@@ -122,11 +122,11 @@ class _Side:
         what: str,
     ) -> None:
         self.shape = shape_of(logical_shape)
-        self.source_ipc: Optional[pb.CudaIpcBuffer] = None
+        self.source_ipc: Optional[_torch.IpcView] = None
         self.source_bytes = b""
         self.source_strides: List[int] = []
         self.out: Any = None
-        self.dest_ipc: Optional[pb.CudaIpcBuffer] = None
+        self.dest_ipc: Optional[_torch.IpcView] = None
         self.devices: List[int] = []
         if out is not None and not _torch.is_cuda_tensor(out):
             raise TypeError(f"{what}: out must be a CUDA torch tensor; got {type(out).__name__}")
@@ -134,23 +134,24 @@ class _Side:
             if strides is not None:
                 raise ValueError(f"{what}: strides= is for bytes sources; a CUDA tensor carries its own strides")
             t: Any = source
-            self.devices.append(t.device.index)
+            device = t.device
+            self.devices.append(device.index)
             if t.numel() == 0:
                 self.source_bytes = b""  # nothing to read: an empty input is sent inline
             else:
-                self.source_ipc = _torch.source_buffer(t, registry)
+                self.source_ipc = _torch.source_view(t, registry)
             if out is None:
                 p = plans[(spec, self.shape)]
                 out = _torch.empty_output(t, p.output_shape, p.output_strides, p.output_bytes)
-            elif out.device != t.device:
-                raise ValueError(f"{what}: out is on {out.device}, the source on {t.device}; they must share a GPU")
+            elif out.device != device:
+                raise ValueError(f"{what}: out is on {out.device}, the source on {device}; they must share a GPU")
         else:
             self.source_bytes, self.source_strides = inline_source(source, strides)
         if out is not None:
             self.out = out
             self.devices.append(out.device.index)
             if out.numel() > 0:
-                self.dest_ipc = _torch.destination_buffer(out, registry)
+                self.dest_ipc = _torch.destination_view(out, registry)
 
     def result(self, shape: Shape, strides: Shape, nbytes: int, identity: pb.LayoutIdentity, engine: str,
                kernel_seconds: float, inline: bytes) -> Result:
@@ -185,12 +186,12 @@ def convert_call(
     r = pb.ConvertRequest(logical_shape=side.shape, device_uuid=uuid_bytes(device_uuid))
     r.spec.CopyFrom(spec_proto(spec))
     if side.source_ipc is not None:
-        r.source_ipc.CopyFrom(side.source_ipc)
+        side.source_ipc.fill(r.source_ipc)
     else:
         r.source_bytes = side.source_bytes
         r.source_strides.extend(side.source_strides)
     if side.dest_ipc is not None:
-        r.destination_ipc.CopyFrom(side.dest_ipc)
+        side.dest_ipc.fill(r.destination_ipc)
     if side.devices:
         _torch.synchronize(side.devices, stream)
 
@@ -221,12 +222,12 @@ def batch_call(
         ci.spec.CopyFrom(spec_proto(it.spec))
         ci.logical_shape.extend(side.shape)
         if side.source_ipc is not None:
-            ci.source.ipc.CopyFrom(side.source_ipc)
+            side.source_ipc.fill(ci.source.ipc)
         else:
             ci.source.inline_bytes = side.source_bytes
             ci.source.inline_strides.extend(side.source_strides)
         if side.dest_ipc is not None:
-            ci.destination.ipc.CopyFrom(side.dest_ipc)
+            side.dest_ipc.fill(ci.destination.ipc)
     if devices:
         _torch.synchronize(devices, stream)
 
@@ -237,7 +238,7 @@ def batch_call(
         for side, item in zip(sides, resp.items):
             t = item.outputs[0]
             out.append(side.result(tuple(t.shape), tuple(t.strides), t.bytes, t.identity, item.engine,
-                                   item.kernel_seconds, t.inline_bytes))
+                                   item.kernel_seconds, t.inline_bytes if side.out is None else b""))
         return BatchResult(out, resp.peak_extra_device_bytes)
 
     keep: List[Any] = [it.source for it in items]

@@ -141,28 +141,31 @@ class Registry:
 
     def __init__(self) -> None:
         self._mu = threading.Lock()
-        self._entries: Dict[Tuple[int, int], Tuple[Any, SharedStorage]] = {}  # guarded by _mu
+        # (device, address) -> (storage, its export, its size); written under _mu
+        self._entries: Dict[Tuple[int, int], Tuple[Any, SharedStorage, int]] = {}
 
     @staticmethod
     def _key(storage: Any, device_index: int) -> Tuple[int, int]:
         return (device_index, int(storage.data_ptr()))
 
     def lookup(self, storage: Any, device_index: int) -> Optional[SharedStorage]:
-        with self._mu:
-            e = self._entries.get(self._key(storage, device_index))
-        if e is None or e[0].nbytes() != storage.nbytes():
+        # A dict read is atomic under the GIL, and every call of a loader's layer loop comes
+        # here: no lock (writers still take it, so two writers cannot interleave).
+        e = self._entries.get((device_index, storage.data_ptr()))
+        if e is None or e[2] != storage.nbytes():
             return None
         return e[1]
 
     def add(self, storage: Any, device_index: int) -> SharedStorage:
         key = self._key(storage, device_index)
+        nbytes = storage.nbytes()
         with self._mu:
             e = self._entries.get(key)
-        if e is not None and e[0].nbytes() == storage.nbytes():
+        if e is not None and e[2] == nbytes:
             return e[1]
         shared = share_storage(storage, device_index)
         with self._mu:
-            self._entries[key] = (storage, shared)
+            self._entries[key] = (storage, shared, nbytes)
         return shared
 
     def remove(self, storage: Any, device_index: int) -> Optional[SharedStorage]:
@@ -180,14 +183,17 @@ def check_byte_tensor(t: Any, what: str) -> None:
 
 def view_span(shape: Sequence[int], strides: Sequence[int]) -> int:
     """Bytes from a view's first element to its last, inclusive (0 when empty)."""
-    if any(d == 0 for d in shape):
-        return 0
-    return 1 + sum((d - 1) * s for d, s in zip(shape, strides))
+    span = 1
+    for d, s in zip(shape, strides):
+        if d == 0:
+            return 0
+        span += (d - 1) * s
+    return span
 
 
 def is_dense(shape: Sequence[int], strides: Sequence[int]) -> bool:
     """Non-overlapping and dense, in some order of the dims (torch's definition)."""
-    if any(s < 0 for s in strides):
+    if strides and min(strides) < 0:
         return False
     dims = sorted((s, d) for d, s in zip(shape, strides) if d > 1)
     need = 1
@@ -204,36 +210,64 @@ def shared_view(t: Any, registry: Registry) -> SharedStorage:
     return registry.lookup(storage, index) or share_storage(storage, index)
 
 
+@dataclass(frozen=True)
+class IpcView:
+    """What a CudaIpcBuffer says of a tensor: allocation handle, byte offset, bytes spanned,
+    GPU, and the view's strides (empty when contiguous)."""
+
+    handle: bytes
+    offset: int
+    size: int
+    device_uuid: bytes
+    strides: Tuple[int, ...] = ()
+
+    def fill(self, b: pb.CudaIpcBuffer) -> None:
+        """Writes the view into `b` (a field of the request: no message of its own to copy)."""
+        b.handle = self.handle
+        b.offset = self.offset
+        b.size = self.size
+        b.device_uuid = self.device_uuid
+        if self.strides:
+            b.strides.extend(self.strides)
+
+    def proto(self) -> pb.CudaIpcBuffer:
+        b = pb.CudaIpcBuffer()
+        self.fill(b)
+        return b
+
+
+def source_view(t: Any, registry: Registry) -> IpcView:
+    """The IpcView of a CUDA tensor view read in place (strides sent unless contiguous)."""
+    check_byte_tensor(t, "a CUDA source")
+    strides = t.stride()
+    if strides and min(strides) < 0:
+        raise ValueError(f"a source view with negative strides cannot be read in place: {list(strides)}")
+    shared = shared_view(t, registry)
+    return IpcView(shared.handle, shared.offset + t.storage_offset(), view_span(t.shape, strides),
+                   shared.device_uuid, () if t.is_contiguous() else tuple(strides))
+
+
+def destination_view(t: Any, registry: Registry) -> IpcView:
+    """The IpcView of a CUDA tensor the daemon writes densely."""
+    check_byte_tensor(t, "out")
+    if not t.is_contiguous():
+        shape, strides = list(t.shape), list(t.stride())
+        if not is_dense(shape, strides):
+            raise ValueError(
+                f"out must be dense (the daemon writes it in memory order); got shape {shape} strides {strides}"
+            )
+    shared = shared_view(t, registry)
+    return IpcView(shared.handle, shared.offset + t.storage_offset(), t.numel(), shared.device_uuid)
+
+
 def source_buffer(t: Any, registry: Registry) -> pb.CudaIpcBuffer:
     """The CudaIpcBuffer of a CUDA tensor view read in place (strides sent unless contiguous)."""
-    check_byte_tensor(t, "a CUDA source")
-    shape, strides = list(t.shape), list(t.stride())
-    if any(s < 0 for s in strides):
-        raise ValueError(f"a source view with negative strides cannot be read in place: {strides}")
-    shared = shared_view(t, registry)
-    b = pb.CudaIpcBuffer(
-        handle=shared.handle,
-        offset=shared.offset + t.storage_offset(),
-        size=view_span(shape, strides),
-        device_uuid=shared.device_uuid,
-    )
-    if not t.is_contiguous():
-        b.strides.extend(strides)
-    return b
+    return source_view(t, registry).proto()
 
 
 def destination_buffer(t: Any, registry: Registry) -> pb.CudaIpcBuffer:
     """The CudaIpcBuffer of a CUDA tensor the daemon writes densely."""
-    check_byte_tensor(t, "out")
-    shape, strides = list(t.shape), list(t.stride())
-    if not is_dense(shape, strides):
-        raise ValueError(
-            f"out must be dense (the daemon writes it in memory order); got shape {shape} strides {strides}"
-        )
-    shared = shared_view(t, registry)
-    return pb.CudaIpcBuffer(
-        handle=shared.handle, offset=shared.offset + t.storage_offset(), size=t.numel(), device_uuid=shared.device_uuid
-    )
+    return destination_view(t, registry).proto()
 
 
 def output_view(out: Any, shape: Sequence[int], strides: Sequence[int]) -> Any:

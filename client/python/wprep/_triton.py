@@ -75,6 +75,12 @@ def _import() -> Any:
     return FP4, Storage, Tensor, wrap_torch_tensor, tk_layout
 
 
+def unavailable() -> Optional[str]:
+    """Why triton_kernels objects cannot be built here (None: they can be tried)."""
+    tk = _import()
+    return tk if isinstance(tk, str) else None
+
+
 def build(
     values_in: Any,
     scales_in: Any,

@@ -39,6 +39,9 @@ struct Options {
   uint64_t max_device_bytes = 0;
   // How long a request may wait for device memory before RESOURCE_EXHAUSTED.
   absl::Duration memory_wait = absl::Seconds(10);
+  // While requests come, keep every CPU from halting until this long after the last one
+  // (idle-priority spinners, idle_spinners.h); zero = off.
+  absl::Duration keep_cpus_awake = absl::ZeroDuration();
   // Time given to in-flight requests after SIGTERM/SIGINT before they are cancelled.
   absl::Duration drain_timeout = absl::Seconds(30);
   // Largest unary message accepted or sent, bytes (streams always accept 4 MiB chunks).
