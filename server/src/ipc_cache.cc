@@ -1,5 +1,6 @@
 #include "ipc_cache.h"
 
+#include <algorithm>
 #include <optional>
 #include <vector>
 
@@ -85,7 +86,12 @@ absl::StatusOr<std::shared_ptr<IpcCache::Entry>> IpcCache::FindOrOpen(int ordina
         "; send the UUID of the GPU that holds the allocation (ListDevices maps ordinals to "
         "UUIDs)"));
   }
-  ExpireLocked(absl::Now());
+  // Sweep for idle mappings now and then rather than on every lookup: a sweep visits
+  // every entry, and a loader's batch looks up dozens of handles among hundreds.
+  if (const absl::Time now = absl::Now(); now >= next_sweep_) {
+    ExpireLocked(now);
+    next_sweep_ = now + std::clamp(idle_expiry_ / 8, absl::Milliseconds(1), absl::Seconds(1));
+  }
   const Key key(ordinal, std::string(handle));
   *was_open = false;
   for (;;) {

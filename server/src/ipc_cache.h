@@ -89,6 +89,8 @@ class IpcCache {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Unref(const std::shared_ptr<Entry>& entry);
   void UnrefLocked(const std::shared_ptr<Entry>& entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Closes the mappings idle for idle_expiry_ (FindOrOpen runs it at most every
+  // idle_expiry_ / 8, clamped to 1 ms - 1 s, so a mapping closes at most that late).
   void ExpireLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void CloseEntry(Entry& entry);
   void PublishSizeLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -103,6 +105,7 @@ class IpcCache {
   absl::CondVar opened_;  // an entry's opening ended
   IpcOwnerMap owner_map_ ABSL_GUARDED_BY(mu_) = IpcOwnerMap::Disabled("not calibrated yet");
   std::map<Key, std::shared_ptr<Entry>> entries_ ABSL_GUARDED_BY(mu_);
+  absl::Time next_sweep_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();  // of FindOrOpen
 };
 
 }  // namespace wprep::server

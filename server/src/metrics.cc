@@ -2,6 +2,7 @@
 
 #include <exception>
 #include <set>
+#include <type_traits>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -248,20 +249,64 @@ void Metrics::InitSuccessSeries() {
   peak_extra_bytes_->Add({{"transport", TransportName(Transport::kBatch)}}, BytesBuckets());
 }
 
+namespace {
+
+// Children keys: which family (top byte), then the labels' enum values, a byte each
+// (optional ones as value + 1, 0 for none).
+enum ChildFamily : uint64_t { kRequests = 1, kBatchItems, kRequestSeconds, kPeakExtra };
+template <class E>
+uint64_t Byte(std::optional<E> e) {
+  return e ? static_cast<uint64_t>(*e) + 1 : 0;
+}
+uint64_t Key(ChildFamily f, uint64_t a, uint64_t b = 0, uint64_t c = 0, uint64_t d = 0, uint64_t e = 0) {
+  return f << 56 | a << 32 | b << 24 | c << 16 | d << 8 | e;
+}
+
+}  // namespace
+
+template <class T>
+T& Metrics::Child(prometheus::Family<T>* family, uint64_t key, const std::function<prometheus::Labels()>& labels) {
+  {
+    absl::MutexLock l(&children_mu_);
+    auto it = children_.find(key);
+    if (it != children_.end()) return *static_cast<T*>(it->second);
+  }
+  T* child;
+  if constexpr (std::is_same_v<T, prometheus::Histogram>) {
+    child = &family->Add(labels(), (key >> 56) == kRequestSeconds ? SecondsBuckets() : BytesBuckets());
+  } else {
+    child = &family->Add(labels());
+  }
+  absl::MutexLock l(&children_mu_);
+  children_.emplace(key, child);
+  return *child;
+}
+
 void Metrics::RecordBatchItem(Layout layout, Direction direction, Transport transport, absl::StatusCode code) {
-  batch_items_
-      ->Add({{"layout", LayoutLabel(layout)},
-             {"direction", DirectionLabel(direction)},
-             {"transport", TransportName(transport)},
-             {"code", absl::StatusCodeToString(code)}})
+  Child(batch_items_,
+        Key(kBatchItems, static_cast<uint64_t>(code), static_cast<uint64_t>(layout), static_cast<uint64_t>(direction),
+            static_cast<uint64_t>(transport)),
+        [&]() -> prometheus::Labels {
+          return {{"layout", LayoutLabel(layout)},
+                  {"direction", DirectionLabel(direction)},
+                  {"transport", TransportName(transport)},
+                  {"code", absl::StatusCodeToString(code)}};
+        })
       .Increment();
 }
 
 void Metrics::RecordRequest(const RequestRecord& r) {
-  requests_->Add(RequestLabels(r)).Increment();
-  request_seconds_->Add({{"method", MethodName(r.method)}}, SecondsBuckets()).Observe(r.seconds);
+  Child(requests_,
+        Key(kRequests, static_cast<uint64_t>(r.code), static_cast<uint64_t>(r.method), Byte(r.layout),
+            Byte(r.direction), static_cast<uint64_t>(r.transport)),
+        [&] { return RequestLabels(r); })
+      .Increment();
+  Child(request_seconds_, Key(kRequestSeconds, static_cast<uint64_t>(r.method)),
+        [&]() -> prometheus::Labels { return {{"method", MethodName(r.method)}}; })
+      .Observe(r.seconds);
   if (r.peak_extra_device_bytes) {
-    peak_extra_bytes_->Add({{"transport", TransportName(r.transport)}}, BytesBuckets())
+    Child(peak_extra_bytes_, Key(kPeakExtra, static_cast<uint64_t>(r.transport)),
+          [&]() -> prometheus::Labels { return {{"transport", TransportName(r.transport)}}; })
         .Observe(static_cast<double>(*r.peak_extra_device_bytes));
   }
 }

@@ -5,13 +5,16 @@
 #define WPREP_SERVER_SRC_METRICS_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "prometheus/counter.h"
 #include "prometheus/family.h"
 #include "prometheus/gauge.h"
@@ -115,11 +118,17 @@ class Metrics {
  private:
   void InitSuccessSeries();
   Metrics() = default;
+  // The child of `family` for `labels`, found by `key` (the labels' enums packed) once
+  // it was made: a request's metrics then build no label maps and take one short lock.
+  template <class T>
+  T& Child(prometheus::Family<T>* family, uint64_t key, const std::function<prometheus::Labels()>& labels);
 
   // Constant after Create/RegisterDevices.
   std::shared_ptr<prometheus::Registry> registry_;
   std::unique_ptr<MetricsHttpServer> http_;
   int port_ = 0;
+  absl::Mutex children_mu_;
+  std::unordered_map<uint64_t, void*> children_ ABSL_GUARDED_BY(children_mu_);  // key -> T*
   prometheus::Family<prometheus::Counter>* requests_ = nullptr;
   prometheus::Family<prometheus::Counter>* batch_items_ = nullptr;
   prometheus::Family<prometheus::Histogram>* request_seconds_ = nullptr;
