@@ -69,6 +69,19 @@ void LogThrottled(std::atomic<int64_t>& last, absl::string_view event, const std
   LogLine(LogLevel::kWarning, event, absl::StrCat("error=", LogQuote(error), " total=", total));
 }
 
+// What an SSL call that did not complete waits for (SSL_ERROR_WANT_READ / WANT_WRITE: the
+// socket readable or writable, in either direction of TLS), or 0 when it failed for good.
+short PollEventsFor(int ssl_error) {
+  switch (ssl_error) {
+    case SSL_ERROR_WANT_READ:
+      return POLLIN;
+    case SSL_ERROR_WANT_WRITE:
+      return POLLOUT;
+    default:
+      return 0;
+  }
+}
+
 }  // namespace
 
 struct TlsTerminator::Shared {
@@ -220,18 +233,11 @@ bool TlsTerminator::Shared::Handshake(SSL* ssl, int fd) {
     ERR_clear_error();
     const int r = SSL_do_handshake(ssl);
     if (r == 1) return true;
-    short events = 0;
-    switch (SSL_get_error(ssl, r)) {
-      case SSL_ERROR_WANT_READ:
-        events = POLLIN;
-        break;
-      case SSL_ERROR_WANT_WRITE:
-        events = POLLOUT;
-        break;
-      default:
-        LogThrottled(last_handshake_log, "tls_handshake_failed", SslError("the client closed the connection"),
-                     ++handshake_failures);
-        return false;
+    const short events = PollEventsFor(SSL_get_error(ssl, r));
+    if (events == 0) {
+      LogThrottled(last_handshake_log, "tls_handshake_failed", SslError("the client closed the connection"),
+                   ++handshake_failures);
+      return false;
     }
     const int64_t left_ms = absl::ToInt64Milliseconds(deadline - absl::Now());
     pollfd p{fd, events, 0};
@@ -267,19 +273,14 @@ void TlsTerminator::Shared::Relay(SSL* ssl, int tls_fd, int plain_fd) {
           up_end += static_cast<size_t>(n);
           progress = true;
         } else {
-          switch (SSL_get_error(ssl, n)) {
-            case SSL_ERROR_WANT_READ:
-              tls_events |= POLLIN;
-              break;
-            case SSL_ERROR_WANT_WRITE:
-              tls_events |= POLLOUT;
-              break;
-            case SSL_ERROR_ZERO_RETURN:
-              client_done = true;
-              progress = true;
-              break;
-            default:
-              return;  // reset, or a TLS error: both sides close
+          const int err = SSL_get_error(ssl, n);
+          if (err == SSL_ERROR_ZERO_RETURN) {
+            client_done = true;
+            progress = true;
+          } else if (const short events = PollEventsFor(err); events != 0) {
+            tls_events |= events;
+          } else {
+            return;  // reset, or a TLS error: both sides close
           }
         }
       }
@@ -321,16 +322,9 @@ void TlsTerminator::Shared::Relay(SSL* ssl, int tls_fd, int plain_fd) {
           if (down_begin == down_end) down_begin = down_end = 0;
           progress = true;
         } else {
-          switch (SSL_get_error(ssl, n)) {
-            case SSL_ERROR_WANT_WRITE:
-              tls_events |= POLLOUT;
-              break;
-            case SSL_ERROR_WANT_READ:
-              tls_events |= POLLIN;
-              break;
-            default:
-              return;
-          }
+          const short events = PollEventsFor(SSL_get_error(ssl, n));
+          if (events == 0) return;
+          tls_events |= events;
         }
       }
       if (grpc_done && down_begin == down_end) {
