@@ -72,7 +72,14 @@ void IdleSpinners::Run(int cpu) {
   CPU_SET(cpu, &one);
   pthread_setaffinity_np(pthread_self(), sizeof(one), &one);
   sched_param idle{};
-  pthread_setschedparam(pthread_self(), SCHED_IDLE, &idle);
+  if (const int err = pthread_setschedparam(pthread_self(), SCHED_IDLE, &idle); err != 0) {
+    // Spinning at normal priority would take CPU from real work: this one does not spin.
+    if (!warned_.exchange(true)) {
+      LogLine(LogLevel::kWarning, "keep_cpus_awake_unavailable",
+              absl::StrCat("error=", LogQuote(absl::StrCat("SCHED_IDLE refused: errno ", err))));
+    }
+    return;
+  }
   while (!stop_.load(std::memory_order_relaxed)) {
     if (MonotonicNs() < awake_until_ns_.load(std::memory_order_relaxed)) {
       for (int i = 0; i < 64; ++i) CpuRelax();

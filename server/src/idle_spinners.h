@@ -9,7 +9,8 @@
 // run only on a CPU that has nothing else to run, so they take no time from the daemon or
 // its neighbours; what they cost is the CPU's power and its accounting: each shows as a
 // busy core while it spins, and under a CPU quota (a Kubernetes CPU limit) it spends the
-// quota. Off by default.
+// quota. Off by default. A thread the system does not let take SCHED_IDLE does not spin
+// (logged once as keep_cpus_awake_unavailable): at normal priority it would take CPU time.
 #ifndef WPREP_SERVER_SRC_IDLE_SPINNERS_H_
 #define WPREP_SERVER_SRC_IDLE_SPINNERS_H_
 
@@ -49,6 +50,7 @@ class IdleSpinners {
   std::atomic<int64_t> awake_until_ns_{0};  // monotonic clock
   std::atomic<int> parked_{0};
   std::atomic<bool> stop_{false};
+  std::atomic<bool> warned_{false};  // a spinner could not take SCHED_IDLE (logged once)
   absl::Mutex mu_;
   absl::CondVar cv_;
   std::vector<std::thread> threads_;
