@@ -264,49 +264,47 @@ uint64_t Key(ChildFamily f, uint64_t a, uint64_t b = 0, uint64_t c = 0, uint64_t
 
 }  // namespace
 
-template <class T>
-T& Metrics::Child(prometheus::Family<T>* family, uint64_t key, const std::function<prometheus::Labels()>& labels) {
+template <class Make>
+auto Metrics::Child(uint64_t key, Make make) -> decltype(make()) {
+  using T = std::remove_reference_t<decltype(make())>;
   {
     absl::MutexLock l(&children_mu_);
     auto it = children_.find(key);
     if (it != children_.end()) return *static_cast<T*>(it->second);
   }
-  T* child;
-  if constexpr (std::is_same_v<T, prometheus::Histogram>) {
-    child = &family->Add(labels(), (key >> 56) == kRequestSeconds ? SecondsBuckets() : BytesBuckets());
-  } else {
-    child = &family->Add(labels());
-  }
+  T& child = make();  // prometheus returns the same child for the same labels
   absl::MutexLock l(&children_mu_);
-  children_.emplace(key, child);
-  return *child;
+  children_.emplace(key, &child);
+  return child;
 }
 
 void Metrics::RecordBatchItem(Layout layout, Direction direction, Transport transport, absl::StatusCode code) {
-  Child(batch_items_,
-        Key(kBatchItems, static_cast<uint64_t>(code), static_cast<uint64_t>(layout), static_cast<uint64_t>(direction),
+  Child(Key(kBatchItems, static_cast<uint64_t>(code), static_cast<uint64_t>(layout), static_cast<uint64_t>(direction),
             static_cast<uint64_t>(transport)),
-        [&]() -> prometheus::Labels {
-          return {{"layout", LayoutLabel(layout)},
-                  {"direction", DirectionLabel(direction)},
-                  {"transport", TransportName(transport)},
-                  {"code", absl::StatusCodeToString(code)}};
+        [&]() -> prometheus::Counter& {
+          return batch_items_->Add({{"layout", LayoutLabel(layout)},
+                                    {"direction", DirectionLabel(direction)},
+                                    {"transport", TransportName(transport)},
+                                    {"code", absl::StatusCodeToString(code)}});
         })
       .Increment();
 }
 
 void Metrics::RecordRequest(const RequestRecord& r) {
-  Child(requests_,
-        Key(kRequests, static_cast<uint64_t>(r.code), static_cast<uint64_t>(r.method), Byte(r.layout),
+  Child(Key(kRequests, static_cast<uint64_t>(r.code), static_cast<uint64_t>(r.method), Byte(r.layout),
             Byte(r.direction), static_cast<uint64_t>(r.transport)),
-        [&] { return RequestLabels(r); })
+        [&]() -> prometheus::Counter& { return requests_->Add(RequestLabels(r)); })
       .Increment();
-  Child(request_seconds_, Key(kRequestSeconds, static_cast<uint64_t>(r.method)),
-        [&]() -> prometheus::Labels { return {{"method", MethodName(r.method)}}; })
+  Child(Key(kRequestSeconds, static_cast<uint64_t>(r.method)),
+        [&]() -> prometheus::Histogram& {
+          return request_seconds_->Add({{"method", MethodName(r.method)}}, SecondsBuckets());
+        })
       .Observe(r.seconds);
   if (r.peak_extra_device_bytes) {
-    Child(peak_extra_bytes_, Key(kPeakExtra, static_cast<uint64_t>(r.transport)),
-          [&]() -> prometheus::Labels { return {{"transport", TransportName(r.transport)}}; })
+    Child(Key(kPeakExtra, static_cast<uint64_t>(r.transport)),
+          [&]() -> prometheus::Histogram& {
+            return peak_extra_bytes_->Add({{"transport", TransportName(r.transport)}}, BytesBuckets());
+          })
         .Observe(static_cast<double>(*r.peak_extra_device_bytes));
   }
 }

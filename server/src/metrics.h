@@ -5,7 +5,6 @@
 #define WPREP_SERVER_SRC_METRICS_H_
 
 #include <cstdint>
-#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -118,10 +117,11 @@ class Metrics {
  private:
   void InitSuccessSeries();
   Metrics() = default;
-  // The child of `family` for `labels`, found by `key` (the labels' enums packed) once
-  // it was made: a request's metrics then build no label maps and take one short lock.
-  template <class T>
-  T& Child(prometheus::Family<T>* family, uint64_t key, const std::function<prometheus::Labels()>& labels);
+  // The family child `make()` returns (Family::Add), made once and then found by `key`
+  // (its labels' enums packed): a request's metrics build no label maps and take one
+  // short lock.
+  template <class Make>
+  auto Child(uint64_t key, Make make) -> decltype(make());
 
   // Constant after Create/RegisterDevices.
   std::shared_ptr<prometheus::Registry> registry_;
