@@ -192,7 +192,7 @@ def test_a_transposed_view_goes_with_its_strides(fake):
     ckpt = tensor(torch, rec, block_offset=0, nbytes=(e + 1) * n * k32, shape=(e, n, k32), strides=(n * k32, k32, 1),
                   offset=n * k32)
     view = ckpt.transpose(-2, -1)
-    b = _torch.source_buffer(view, _torch.Registry())
+    b = _torch.source_view(view, _torch.Registry())
     assert list(b.strides) == [n * k32, 1, k32]
     assert b.offset == n * k32
     assert b.size == 1 + (e - 1) * n * k32 + (k32 - 1) * 1 + (n - 1) * k32 == e * n * k32
@@ -228,11 +228,11 @@ def test_expandable_segments_and_unknown_handles_are_refused_and_released(fake):
     torch, rec = fake
     es = tensor(torch, rec, block_offset=0, nbytes=64, shape=(64,), strides=(1,), kind=b"e")
     with pytest.raises(wprep.ExpandableSegmentsError, match="expandable_segments"):
-        _torch.source_buffer(es, _torch.Registry())
+        _torch.source_view(es, _torch.Registry())
     assert len(rec.released) == 1
     odd = tensor(torch, rec, block_offset=0, nbytes=64, shape=(64,), strides=(1,), version=9)
     with pytest.raises(RuntimeError, match="version byte 09"):
-        _torch.source_buffer(odd, _torch.Registry())
+        _torch.source_view(odd, _torch.Registry())
     assert len(rec.released) == 2
 
     def refuse():
@@ -241,7 +241,7 @@ def test_expandable_segments_and_unknown_handles_are_refused_and_released(fake):
     es2 = tensor(torch, rec, block_offset=0, nbytes=64, shape=(64,), strides=(1,))
     es2.untyped_storage()._share_cuda_ = refuse
     with pytest.raises(wprep.ExpandableSegmentsError):
-        _torch.source_buffer(es2, _torch.Registry())
+        _torch.source_view(es2, _torch.Registry())
 
 
 def test_older_torch_handles_without_a_version_byte(fake):
@@ -256,7 +256,7 @@ def test_registered_storages_are_exported_once(fake):
     refs = _torch.handle_refs([pool, pool.as_strided((100,), (1,), 1000)], reg, register=True)
     assert len(refs) == 1 and rec.shared == 1
     for i in range(3):
-        b = _torch.source_buffer(pool.as_strided((10, 10), (10, 1), 4096 * i), reg)
+        b = _torch.source_view(pool.as_strided((10, 10), (10, 1), 4096 * i), reg)
         assert b.offset == 512 + 4096 * i
     assert rec.shared == 1
     _torch.handle_refs([pool], reg, register=False)

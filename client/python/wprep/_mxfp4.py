@@ -19,7 +19,7 @@ from __future__ import annotations
 import functools
 import threading
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, List, Optional, Sequence, Tuple
 
 from ._client import Client
 from ._spec import LayoutIdentity, Spec
@@ -100,15 +100,10 @@ class SwizzledMXFP4:
         return self.triton_values, in_flex_data(), self.triton_scales
 
 
-_capabilities: Dict[int, Tuple[int, int]] = {}
-
-
-def _capability(torch: Any, index: int) -> Tuple[int, int]:
+@functools.lru_cache(maxsize=None)
+def _capability(index: int) -> Tuple[int, int]:
     """torch.cuda.get_device_capability(index), asked once per device."""
-    cap = _capabilities.get(index)
-    if cap is None:
-        cap = _capabilities[index] = tuple(torch.cuda.get_device_capability(index))
-    return cap
+    return tuple(_import_torch().cuda.get_device_capability(index))
 
 
 def _check_pair(i: int, values: Any, scales: Any) -> None:
@@ -181,7 +176,7 @@ def swizzle_mxfp4_batch(
     require triton_kernels Tensor objects, False to skip them, None (default) for "when
     available". Raises WprepError with the daemon's status on a bad request.
     """
-    torch = _import_torch()
+    _import_torch()  # without torch, its clear error first
     if not pairs:
         return []
     for i, (v, s) in enumerate(pairs):
@@ -191,7 +186,7 @@ def swizzle_mxfp4_batch(
         raise ValueError("swizzle_mxfp4_batch: every pair must be on one GPU")
     if out is not None and len(out) != len(pairs):
         raise ValueError(f"out has {len(out)} entries for {len(pairs)} pairs")
-    specs = mxfp4_specs(_capability(torch, device.index), num_warps)
+    specs = mxfp4_specs(_capability(device.index), num_warps)
     items: List[Item] = []
     for i, (v, s) in enumerate(pairs):
         items += _items(v, s, specs, None if out is None else out[i])
@@ -230,12 +225,11 @@ def empty_swizzled_mxfp4(values: Any, scales: Any, num_warps: int = 8, *,
     """
     from . import _torch
 
-    torch = _import_torch()
-
+    _import_torch()  # without torch, its clear error first
     _check_pair(-1, values, scales)
     c = client or default_client()
     outs = []
-    for it in _items(values, scales, mxfp4_specs(tuple(torch.cuda.get_device_capability(values.device)), num_warps), None):
+    for it in _items(values, scales, mxfp4_specs(_capability(values.device.index), num_warps), None):
         p = c.plan(it.spec, it.logical_shape)
         outs.append(_torch.empty_output(it.source, p.output_shape, p.output_strides, p.output_bytes))
     return outs[0], outs[1]

@@ -151,7 +151,7 @@ class Registry:
     def lookup(self, storage: Any, device_index: int) -> Optional[SharedStorage]:
         # A dict read is atomic under the GIL, and every call of a loader's layer loop comes
         # here: no lock (writers still take it, so two writers cannot interleave).
-        e = self._entries.get((device_index, storage.data_ptr()))
+        e = self._entries.get(self._key(storage, device_index))
         if e is None or e[2] != storage.nbytes():
             return None
         return e[1]
@@ -230,11 +230,6 @@ class IpcView:
         if self.strides:
             b.strides.extend(self.strides)
 
-    def proto(self) -> pb.CudaIpcBuffer:
-        b = pb.CudaIpcBuffer()
-        self.fill(b)
-        return b
-
 
 def source_view(t: Any, registry: Registry) -> IpcView:
     """The IpcView of a CUDA tensor view read in place (strides sent unless contiguous)."""
@@ -259,15 +254,6 @@ def destination_view(t: Any, registry: Registry) -> IpcView:
     shared = shared_view(t, registry)
     return IpcView(shared.handle, shared.offset + t.storage_offset(), t.numel(), shared.device_uuid)
 
-
-def source_buffer(t: Any, registry: Registry) -> pb.CudaIpcBuffer:
-    """The CudaIpcBuffer of a CUDA tensor view read in place (strides sent unless contiguous)."""
-    return source_view(t, registry).proto()
-
-
-def destination_buffer(t: Any, registry: Registry) -> pb.CudaIpcBuffer:
-    """The CudaIpcBuffer of a CUDA tensor the daemon writes densely."""
-    return destination_view(t, registry).proto()
 
 
 def output_view(out: Any, shape: Sequence[int], strides: Sequence[int]) -> Any:
