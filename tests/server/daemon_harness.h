@@ -89,6 +89,13 @@ struct HandlerSpan {
   absl::Time end;
   double seconds = 0;
   double kernel_seconds = 0;
+
+  // The call's way in (the client's send to the handler's start) and way out (the
+  // handler's end to the client's receipt), in microseconds.
+  double InMicros(absl::Time sent) const {
+    return absl::ToDoubleMicroseconds(end - absl::Seconds(seconds) - sent);
+  }
+  double OutMicros(absl::Time received) const { return absl::ToDoubleMicroseconds(received - end); }
 };
 // Every request line of `method` ("Convert", "ConvertBatch", ...) in `log_text`, in order.
 std::vector<HandlerSpan> RequestSpans(const std::string& log_text, const std::string& method);

@@ -320,10 +320,9 @@ int Main(int argc, char** argv) {
       spans.erase(spans.begin(), spans.end() - static_cast<std::ptrdiff_t>(stamps.size()));
       std::vector<double> in_us, handler_us, out_us;
       for (size_t i = 0; i < stamps.size(); ++i) {
-        const absl::Time start = spans[i].end - absl::Seconds(spans[i].seconds);
-        in_us.push_back(absl::ToDoubleMicroseconds(start - stamps[i].first));
+        in_us.push_back(spans[i].InMicros(stamps[i].first));
         handler_us.push_back(spans[i].seconds * 1e6);
-        out_us.push_back(absl::ToDoubleMicroseconds(stamps[i].second - spans[i].end));
+        out_us.push_back(spans[i].OutMicros(stamps[i].second));
       }
       split = absl::StrFormat("one batch per layer, in turn: median per layer %.0f us in, %.0f us handler, %.0f us out",
                               Median(in_us), Median(handler_us), Median(out_us));

@@ -317,11 +317,10 @@ bool FreshDaemonRun(const std::vector<std::string>& daemon_args, wprep::testing:
   spans.erase(spans.begin(), spans.end() - static_cast<std::ptrdiff_t>(stamps.size()));
   std::vector<double> in_us, handler_us, kernel_us, out_us;
   for (size_t i = 0; i < stamps.size(); ++i) {
-    const absl::Time start = spans[i].end - absl::Seconds(spans[i].seconds);
-    in_us.push_back(absl::ToDoubleMicroseconds(start - stamps[i].sent));
+    in_us.push_back(spans[i].InMicros(stamps[i].sent));
     handler_us.push_back(spans[i].seconds * 1e6);
     kernel_us.push_back(spans[i].kernel_seconds * 1e6);
-    out_us.push_back(absl::ToDoubleMicroseconds(stamps[i].received - spans[i].end));
+    out_us.push_back(spans[i].OutMicros(stamps[i].received));
   }
   std::string split;
   for (size_t i = 0; i < std::min<size_t>(5, stamps.size()); ++i) {
