@@ -76,7 +76,10 @@ void IdleSpinners::Run(int cpu) {
     // Spinning at normal priority would take CPU from real work: this one does not spin.
     if (!warned_.exchange(true)) {
       LogLine(LogLevel::kWarning, "keep_cpus_awake_unavailable",
-              absl::StrCat("error=", LogQuote(absl::StrCat("SCHED_IDLE refused: errno ", err))));
+              absl::StrCat("error=", LogQuote(absl::StrCat(
+                                       "the system refused SCHED_IDLE for a spinner thread (errno ", err,
+                                       "), so --keep-cpus-awake has no effect here; a seccomp or "
+                                       "container policy may forbid it"))));
     }
     return;
   }
