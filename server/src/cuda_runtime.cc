@@ -145,6 +145,44 @@ class Cuda final : public DeviceRuntime {
   }
   std::unique_ptr<DeviceTimer> NewTimer(int gpu) override { return std::make_unique<CudaTimer>(gpu); }
 
+  absl::StatusOr<Event> CreateEvent(int gpu) override {
+    WPREP_CUDA_RETURN_IF_ERROR(cudaSetDevice(gpu));
+    cudaEvent_t e = nullptr;
+    WPREP_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&e, cudaEventDisableTiming | cudaEventBlockingSync));
+    return e;
+  }
+  absl::StatusOr<Event> OpenIpcEvent(int gpu, absl::string_view handle) override {
+    if (handle.size() != sizeof(cudaIpcEventHandle_t)) {
+      return absl::InvalidArgumentError("an IPC event handle has 64 bytes");
+    }
+    WPREP_CUDA_RETURN_IF_ERROR(cudaSetDevice(gpu));
+    cudaIpcEventHandle_t h;
+    std::memcpy(&h, handle.data(), sizeof(h));
+    cudaEvent_t e = nullptr;
+    const cudaError_t err = cudaIpcOpenEventHandle(&e, h);
+    if (err != cudaSuccess) {
+      cudaGetLastError();
+      return absl::InvalidArgumentError(absl::StrCat(cudaGetErrorName(err), " (", cudaGetErrorString(err), ")"));
+    }
+    return e;
+  }
+  void DestroyEvent(int gpu, Event e) override {
+    if (cudaSetDevice(gpu) == cudaSuccess) cudaEventDestroy(e);
+    cudaGetLastError();
+  }
+  absl::Status RecordEvent(int gpu, Event e, Stream s) override {
+    WPREP_CUDA_RETURN_IF_ERROR(cudaSetDevice(gpu));
+    return WPREP_CUDA_STATUS(cudaEventRecord(e, s));
+  }
+  absl::Status StreamWaitEvent(int gpu, Stream s, Event e) override {
+    WPREP_CUDA_RETURN_IF_ERROR(cudaSetDevice(gpu));
+    return WPREP_CUDA_STATUS(cudaStreamWaitEvent(s, e, 0));
+  }
+  absl::Status SynchronizeEvent(int gpu, Event e) override {
+    WPREP_CUDA_RETURN_IF_ERROR(cudaSetDevice(gpu));
+    return WPREP_CUDA_STATUS(cudaEventSynchronize(e));
+  }
+
   absl::StatusOr<void*> AllocatePinned(uint64_t bytes) override {
     void* p = nullptr;
     const cudaError_t err = cudaHostAlloc(&p, bytes, cudaHostAllocPortable);
@@ -249,6 +287,12 @@ class NoCudaRuntime final : public DeviceRuntime {
   absl::Status Convert(int, const Plan&, const void*, void*, Stream) override { return NoCuda(); }
   absl::Status Synchronize(int, Stream) override { return NoCuda(); }
   std::unique_ptr<DeviceTimer> NewTimer(int) override { return std::make_unique<NoTimer>(); }
+  absl::StatusOr<Event> CreateEvent(int) override { return NoCuda(); }
+  absl::StatusOr<Event> OpenIpcEvent(int, absl::string_view) override { return NoCuda(); }
+  void DestroyEvent(int, Event) override {}
+  absl::Status RecordEvent(int, Event, Stream) override { return NoCuda(); }
+  absl::Status StreamWaitEvent(int, Stream, Event) override { return NoCuda(); }
+  absl::Status SynchronizeEvent(int, Event) override { return NoCuda(); }
   absl::StatusOr<void*> AllocatePinned(uint64_t) override { return NoCuda(); }
   void FreePinned(void*) override {}
   absl::StatusOr<IpcMapping> OpenIpc(int, absl::string_view) override { return NoCuda(); }

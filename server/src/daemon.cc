@@ -122,10 +122,11 @@ struct DaemonParts {
   std::unique_ptr<TlsTerminator> tls;                      // for the TLS ones
   std::unique_ptr<ListeningSocket> health_socket;
   std::unique_ptr<ConnectionAcceptor> acceptor;
+  // Outlives the executor: work answered before it finished holds a ticket until done.
+  Admission admission;
   std::unique_ptr<DeviceManager> devices;
   std::unique_ptr<IpcCache> ipc;
   std::unique_ptr<Executor> executor;
-  Admission admission;
   std::string warmup_token;
   std::unique_ptr<IdleSpinners> spinners;  // outlives the service and the servers
   std::unique_ptr<WeightPrepService> service;

@@ -57,6 +57,8 @@ Gpu::Gpu(DeviceRuntime* runtime, GpuInfo info, uint64_t budget, DeviceMetrics* m
 
 Gpu::~Gpu() {
   for (Stream s : all_streams_) runtime_->DestroyStream(info_.ordinal, s);
+  absl::MutexLock lock(&mu_);
+  for (Event e : free_events_) runtime_->DestroyEvent(info_.ordinal, e);
 }
 
 absl::Status Gpu::Init(int streams) {
@@ -98,6 +100,36 @@ void Gpu::Release(Stream s) {
 
 Gpu::StreamLease::~StreamLease() {
   if (gpu_ != nullptr) gpu_->Release(stream_);
+}
+
+absl::StatusOr<Event> Gpu::TakeEvent() {
+  {
+    absl::MutexLock lock(&mu_);
+    if (!free_events_.empty()) {
+      const Event e = free_events_.back();
+      free_events_.pop_back();
+      return e;
+    }
+  }
+  return runtime_->CreateEvent(info_.ordinal);
+}
+
+void Gpu::GiveEvent(Event event) {
+  absl::MutexLock lock(&mu_);
+  free_events_.push_back(event);
+}
+
+absl::Status Gpu::RecordAfter(const std::vector<Stream>& lanes, const std::vector<Event>& marks,
+                              std::vector<Event>* joins) {
+  const int ordinal = info_.ordinal;
+  for (size_t lane = 1; lane < lanes.size(); ++lane) {
+    WPREP_ASSIGN_OR_RETURN(Event j, TakeEvent());
+    joins->push_back(j);
+    WPREP_RETURN_IF_ERROR(runtime_->RecordEvent(ordinal, j, lanes[lane]));
+    WPREP_RETURN_IF_ERROR(runtime_->StreamWaitEvent(ordinal, lanes[0], j));
+  }
+  for (Event m : marks) WPREP_RETURN_IF_ERROR(runtime_->RecordEvent(ordinal, m, lanes[0]));
+  return absl::OkStatus();
 }
 
 void Gpu::set_warm(bool warm) {

@@ -53,6 +53,18 @@ class Gpu {
 
   // Creates the streams and configures the allocator's pool.
   absl::Status Init(int streams);
+
+  // Daemon events of this GPU (DeviceRuntime::CreateEvent), made on first need and reused:
+  // give an event back once no wait for its last record can still be queued.
+  absl::StatusOr<Event> TakeEvent();
+  void GiveEvent(Event event);
+  // Records each of `marks` after the work queued so far on every stream of `lanes`: the
+  // other lanes join the first through events taken here and appended to `joins` (give
+  // them back once the marks completed), and the first records them. (A separate join
+  // stream, which would delay no later work of the first lane, made a client stream's
+  // wait for the marks slower on an H200, by 4-6 ms for a 36-layer model batch.)
+  absl::Status RecordAfter(const std::vector<Stream>& lanes, const std::vector<Event>& marks,
+                           std::vector<Event>* joins);
   // Waits for a free stream until `deadline` (DEADLINE_EXCEEDED after it).
   absl::StatusOr<StreamLease> AcquireStream(absl::Time deadline);
 
@@ -81,6 +93,7 @@ class Gpu {
 
   absl::Mutex mu_;
   std::vector<Stream> free_streams_ ABSL_GUARDED_BY(mu_);
+  std::vector<Event> free_events_ ABSL_GUARDED_BY(mu_);
   std::atomic<int> in_flight_{0};
   std::atomic<bool> warm_{false};
 };

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -67,6 +68,11 @@ class DeviceRun {
   absl::Status Enqueue(const Plan& plan, const void* device_in, void* device_out);
   // Waits for everything launched; the kernel seconds of each Enqueue, in order.
   absl::StatusOr<std::vector<std::optional<double>>> Wait();
+  // Instead of Wait, for work answered before it finished: the timers of each Enqueue, in
+  // order, to read once the work is done.
+  std::vector<std::unique_ptr<DeviceTimer>> TakeTimers() { return std::exchange(enqueued_, {}); }
+  // The stream the run's work is queued on.
+  Stream stream() const { return lease_.stream(); }
 
   // Extra device bytes the run allocated (its staging buffers).
   uint64_t peak_extra_device_bytes() const { return memory_.peak(); }

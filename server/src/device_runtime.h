@@ -21,13 +21,17 @@
 #include "wprep/kernels/cuda_engine.h"
 #include "wprep/kernels/plan.h"
 
+struct CUevent_st;
+
 namespace wprep::server {
 
 using Stream = CudaStream;  // opaque to everything but the runtime
+using Event = CUevent_st*;  // the same type as cudaEvent_t; opaque likewise
 using Uuid = std::array<uint8_t, 16>;
 
-// Bytes of a cudaIpcMemHandle_t.
+// Bytes of a cudaIpcMemHandle_t, and of a cudaIpcEventHandle_t.
 inline constexpr size_t kIpcHandleBytes = 64;
+inline constexpr size_t kIpcEventHandleBytes = 64;
 
 struct GpuInfo {
   int ordinal = 0;  // the daemon's ordinal
@@ -83,6 +87,19 @@ class DeviceRuntime {
                                Stream stream) = 0;
   virtual absl::Status Synchronize(int gpu, Stream stream) = 0;
   virtual std::unique_ptr<DeviceTimer> NewTimer(int gpu) = 0;
+
+  // Events without timing: a fresh one of the daemon's, whose host waits sleep rather than
+  // spin, or a client's interprocess one opened from its handle (kIpcEventHandleBytes;
+  // InvalidArgument, with the runtime's reason, when it cannot be opened). Both end with
+  // DestroyEvent, which may come before the work it was recorded after completes.
+  virtual absl::StatusOr<Event> CreateEvent(int gpu) = 0;
+  virtual absl::StatusOr<Event> OpenIpcEvent(int gpu, absl::string_view handle) = 0;
+  virtual void DestroyEvent(int gpu, Event event) = 0;
+  virtual absl::Status RecordEvent(int gpu, Event event, Stream stream) = 0;
+  // Work queued on `stream` from now on waits for the event's last record.
+  virtual absl::Status StreamWaitEvent(int gpu, Stream stream, Event event) = 0;
+  // Blocks until the work before the event's last record is done.
+  virtual absl::Status SynchronizeEvent(int gpu, Event event) = 0;
 
   // Page-locked host memory, usable for DMA by every GPU.
   virtual absl::StatusOr<void*> AllocatePinned(uint64_t bytes) = 0;

@@ -5,6 +5,7 @@
 #include <system_error>
 #include <thread>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "device_run.h"
@@ -14,8 +15,16 @@
 
 namespace wprep::server {
 
+// Early answers whose work may wait at once: each holds its mappings' leases and a few
+// events, and the GPU's progress frees them.
+constexpr size_t kMaxPendingEarlyAnswers = 256;
+
 Executor::Executor(DeviceManager* devices, IpcCache* ipc, const StreamSlicing& slicing, absl::Duration memory_wait)
-    : devices_(devices), ipc_(ipc), slicing_(slicing), memory_wait_(memory_wait) {}
+    : devices_(devices),
+      ipc_(ipc),
+      slicing_(slicing),
+      memory_wait_(memory_wait),
+      completions_(&devices->runtime(), kMaxPendingEarlyAnswers) {}
 
 absl::Time Executor::MemoryDeadline(absl::Time deadline) const {
   return std::min(deadline, absl::Now() + memory_wait_);
@@ -127,9 +136,34 @@ absl::Status OfItem(size_t i, absl::Status s) {
 
 }  // namespace
 
+absl::StatusOr<Event> Executor::OpenEarlyEvent(const EarlyAnswer& early, const std::vector<Gpu*>& gpus,
+                                               const std::vector<ConvertJob>& jobs) {
+  absl::StatusOr<Gpu*> g = devices_->FindByUuid(early.event_gpu);
+  if (!g.ok()) {
+    return absl::Status(g.status().code(), absl::StrCat("completion_event.device_uuid: ", g.status().message()));
+  }
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    if (!jobs[i].source_ipc || !jobs[i].destination_ipc) {
+      return absl::InternalError(absl::StrCat("items[", i, "] is not IPC -> IPC under a completion event"));
+    }
+    if (gpus[i] != *g) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "items[", i, "] is on GPU ", FormatUuid(gpus[i]->info().uuid), ", not on completion_event's GPU ",
+          FormatUuid((*g)->info().uuid), "; an event orders one GPU's work: send one batch per GPU"));
+    }
+  }
+  absl::StatusOr<Event> e = devices_->runtime().OpenIpcEvent((*g)->ordinal(), early.event_handle);
+  if (!e.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "completion_event.handle cannot be opened on GPU ", FormatUuid((*g)->info().uuid), ": ", e.status().message(),
+        "; give the cudaIpcGetEventHandle of a live event made with cudaEventInterprocess | cudaEventDisableTiming"));
+  }
+  return *e;
+}
+
 absl::StatusOr<Executor::BatchOutcome> Executor::ConvertBatch(const std::vector<ConvertJob>& jobs,
                                                               const std::vector<std::string*>& inline_outputs,
-                                                              absl::Time deadline) {
+                                                              absl::Time deadline, EarlyAnswer* early) {
   // Every job's engine first, then every mapping: all checks before any work.
   std::vector<Gpu*> gpus(jobs.size(), nullptr);
   for (size_t i = 0; i < jobs.size(); ++i) {
@@ -150,6 +184,20 @@ absl::StatusOr<Executor::BatchOutcome> Executor::ConvertBatch(const std::vector<
     mapped[i] = *std::move(m);
     by_gpu[gpus[i]].push_back(i);
   }
+  if (early != nullptr) {
+    // Every job is on the event's GPU (so none on the CPU), and the event opens.
+    WPREP_ASSIGN_OR_RETURN(Event event, OpenEarlyEvent(*early, gpus, jobs));
+    Gpu& gpu = *gpus[0];
+    absl::Cleanup close = [&] { gpu.runtime().DestroyEvent(gpu.ordinal(), event); };  // once recorded, or not
+    if (absl::Now() >= deadline) {
+      return absl::DeadlineExceededError("the request's deadline passed before the batch started");
+    }
+    BatchOutcome out;
+    out.items.resize(jobs.size());
+    WPREP_RETURN_IF_ERROR(
+        RunBatchOnGpu(gpu, jobs, by_gpu.begin()->second, mapped, inline_outputs, deadline, &out, early, event));
+    return out;
+  }
   if (absl::Now() >= deadline) {
     return absl::DeadlineExceededError("the request's deadline passed before the batch started");
   }
@@ -169,7 +217,8 @@ absl::StatusOr<Executor::BatchOutcome> Executor::ConvertBatch(const std::vector<
   std::vector<absl::Status> results(groups.size());
   auto run = [&](size_t k) {
     partial[k].items.resize(jobs.size());
-    results[k] = RunBatchOnGpu(*groups[k].first, jobs, *groups[k].second, mapped, inline_outputs, deadline, &partial[k]);
+    results[k] = RunBatchOnGpu(*groups[k].first, jobs, *groups[k].second, mapped, inline_outputs, deadline,
+                               &partial[k], nullptr, nullptr);
   };
   std::vector<std::thread> threads;
   for (size_t k = 0; k + 1 < groups.size(); ++k) {
@@ -191,7 +240,7 @@ absl::StatusOr<Executor::BatchOutcome> Executor::ConvertBatch(const std::vector<
 
 absl::Status Executor::RunBatchOnGpu(Gpu& gpu, const std::vector<ConvertJob>& jobs, const std::vector<size_t>& items,
                                      std::vector<Mapped>& mapped, const std::vector<std::string*>& inline_outputs,
-                                     absl::Time deadline, BatchOutcome* out) {
+                                     absl::Time deadline, BatchOutcome* out, EarlyAnswer* early, Event event) {
   // The items go round-robin over up to all of the GPU's streams, each a DeviceRun staged
   // for the largest host-side item, so any item can run on any lane. Only the first lane
   // waits for a stream and memory; the others are taken only if free at once. A batch
@@ -240,6 +289,7 @@ absl::Status Executor::RunBatchOnGpu(Gpu& gpu, const std::vector<ConvertJob>& jo
       }
     }
   }
+  if (early != nullptr) return HandOff(gpu, lanes, runs, items, mapped, early, event);
   // Every lane's launches, then their kernel times in launch order.
   for (size_t lane = 0; lane < k; ++lane) {
     WPREP_ASSIGN_OR_RETURN(std::vector<std::optional<double>> seconds, runs[lane]->Wait());
@@ -251,6 +301,52 @@ absl::Status Executor::RunBatchOnGpu(Gpu& gpu, const std::vector<ConvertJob>& jo
     }
     out->peak_extra_device_bytes += runs[lane]->peak_extra_device_bytes();
   }
+  return absl::OkStatus();
+}
+
+absl::Status Executor::HandOff(Gpu& gpu, const std::vector<std::vector<size_t>>& lanes,
+                               std::vector<std::unique_ptr<DeviceRun>>& runs, const std::vector<size_t>& items,
+                               std::vector<Mapped>& mapped, EarlyAnswer* early, Event event) {
+  // What the work needs until it is done. The streams go back now: work queued on one
+  // later runs after this.
+  struct Held {
+    std::vector<Mapped> mapped;
+    std::vector<std::pair<size_t, std::unique_ptr<DeviceTimer>>> timers;  // job index, its timer
+    std::vector<Event> events;  // the GPU's, back to it once done
+    std::shared_ptr<void> keep;
+  } held;
+  auto give_back = [&gpu](std::vector<Event>& events) {
+    for (Event e : events) gpu.GiveEvent(e);
+    events.clear();
+  };
+  // The client's event and the daemon's own come after every job.
+  WPREP_ASSIGN_OR_RETURN(Event done, gpu.TakeEvent());
+  held.events.push_back(done);
+  std::vector<Stream> streams;
+  streams.reserve(runs.size());
+  for (const auto& run : runs) streams.push_back(run->stream());
+  if (absl::Status s = gpu.RecordAfter(streams, {event, done}, &held.events); !s.ok()) {
+    give_back(held.events);
+    return s;
+  }
+  for (size_t lane = 0; lane < runs.size(); ++lane) {
+    std::vector<std::unique_ptr<DeviceTimer>> timers = runs[lane]->TakeTimers();
+    for (size_t n = 0; n < lanes[lane].size() && n < timers.size(); ++n) {
+      held.timers.emplace_back(lanes[lane][n], std::move(timers[n]));
+    }
+  }
+  for (size_t i : items) held.mapped.push_back(std::move(mapped[i]));
+  held.keep = std::move(early->keep);
+  completions_.Add({gpu.ordinal(), done,
+                    [held = std::move(held), finish = std::move(early->done), gpu = &gpu, give_back,
+                     jobs = mapped.size()](const absl::Status& s) mutable {
+                      std::vector<std::optional<double>> seconds(jobs);
+                      if (s.ok()) {
+                        for (auto& [i, timer] : held.timers) seconds[i] = timer->Seconds();
+                      }
+                      give_back(held.events);
+                      if (finish) std::move(finish)(s, gpu->metrics(), seconds);
+                    }});
   return absl::OkStatus();
 }
 

@@ -11,10 +11,13 @@
 #include <string>
 #include <vector>
 
+#include "absl/functional/any_invocable.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "completions.h"
 #include "device_manager.h"
+#include "device_run.h"
 #include "ipc_cache.h"
 #include "metrics.h"
 #include "stream_converter.h"
@@ -42,8 +45,17 @@ struct ConvertJob {
   std::optional<Uuid> gpu;
 };
 
-// One conversion, planned once at the edge, may also read its source as a strided view
-// of inline bytes (the plan's binding says so).
+// A batch answered as soon as its work is queued (ConvertBatchRequest.completion_event):
+// the client's interprocess event to record after the work, what to keep until the work
+// is done, and what to do then.
+struct EarlyAnswer {
+  std::string event_handle;  // kIpcEventHandleBytes of cudaIpcEventHandle_t
+  Uuid event_gpu{};          // the GPU the event was made on
+  std::shared_ptr<void> keep;  // released once the work is done (the admission ticket)
+  // Runs on the completions thread once the work is done: the wait's status, the GPU's
+  // metrics and each job's kernel seconds, in job order.
+  absl::AnyInvocable<void(const absl::Status&, DeviceMetrics*, const std::vector<std::optional<double>>&) &&> done;
+};
 
 // What ran, for the reply and for the call's single exit (metrics, log).
 struct ConvertOutcome {
@@ -72,9 +84,17 @@ class Executor {
     std::vector<ConvertOutcome> items;
     uint64_t peak_extra_device_bytes = 0;
   };
+  //
+  // With `early`, every job must be IPC -> IPC on the event's GPU; the event is opened
+  // with the other checks, recorded after every job's work, and the call returns once the
+  // work is queued (the outcomes' kernel_seconds unset; early->done gets them). The
+  // mappings stay leased, and early->keep held, until the work is done.
   absl::StatusOr<BatchOutcome> ConvertBatch(const std::vector<ConvertJob>& jobs,
                                             const std::vector<std::string*>& inline_outputs,
-                                            absl::Time deadline);
+                                            absl::Time deadline, EarlyAnswer* early = nullptr);
+
+  // Batches answered early whose work is not done yet.
+  size_t pending_completions() const { return completions_.pending(); }
 
   // Picks the engine of a streamed conversion (dense input) and starts it.
   absl::StatusOr<std::unique_ptr<StreamConverter>> StartStream(const Plan& plan,
@@ -93,9 +113,18 @@ class Executor {
   };
   absl::StatusOr<Mapped> MapIpc(Gpu& gpu, const ConvertJob& job);
   // The batch jobs `items` of one GPU, over its streams; outcomes and the peak added to `out`.
+  // With `early` (and its opened `event`), queues the work and hands it to completions_.
   absl::Status RunBatchOnGpu(Gpu& gpu, const std::vector<ConvertJob>& jobs, const std::vector<size_t>& items,
                              std::vector<Mapped>& mapped, const std::vector<std::string*>& inline_outputs,
-                             absl::Time deadline, BatchOutcome* out);
+                             absl::Time deadline, BatchOutcome* out, EarlyAnswer* early, Event event);
+  // RunBatchOnGpu's end with `early`: joins the lanes, records the events, hands the
+  // leases and timers to completions_.
+  absl::Status HandOff(Gpu& gpu, const std::vector<std::vector<size_t>>& lanes,
+                       std::vector<std::unique_ptr<DeviceRun>>& runs, const std::vector<size_t>& items,
+                       std::vector<Mapped>& mapped, EarlyAnswer* early, Event event);
+  // The early answer's checks: its GPU (every job's), and its event, opened.
+  absl::StatusOr<Event> OpenEarlyEvent(const EarlyAnswer& early, const std::vector<Gpu*>& gpus,
+                                       const std::vector<ConvertJob>& jobs);
   absl::Time MemoryDeadline(absl::Time deadline) const;
 
   // Constant after construction.
@@ -103,6 +132,8 @@ class Executor {
   IpcCache* const ipc_;
   const StreamSlicing slicing_;
   const absl::Duration memory_wait_;
+  // Last: its destructor waits for the early answers' work, which holds leases of ipc_.
+  Completions completions_;
 };
 
 }  // namespace wprep::server

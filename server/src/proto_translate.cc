@@ -237,6 +237,28 @@ absl::StatusOr<std::vector<ConvertJob>> BatchJobsFromProto(const v1::ConvertBatc
   return jobs;
 }
 
+absl::StatusOr<bool> CompletionEventFromProto(const v1::ConvertBatchRequest& req, const std::vector<ConvertJob>& jobs,
+                                              EarlyAnswer* early) {
+  if (!req.has_completion_event()) return false;
+  const v1::IpcEventRef& e = req.completion_event();
+  if (e.handle().size() != kIpcEventHandleBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("completion_event.handle must be the ", kIpcEventHandleBytes,
+                                                   " bytes of a cudaIpcEventHandle_t, got ", e.handle().size(),
+                                                   " bytes"));
+  }
+  WPREP_ASSIGN_OR_RETURN(early->event_gpu, UuidFromWire(e.device_uuid(), "completion_event.device_uuid"));
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    if (!jobs[i].source_ipc || !jobs[i].destination_ipc) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "items[", i, "].convert.", jobs[i].source_ipc ? "destination" : "source",
+          ".ipc is required with completion_event: an answer before the work is done suits only outputs the "
+          "client reads on the GPU; leave completion_event unset for inline bytes"));
+    }
+  }
+  early->event_handle = e.handle();
+  return true;
+}
+
 void OutcomeToProto(const ConvertJob& job, const ConvertOutcome& outcome, v1::ConvertResponse* resp) {
   for (int64_t d : job.plan.output_shape) resp->add_output_shape(d);
   for (int64_t d : job.plan.output_strides) resp->add_output_strides(d);

@@ -45,6 +45,10 @@ struct BatchLimits {
 };
 absl::StatusOr<std::vector<ConvertJob>> BatchJobsFromProto(const wprep::v1::ConvertBatchRequest& req,
                                                            const BatchLimits& limits);
+// ConvertBatchRequest.completion_event into `early` (its handle and GPU); false when the
+// request has none. Every item must then be IPC -> IPC (`jobs` are the request's).
+absl::StatusOr<bool> CompletionEventFromProto(const wprep::v1::ConvertBatchRequest& req,
+                                              const std::vector<ConvertJob>& jobs, EarlyAnswer* early);
 // Fills `item` (whose one output was added, its inline bytes already set) from the job.
 void BatchItemToProto(const ConvertJob& job, const ConvertOutcome& outcome, wprep::v1::BatchItemResult* item);
 

@@ -353,15 +353,29 @@ grpc::Status WeightPrepService::ConvertBatch(grpc::ServerContext* ctx, const v1:
   return report.Run(
       [&]() -> absl::Status {
         WPREP_ASSIGN_OR_RETURN(Admission::Ticket ticket, admission_->Enter(report.caller()));
-        return DoConvertBatch(ctx, *req, resp, report);
+        return DoConvertBatch(ctx, *req, resp, report, ticket);
       },
       kBatchFields);
 }
 
 absl::Status WeightPrepService::DoConvertBatch(grpc::ServerContext* ctx, const v1::ConvertBatchRequest& req,
-                                               v1::ConvertBatchResponse* resp, CallReport& report) {
+                                               v1::ConvertBatchResponse* resp, CallReport& report,
+                                               Admission::Ticket& ticket) {
   WPREP_ASSIGN_OR_RETURN(std::vector<ConvertJob> jobs,
                          BatchJobsFromProto(req, BatchLimits{limits_.max_message_bytes, limits_.max_batch_items}));
+  EarlyAnswer early;
+  WPREP_ASSIGN_OR_RETURN(const bool answer_early, CompletionEventFromProto(req, jobs, &early));
+  if (answer_early) {
+    // The work outlives the call: it holds the admission ticket (a drain waits for it), and
+    // its kernel times reach the metrics when it is done.
+    early.keep = std::make_shared<Admission::Ticket>(std::move(ticket));
+    early.done = [](const absl::Status& s, DeviceMetrics* engine, const std::vector<std::optional<double>>& seconds) {
+      if (!s.ok() || engine == nullptr) return;
+      for (const std::optional<double>& k : seconds) {
+        if (k) engine->kernel_seconds->Observe(*k);
+      }
+    };
+  }
   uint64_t inline_bytes = 0, bytes_in = 0, bytes_out = 0;
   for (size_t i = 0; i < jobs.size(); ++i) {
     WPREP_RETURN_IF_ERROR(CheckTensorBytes(jobs[i].plan, limits_.max_tensor_bytes));
@@ -380,7 +394,8 @@ absl::Status WeightPrepService::DoConvertBatch(grpc::ServerContext* ctx, const v
     inline_outputs[i] = resp->add_items()->add_outputs()->mutable_inline_bytes();
   }
   WPREP_ASSIGN_OR_RETURN(Executor::BatchOutcome outcome,
-                         executor_->ConvertBatch(jobs, inline_outputs, report.deadline()));
+                         executor_->ConvertBatch(jobs, inline_outputs, report.deadline(),
+                                                 answer_early ? &early : nullptr));
   for (size_t i = 0; i < jobs.size(); ++i) {
     BatchItemToProto(jobs[i], outcome.items[i], resp->mutable_items(static_cast<int>(i)));
     report.AddItem(jobs[i].plan.spec, TransportOf(jobs[i]), outcome.items[i].engine_metrics,

@@ -78,8 +78,10 @@ class WeightPrepService final : public wprep::v1::WeightPrep::Service {
       grpc::ServerContext* ctx,
       grpc::ServerReaderWriter<wprep::v1::ConvertStreamResponse, wprep::v1::ConvertStreamRequest>* stream,
       CallReport& report);
+  // `ticket` moves into work answered before it finished (completion_event), so that a
+  // drain waits for that work.
   absl::Status DoConvertBatch(grpc::ServerContext* ctx, const wprep::v1::ConvertBatchRequest& req,
-                              wprep::v1::ConvertBatchResponse* resp, CallReport& report);
+                              wprep::v1::ConvertBatchResponse* resp, CallReport& report, Admission::Ticket& ticket);
   // The daemon ordinal of the GPU an IpcHandleRef names, after checking its fields.
   absl::StatusOr<int> HandleOrdinal(const wprep::v1::IpcHandleRef& h, const std::string& field);
 

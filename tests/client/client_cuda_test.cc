@@ -152,6 +152,56 @@ TEST_F(ClientCudaTest, ACheckpointPairConvertsInOneBatch) {
   EXPECT_TRUE(client_->ReleaseIpcHandles(release).ok());
 }
 
+// A batch with a CompletionEvent is answered once its work is queued: a copy queued on the
+// client's stream after StreamWait reads the finished outputs (the batch's 8 x 32 MiB keep
+// the GPU busy well past the answer), and Synchronize waits for them on the host. The
+// answer's kernel times are 0.
+TEST_F(ClientCudaTest, ACompletionEventOrdersTheClientsStreamAfterTheBatch) {
+  client::TensorConversion c;
+  c.spec.layout = Layout::kHopperValue;
+  c.spec.hopper = {-2, 3};
+  c.spec.packing_axis = -2;
+  c.logical_shape = {4, 4096, 4096};  // 32 MiB in and out
+  const std::vector<uint8_t> in = testing::SplitMix64Bytes(9, 32ull << 20);
+  const std::vector<uint8_t> want = Expected(c, in);
+  constexpr int kItems = 8;
+  Pool sources(kItems * (32ull << 20)), outputs(kItems * (32ull << 20)), copies(kItems * (32ull << 20));
+  for (int i = 0; i < kItems; ++i) sources.Put(i * (32ull << 20), in);
+  client::IpcExporter ex;
+  absl::StatusOr<client::CompletionEvent> ev = client::CompletionEvent::Create(0);
+  ASSERT_TRUE(ev.ok()) << ev.status();
+  EXPECT_EQ(ev->ref().handle().size(), 64u);
+  EXPECT_EQ(ev->ref().device_uuid().size(), 16u);
+  cudaStream_t stream;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  for (int rep = 0; rep < 3; ++rep) {
+    ASSERT_EQ(cudaMemset(outputs.base, 0, outputs.size), cudaSuccess);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    client::BatchBuilder b;
+    for (int i = 0; i < kItems; ++i) {
+      absl::StatusOr<v1::CudaIpcBuffer> src = ex.Export(sources.at(i * (32ull << 20)), in.size());
+      absl::StatusOr<v1::CudaIpcBuffer> dst = ex.Export(outputs.at(i * (32ull << 20)), want.size());
+      ASSERT_TRUE(src.ok() && dst.ok());
+      b.AddIpc(c, *src, &*dst);
+    }
+    v1::ConvertBatchRequest req = b.Take();
+    ev->AttachTo(&req);
+    absl::StatusOr<v1::ConvertBatchResponse> r = client_->ConvertBatch(req);
+    ASSERT_TRUE(r.ok()) << r.status();
+    for (const v1::BatchItemResult& it : r->items()) EXPECT_EQ(it.kernel_seconds(), 0);
+    ASSERT_TRUE(ev->StreamWait(stream).ok());
+    ASSERT_EQ(cudaMemcpyAsync(copies.base, outputs.base, outputs.size, cudaMemcpyDeviceToDevice, stream), cudaSuccess);
+    ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+    EXPECT_EQ(copies.Get(0, want.size()), want) << "rep " << rep << ": the stream read before the batch was done";
+    EXPECT_EQ(copies.Get((kItems - 1) * (32ull << 20), want.size()), want) << "rep " << rep;
+    EXPECT_TRUE(ev->Synchronize().ok());
+  }
+  cudaStreamDestroy(stream);
+  v1::ReleaseIpcHandlesRequest release;
+  for (v1::IpcHandleRef& ref : ex.ForgetAll()) *release.add_handles() = std::move(ref);
+  EXPECT_TRUE(client_->ReleaseIpcHandles(release).ok());
+}
+
 TEST_F(ClientCudaTest, RefusesWhatHasNoHandle) {
   client::IpcExporter ex;
   std::vector<uint8_t> host(4096);

@@ -3,6 +3,8 @@
 // memory it holds, and the operand its errors name. Expected bytes come from the
 // reference vectors, never from the engine.
 #include <algorithm>
+#include <atomic>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -65,6 +67,13 @@ ConvertJob BytesJob(const GoldenCase& c, const std::string& input) {
   job.plan = *MakePlan(c.spec, c.logical_shape);
   job.source_bytes = input;
   return job;
+}
+
+bool WaitFor(const std::function<bool()>& pred) {
+  for (const absl::Time end = absl::Now() + absl::Seconds(20); absl::Now() < end; absl::SleepFor(absl::Milliseconds(5))) {
+    if (pred()) return true;
+  }
+  return pred();
 }
 
 IpcRegion Region(const FakeRuntime::Exported& e, int gpu, uint64_t size) {
@@ -339,6 +348,161 @@ TEST(Executor, BatchesMixInlineAndIpcItems) {
   EXPECT_TRUE(MatchesGolden(c, std::string(dst.ptr, dst.ptr + c.output_bytes)));
   EXPECT_TRUE(MatchesGolden(c, outs[2]));
   EXPECT_GT(r->peak_extra_device_bytes, 0u);
+}
+
+// IPC -> IPC items of small stored cases on `gpu_of(i)`, their destinations filled with 0xAB.
+struct IpcBatch {
+  std::vector<const GoldenCase*> cases;
+  std::vector<ConvertJob> jobs;
+  std::vector<FakeRuntime::Exported> outs;
+  std::vector<std::string> unused;
+  std::vector<std::string*> inline_outputs;
+
+  IpcBatch(FakeRuntime& runtime, size_t count, const std::function<int(size_t)>& gpu_of) {
+    for (const GoldenCase& c : GoldenCases()) {
+      if (!c.error && !c.output_file.empty() && c.input_bytes <= (64 << 10) && cases.size() < count) {
+        cases.push_back(&c);
+      }
+    }
+    for (size_t i = 0; i < cases.size(); ++i) {
+      const GoldenCase& c = *cases[i];
+      const int gpu = gpu_of(i);
+      const std::vector<uint8_t> in = GoldenInput(c);
+      FakeRuntime::Exported src = runtime.ExportHandle(gpu, in.size());
+      std::copy(in.begin(), in.end(), src.ptr);
+      FakeRuntime::Exported dst = runtime.ExportHandle(gpu, c.output_bytes);
+      std::fill(dst.ptr, dst.ptr + c.output_bytes, 0xAB);
+      ConvertJob job;
+      job.plan = *MakePlan(c.spec, c.logical_shape, InputBinding{{}, in.size()});
+      job.source_ipc = Region(src, gpu, in.size());
+      job.destination_ipc = Region(dst, gpu, c.output_bytes);
+      jobs.push_back(job);
+      outs.push_back(dst);
+    }
+    unused.resize(jobs.size());
+    for (std::string& u : unused) inline_outputs.push_back(&u);
+  }
+  bool Untouched() const {
+    for (size_t i = 0; i < outs.size(); ++i) {
+      if (!std::all_of(outs[i].ptr, outs[i].ptr + cases[i]->output_bytes, [](uint8_t b) { return b == 0xAB; })) {
+        return false;
+      }
+    }
+    return true;
+  }
+};
+
+// An early answer (ConvertBatchRequest.completion_event): the batch returns once its work
+// is queued, with the client's event recorded after every item; until the fake GPU says
+// the work is done, the mappings stay leased (a release is deferred), `keep` stays held
+// and `done` has not run; then `done` gets every item's kernel time and everything goes.
+TEST(Executor, EarlyAnswerRecordsTheClientsEventAfterEveryItemAndHoldsItsMappingsUntilDone) {
+  Parts p(1);
+  IpcBatch b(p.runtime, 8, [](size_t) { return 0; });
+  ASSERT_EQ(b.jobs.size(), 8u);
+  p.runtime.HoldEventWaits(true);
+  server::EarlyAnswer early;
+  early.event_handle = p.runtime.ExportEventHandle(0);
+  early.event_gpu = FakeRuntime::FakeUuid(0);
+  auto keep = std::make_shared<int>(7);
+  std::weak_ptr<int> kept = keep;
+  early.keep = std::move(keep);
+  std::atomic<int> done_calls{0};
+  std::vector<std::optional<double>> seconds;
+  absl::Status done_status = absl::UnknownError("not called");
+  early.done = [&](const absl::Status& s, server::DeviceMetrics* m, const std::vector<std::optional<double>>& k) {
+    done_status = s;
+    seconds = k;
+    EXPECT_EQ(m, p.devices->gpu(0).metrics());
+    done_calls++;
+  };
+  absl::StatusOr<Executor::BatchOutcome> r =
+      p.executor->ConvertBatch(b.jobs, b.inline_outputs, absl::InfiniteFuture(), &early);
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_TRUE(p.runtime.WaitEventWaiters(1)) << "nothing waits for the work";
+  for (size_t i = 0; i < b.cases.size(); ++i) {
+    EXPECT_TRUE(MatchesGolden(*b.cases[i], std::string(b.outs[i].ptr, b.outs[i].ptr + b.cases[i]->output_bytes)))
+        << b.cases[i]->name;
+    EXPECT_FALSE(r->items[i].kernel_seconds.has_value()) << "an early answer cannot know the kernel time";
+  }
+  const FakeRuntime::Counts c = p.runtime.counts(0);
+  EXPECT_EQ(c.ipc_event_opens, 1);
+  EXPECT_EQ(c.ipc_event_records, 1);
+  EXPECT_EQ(c.converts_at_ipc_event_record, 8) << "the client's event came before some item";
+  EXPECT_EQ(p.executor->pending_completions(), 1u);
+  EXPECT_EQ(done_calls.load(), 0);
+  EXPECT_FALSE(kept.expired()) << "the work's keep went before the work was done";
+  EXPECT_EQ(p.ipc->Release(0, b.jobs[0].source_ipc->handle), std::make_pair(0, 1)) << "the mapping was not leased";
+  EXPECT_EQ(p.devices->gpu(0).in_flight(), 0) << "the streams went back at the answer";
+
+  p.runtime.HoldEventWaits(false);
+  ASSERT_TRUE(WaitFor([&] { return done_calls.load() == 1 && kept.expired(); }));
+  EXPECT_TRUE(done_status.ok()) << done_status;
+  ASSERT_EQ(seconds.size(), 8u);
+  for (const auto& k : seconds) EXPECT_TRUE(k.has_value());
+  EXPECT_TRUE(WaitFor([&] { return p.executor->pending_completions() == 0; }));
+  EXPECT_EQ(p.runtime.counts(0).ipc_events_alive, 0) << "the client's event was left open";
+  EXPECT_EQ(p.runtime.counts(0).ipc_closes, 1) << "the deferred release did not close once the work was done";
+
+  // The daemon's own events (the lanes' joins and its completion mark) are reused: another
+  // such batch makes none.
+  const int pooled = p.runtime.counts(0).events_alive;
+  EXPECT_GT(pooled, 0);
+  server::EarlyAnswer again;
+  again.event_handle = early.event_handle;
+  again.event_gpu = FakeRuntime::FakeUuid(0);
+  ASSERT_TRUE(p.executor->ConvertBatch(b.jobs, b.inline_outputs, absl::InfiniteFuture(), &again).ok());
+  EXPECT_TRUE(WaitFor([&] { return p.executor->pending_completions() == 0; }));
+  EXPECT_EQ(p.runtime.counts(0).events_alive, pooled) << "a batch made events instead of reusing them";
+  EXPECT_EQ(p.runtime.counts(0).ipc_event_records, 2);
+}
+
+// An early answer's checks come with the others, before any work: the event's GPU must
+// be every item's and the event must open; a failed one writes nothing and leaves no event.
+TEST(Executor, EarlyAnswerChecksTheEventsGpuAndHandleBeforeAnyWork) {
+  Parts p(2);
+  IpcBatch b(p.runtime, 4, [](size_t i) { return i == 2 ? 1 : 0; });
+  ASSERT_EQ(b.jobs.size(), 4u);
+  auto early_for = [&](std::string handle, int gpu) {
+    server::EarlyAnswer e;
+    e.event_handle = std::move(handle);
+    e.event_gpu = FakeRuntime::FakeUuid(gpu);
+    return e;
+  };
+  {
+    server::EarlyAnswer e = early_for(p.runtime.ExportEventHandle(0), 0);
+    absl::Status s = p.executor->ConvertBatch(b.jobs, b.inline_outputs, absl::InfiniteFuture(), &e).status();
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    EXPECT_NE(s.message().find("items[2] is on GPU"), std::string::npos) << s;
+  }
+  std::vector<ConvertJob> one_gpu = {b.jobs[0], b.jobs[1], b.jobs[3]};
+  std::vector<std::string*> outs = {b.inline_outputs[0], b.inline_outputs[1], b.inline_outputs[3]};
+  {
+    server::EarlyAnswer e = early_for(p.runtime.ExportEventHandle(0), 0);
+    e.event_gpu = FakeRuntime::FakeUuid(9);
+    absl::Status s = p.executor->ConvertBatch(one_gpu, outs, absl::InfiniteFuture(), &e).status();
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    EXPECT_NE(s.message().find("completion_event.device_uuid"), std::string::npos) << s;
+  }
+  {
+    const std::string forgotten = p.runtime.ExportEventHandle(0);
+    p.runtime.ForgetEventHandle(forgotten);
+    server::EarlyAnswer e = early_for(forgotten, 0);
+    absl::Status s = p.executor->ConvertBatch(one_gpu, outs, absl::InfiniteFuture(), &e).status();
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    EXPECT_NE(s.message().find("completion_event.handle cannot be opened"), std::string::npos) << s;
+  }
+  {
+    server::EarlyAnswer e = early_for(p.runtime.ExportEventHandle(1), 1);  // an event of the other GPU
+    absl::Status s = p.executor->ConvertBatch(one_gpu, outs, absl::InfiniteFuture(), &e).status();
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    EXPECT_NE(s.message().find("items[0] is on GPU"), std::string::npos) << s;
+  }
+  EXPECT_EQ(p.runtime.totals().converts, 0) << "a conversion ran before the checks";
+  EXPECT_TRUE(b.Untouched());
+  EXPECT_EQ(p.runtime.totals().events_alive, 0) << "a refused batch made or kept an event";
+  EXPECT_EQ(p.runtime.totals().ipc_event_records, 0);
+  EXPECT_EQ(p.executor->pending_completions(), 0u);
 }
 
 }  // namespace

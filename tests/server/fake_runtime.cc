@@ -89,6 +89,10 @@ FakeRuntime::Counts FakeRuntime::totals() const {
     t.ipc_opens += c.ipc_opens;
     t.ipc_closes += c.ipc_closes;
     t.touches += c.touches;
+    t.events_alive += c.events_alive;
+    t.ipc_events_alive += c.ipc_events_alive;
+    t.ipc_event_opens += c.ipc_event_opens;
+    t.ipc_event_records += c.ipc_event_records;
     t.device_bytes_now += c.device_bytes_now;
   }
   for (const auto& [p, b] : pinned_) t.pinned_bytes_now += b;
@@ -171,6 +175,90 @@ absl::Status FakeRuntime::Convert(int gpu, const Plan& plan, const void* in, voi
 absl::Status FakeRuntime::Synchronize(int gpu, Stream) { return CheckGpu(gpu); }
 
 std::unique_ptr<server::DeviceTimer> FakeRuntime::NewTimer(int) { return std::make_unique<WallTimer>(); }
+
+std::string FakeRuntime::ExportEventHandle(int gpu) {
+  absl::MutexLock lock(&mu_);
+  std::string handle(server::kIpcEventHandleBytes, '\0');
+  const uint64_t id = next_handle_++;
+  std::memcpy(handle.data(), &id, sizeof(id));
+  handle[40] = 'E';
+  event_handles_[handle] = gpu;
+  return handle;
+}
+
+void FakeRuntime::ForgetEventHandle(const std::string& handle) {
+  absl::MutexLock lock(&mu_);
+  event_handles_.erase(handle);
+}
+
+void FakeRuntime::HoldEventWaits(bool hold) {
+  absl::MutexLock lock(&mu_);
+  hold_event_waits_ = hold;
+}
+
+bool FakeRuntime::WaitEventWaiters(int n) {
+  absl::MutexLock lock(&mu_);
+  auto waiting = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return event_waiters_ >= n; };
+  return mu_.AwaitWithTimeout(absl::Condition(&waiting), absl::Seconds(20));
+}
+
+absl::StatusOr<server::Event> FakeRuntime::CreateEvent(int gpu) {
+  if (absl::Status s = CheckGpu(gpu); !s.ok()) return s;
+  absl::MutexLock lock(&mu_);
+  counts_[static_cast<size_t>(gpu)].events_alive++;
+  return reinterpret_cast<server::Event>(new FakeEvent{gpu, false});
+}
+
+absl::StatusOr<server::Event> FakeRuntime::OpenIpcEvent(int gpu, absl::string_view handle) {
+  if (absl::Status s = CheckGpu(gpu); !s.ok()) return s;
+  absl::MutexLock lock(&mu_);
+  auto it = event_handles_.find(std::string(handle));
+  if (it == event_handles_.end() || it->second != gpu) {
+    return absl::InvalidArgumentError("cudaErrorInvalidResourceHandle (invalid resource handle)");
+  }
+  Counts& c = counts_[static_cast<size_t>(gpu)];
+  c.ipc_event_opens++;
+  c.events_alive++;
+  c.ipc_events_alive++;
+  return reinterpret_cast<server::Event>(new FakeEvent{gpu, true});
+}
+
+void FakeRuntime::DestroyEvent(int gpu, server::Event event) {
+  auto* e = reinterpret_cast<FakeEvent*>(event);
+  absl::MutexLock lock(&mu_);
+  counts_[static_cast<size_t>(gpu)].events_alive--;
+  if (e->ipc) counts_[static_cast<size_t>(gpu)].ipc_events_alive--;
+  delete e;
+}
+
+absl::Status FakeRuntime::RecordEvent(int gpu, server::Event event, Stream) {
+  const auto* e = reinterpret_cast<const FakeEvent*>(event);
+  if (e->gpu != gpu) return absl::InternalError("an event recorded on another fake GPU");
+  absl::MutexLock lock(&mu_);
+  Counts& c = counts_[static_cast<size_t>(gpu)];
+  if (e->ipc) {
+    c.ipc_event_records++;
+    c.converts_at_ipc_event_record = c.converts;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status FakeRuntime::StreamWaitEvent(int gpu, Stream, server::Event event) {
+  if (reinterpret_cast<const FakeEvent*>(event)->gpu != gpu) {
+    return absl::InternalError("a wait for an event of another fake GPU");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status FakeRuntime::SynchronizeEvent(int gpu, server::Event) {
+  if (absl::Status s = CheckGpu(gpu); !s.ok()) return s;
+  absl::MutexLock lock(&mu_);
+  ++event_waiters_;
+  auto released = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !hold_event_waits_; };
+  mu_.Await(absl::Condition(&released));
+  --event_waiters_;
+  return absl::OkStatus();
+}
 
 absl::StatusOr<void*> FakeRuntime::AllocatePinned(uint64_t bytes) {
   absl::MutexLock lock(&mu_);

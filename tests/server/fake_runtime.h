@@ -45,12 +45,27 @@ class FakeRuntime final : public server::DeviceRuntime {
   void SetDeviceCapacity(int gpu, uint64_t bytes);
   void SetPinnedFails(bool fail);
 
+  // An interprocess event of a client on `gpu`: the handle it would send. Opening it
+  // fails once ForgetEventHandle was called.
+  std::string ExportEventHandle(int gpu);
+  void ForgetEventHandle(const std::string& handle);
+  // While held, SynchronizeEvent blocks: the fake GPU has not finished the work queued
+  // before the event (work itself runs at once, as ever).
+  void HoldEventWaits(bool hold);
+  // Waits until `n` SynchronizeEvent calls are blocked by HoldEventWaits.
+  bool WaitEventWaiters(int n);
+
   // What the daemon asked for.
   struct Counts {
     int converts = 0;
     int ipc_opens = 0;
     int ipc_closes = 0;
     int touches = 0;
+    int events_alive = 0;       // created or opened, not yet destroyed
+    int ipc_events_alive = 0;   // of those, opened from a client's handle
+    int ipc_event_opens = 0;
+    int ipc_event_records = 0;  // records of a client's event
+    int converts_at_ipc_event_record = -1;  // `converts` when it was last recorded
     uint64_t device_bytes_now = 0;  // allocated and not yet freed, every GPU
     uint64_t pinned_bytes_now = 0;
   };
@@ -72,6 +87,12 @@ class FakeRuntime final : public server::DeviceRuntime {
   std::unique_ptr<server::DeviceTimer> NewTimer(int gpu) override;
   absl::StatusOr<void*> AllocatePinned(uint64_t bytes) override;
   void FreePinned(void* ptr) override;
+  absl::StatusOr<server::Event> CreateEvent(int gpu) override;
+  absl::StatusOr<server::Event> OpenIpcEvent(int gpu, absl::string_view handle) override;
+  void DestroyEvent(int gpu, server::Event event) override;
+  absl::Status RecordEvent(int gpu, server::Event event, Stream stream) override;
+  absl::Status StreamWaitEvent(int gpu, Stream stream, server::Event event) override;
+  absl::Status SynchronizeEvent(int gpu, server::Event event) override;
   absl::StatusOr<IpcMapping> OpenIpc(int gpu, absl::string_view handle) override;
   absl::Status CloseIpc(int gpu, void* base) override;
   absl::Status Touch(int gpu, const void* ptr, uint64_t bytes) override;
@@ -95,6 +116,13 @@ class FakeRuntime final : public server::DeviceRuntime {
   std::map<void*, uint64_t> pinned_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, std::shared_ptr<Allocation>> exported_ ABSL_GUARDED_BY(mu_);
   std::map<void*, std::shared_ptr<Allocation>> mapped_ ABSL_GUARDED_BY(mu_);  // base -> allocation
+  struct FakeEvent {
+    int gpu = 0;
+    bool ipc = false;
+  };
+  std::map<std::string, int> event_handles_ ABSL_GUARDED_BY(mu_);  // handle -> gpu
+  bool hold_event_waits_ ABSL_GUARDED_BY(mu_) = false;
+  int event_waiters_ ABSL_GUARDED_BY(mu_) = 0;
   bool pinned_fails_ ABSL_GUARDED_BY(mu_) = false;
   uint64_t next_stream_ ABSL_GUARDED_BY(mu_) = 1;
   uint64_t next_handle_ ABSL_GUARDED_BY(mu_) = 1;

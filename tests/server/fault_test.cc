@@ -593,6 +593,16 @@ class GatedRuntime final : public server::DeviceRuntime {
   void Sync() { absl::MutexLock lock(&mu_); }
   absl::Status Synchronize(int gpu, Stream s) override { return fake_.Synchronize(gpu, s); }
   std::unique_ptr<server::DeviceTimer> NewTimer(int gpu) override { return fake_.NewTimer(gpu); }
+  absl::StatusOr<server::Event> CreateEvent(int gpu) override { return fake_.CreateEvent(gpu); }
+  absl::StatusOr<server::Event> OpenIpcEvent(int gpu, absl::string_view h) override {
+    return fake_.OpenIpcEvent(gpu, h);
+  }
+  void DestroyEvent(int gpu, server::Event e) override { fake_.DestroyEvent(gpu, e); }
+  absl::Status RecordEvent(int gpu, server::Event e, Stream s) override { return fake_.RecordEvent(gpu, e, s); }
+  absl::Status StreamWaitEvent(int gpu, Stream s, server::Event e) override {
+    return fake_.StreamWaitEvent(gpu, s, e);
+  }
+  absl::Status SynchronizeEvent(int gpu, server::Event e) override { return fake_.SynchronizeEvent(gpu, e); }
   absl::StatusOr<void*> AllocatePinned(uint64_t bytes) override { return fake_.AllocatePinned(bytes); }
   void FreePinned(void* p) override { fake_.FreePinned(p); }
   absl::StatusOr<IpcMapping> OpenIpc(int gpu, absl::string_view h) override { return fake_.OpenIpc(gpu, h); }
@@ -637,6 +647,7 @@ class FakeGpuDaemon {
         std::fprintf(stderr, "fake-GPU daemon warm-up: %s\n", s.ToString().c_str());
       }
       daemon_->Drain("test over");
+      drained_ = true;
     });
     std::ifstream ports(dir_ + "/ports");
     for (std::string kind, addr; ports >> kind >> addr;) {
@@ -653,6 +664,7 @@ class FakeGpuDaemon {
   ~FakeGpuDaemon() {
     if (daemon_ != nullptr) {
       runtime_->Open();
+      runtime_->fake().HoldEventWaits(false);
       daemon_->RequestStop();
       thread_.join();
       // Kept, as wprepd keeps its own at exit: a stopped grpc::Server's destructor waits
@@ -665,6 +677,9 @@ class FakeGpuDaemon {
     std::filesystem::remove_all(dir_, ec);
   }
 
+  // Starts the drain a signal would; drained() once it has finished.
+  void RequestStop() { daemon_->RequestStop(); }
+  bool drained() const { return drained_; }
   bool ok() const { return serving_; }
   const std::string& error() const { return error_; }
   const std::string& target() const { return target_; }
@@ -680,6 +695,7 @@ class FakeGpuDaemon {
   std::string dir_, target_, metrics_, error_;
   std::unique_ptr<server::Daemon> daemon_;
   std::thread thread_;
+  std::atomic<bool> drained_{false};
   bool serving_ = false;
 };
 
@@ -961,6 +977,111 @@ TEST(FaultFakeGpu, IpcMemoryFreedByItsOwnerWhileCached) {
   EXPECT_NE(gone.message().find("source_ipc"), std::string::npos) << gone;
   EXPECT_TRUE(WaitFor([&] { return Idle(d.metrics(), "gpu0"); }));
   ExpectServes(d.target(), "after a freed IPC source");
+}
+
+// A ConvertBatch with a completion event, through gRPC: the answer comes while the fake
+// GPU still holds the work (its event wait is held), with the outputs' bytes and the
+// client's event recorded after every item; the kernel times reach the metrics only once
+// the work is done; a drain waits for the work. Malformed event fields and inline items are
+// INVALID_ARGUMENT naming the field, and write nothing.
+TEST(FaultFakeGpu, CompletionEventAnswersOnceQueuedAndDrainWaitsForTheWork) {
+  FakeGpuDaemon d({"--streams-per-device=2"});
+  ASSERT_SERVING(d);
+  FakeRuntime& fake = d.runtime().fake();
+  std::vector<const GoldenCase*> cases;
+  for (const GoldenCase& g : GoldenCases()) {
+    if (!g.error && !g.output_file.empty() && g.input_bytes >= 4096 && g.input_bytes <= (64 << 10) && cases.size() < 3) {
+      cases.push_back(&g);
+    }
+  }
+  ASSERT_EQ(cases.size(), 3u);
+  std::vector<FakeRuntime::Exported> outs;
+  v1::ConvertBatchRequest batch;
+  for (const GoldenCase* g : cases) {
+    const std::vector<uint8_t> in = GoldenInput(*g);
+    FakeRuntime::Exported src = fake.ExportHandle(0, in.size());
+    std::copy(in.begin(), in.end(), src.ptr);
+    FakeRuntime::Exported dst = fake.ExportHandle(0, g->output_bytes);
+    std::fill(dst.ptr, dst.ptr + g->output_bytes, 0xAB);
+    outs.push_back(dst);
+    v1::ConvertItem* item = batch.add_items()->mutable_convert();
+    *item->mutable_spec() = SpecToProto(g->spec);
+    for (int64_t dim : g->logical_shape) item->add_logical_shape(dim);
+    for (auto [buf, handle, size] : {std::tuple{item->mutable_source()->mutable_ipc(), src.handle, in.size()},
+                                     std::tuple{item->mutable_destination()->mutable_ipc(), dst.handle, g->output_bytes}}) {
+      buf->set_handle(handle);
+      buf->set_size(size);
+      buf->set_device_uuid(d.Uuid());
+    }
+  }
+  Client client(MakeChannel(d.target()));
+  wprep::client::CallOptions o;
+  o.timeout = std::chrono::seconds(10);
+  auto untouched = [&] {
+    d.runtime().Sync();
+    for (size_t i = 0; i < outs.size(); ++i) {
+      if (!std::all_of(outs[i].ptr, outs[i].ptr + cases[i]->output_bytes, [](uint8_t b) { return b == 0xAB; })) return false;
+    }
+    return true;
+  };
+  auto expect_invalid = [&](v1::ConvertBatchRequest r, const std::string& field) {
+    absl::StatusOr<v1::ConvertBatchResponse> resp = client.ConvertBatch(r, o);
+    EXPECT_EQ(resp.status().code(), absl::StatusCode::kInvalidArgument) << resp.status();
+    EXPECT_NE(resp.status().message().find(field), std::string::npos) << resp.status();
+  };
+  const int records_before = fake.totals().ipc_event_records;
+  {
+    v1::ConvertBatchRequest r = batch;
+    r.mutable_completion_event()->set_handle("short");
+    r.mutable_completion_event()->set_device_uuid(d.Uuid());
+    expect_invalid(r, "completion_event.handle");
+    r.mutable_completion_event()->set_handle(fake.ExportEventHandle(0));
+    r.mutable_completion_event()->set_device_uuid("x");
+    expect_invalid(r, "completion_event.device_uuid");
+    r.mutable_completion_event()->set_device_uuid(d.Uuid());
+    r.mutable_items(1)->mutable_convert()->mutable_destination()->clear_ipc();
+    expect_invalid(r, "items[1].convert.destination.ipc");
+  }
+  EXPECT_TRUE(untouched()) << "a refused batch wrote";
+  EXPECT_EQ(fake.totals().ipc_event_records, records_before);
+
+  v1::ConvertBatchRequest r = batch;
+  r.mutable_completion_event()->set_handle(fake.ExportEventHandle(0));
+  r.mutable_completion_event()->set_device_uuid(d.Uuid());
+  // Not held: the three kernel times reach the metrics once the work is done.
+  const double kernels_first = Metric(d.metrics(), "wprep_kernel_duration_seconds_count", {{"device", "gpu0"}});
+  ASSERT_GE(kernels_first, 0);
+  ASSERT_TRUE(client.ConvertBatch(r, o).ok());
+  EXPECT_TRUE(WaitFor([&] {
+    return Metric(d.metrics(), "wprep_kernel_duration_seconds_count", {{"device", "gpu0"}}) == kernels_first + 3;
+  }));
+
+  const double kernels_before = Metric(d.metrics(), "wprep_kernel_duration_seconds_count", {{"device", "gpu0"}});
+  fake.HoldEventWaits(true);
+  const int converts_before = fake.totals().converts;
+  absl::StatusOr<v1::ConvertBatchResponse> resp = client.ConvertBatch(r, o);
+  ASSERT_TRUE(resp.ok()) << resp.status() << " (the daemon waited for the held work?)";
+  ASSERT_TRUE(fake.WaitEventWaiters(1));
+  d.runtime().Sync();
+  ASSERT_EQ(resp->items_size(), 3);
+  for (size_t i = 0; i < cases.size(); ++i) {
+    EXPECT_TRUE(MatchesGolden(*cases[i], std::string(outs[i].ptr, outs[i].ptr + cases[i]->output_bytes)))
+        << cases[i]->name;
+    EXPECT_EQ(resp->items(static_cast<int>(i)).kernel_seconds(), 0);
+    EXPECT_EQ(resp->items(static_cast<int>(i)).outputs(0).bytes(), cases[i]->output_bytes);
+  }
+  EXPECT_EQ(fake.totals().ipc_event_records, records_before + 2);
+  EXPECT_EQ(fake.counts(0).converts_at_ipc_event_record, converts_before + 3);
+  EXPECT_EQ(Metric(d.metrics(), "wprep_kernel_duration_seconds_count", {{"device", "gpu0"}}), kernels_before)
+      << "kernel times recorded before the work was done";
+  EXPECT_EQ(Metric(d.metrics(), "wprep_requests_total", {{"method", "ConvertBatch"}, {"code", "OK"}}), 2);
+
+  d.RequestStop();
+  absl::SleepFor(absl::Milliseconds(300));
+  EXPECT_FALSE(d.drained()) << "the drain did not wait for the work answered early";
+  fake.HoldEventWaits(false);
+  EXPECT_TRUE(WaitFor([&] { return d.drained(); }));
+  EXPECT_EQ(fake.totals().ipc_events_alive, 0) << "a client's event was left open";
 }
 
 }  // namespace

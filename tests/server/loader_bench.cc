@@ -7,9 +7,12 @@
 // converted to HopperMXValueLayout(mx_axis=-2, mma_version=3) and
 // HopperMXScaleLayout(mx_axis=-2, num_warps=8), IPC -> IPC. Variants: one ConvertBatch per
 // layer, one after the other; one per layer with several in flight; one batch for the
-// whole model. Wall time from the first send to the last answer; the baseline is a
+// whole model; each answered once its work is done, and again answered as soon as it is
+// queued (ConvertBatchRequest.completion_event: the client's stream waits on the event
+// of each answer). Wall time from the first send to the last completion (the last answer,
+// or the client's stream done after it waited on every event); the baseline is a
 // cudaMemcpyAsync of every input tensor (events, one stream). Layer 0's outputs are
-// checked byte for byte against the CPU engine.
+// checked byte for byte against the CPU engine, after the early-answer variants ran last.
 //
 //   wprep_loader_bench [--layers=N] [--inflight=K] [--reps=R] [--target=unix:///...]
 //                      [--daemon-arg=FLAG ...]
@@ -29,10 +32,12 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "daemon_harness.h"
 #include "wprep/client/client.h"
+#include "wprep/client/cuda_ipc.h"
 #include "wprep/kernels/cpu_engine.h"
 #include "wprep/kernels/plan.h"
 
@@ -300,48 +305,128 @@ int Main(int argc, char** argv) {
     }
     return 0;
   };
-  std::vector<std::pair<absl::Time, absl::Time>> stamps;  // the last run's calls: sent, answered
-  run("one batch per layer, in turn", [&](double* k) {
-    int f = 0;
-    stamps.clear();
-    for (const auto& b : per_layer) {
-      const absl::Time sent = absl::Now();
-      f += one(b, k);
-      stamps.emplace_back(sent, absl::Now());
+  // The early-answer variants: one event per thread of calls, and the client's stream
+  // waits on each answer's event; the run ends when that stream is done.
+  std::vector<wprep::client::CompletionEvent> events;
+  for (int t = 0; t < std::max(1, inflight); ++t) {
+    absl::StatusOr<wprep::client::CompletionEvent> e = wprep::client::CompletionEvent::Create(0);
+    if (!e.ok()) {
+      std::fprintf(stderr, "CompletionEvent: %s\n", e.status().ToString().c_str());
+      return 1;
     }
-    return f;
-  });
-  // Where a layer's round trip goes: the way in (send to the handler's start), the
-  // handler, the way out (its end to the answer), from the daemon's request log.
-  std::string split;
-  if (daemon != nullptr) {
-    std::vector<wprep::testing::HandlerSpan> spans = wprep::testing::RequestSpans(daemon->Log(), "ConvertBatch");
-    if (spans.size() >= stamps.size() && !stamps.empty()) {
-      spans.erase(spans.begin(), spans.end() - static_cast<std::ptrdiff_t>(stamps.size()));
-      std::vector<double> in_us, handler_us, out_us;
-      for (size_t i = 0; i < stamps.size(); ++i) {
-        in_us.push_back(spans[i].InMicros(stamps[i].first));
-        handler_us.push_back(spans[i].seconds * 1e6);
-        out_us.push_back(spans[i].OutMicros(stamps[i].second));
+    events.push_back(*std::move(e));
+  }
+  absl::Mutex stream_mu;  // one waiter at a time on the client's stream
+  std::vector<double> wait_us;  // host time of each StreamWait call, guarded by stream_mu
+  // `b` carries `ev` already.
+  auto early = [&](const v1::ConvertBatchRequest& b, const wprep::client::CompletionEvent& ev, double* k) -> int {
+    if (one(b, k) != 0) return 1;
+    absl::MutexLock lock(&stream_mu);
+    const absl::Time t = absl::Now();
+    absl::Status s = ev.StreamWait(stream);
+    wait_us.push_back(absl::ToDoubleMicroseconds(absl::Now() - t));
+    if (!s.ok()) std::fprintf(stderr, "StreamWait: %s\n", s.ToString().c_str());
+    return s.ok() ? 0 : 1;
+  };
+  auto finish = [&]() -> int { return cudaStreamSynchronize(stream) == cudaSuccess ? 0 : 1; };
+  // Early batches carry the event field: made once, outside the timed runs.
+  std::vector<v1::ConvertBatchRequest> per_layer_early = per_layer;
+  v1::ConvertBatchRequest whole_early = whole;
+  for (auto& b : per_layer_early) events[0].AttachTo(&b);
+  events[0].AttachTo(&whole_early);
+
+  // One run per variant; the in-turn ones keep their calls' send and answer times.
+  std::vector<std::pair<std::string, std::vector<std::pair<absl::Time, absl::Time>>>> turns;
+  auto in_turn = [&](const std::string& name, bool answer_early) {
+    turns.emplace_back(name, std::vector<std::pair<absl::Time, absl::Time>>{});
+    auto& stamps = turns.back().second;
+    run(name, [&](double* k) {
+      int f = 0;
+      stamps.clear();
+      for (size_t l = 0; l < per_layer.size(); ++l) {
+        const absl::Time sent = absl::Now();
+        f += answer_early ? early(per_layer_early[l], events[0], k) : one(per_layer[l], k);
+        stamps.emplace_back(sent, absl::Now());
       }
-      split = absl::StrFormat("one batch per layer, in turn: median per layer %.0f us in, %.0f us handler, %.0f us out",
-                              Median(in_us), Median(handler_us), Median(out_us));
+      return f + (answer_early ? finish() : 0);
+    });
+  };
+  auto in_flight = [&](const std::string& name, bool answer_early) {
+    run(name, [&](double* k) {
+      std::atomic<int> next{0}, failures{0};
+      std::vector<double> ks(static_cast<size_t>(inflight), 0);
+      std::vector<std::thread> threads;
+      for (int t = 0; t < inflight; ++t) {
+        threads.emplace_back([&, t] {
+          for (int l; (l = next.fetch_add(1)) < layers;) {
+            if (!answer_early) {
+              failures += one(per_layer[l], &ks[t]);
+              continue;
+            }
+            v1::ConvertBatchRequest b = per_layer[l];
+            events[t].AttachTo(&b);
+            failures += early(b, events[t], &ks[t]);
+          }
+        });
+      }
+      for (auto& th : threads) th.join();
+      for (double v : ks) *k += v;
+      return failures.load() + (answer_early ? finish() : 0);
+    });
+  };
+  in_turn("one batch per layer, in turn", false);
+  // Where a layer's round trip goes: the way in (send to the handler's start), the
+  // handler, the way out (its end to the answer), from the daemon's request log. Read
+  // now: the log holds the latest calls.
+  std::vector<std::string> splits;
+  auto split = [&](const std::vector<std::pair<absl::Time, absl::Time>>& stamps, const std::string& name) {
+    if (daemon == nullptr || stamps.empty()) return;
+    std::vector<wprep::testing::HandlerSpan> spans = wprep::testing::RequestSpans(daemon->Log(), "ConvertBatch");
+    if (spans.size() < stamps.size()) return;
+    spans.erase(spans.begin(), spans.end() - static_cast<std::ptrdiff_t>(stamps.size()));
+    std::vector<double> in_us, handler_us, out_us;
+    for (size_t i = 0; i < stamps.size(); ++i) {
+      in_us.push_back(spans[i].InMicros(stamps[i].first));
+      handler_us.push_back(spans[i].seconds * 1e6);
+      out_us.push_back(spans[i].OutMicros(stamps[i].second));
+    }
+    splits.push_back(absl::StrFormat("%s: median per layer %.0f us in, %.0f us handler, %.0f us out", name,
+                                     Median(in_us), Median(handler_us), Median(out_us)));
+  };
+  split(turns.back().second, turns.back().first);
+  in_flight(absl::StrCat("one batch per layer, ", inflight, " in flight"), false);
+  run("one batch for the whole model", [&](double* k) { return one(whole, k); });
+  in_turn("one batch per layer, in turn, answered when queued", true);
+  split(turns.back().second, turns.back().first);
+  {
+    std::vector<double> w = wait_us;
+    std::sort(w.begin(), w.end());
+    if (!w.empty()) {
+      splits.push_back(absl::StrFormat("StreamWait host time, in-turn early runs: median %.1f us, max %.1f us",
+                                       w[w.size() / 2], w.back()));
     }
   }
-  run(absl::StrCat("one batch per layer, ", inflight, " in flight"), [&](double* k) {
-    std::atomic<int> next{0}, failures{0};
-    std::vector<double> ks(static_cast<size_t>(inflight), 0);
-    std::vector<std::thread> threads;
-    for (int t = 0; t < inflight; ++t) {
-      threads.emplace_back([&, t] {
-        for (int l; (l = next.fetch_add(1)) < layers;) failures += one(per_layer[l], &ks[t]);
-      });
-    }
-    for (auto& th : threads) th.join();
-    for (double v : ks) *k += v;
-    return failures.load();
+  // The same calls, each with its own event, the client waiting on the host for every event
+  // at the end instead of ordering its stream after each (a loader that needs the whole
+  // model before use).
+  std::vector<v1::ConvertBatchRequest> per_layer_own_event = per_layer;
+  std::vector<wprep::client::CompletionEvent> layer_events;
+  for (int l = 0; l < layers; ++l) {
+    absl::StatusOr<wprep::client::CompletionEvent> e = wprep::client::CompletionEvent::Create(0);
+    if (!e.ok()) return 1;
+    e->AttachTo(&per_layer_own_event[l]);
+    layer_events.push_back(*std::move(e));
+  }
+  run("one batch per layer, in turn, answered when queued, host waits at the end", [&](double* k) {
+    int f = 0;
+    for (const auto& b : per_layer_own_event) f += one(b, k);
+    for (const auto& e : layer_events) f += e.Synchronize().ok() ? 0 : 1;
+    return f;
   });
-  run("one batch for the whole model", [&](double* k) { return one(whole, k); });
+  in_flight(absl::StrCat("one batch per layer, ", inflight, " in flight, answered when queued"), true);
+  run("one batch for the whole model, answered when queued", [&](double* k) {
+    return early(whole_early, events[0], k) + finish();
+  });
 
   // Layer 0, byte for byte against the CPU engine.
   Progress("checking layer 0");
@@ -365,7 +450,8 @@ int Main(int argc, char** argv) {
     std::printf("| %s | %.2f | %.2f | %.3f | %.2f | %d |\n", r.variant.c_str(), r.wall_ms, copy, r.wall_ms / copy,
                 r.kernel_ms, r.failures);
   }
-  if (!split.empty()) std::printf("%s\n", split.c_str());
+  for (const std::string& line : splits) std::printf("%s\n", line.c_str());
+  std::printf("(answered when queued: the answers carry no kernel times)\n");
   std::printf("extra device bytes, the most any batch reported: %llu\n",
               static_cast<unsigned long long>(peak_extra.load()));
   std::printf("layer 0 checked against the CPU engine: %s\n", mismatches == 0 ? "byte exact" : "MISMATCH");

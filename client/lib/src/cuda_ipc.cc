@@ -3,6 +3,8 @@
 #include <cuda.h>  // driver types only: libcuda is never linked
 #include <cuda_runtime.h>
 
+#include <utility>
+
 #include "absl/strings/str_cat.h"
 
 namespace wprep::client {
@@ -59,6 +61,50 @@ class ScopedDevice {
 };
 
 }  // namespace
+
+absl::StatusOr<CompletionEvent> CompletionEvent::Create(int device) {
+  ScopedDevice on(device);
+  if (!on.ok()) return absl::InvalidArgumentError(absl::StrCat("no CUDA device ", device, " in this process"));
+  cudaDeviceProp prop;
+  WPREP_CLIENT_CUDA(cudaGetDeviceProperties(&prop, device));
+  CompletionEvent e;
+  e.device_ = device;
+  cudaEvent_t ev = nullptr;
+  WPREP_CLIENT_CUDA(cudaEventCreateWithFlags(&ev, cudaEventInterprocess | cudaEventDisableTiming));
+  e.event_ = ev;
+  cudaIpcEventHandle_t h;
+  WPREP_CLIENT_CUDA(cudaIpcGetEventHandle(&h, ev));
+  e.ref_.set_handle(std::string(h.reserved, sizeof(h.reserved)));
+  e.ref_.set_device_uuid(std::string(prop.uuid.bytes, sizeof(prop.uuid.bytes)));
+  return e;
+}
+
+CompletionEvent::CompletionEvent(CompletionEvent&& o) noexcept { *this = std::move(o); }
+
+CompletionEvent& CompletionEvent::operator=(CompletionEvent&& o) noexcept {
+  if (this != &o) {
+    if (event_ != nullptr) cudaEventDestroy(event_);
+    event_ = std::exchange(o.event_, nullptr);
+    device_ = o.device_;
+    ref_ = std::move(o.ref_);
+  }
+  return *this;
+}
+
+CompletionEvent::~CompletionEvent() {
+  if (event_ != nullptr) cudaEventDestroy(event_);
+  cudaGetLastError();
+}
+
+absl::Status CompletionEvent::StreamWait(CUstream_st* stream) const {
+  WPREP_CLIENT_CUDA(cudaStreamWaitEvent(stream, event_, 0));
+  return absl::OkStatus();
+}
+
+absl::Status CompletionEvent::Synchronize() const {
+  WPREP_CLIENT_CUDA(cudaEventSynchronize(event_));
+  return absl::OkStatus();
+}
 
 std::map<uintptr_t, IpcExporter::Allocation>::iterator IpcExporter::Find(uintptr_t p) {
   auto it = allocations_.upper_bound(p);

@@ -445,6 +445,80 @@ def test_gpu_drop_in_into_preallocated_outputs():
     assert torch.equal(r.values, again.values) and torch.equal(r.scales, again.scales)
 
 
+# -- answers once the work is queued (completion="stream") -------------------------------------
+
+def test_gpu_stream_completion_orders_the_current_stream_after_the_daemons_work():
+    torch = _torch()
+    gpu, ref = _client("gpu"), _client("cpu")
+    spec, shape = Spec("hopper_value", mx_axis=-2, mma_version=3, packing_axis=-2), [16, 4096, 4096]
+    p = gpu.plan(spec, shape)
+    srcs = [_random(torch, p.input_shape, 600 + i) for i in range(8)]  # 8 x 128 MiB: ~1 ms of GPU work
+    outs = [torch.zeros(p.output_bytes, dtype=torch.uint8, device="cuda") for _ in srcs]
+    gpu.register(srcs + outs)
+    for rep in range(3):
+        for o in outs:
+            o.zero_()
+        r = gpu.convert_batch([Item(spec, shape, s, out=o) for s, o in zip(srcs, outs)], completion="stream")
+        assert all(x.kernel_seconds == 0 for x in r), "answered after the work: it reports kernel times"
+        # Queued right after the answer on the current stream: they read what the daemon wrote
+        # only if the stream waits for its work (it runs for about a millisecond more).
+        copies = [o.clone() for o in reversed(outs)][::-1]
+        for i in (0, len(srcs) - 1):
+            want = _reference_per_matrix(ref, spec, shape, srcs[i])
+            assert _memory(copies[i], p.output_bytes) == want, f"rep {rep}, item {i}: read before the work was done"
+    # completion="host" still answers once the work is done, with its kernel times.
+    r = gpu.convert_batch([Item(spec, shape, srcs[0], out=outs[0])], completion="host")
+    assert r[0].kernel_seconds > 0
+    assert gpu.release(srcs + outs) >= 1
+
+
+def test_gpu_stream_completion_needs_cuda_tensors_in_and_out():
+    torch = _torch()
+    import numpy as np
+
+    gpu = _client("gpu")
+    spec, shape = SPECS[0]
+    p = gpu.plan(spec, shape)
+    host = np.zeros(p.input_bytes, dtype=np.uint8)
+    try:
+        gpu.convert_batch([Item(spec, shape, host)], completion="stream")
+    except ValueError as e:
+        assert "completion='stream'" in str(e) and "items[0]" in str(e), e
+    else:
+        raise AssertionError("a host item was accepted with completion='stream'")
+    try:
+        gpu.convert_batch([Item(spec, shape, _random(torch, p.input_shape, 650))], completion="later")
+    except ValueError as e:
+        assert "completion must be one of" in str(e), e
+    else:
+        raise AssertionError("an unknown completion was accepted")
+
+
+def test_gpu_a_client_gone_right_after_a_stream_answer_leaves_the_daemon_serving():
+    torch = _torch()
+    script = textwrap.dedent(f"""
+        import os, sys, torch
+        sys.path.insert(0, {str(PACKAGE_DIR)!r})
+        import wprep
+        c = wprep.Client({_daemon("gpu").target!r})
+        spec = wprep.Spec("hopper_value", mx_axis=-2, mma_version=3, packing_axis=-2)
+        srcs = [torch.randint(0, 256, (16, 4096, 2048), dtype=torch.uint8, device="cuda") for _ in range(8)]
+        torch.cuda.synchronize()
+        r = c.convert_batch([wprep.Item(spec, [16, 4096, 4096], s) for s in srcs], completion="stream")
+        print("ANSWERED", len(r), flush=True)
+        os._exit(0)  # its memory and its event go while the daemon's work may still run
+    """)
+    for _ in range(3):
+        out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+        assert out.returncode == 0 and out.stdout.startswith("ANSWERED 8"), out.stdout + out.stderr
+    gpu, ref = _client("gpu"), _client("cpu")
+    assert gpu.health() == "SERVING" and _daemon("gpu").alive()
+    spec, shape = SPECS[0]
+    src = _random(torch, gpu.plan(spec, shape).input_shape, 660)
+    r = gpu.convert(spec, shape, src)
+    assert _memory(r.tensor, r.nbytes) == _reference(ref, spec, shape, src)
+
+
 def _main():
     """A runner for machines without pytest: every test_* here, skips reported as skipped."""
     import traceback

@@ -16,6 +16,7 @@ import pytest
 import wprep
 from wprep import Spec
 from wprep import _requests, _torch, _triton
+from wprep.v1 import wprep_pb2 as pb
 
 GOLDEN = 0x9E3779B97F4A7C15
 
@@ -25,6 +26,7 @@ class Recorder:
         self.shared = 0
         self.released = []
         self.synced = []
+        self.waits = []
 
 
 class FakeAllocation:
@@ -135,8 +137,36 @@ def make_torch(rec):
         def synchronize(self):
             rec.synced.append(self.d)
 
+        def wait_event(self, ev):
+            rec.waits.append((self.d, ev))
+
+    current = [0]
+
+    class Event:
+        made = 0
+
+        def __init__(self, enable_timing=True, blocking=False, interprocess=False):
+            assert interprocess and not enable_timing, "an IPC event needs interprocess=True, no timing"
+            Event.made += 1
+            self.n, self.device = Event.made, current[0]
+
+        def ipc_handle(self):
+            return bytes([self.n, self.device]) + b"E" * 62
+
+    class device:
+        def __init__(self, index):
+            self.index = index
+
+        def __enter__(self):
+            self.before, current[0] = current[0], self.index
+
+        def __exit__(self, *exc):
+            current[0] = self.before
+
     cuda = types.SimpleNamespace(
         current_stream=lambda d: Stream(d),
+        Event=Event,
+        device=device,
         get_device_properties=lambda i: types.SimpleNamespace(
             uuid=types.SimpleNamespace(bytes=[(i * 16 + k) & 255 for k in range(16)])),
         get_device_capability=lambda d=None: (9, 0),
@@ -165,6 +195,7 @@ def tensor(torch, rec, *, block_offset, nbytes, shape, strides, offset=0, alloc=
 
 SPEC = Spec("hopper_value", mx_axis=-2, mma_version=3, packing_axis=-2)
 PLAN = wprep.Plan((2, 256, 64), (16384, 64, 1), 32768, (2, 256, 64), (16384, 1, 256), 32768, "", None)
+PLAN_KEY = (SPEC, (2, 128, 256))
 
 
 def test_a_slice_inside_a_block_is_its_allocations_handle_plus_both_offsets(fake):
@@ -395,3 +426,59 @@ def test_uuid_strings(fake):
     assert d.uuid_string == "GPU-00010203-0405-0607-0809-0a0b0c0d0e0f"
     with pytest.raises(ValueError, match="16 bytes"):
         _requests.uuid_bytes(b"short")
+
+
+def test_stream_completion_sends_a_pooled_event_and_waits_on_it_after_the_answer(fake):
+    torch, rec = fake
+    dev = 3
+    alloc = FakeAllocation(1 << 39, 1 << 24)
+
+    def item(k):
+        src = torch.Tensor(FakeStorage(rec, alloc, k << 16, 32768), (2, 256, 64), (16384, 64, 1), 0, dev)
+        out = torch.Tensor(FakeStorage(rec, alloc, (k << 16) + 32768, 32768), (32768,), (1,), 0, dev)
+        return wprep.Item(SPEC, [2, 128, 256], src, out=out)
+
+    pool = _torch.EventPool()
+    call = _requests.batch_call([item(0), item(1)], None, {}, _torch.Registry(), None, "stream", pool)
+    ev = call.request.completion_event
+    assert len(ev.handle) == 64 and ev.handle[1] == dev, "the event is made on the items' device"
+    assert ev.device_uuid == bytes((dev * 16 + k) & 255 for k in range(16))
+    assert rec.waits == []
+    resp = pb.ConvertBatchResponse()
+    for _ in range(2):
+        o = resp.items.add().outputs.add()
+        o.shape.extend([32768])
+        o.strides.extend([1])
+        o.bytes = 32768
+    call.complete(resp)
+    assert len(rec.waits) == 1 and rec.waits[0][0] == dev and rec.waits[0][1].ipc_handle() == ev.handle
+    # The event went back to the pool: the next call on the device reuses it.
+    again = _requests.batch_call([item(2)], None, {}, _torch.Registry(), None, "stream", pool)
+    assert again.request.completion_event.handle == ev.handle
+    again.done()  # a failed call gives it back too, unwaited
+    assert len(rec.waits) == 1
+    third = _requests.batch_call([item(3)], None, {}, _torch.Registry(), None, "stream", pool)
+    assert third.request.completion_event.handle == ev.handle
+    # host completion sends no event
+    host = _requests.batch_call([item(4)], None, {}, _torch.Registry(), None, "host", pool)
+    assert not host.request.HasField("completion_event")
+
+
+def test_stream_completion_refuses_host_items_and_two_gpus(fake):
+    torch, rec = fake
+    import numpy as np
+
+    pool = _torch.EventPool()
+    with pytest.raises(ValueError, match=r"items\[0\]: completion='stream' needs a CUDA tensor"):
+        _requests.batch_call([wprep.Item(SPEC, [2, 128, 256], np.zeros(32768, np.uint8))], None, {PLAN_KEY: PLAN},
+                             _torch.Registry(), None, "stream", pool)
+    alloc = FakeAllocation(1 << 39, 1 << 24)
+    items = []
+    for d in (0, 1):
+        src = torch.Tensor(FakeStorage(rec, alloc, d << 16, 32768), (2, 256, 64), (16384, 64, 1), 0, d)
+        out = torch.Tensor(FakeStorage(rec, alloc, (d << 16) + 32768, 32768), (32768,), (1,), 0, d)
+        items.append(wprep.Item(SPEC, [2, 128, 256], src, out=out))
+    with pytest.raises(ValueError, match=r"items\[1\]: completion='stream' orders one GPU's work"):
+        _requests.batch_call(items, None, {}, _torch.Registry(), None, "stream", pool)
+    with pytest.raises(ValueError, match="completion must be one of"):
+        _requests.batch_call(items[:1], None, {}, _torch.Registry(), None, "soon", pool)

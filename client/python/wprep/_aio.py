@@ -43,6 +43,7 @@ class AsyncClient:
         )
         self._plans = _PlanCache()
         self._registry = _torch.Registry()
+        self._events = _torch.EventPool()
 
     async def close(self) -> None:
         await self._channel.close()
@@ -63,7 +64,12 @@ class AsyncClient:
             raise from_rpc_error(e, method) from None
 
     async def _run(self, call: Call, timeout: Optional[float]) -> Any:
-        return call.finish(await self._unary(call.method, call.request, timeout))
+        try:
+            resp = await self._unary(call.method, call.request, timeout)
+        except BaseException:
+            call.done()
+            raise
+        return call.complete(resp)
 
     async def _plans_for(self, keys: Iterable[Optional[PlanKey]], timeout: Optional[float]) -> Dict[PlanKey, Plan]:
         plans: Dict[PlanKey, Plan] = {}
@@ -122,6 +128,7 @@ class AsyncClient:
         device_uuid: Union[None, bytes, str] = None,
         stream: Any = None,
         timeout: Optional[float] = None,
+        completion: str = "host",
     ) -> BatchResult:
         """See Client.convert_batch."""
         items = list(items)
@@ -129,7 +136,7 @@ class AsyncClient:
             [_requests.needs_plan(it.spec, it.logical_shape, it.source, it.out) for it in items if isinstance(it, Item)],
             timeout,
         )
-        call = _requests.batch_call(items, device_uuid, plans, self._registry, stream)
+        call = _requests.batch_call(items, device_uuid, plans, self._registry, stream, completion, self._events)
         return await self._run(call, timeout)
 
     async def devices(self, *, timeout: Optional[float] = None) -> Devices:

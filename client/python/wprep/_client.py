@@ -111,6 +111,7 @@ class Client:
         )
         self._plans = _PlanCache()
         self._registry = _torch.Registry()
+        self._events = _torch.EventPool()
 
     def close(self) -> None:
         """Closes the channel; calls in flight fail."""
@@ -134,8 +135,12 @@ class Client:
             raise from_rpc_error(e, method) from None
 
     def _run(self, call: Call, timeout: Optional[float]) -> Any:
-        resp = self._unary(call.method, call.request, timeout)
-        return call.finish(resp)
+        try:
+            resp = self._unary(call.method, call.request, timeout)
+        except BaseException:
+            call.done()
+            raise
+        return call.complete(resp)
 
     def _submit(self, call: Call, timeout: Optional[float]) -> "concurrent.futures.Future[Any]":
         out: "concurrent.futures.Future[Any]" = concurrent.futures.Future()
@@ -143,6 +148,7 @@ class Client:
         try:
             pending = getattr(self._stub, call.method).future(call.request, timeout=self._timeout(timeout))
         except grpc.RpcError as e:
+            call.done()
             out.set_exception(from_rpc_error(e, call.method))
             return out
 
@@ -151,13 +157,15 @@ class Client:
             try:
                 resp = f.result()
             except grpc.RpcError as e:
+                call.done()
                 out.set_exception(from_rpc_error(e, call.method))
                 return
             except BaseException as e:  # cancelled or failed inside grpc
+                call.done()
                 out.set_exception(e)
                 return
             try:
-                out.set_result(call.finish(resp))
+                out.set_result(call.complete(resp))
             except BaseException as e:
                 out.set_exception(e)
 
@@ -250,13 +258,13 @@ class Client:
         return self._submit(call, timeout)
 
     def _batch_call(self, items: Sequence[Item], device_uuid: Union[None, bytes, str], stream: Any,
-                    timeout: Optional[float]) -> Call:
+                    timeout: Optional[float], completion: str) -> Call:
         items = list(items)
         plans = self._plans_for(
             [_requests.needs_plan(it.spec, it.logical_shape, it.source, it.out) for it in items if isinstance(it, Item)],
             timeout,
         )
-        return _requests.batch_call(items, device_uuid, plans, self._registry, stream)
+        return _requests.batch_call(items, device_uuid, plans, self._registry, stream, completion, self._events)
 
     def convert_batch(
         self,
@@ -265,12 +273,18 @@ class Client:
         device_uuid: Union[None, bytes, str] = None,
         stream: Any = None,
         timeout: Optional[float] = None,
+        completion: str = "host",
     ) -> BatchResult:
         """Converts many tensors in one round trip (ConvertBatch): a projection's values and
         scales, a layer, a model. Every item is validated before any work starts; one bad item
         fails the call with INVALID_ARGUMENT naming it ("items[3]...") and nothing is written.
+
+        completion: "host" (default) returns once the work is done; "stream" (CUDA tensors in
+        and out, one GPU) returns as soon as the daemon has queued it, with the outputs ready
+        for work queued on `stream` (default: the device's current stream) after the call, as
+        after a kernel launched there; the results' kernel_seconds are then 0.
         """
-        return self._run(self._batch_call(items, device_uuid, stream, timeout), timeout)
+        return self._run(self._batch_call(items, device_uuid, stream, timeout, completion), timeout)
 
     def convert_batch_future(
         self,
@@ -279,9 +293,10 @@ class Client:
         device_uuid: Union[None, bytes, str] = None,
         stream: Any = None,
         timeout: Optional[float] = None,
+        completion: str = "host",
     ) -> "concurrent.futures.Future[BatchResult]":
         """convert_batch() without waiting: a Future of the BatchResult."""
-        return self._submit(self._batch_call(items, device_uuid, stream, timeout), timeout)
+        return self._submit(self._batch_call(items, device_uuid, stream, timeout, completion), timeout)
 
     # -- devices and health -------------------------------------------------------------------
 

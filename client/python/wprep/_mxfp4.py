@@ -168,13 +168,15 @@ def swizzle_mxfp4_batch(
     out: Optional[Sequence[Tuple[Any, Any]]] = None,
     stream: Any = None,
     triton: Optional[bool] = None,
+    completion: str = "stream",
 ) -> List[SwizzledMXFP4]:
     """swizzle_mxfp4 for several projections (a layer's w13 and w2, a whole model) in one ConvertBatch.
 
     pairs: (values, scales) per projection, all on one GPU. out: per pair, preallocated
     (values_out, scales_out) (see empty_swizzled_mxfp4), or None to allocate. triton: True to
     require triton_kernels Tensor objects, False to skip them, None (default) for "when
-    available". Raises WprepError with the daemon's status on a bad request.
+    available". completion: see swizzle_mxfp4. Raises WprepError with the daemon's status on a
+    bad request.
     """
     _import_torch()  # without torch, its clear error first
     if not pairs:
@@ -190,7 +192,7 @@ def swizzle_mxfp4_batch(
     items: List[Item] = []
     for i, (v, s) in enumerate(pairs):
         items += _items(v, s, specs, None if out is None else out[i])
-    r = (client or default_client()).convert_batch(items, stream=stream)
+    r = (client or default_client()).convert_batch(items, stream=stream, completion=completion)
     return [_result(v, s, r, i, num_warps, triton) for i, (v, s) in enumerate(pairs)]
 
 
@@ -203,6 +205,7 @@ def swizzle_mxfp4(
     out: Optional[Tuple[Any, Any]] = None,
     stream: Any = None,
     triton: Optional[bool] = None,
+    completion: str = "stream",
 ) -> SwizzledMXFP4:
     """The loaders' _swizzle_mxfp4(values, scales, num_warps), done by wprepd in one round trip.
 
@@ -212,9 +215,15 @@ def swizzle_mxfp4(
     identities and, with triton_kernels, the Tensor objects matmul_ogs takes
     (SwizzledMXFP4.as_triton()). The inputs are read in place and left unchanged; the stream
     `stream` (default: the current one) is synchronized before the daemon reads them.
+
+    completion: "stream" (default) returns as soon as the daemon has queued the work, like the
+    torch operations convert_layout runs: the outputs are ready for work queued on `stream`
+    (default: the current stream) from then on, and kernel_seconds is 0. "host" returns once
+    the work is done, with the engine's time in kernel_seconds.
     """
     return swizzle_mxfp4_batch([(values, scales)], num_warps, client=client,
-                               out=None if out is None else [out], stream=stream, triton=triton)[0]
+                               out=None if out is None else [out], stream=stream, triton=triton,
+                               completion=completion)[0]
 
 
 def empty_swizzled_mxfp4(values: Any, scales: Any, num_warps: int = 8, *,

@@ -28,6 +28,20 @@ class Call:
     request: Any
     finish: Callable[[Any], Any]
     keep: List[Any] = field(default_factory=list)
+    # Runs once the call is over, answered or failed, after finish.
+    release: Optional[Callable[[], None]] = None
+
+    def complete(self, resp: Any) -> Any:
+        """finish(resp), then release."""
+        try:
+            return self.finish(resp)
+        finally:
+            self.done()
+
+    def done(self) -> None:
+        if self.release is not None:
+            release, self.release = self.release, None
+            release()
 
 
 @functools.lru_cache(maxsize=4096)
@@ -202,12 +216,17 @@ def convert_call(
     return Call("Convert", r, finish, keep=[source, *side.keep()])
 
 
+COMPLETIONS = ("host", "stream")
+
+
 def batch_call(
     items: Sequence[Item],
     device_uuid: Union[None, bytes, str],
     plans: Dict[PlanKey, Plan],
     registry: _torch.Registry,
     stream: Any,
+    completion: str = "host",
+    events: Optional[_torch.EventPool] = None,
 ) -> Call:
     sides: List[_Side] = []
     r = pb.ConvertBatchRequest(device_uuid=uuid_bytes(device_uuid))
@@ -228,12 +247,26 @@ def batch_call(
             ci.source.inline_strides.extend(side.source_strides)
         if side.dest_ipc is not None:
             side.dest_ipc.fill(ci.destination.ipc)
+    if completion not in COMPLETIONS:
+        raise ValueError(f"completion must be one of {COMPLETIONS}; got {completion!r}")
+    event = None
+    if completion == "stream":
+        index = _early_answer_device(sides)
+        assert events is not None
+        event = events.take(index)
+        r.completion_event.handle = event[1]
+        r.completion_event.device_uuid = _torch.device_uuid(index)
     if devices:
         _torch.synchronize(devices, stream)
 
     def finish(resp: pb.ConvertBatchResponse) -> BatchResult:
         if len(resp.items) != len(sides):
             raise RuntimeError(f"ConvertBatch answered {len(resp.items)} items for {len(sides)}")
+        if event is not None:
+            import torch
+
+            # The outputs' readers come after the daemon's work, as after a kernel on `stream`.
+            (stream if stream is not None else torch.cuda.current_stream(index)).wait_event(event[0])
         out = []
         for side, item in zip(sides, resp.items):
             t = item.outputs[0]
@@ -244,4 +277,25 @@ def batch_call(
     keep: List[Any] = [it.source for it in items]
     for s in sides:
         keep += s.keep()
-    return Call("ConvertBatch", r, finish, keep=keep)
+    release = None if event is None else (lambda: events.give(index, event))  # type: ignore[union-attr]
+    return Call("ConvertBatch", r, finish, keep=keep, release=release)
+
+
+def _early_answer_device(sides: Sequence["_Side"]) -> int:
+    """The one CUDA device of a batch whose every source and output is a CUDA tensor."""
+    index: Optional[int] = None
+    for i, side in enumerate(sides):
+        if side.source_ipc is None or side.dest_ipc is None:
+            raise ValueError(
+                f"items[{i}]: completion='stream' needs a CUDA tensor source and output (out=... or "
+                f"allocated on the source's device); use completion='host' for host data"
+            )
+        for d in side.devices:
+            if index is None:
+                index = d
+            elif d != index:
+                raise ValueError(f"items[{i}]: completion='stream' orders one GPU's work; the batch spans "
+                                 f"cuda:{index} and cuda:{d}: send one batch per GPU")
+    if index is None:
+        raise ValueError("completion='stream' needs CUDA tensors")
+    return index

@@ -271,6 +271,37 @@ def empty_output(like: Any, shape: Sequence[int], strides: Sequence[int], nbytes
     return buf.as_strided(tuple(shape), tuple(strides))
 
 
+class EventPool:
+    """Interprocess CUDA events for answers that come once the work is queued
+    (ConvertBatchRequest.completion_event), per device, made once and reused.
+
+    An event is taken for one call and given back once the caller's stream waits on it (or
+    the call failed): the daemon may record a client's event until its answer, so an event
+    is never destroyed while a call that carries it could be in flight.
+    """
+
+    def __init__(self) -> None:
+        self._mu = threading.Lock()
+        self._free: Dict[int, List[Tuple[Any, bytes]]] = {}
+
+    def take(self, device_index: int) -> Tuple[Any, bytes]:
+        """(torch.cuda.Event, its 64-byte cudaIpcEventHandle_t) on the device."""
+        with self._mu:
+            free = self._free.get(device_index)
+            if free:
+                return free.pop()
+        import torch
+
+        with torch.cuda.device(device_index):
+            ev = torch.cuda.Event(enable_timing=False, interprocess=True)
+            handle = bytes(ev.ipc_handle())
+        return ev, handle
+
+    def give(self, device_index: int, event: Tuple[Any, bytes]) -> None:
+        with self._mu:
+            self._free.setdefault(device_index, []).append(event)
+
+
 def synchronize(devices: Iterable[int], stream: Any = None) -> None:
     """Waits until the work queued so far on `stream` (default: each device's current stream) is done.
 

@@ -59,12 +59,14 @@ class ConversionSpec(_message.Message):
     def __init__(self, layout: _Optional[_Union[Layout, str]] = ..., direction: _Optional[_Union[Direction, str]] = ..., hopper: _Optional[_Union[HopperValueParams, _Mapping]] = ..., blackwell: _Optional[_Union[BlackwellParams, _Mapping]] = ..., blackwell_to: _Optional[_Union[BlackwellParams, _Mapping]] = ..., hopper_scale: _Optional[_Union[HopperScaleParams, _Mapping]] = ..., packing_axis: _Optional[int] = ...) -> None: ...
 
 class ConvertBatchRequest(_message.Message):
-    __slots__ = ["device_uuid", "items"]
+    __slots__ = ["completion_event", "device_uuid", "items"]
+    COMPLETION_EVENT_FIELD_NUMBER: _ClassVar[int]
     DEVICE_UUID_FIELD_NUMBER: _ClassVar[int]
     ITEMS_FIELD_NUMBER: _ClassVar[int]
+    completion_event: IpcEventRef
     device_uuid: bytes
     items: _containers.RepeatedCompositeFieldContainer[BatchItem]
-    def __init__(self, items: _Optional[_Iterable[_Union[BatchItem, _Mapping]]] = ..., device_uuid: _Optional[bytes] = ...) -> None: ...
+    def __init__(self, items: _Optional[_Iterable[_Union[BatchItem, _Mapping]]] = ..., device_uuid: _Optional[bytes] = ..., completion_event: _Optional[_Union[IpcEventRef, _Mapping]] = ...) -> None: ...
 
 class ConvertBatchResponse(_message.Message):
     __slots__ = ["items", "peak_extra_device_bytes"]
@@ -199,6 +201,14 @@ class HopperValueParams(_message.Message):
     mma_version: int
     mx_axis: int
     def __init__(self, mx_axis: _Optional[int] = ..., mma_version: _Optional[int] = ...) -> None: ...
+
+class IpcEventRef(_message.Message):
+    __slots__ = ["device_uuid", "handle"]
+    DEVICE_UUID_FIELD_NUMBER: _ClassVar[int]
+    HANDLE_FIELD_NUMBER: _ClassVar[int]
+    device_uuid: bytes
+    handle: bytes
+    def __init__(self, handle: _Optional[bytes] = ..., device_uuid: _Optional[bytes] = ...) -> None: ...
 
 class IpcHandleRef(_message.Message):
     __slots__ = ["device_uuid", "handle"]

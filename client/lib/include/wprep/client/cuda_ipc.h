@@ -19,7 +19,39 @@
 #include "wprep/client/client.h"
 #include "wprep/v1/wprep.pb.h"
 
+struct CUevent_st;   // cudaEvent_t
+struct CUstream_st;  // cudaStream_t
+
 namespace wprep::client {
+
+// An interprocess CUDA event for ConvertBatchRequest.completion_event: a batch that
+// carries it is answered as soon as its work is queued on the GPU, and the event marks
+// the work's end. After the answer, StreamWait orders a stream's later work after the
+// batch (the outputs' consumers go there) and Synchronize waits on the host. One event
+// serves one batch in flight at a time; reuse it once its wait is queued. Move-only.
+class CompletionEvent {
+ public:
+  // An event made with cudaEventInterprocess | cudaEventDisableTiming on `device` (a CUDA
+  // ordinal of this process), exported with cudaIpcGetEventHandle.
+  static absl::StatusOr<CompletionEvent> Create(int device);
+  CompletionEvent(CompletionEvent&& o) noexcept;
+  CompletionEvent& operator=(CompletionEvent&& o) noexcept;
+  ~CompletionEvent();
+
+  // The request field: the event's handle and its GPU's UUID.
+  const wprep::v1::IpcEventRef& ref() const { return ref_; }
+  void AttachTo(wprep::v1::ConvertBatchRequest* request) const { *request->mutable_completion_event() = ref_; }
+  // After the answer: work queued on `stream` from now on runs after the batch's work.
+  absl::Status StreamWait(CUstream_st* stream) const;
+  // After the answer: returns once the batch's work is done.
+  absl::Status Synchronize() const;
+
+ private:
+  CompletionEvent() = default;
+  CUevent_st* event_ = nullptr;
+  int device_ = 0;
+  wprep::v1::IpcEventRef ref_;
+};
 
 // Exports device memory of this process as CUDA IPC buffers, caching one entry per
 // allocation (its base, size, handle and GPU UUID), so the driver is asked once per
