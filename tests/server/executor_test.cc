@@ -273,33 +273,56 @@ TEST(Executor, StreamsOnAFakeGpuMatchEveryStoredMultiMatrixCase) {
 // A batch of IPC items on two GPUs: each runs on the GPU holding its memory, the bytes
 // are the reference's, nothing extra is allocated; one bad handle anywhere fails the batch
 // before any item writes a byte.
-TEST(Executor, BatchesRunEachItemOnItsGpuAndOneBadItemWritesNothing) {
-  Parts p(2);
+// IPC -> IPC items of small stored cases on `gpu_of(i)`, their destinations filled with 0xAB.
+struct IpcBatch {
   std::vector<const GoldenCase*> cases;
-  for (const GoldenCase& c : GoldenCases()) {
-    if (!c.error && !c.output_file.empty() && c.input_bytes <= (64 << 10) && cases.size() < 12) cases.push_back(&c);
-  }
-  ASSERT_GE(cases.size(), 8u);
   std::vector<ConvertJob> jobs;
   std::vector<FakeRuntime::Exported> outs;
-  for (size_t i = 0; i < cases.size(); ++i) {
-    const GoldenCase& c = *cases[i];
-    const int gpu = static_cast<int>(i % 2);
-    const std::vector<uint8_t> in = GoldenInput(c);
-    FakeRuntime::Exported src = p.runtime.ExportHandle(gpu, in.size());
-    std::copy(in.begin(), in.end(), src.ptr);
-    FakeRuntime::Exported dst = p.runtime.ExportHandle(gpu, c.output_bytes);
-    std::fill(dst.ptr, dst.ptr + c.output_bytes, 0xAB);
-    ConvertJob job;
-    job.plan = *MakePlan(c.spec, c.logical_shape, InputBinding{{}, in.size()});
-    job.source_ipc = Region(src, gpu, in.size());
-    job.destination_ipc = Region(dst, gpu, c.output_bytes);
-    jobs.push_back(job);
-    outs.push_back(dst);
-  }
-  std::vector<std::string> unused(jobs.size());
+  std::vector<std::string> unused;
   std::vector<std::string*> inline_outputs;
-  for (std::string& u : unused) inline_outputs.push_back(&u);
+
+  IpcBatch(FakeRuntime& runtime, size_t count, const std::function<int(size_t)>& gpu_of) {
+    for (const GoldenCase& c : GoldenCases()) {
+      if (!c.error && !c.output_file.empty() && c.input_bytes <= (64 << 10) && cases.size() < count) {
+        cases.push_back(&c);
+      }
+    }
+    for (size_t i = 0; i < cases.size(); ++i) {
+      const GoldenCase& c = *cases[i];
+      const int gpu = gpu_of(i);
+      const std::vector<uint8_t> in = GoldenInput(c);
+      FakeRuntime::Exported src = runtime.ExportHandle(gpu, in.size());
+      std::copy(in.begin(), in.end(), src.ptr);
+      FakeRuntime::Exported dst = runtime.ExportHandle(gpu, c.output_bytes);
+      std::fill(dst.ptr, dst.ptr + c.output_bytes, 0xAB);
+      ConvertJob job;
+      job.plan = *MakePlan(c.spec, c.logical_shape, InputBinding{{}, in.size()});
+      job.source_ipc = Region(src, gpu, in.size());
+      job.destination_ipc = Region(dst, gpu, c.output_bytes);
+      jobs.push_back(job);
+      outs.push_back(dst);
+    }
+    unused.resize(jobs.size());
+    for (std::string& u : unused) inline_outputs.push_back(&u);
+  }
+  bool Untouched() const {
+    for (size_t i = 0; i < outs.size(); ++i) {
+      if (!std::all_of(outs[i].ptr, outs[i].ptr + cases[i]->output_bytes, [](uint8_t b) { return b == 0xAB; })) {
+        return false;
+      }
+    }
+    return true;
+  }
+};
+
+TEST(Executor, BatchesRunEachItemOnItsGpuAndOneBadItemWritesNothing) {
+  Parts p(2);
+  IpcBatch b(p.runtime, 12, [](size_t i) { return static_cast<int>(i % 2); });
+  ASSERT_GE(b.cases.size(), 8u);
+  const std::vector<const GoldenCase*>& cases = b.cases;
+  const std::vector<ConvertJob>& jobs = b.jobs;
+  const std::vector<FakeRuntime::Exported>& outs = b.outs;
+  const std::vector<std::string*>& inline_outputs = b.inline_outputs;
 
   // Item 5's source handle names memory its owner freed: the batch fails naming item 5.
   std::vector<ConvertJob> spoiled = jobs;
@@ -349,48 +372,6 @@ TEST(Executor, BatchesMixInlineAndIpcItems) {
   EXPECT_TRUE(MatchesGolden(c, outs[2]));
   EXPECT_GT(r->peak_extra_device_bytes, 0u);
 }
-
-// IPC -> IPC items of small stored cases on `gpu_of(i)`, their destinations filled with 0xAB.
-struct IpcBatch {
-  std::vector<const GoldenCase*> cases;
-  std::vector<ConvertJob> jobs;
-  std::vector<FakeRuntime::Exported> outs;
-  std::vector<std::string> unused;
-  std::vector<std::string*> inline_outputs;
-
-  IpcBatch(FakeRuntime& runtime, size_t count, const std::function<int(size_t)>& gpu_of) {
-    for (const GoldenCase& c : GoldenCases()) {
-      if (!c.error && !c.output_file.empty() && c.input_bytes <= (64 << 10) && cases.size() < count) {
-        cases.push_back(&c);
-      }
-    }
-    for (size_t i = 0; i < cases.size(); ++i) {
-      const GoldenCase& c = *cases[i];
-      const int gpu = gpu_of(i);
-      const std::vector<uint8_t> in = GoldenInput(c);
-      FakeRuntime::Exported src = runtime.ExportHandle(gpu, in.size());
-      std::copy(in.begin(), in.end(), src.ptr);
-      FakeRuntime::Exported dst = runtime.ExportHandle(gpu, c.output_bytes);
-      std::fill(dst.ptr, dst.ptr + c.output_bytes, 0xAB);
-      ConvertJob job;
-      job.plan = *MakePlan(c.spec, c.logical_shape, InputBinding{{}, in.size()});
-      job.source_ipc = Region(src, gpu, in.size());
-      job.destination_ipc = Region(dst, gpu, c.output_bytes);
-      jobs.push_back(job);
-      outs.push_back(dst);
-    }
-    unused.resize(jobs.size());
-    for (std::string& u : unused) inline_outputs.push_back(&u);
-  }
-  bool Untouched() const {
-    for (size_t i = 0; i < outs.size(); ++i) {
-      if (!std::all_of(outs[i].ptr, outs[i].ptr + cases[i]->output_bytes, [](uint8_t b) { return b == 0xAB; })) {
-        return false;
-      }
-    }
-    return true;
-  }
-};
 
 // An early answer (ConvertBatchRequest.completion_event): the batch returns once its work
 // is queued, with the client's event recorded after every item; until the fake GPU says
