@@ -444,23 +444,31 @@ def test_stream_completion_sends_a_pooled_event_and_waits_on_it_after_the_answer
     assert len(ev.handle) == 64 and ev.handle[1] == dev, "the event is made on the items' device"
     assert ev.device_uuid == bytes((dev * 16 + k) & 255 for k in range(16))
     assert rec.waits == []
-    resp = pb.ConvertBatchResponse()
-    for _ in range(2):
-        o = resp.items.add().outputs.add()
-        o.shape.extend([32768])
-        o.strides.extend([1])
-        o.bytes = 32768
-    call.complete(resp)
+    def resp_of(n):
+        resp = pb.ConvertBatchResponse()
+        for _ in range(n):
+            o = resp.items.add().outputs.add()
+            o.shape.extend([32768])
+            o.strides.extend([1])
+            o.bytes = 32768
+        return resp
+
+    call.complete(resp_of(2))
     assert len(rec.waits) == 1 and rec.waits[0][0] == dev and rec.waits[0][1].ipc_handle() == ev.handle
     # The event went back to the pool: the next call on the device reuses it.
     again = _requests.batch_call([item(2)], None, {}, _torch.Registry(), None, "stream", pool)
     assert again.request.completion_event.handle == ev.handle
-    again.done()  # a failed call gives it back too, unwaited
+    # A call that failed without an answer (a deadline): the daemon may still record its
+    # event, so it is never handed to another call.
+    again.done()
     assert len(rec.waits) == 1
     third = _requests.batch_call([item(3)], None, {}, _torch.Registry(), None, "stream", pool)
-    assert third.request.completion_event.handle == ev.handle
+    assert third.request.completion_event.handle != ev.handle
+    third.complete(resp_of(1))
+    fourth = _requests.batch_call([item(4)], None, {}, _torch.Registry(), None, "stream", pool)
+    assert fourth.request.completion_event.handle == third.request.completion_event.handle
     # host completion sends no event
-    host = _requests.batch_call([item(4)], None, {}, _torch.Registry(), None, "host", pool)
+    host = _requests.batch_call([item(5)], None, {}, _torch.Registry(), None, "host", pool)
     assert not host.request.HasField("completion_event")
 
 

@@ -28,20 +28,25 @@ class Call:
     request: Any
     finish: Callable[[Any], Any]
     keep: List[Any] = field(default_factory=list)
-    # Runs once the call is over, answered or failed, after finish.
-    release: Optional[Callable[[], None]] = None
+    # Runs once the call is over, after finish: with True when the daemon answered (its
+    # handler is over), False when the call failed without an answer.
+    release: Optional[Callable[[bool], None]] = None
 
     def complete(self, resp: Any) -> Any:
-        """finish(resp), then release."""
+        """finish(resp), then release(True)."""
         try:
             return self.finish(resp)
         finally:
-            self.done()
+            self._release(True)
 
     def done(self) -> None:
+        """The call failed without an answer: release(False)."""
+        self._release(False)
+
+    def _release(self, answered: bool) -> None:
         if self.release is not None:
             release, self.release = self.release, None
-            release()
+            release(answered)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -277,8 +282,11 @@ def batch_call(
     keep: List[Any] = [it.source for it in items]
     for s in sides:
         keep += s.keep()
-    release = None if event is None else (lambda: events.give(index, event))  # type: ignore[union-attr]
-    return Call("ConvertBatch", r, finish, keep=keep, release=release)
+    def release(answered: bool) -> None:
+        # Without an answer the daemon's handler may still record the event: never reuse it.
+        (events.give if answered else events.retire)(index, event)  # type: ignore[union-attr]
+
+    return Call("ConvertBatch", r, finish, keep=keep, release=None if event is None else release)
 
 
 def _early_answer_device(sides: Sequence["_Side"]) -> int:

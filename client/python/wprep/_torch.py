@@ -275,14 +275,20 @@ class EventPool:
     """Interprocess CUDA events for answers that come once the work is queued
     (ConvertBatchRequest.completion_event), per device, made once and reused.
 
-    An event is taken for one call and given back once the caller's stream waits on it (or
-    the call failed): the daemon may record a client's event until its answer, so an event
-    is never destroyed while a call that carries it could be in flight.
+    An event is taken for one call and given back once the daemon has answered. The daemon
+    may record a client's event until its handler ends, which can be after a call failed on
+    the client's side (a deadline, a cancel): such an event is retired, kept but never
+    reused, so that a late record can neither reach another call's wait nor an event that is
+    gone. The oldest retired events are let go beyond RETIRED_KEPT, long after any handler
+    could still record them.
     """
+
+    RETIRED_KEPT = 1024
 
     def __init__(self) -> None:
         self._mu = threading.Lock()
         self._free: Dict[int, List[Tuple[Any, bytes]]] = {}
+        self._retired: List[Tuple[Any, bytes]] = []
 
     def take(self, device_index: int) -> Tuple[Any, bytes]:
         """(torch.cuda.Event, its 64-byte cudaIpcEventHandle_t) on the device."""
@@ -300,6 +306,11 @@ class EventPool:
     def give(self, device_index: int, event: Tuple[Any, bytes]) -> None:
         with self._mu:
             self._free.setdefault(device_index, []).append(event)
+
+    def retire(self, device_index: int, event: Tuple[Any, bytes]) -> None:
+        with self._mu:
+            self._retired.append(event)
+            del self._retired[:-self.RETIRED_KEPT]
 
 
 def synchronize(devices: Iterable[int], stream: Any = None) -> None:

@@ -28,7 +28,9 @@ namespace wprep::client {
 // carries it is answered as soon as its work is queued on the GPU, and the event marks
 // the work's end. After the answer, StreamWait orders a stream's later work after the
 // batch (the outputs' consumers go there) and Synchronize waits on the host. One event
-// serves one batch in flight at a time; reuse it once its wait is queued. Move-only.
+// serves one batch in flight at a time; reuse it once its wait is queued. After a call that
+// ended without an answer (a deadline, a cancel) the daemon may still record it: keep it
+// alive a while, and use another. Move-only.
 class CompletionEvent {
  public:
   // An event made with cudaEventInterprocess | cudaEventDisableTiming on `device` (a CUDA
