@@ -7,9 +7,11 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/time/clock.h"
+#include "completions.h"
 #include "device_manager.h"
 #include "executor.h"
 #include "fake_runtime.h"
@@ -484,6 +486,54 @@ TEST(Executor, EarlyAnswerChecksTheEventsGpuAndHandleBeforeAnyWork) {
   EXPECT_EQ(p.runtime.totals().events_alive, 0) << "a refused batch made or kept an event";
   EXPECT_EQ(p.runtime.totals().ipc_event_records, 0);
   EXPECT_EQ(p.executor->pending_completions(), 0u);
+}
+
+// The completions thread finishes work in the order it was added, once its event's wait
+// returns; at most max_pending pieces wait at once, and Add blocks for room beyond that
+// (an early answer's handler then waits, rather than the daemon holding ever more
+// mappings); the destructor waits for everything added.
+TEST(Completions, FinishesInOrderHoldsAtMostMaxPendingAndDrainsOnDestruction) {
+  FakeRuntime rt(1);
+  rt.HoldEventWaits(true);
+  std::vector<int> finished;
+  std::vector<server::Event> events;
+  absl::Mutex mu;
+  auto work = [&](int n) {
+    server::Completions::Work w;
+    w.gpu = 0;
+    w.event = *rt.CreateEvent(0);
+    events.push_back(w.event);
+    w.done = [&, n](const absl::Status& s) {
+      EXPECT_TRUE(s.ok()) << s;
+      absl::MutexLock lock(&mu);
+      finished.push_back(n);
+    };
+    return w;
+  };
+  std::atomic<bool> third_added{false};
+  {
+    server::Completions c(&rt, 2);
+    c.Add(work(1));
+    c.Add(work(2));
+    EXPECT_EQ(c.pending(), 2u);
+    std::thread adder([&] {
+      c.Add(work(3));
+      third_added = true;
+    });
+    ASSERT_TRUE(rt.WaitEventWaiters(1));
+    absl::SleepFor(absl::Milliseconds(200));
+    EXPECT_FALSE(third_added.load()) << "a third piece of work got in beyond max_pending = 2";
+    {
+      absl::MutexLock lock(&mu);
+      EXPECT_TRUE(finished.empty()) << "work finished while its event's wait was held";
+    }
+    rt.HoldEventWaits(false);
+    adder.join();
+    EXPECT_TRUE(third_added.load());
+  }  // waits for all three
+  EXPECT_EQ(finished, (std::vector<int>{1, 2, 3}));
+  EXPECT_EQ(rt.counts(0).events_alive, 3) << "Completions destroys no event: they are the caller's";
+  for (server::Event e : events) rt.DestroyEvent(0, e);
 }
 
 }  // namespace
