@@ -184,25 +184,25 @@ absl::StatusOr<Executor::BatchOutcome> Executor::ConvertBatch(const std::vector<
     mapped[i] = *std::move(m);
     by_gpu[gpus[i]].push_back(i);
   }
+  // An early answer's checks come with the others: every job is on the event's GPU (so
+  // none on the CPU), and the event opens. It is closed on the way out, recorded or not.
+  Event event = nullptr;
   if (early != nullptr) {
-    // Every job is on the event's GPU (so none on the CPU), and the event opens.
-    WPREP_ASSIGN_OR_RETURN(Event event, OpenEarlyEvent(*early, gpus, jobs));
-    Gpu& gpu = *gpus[0];
-    absl::Cleanup close = [&] { gpu.runtime().DestroyEvent(gpu.ordinal(), event); };  // once recorded, or not
-    if (absl::Now() >= deadline) {
-      return absl::DeadlineExceededError("the request's deadline passed before the batch started");
-    }
-    BatchOutcome out;
-    out.items.resize(jobs.size());
-    WPREP_RETURN_IF_ERROR(
-        RunBatchOnGpu(gpu, jobs, by_gpu.begin()->second, mapped, inline_outputs, deadline, &out, early, event));
-    return out;
+    WPREP_ASSIGN_OR_RETURN(event, OpenEarlyEvent(*early, gpus, jobs));
   }
+  absl::Cleanup close = [&] {
+    if (event != nullptr) gpus[0]->runtime().DestroyEvent(gpus[0]->ordinal(), event);
+  };
   if (absl::Now() >= deadline) {
     return absl::DeadlineExceededError("the request's deadline passed before the batch started");
   }
   BatchOutcome out;
   out.items.resize(jobs.size());
+  if (early != nullptr) {
+    WPREP_RETURN_IF_ERROR(
+        RunBatchOnGpu(*gpus[0], jobs, by_gpu.begin()->second, mapped, inline_outputs, deadline, &out, early, event));
+    return out;
+  }
   for (size_t i : on_cpu) {
     absl::StatusOr<ConvertOutcome> r = RunOnCpu(jobs[i], inline_outputs[i]);
     if (!r.ok()) return OfItem(i, r.status());
