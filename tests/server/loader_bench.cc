@@ -307,15 +307,19 @@ int Main(int argc, char** argv) {
   };
   // The early-answer variants: one event per thread of calls, and the client's stream
   // waits on each answer's event; the run ends when that stream is done.
-  std::vector<wprep::client::CompletionEvent> events;
-  for (int t = 0; t < std::max(1, inflight); ++t) {
-    absl::StatusOr<wprep::client::CompletionEvent> e = wprep::client::CompletionEvent::Create(0);
-    if (!e.ok()) {
-      std::fprintf(stderr, "CompletionEvent: %s\n", e.status().ToString().c_str());
-      return 1;
+  auto make_events = [](int n, std::vector<wprep::client::CompletionEvent>* out) {
+    for (int i = 0; i < n; ++i) {
+      absl::StatusOr<wprep::client::CompletionEvent> e = wprep::client::CompletionEvent::Create(0);
+      if (!e.ok()) {
+        std::fprintf(stderr, "CompletionEvent: %s\n", e.status().ToString().c_str());
+        return false;
+      }
+      out->push_back(*std::move(e));
     }
-    events.push_back(*std::move(e));
-  }
+    return true;
+  };
+  std::vector<wprep::client::CompletionEvent> events;
+  if (!make_events(std::max(1, inflight), &events)) return 1;
   absl::Mutex stream_mu;  // one waiter at a time on the client's stream
   std::vector<double> wait_us;  // host time of each StreamWait call, guarded by stream_mu
   // `b` carries `ev` already.
@@ -335,11 +339,9 @@ int Main(int argc, char** argv) {
   for (auto& b : per_layer_early) events[0].AttachTo(&b);
   events[0].AttachTo(&whole_early);
 
-  // One run per variant; the in-turn ones keep their calls' send and answer times.
-  std::vector<std::pair<std::string, std::vector<std::pair<absl::Time, absl::Time>>>> turns;
+  // One run per variant; the in-turn ones return their last run's send and answer times.
   auto in_turn = [&](const std::string& name, bool answer_early) {
-    turns.emplace_back(name, std::vector<std::pair<absl::Time, absl::Time>>{});
-    auto& stamps = turns.back().second;
+    std::vector<std::pair<absl::Time, absl::Time>> stamps;
     run(name, [&](double* k) {
       int f = 0;
       stamps.clear();
@@ -350,6 +352,7 @@ int Main(int argc, char** argv) {
       }
       return f + (answer_early ? finish() : 0);
     });
+    return stamps;
   };
   auto in_flight = [&](const std::string& name, bool answer_early) {
     run(name, [&](double* k) {
@@ -374,7 +377,8 @@ int Main(int argc, char** argv) {
       return failures.load() + (answer_early ? finish() : 0);
     });
   };
-  in_turn("one batch per layer, in turn", false);
+  const std::string in_turn_when_done = "one batch per layer, in turn";
+  const std::vector<std::pair<absl::Time, absl::Time>> done_stamps = in_turn(in_turn_when_done, false);
   // Where a layer's round trip goes: the way in (send to the handler's start), the
   // handler, the way out (its end to the answer), from the daemon's request log. Read
   // now: the log holds the latest calls.
@@ -393,11 +397,11 @@ int Main(int argc, char** argv) {
     splits.push_back(absl::StrFormat("%s: median per layer %.0f us in, %.0f us handler, %.0f us out", name,
                                      Median(in_us), Median(handler_us), Median(out_us)));
   };
-  split(turns.back().second, turns.back().first);
+  split(done_stamps, in_turn_when_done);
   in_flight(absl::StrCat("one batch per layer, ", inflight, " in flight"), false);
   run("one batch for the whole model", [&](double* k) { return one(whole, k); });
-  in_turn("one batch per layer, in turn, answered when queued", true);
-  split(turns.back().second, turns.back().first);
+  const std::string in_turn_when_queued = "one batch per layer, in turn, answered when queued";
+  split(in_turn(in_turn_when_queued, true), in_turn_when_queued);
   {
     std::vector<double> w = wait_us;
     std::sort(w.begin(), w.end());
@@ -411,12 +415,8 @@ int Main(int argc, char** argv) {
   // model before use).
   std::vector<v1::ConvertBatchRequest> per_layer_own_event = per_layer;
   std::vector<wprep::client::CompletionEvent> layer_events;
-  for (int l = 0; l < layers; ++l) {
-    absl::StatusOr<wprep::client::CompletionEvent> e = wprep::client::CompletionEvent::Create(0);
-    if (!e.ok()) return 1;
-    e->AttachTo(&per_layer_own_event[l]);
-    layer_events.push_back(*std::move(e));
-  }
+  if (!make_events(layers, &layer_events)) return 1;
+  for (int l = 0; l < layers; ++l) layer_events[l].AttachTo(&per_layer_own_event[l]);
   run("one batch per layer, in turn, answered when queued, host waits at the end", [&](double* k) {
     int f = 0;
     for (const auto& b : per_layer_own_event) f += one(b, k);

@@ -460,7 +460,7 @@ def test_stream_completion_sends_a_pooled_event_and_waits_on_it_after_the_answer
     assert again.request.completion_event.handle == ev.handle
     # A call that failed without an answer (a deadline): the daemon may still record its
     # event, so it is never handed to another call.
-    again.done()
+    again.fail()
     assert len(rec.waits) == 1
     third = _requests.batch_call([item(3)], None, {}, _torch.Registry(), None, "stream", pool)
     assert third.request.completion_event.handle != ev.handle

@@ -67,7 +67,7 @@ class AsyncClient:
         try:
             resp = await self._unary(call.method, call.request, timeout)
         except BaseException:
-            call.done()
+            call.fail()
             raise
         return call.complete(resp)
 

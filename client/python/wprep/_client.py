@@ -138,7 +138,7 @@ class Client:
         try:
             resp = self._unary(call.method, call.request, timeout)
         except BaseException:
-            call.done()
+            call.fail()
             raise
         return call.complete(resp)
 
@@ -148,7 +148,7 @@ class Client:
         try:
             pending = getattr(self._stub, call.method).future(call.request, timeout=self._timeout(timeout))
         except grpc.RpcError as e:
-            call.done()
+            call.fail()
             out.set_exception(from_rpc_error(e, call.method))
             return out
 
@@ -157,11 +157,11 @@ class Client:
             try:
                 resp = f.result()
             except grpc.RpcError as e:
-                call.done()
+                call.fail()
                 out.set_exception(from_rpc_error(e, call.method))
                 return
             except BaseException as e:  # cancelled or failed inside grpc
-                call.done()
+                call.fail()
                 out.set_exception(e)
                 return
             try:

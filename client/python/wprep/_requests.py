@@ -39,7 +39,7 @@ class Call:
         finally:
             self._release(True)
 
-    def done(self) -> None:
+    def fail(self) -> None:
         """The call failed without an answer: release(False)."""
         self._release(False)
 
