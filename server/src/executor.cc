@@ -136,34 +136,34 @@ absl::Status OfItem(size_t i, absl::Status s) {
 
 }  // namespace
 
-absl::StatusOr<Event> Executor::OpenEarlyEvent(const EarlyAnswer& early, const std::vector<Gpu*>& gpus,
-                                               const std::vector<ConvertJob>& jobs) {
-  absl::StatusOr<Gpu*> g = devices_->FindByUuid(early.event_gpu);
+absl::StatusOr<Event> Executor::OpenClientEvent(absl::string_view field, absl::string_view handle, const Uuid& uuid,
+                                                const std::vector<Gpu*>& gpus, const std::vector<ConvertJob>& jobs,
+                                                Gpu** gpu) {
+  absl::StatusOr<Gpu*> g = devices_->FindByUuid(uuid);
   if (!g.ok()) {
-    return absl::Status(g.status().code(), absl::StrCat("completion_event.device_uuid: ", g.status().message()));
+    return absl::Status(g.status().code(), absl::StrCat(field, ".device_uuid: ", g.status().message()));
   }
   for (size_t i = 0; i < jobs.size(); ++i) {
-    if (!jobs[i].source_ipc || !jobs[i].destination_ipc) {
-      return absl::InternalError(absl::StrCat("items[", i, "] is not IPC -> IPC under a completion event"));
-    }
-    if (gpus[i] != *g) {
+    if ((jobs[i].source_ipc || jobs[i].destination_ipc) && gpus[i] != *g) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "items[", i, "] is on GPU ", FormatUuid(gpus[i]->info().uuid), ", not on completion_event's GPU ",
+          "items[", i, "] is on GPU ", FormatUuid(gpus[i]->info().uuid), ", not on ", field, "'s GPU ",
           FormatUuid((*g)->info().uuid), "; an event orders one GPU's work: send one batch per GPU"));
     }
   }
-  absl::StatusOr<Event> e = devices_->runtime().OpenIpcEvent((*g)->ordinal(), early.event_handle);
+  absl::StatusOr<Event> e = devices_->runtime().OpenIpcEvent((*g)->ordinal(), handle);
   if (!e.ok()) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "completion_event.handle cannot be opened on GPU ", FormatUuid((*g)->info().uuid), ": ", e.status().message(),
+        field, ".handle cannot be opened on GPU ", FormatUuid((*g)->info().uuid), ": ", e.status().message(),
         "; give the cudaIpcGetEventHandle of a live event made with cudaEventInterprocess | cudaEventDisableTiming"));
   }
+  *gpu = *g;
   return *e;
 }
 
 absl::StatusOr<Executor::BatchOutcome> Executor::ConvertBatch(const std::vector<ConvertJob>& jobs,
                                                               const std::vector<std::string*>& inline_outputs,
-                                                              absl::Time deadline, EarlyAnswer* early) {
+                                                              absl::Time deadline, EarlyAnswer* early,
+                                                              const ReadyEvent* ready) {
   // Every job's engine first, then every mapping: all checks before any work.
   std::vector<Gpu*> gpus(jobs.size(), nullptr);
   for (size_t i = 0; i < jobs.size(); ++i) {
@@ -184,23 +184,50 @@ absl::StatusOr<Executor::BatchOutcome> Executor::ConvertBatch(const std::vector<
     mapped[i] = *std::move(m);
     by_gpu[gpus[i]].push_back(i);
   }
-  // An early answer's checks come with the others: every job is on the event's GPU (so
-  // none on the CPU), and the event opens. It is closed on the way out, recorded or not.
-  Event event = nullptr;
-  if (early != nullptr) {
-    WPREP_ASSIGN_OR_RETURN(event, OpenEarlyEvent(*early, gpus, jobs));
-  }
+  // The client events' checks come with the others: every job with IPC memory is on the
+  // event's GPU (for an early answer every job, none on the CPU), and the event opens. They
+  // are closed on the way out, once the work that records or waits for them is queued.
+  BatchEvents events;
+  events.early = early;
+  Gpu* early_gpu = nullptr;
+  Gpu* wait_gpu = nullptr;
   absl::Cleanup close = [&] {
-    if (event != nullptr) gpus[0]->runtime().DestroyEvent(gpus[0]->ordinal(), event);
+    if (events.wait != nullptr && events.wait != events.completion) {
+      wait_gpu->runtime().DestroyEvent(wait_gpu->ordinal(), events.wait);
+    }
+    if (events.completion != nullptr) early_gpu->runtime().DestroyEvent(early_gpu->ordinal(), events.completion);
   };
+  if (early != nullptr) {
+    for (size_t i = 0; i < jobs.size(); ++i) {
+      if (!jobs[i].source_ipc || !jobs[i].destination_ipc) {
+        return absl::InternalError(absl::StrCat("items[", i, "] is not IPC -> IPC under a completion event"));
+      }
+    }
+    WPREP_ASSIGN_OR_RETURN(events.completion, OpenClientEvent("completion_event", early->event_handle,
+                                                              early->event_gpu, gpus, jobs, &early_gpu));
+  }
+  if (ready != nullptr) {
+    if (early != nullptr && ready->handle == early->event_handle && ready->gpu == early->event_gpu) {
+      events.wait = events.completion;  // one event, waited for and then recorded
+      wait_gpu = early_gpu;
+    } else {
+      WPREP_ASSIGN_OR_RETURN(events.wait,
+                             OpenClientEvent("ready_event", ready->handle, ready->gpu, gpus, jobs, &wait_gpu));
+    }
+  }
   if (absl::Now() >= deadline) {
     return absl::DeadlineExceededError("the request's deadline passed before the batch started");
   }
   BatchOutcome out;
   out.items.resize(jobs.size());
+  auto events_of = [&](Gpu* g) {
+    BatchEvents e = events;
+    if (g != wait_gpu) e.wait = nullptr;
+    return e;
+  };
   if (early != nullptr) {
-    WPREP_RETURN_IF_ERROR(
-        RunBatchOnGpu(*gpus[0], jobs, by_gpu.begin()->second, mapped, inline_outputs, deadline, &out, early, event));
+    WPREP_RETURN_IF_ERROR(RunBatchOnGpu(*early_gpu, jobs, by_gpu.begin()->second, mapped, inline_outputs, deadline,
+                                        &out, events_of(early_gpu)));
     return out;
   }
   for (size_t i : on_cpu) {
@@ -218,7 +245,7 @@ absl::StatusOr<Executor::BatchOutcome> Executor::ConvertBatch(const std::vector<
   auto run = [&](size_t k) {
     partial[k].items.resize(jobs.size());
     results[k] = RunBatchOnGpu(*groups[k].first, jobs, *groups[k].second, mapped, inline_outputs, deadline,
-                               &partial[k], nullptr, nullptr);
+                               &partial[k], events_of(groups[k].first));
   };
   std::vector<std::thread> threads;
   for (size_t k = 0; k + 1 < groups.size(); ++k) {
@@ -240,7 +267,7 @@ absl::StatusOr<Executor::BatchOutcome> Executor::ConvertBatch(const std::vector<
 
 absl::Status Executor::RunBatchOnGpu(Gpu& gpu, const std::vector<ConvertJob>& jobs, const std::vector<size_t>& items,
                                      std::vector<Mapped>& mapped, const std::vector<std::string*>& inline_outputs,
-                                     absl::Time deadline, BatchOutcome* out, EarlyAnswer* early, Event event) {
+                                     absl::Time deadline, BatchOutcome* out, const BatchEvents& events) {
   // The items go round-robin over up to all of the GPU's streams, each a DeviceRun staged
   // for the largest host-side item, so any item can run on any lane. Only the first lane
   // waits for a stream and memory; the others are taken only if free at once. A batch
@@ -265,6 +292,11 @@ absl::Status Executor::RunBatchOnGpu(Gpu& gpu, const std::vector<ConvertJob>& jo
     runs.push_back(*std::move(more));
   }
   const size_t k = runs.size();
+  if (events.wait != nullptr) {
+    for (const auto& run : runs) {
+      WPREP_RETURN_IF_ERROR(gpu.runtime().StreamWaitEvent(gpu.ordinal(), run->stream(), events.wait));
+    }
+  }
   std::vector<std::vector<size_t>> lanes(k);
   for (size_t n = 0; n < items.size(); ++n) lanes[n % k].push_back(items[n]);
   for (size_t lane = 0; lane < k; ++lane) {
@@ -289,7 +321,7 @@ absl::Status Executor::RunBatchOnGpu(Gpu& gpu, const std::vector<ConvertJob>& jo
       }
     }
   }
-  if (early != nullptr) return HandOff(gpu, lanes, runs, items, mapped, early, event);
+  if (events.early != nullptr) return HandOff(gpu, lanes, runs, items, mapped, events.early, events.completion);
   // Every lane's launches, then their kernel times in launch order.
   for (size_t lane = 0; lane < k; ++lane) {
     WPREP_ASSIGN_OR_RETURN(std::vector<std::optional<double>> seconds, runs[lane]->Wait());

@@ -57,6 +57,13 @@ struct EarlyAnswer {
   absl::AnyInvocable<void(const absl::Status&, DeviceMetrics*, const std::vector<std::optional<double>>&) &&> done;
 };
 
+// The client's interprocess event a batch's work waits for on the GPU
+// (ConvertBatchRequest.ready_event), in place of the client's host waiting before the call.
+struct ReadyEvent {
+  std::string handle;  // kIpcEventHandleBytes of cudaIpcEventHandle_t
+  Uuid gpu{};          // the GPU the event was made on
+};
+
 // What ran, for the reply and for the call's single exit (metrics, log).
 struct ConvertOutcome {
   std::string engine;                    // "cpu" or "cuda:GPU-..."
@@ -89,9 +96,14 @@ class Executor {
   // with the other checks, recorded after every job's work, and the call returns once the
   // work is queued (the outcomes' kernel_seconds unset; early->done gets them). The
   // mappings stay leased, and early->keep held, until the work is done.
+  //
+  // With `ready`, every job with IPC memory must be on the event's GPU; the event is
+  // opened with the other checks (once, when it is early's event too), and every stream
+  // of that GPU the batch uses waits for it before the batch's first work there.
   absl::StatusOr<BatchOutcome> ConvertBatch(const std::vector<ConvertJob>& jobs,
                                             const std::vector<std::string*>& inline_outputs,
-                                            absl::Time deadline, EarlyAnswer* early = nullptr);
+                                            absl::Time deadline, EarlyAnswer* early = nullptr,
+                                            const ReadyEvent* ready = nullptr);
 
   // Batches answered early whose work is not done yet.
   size_t pending_completions() const { return completions_.pending(); }
@@ -114,17 +126,25 @@ class Executor {
   absl::StatusOr<Mapped> MapIpc(Gpu& gpu, const ConvertJob& job);
   // The batch jobs `items` of one GPU, over its streams; outcomes and the peak added to `out`.
   // With `early` (and its opened `event`), queues the work and hands it to completions_.
+  // With `wait`, every stream waits for it first.
+  struct BatchEvents {
+    EarlyAnswer* early = nullptr;
+    Event completion = nullptr;  // early's, opened
+    Event wait = nullptr;        // the ready event, opened, on this GPU
+  };
   absl::Status RunBatchOnGpu(Gpu& gpu, const std::vector<ConvertJob>& jobs, const std::vector<size_t>& items,
                              std::vector<Mapped>& mapped, const std::vector<std::string*>& inline_outputs,
-                             absl::Time deadline, BatchOutcome* out, EarlyAnswer* early, Event event);
+                             absl::Time deadline, BatchOutcome* out, const BatchEvents& events);
   // RunBatchOnGpu's end with `early`: joins the lanes, records the events, hands the
   // leases and timers to completions_.
   absl::Status HandOff(Gpu& gpu, const std::vector<std::vector<size_t>>& lanes,
                        std::vector<std::unique_ptr<DeviceRun>>& runs, const std::vector<size_t>& items,
                        std::vector<Mapped>& mapped, EarlyAnswer* early, Event event);
-  // The early answer's checks: its GPU (every job's), and its event, opened.
-  absl::StatusOr<Event> OpenEarlyEvent(const EarlyAnswer& early, const std::vector<Gpu*>& gpus,
-                                       const std::vector<ConvertJob>& jobs);
+  // A client event's checks: its GPU (`field`.device_uuid) is every IPC job's, and its
+  // handle opens there. Sets *gpu to that GPU.
+  absl::StatusOr<Event> OpenClientEvent(absl::string_view field, absl::string_view handle, const Uuid& uuid,
+                                        const std::vector<Gpu*>& gpus, const std::vector<ConvertJob>& jobs,
+                                        Gpu** gpu);
   absl::Time MemoryDeadline(absl::Time deadline) const;
 
   // Constant after construction.

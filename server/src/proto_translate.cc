@@ -237,16 +237,33 @@ absl::StatusOr<std::vector<ConvertJob>> BatchJobsFromProto(const v1::ConvertBatc
   return jobs;
 }
 
-absl::StatusOr<bool> CompletionEventFromProto(const v1::ConvertBatchRequest& req, const std::vector<ConvertJob>& jobs,
-                                              EarlyAnswer* early) {
-  if (!req.has_completion_event()) return false;
-  const v1::IpcEventRef& e = req.completion_event();
+namespace {
+
+// An IpcEventRef's handle (its size checked) and GPU; errors name `field`.
+absl::Status EventRefFromProto(const v1::IpcEventRef& e, absl::string_view field, std::string* handle, Uuid* gpu) {
   if (e.handle().size() != kIpcEventHandleBytes) {
-    return absl::InvalidArgumentError(absl::StrCat("completion_event.handle must be the ", kIpcEventHandleBytes,
+    return absl::InvalidArgumentError(absl::StrCat(field, ".handle must be the ", kIpcEventHandleBytes,
                                                    " bytes of a cudaIpcEventHandle_t, got ", e.handle().size(),
                                                    " bytes"));
   }
-  WPREP_ASSIGN_OR_RETURN(early->event_gpu, UuidFromWire(e.device_uuid(), "completion_event.device_uuid"));
+  WPREP_ASSIGN_OR_RETURN(*gpu, UuidFromWire(e.device_uuid(), absl::StrCat(field, ".device_uuid")));
+  *handle = e.handle();
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<bool> ReadyEventFromProto(const v1::ConvertBatchRequest& req, ReadyEvent* ready) {
+  if (!req.has_ready_event()) return false;
+  WPREP_RETURN_IF_ERROR(EventRefFromProto(req.ready_event(), "ready_event", &ready->handle, &ready->gpu));
+  return true;
+}
+
+absl::StatusOr<bool> CompletionEventFromProto(const v1::ConvertBatchRequest& req, const std::vector<ConvertJob>& jobs,
+                                              EarlyAnswer* early) {
+  if (!req.has_completion_event()) return false;
+  WPREP_RETURN_IF_ERROR(
+      EventRefFromProto(req.completion_event(), "completion_event", &early->event_handle, &early->event_gpu));
   for (size_t i = 0; i < jobs.size(); ++i) {
     if (!jobs[i].source_ipc || !jobs[i].destination_ipc) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -255,7 +272,6 @@ absl::StatusOr<bool> CompletionEventFromProto(const v1::ConvertBatchRequest& req
           "client reads on the GPU; leave completion_event unset for inline bytes"));
     }
   }
-  early->event_handle = e.handle();
   return true;
 }
 

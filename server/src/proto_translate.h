@@ -49,6 +49,8 @@ absl::StatusOr<std::vector<ConvertJob>> BatchJobsFromProto(const wprep::v1::Conv
 // request has none. Every item must then be IPC -> IPC (`jobs` are the request's).
 absl::StatusOr<bool> CompletionEventFromProto(const wprep::v1::ConvertBatchRequest& req,
                                               const std::vector<ConvertJob>& jobs, EarlyAnswer* early);
+// ConvertBatchRequest.ready_event into `ready`; false when the request has none.
+absl::StatusOr<bool> ReadyEventFromProto(const wprep::v1::ConvertBatchRequest& req, ReadyEvent* ready);
 // Fills `item` (whose one output was added, its inline bytes already set) from the job.
 void BatchItemToProto(const ConvertJob& job, const ConvertOutcome& outcome, wprep::v1::BatchItemResult* item);
 

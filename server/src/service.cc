@@ -365,6 +365,8 @@ absl::Status WeightPrepService::DoConvertBatch(grpc::ServerContext* ctx, const v
                          BatchJobsFromProto(req, BatchLimits{limits_.max_message_bytes, limits_.max_batch_items}));
   EarlyAnswer early;
   WPREP_ASSIGN_OR_RETURN(const bool answer_early, CompletionEventFromProto(req, jobs, &early));
+  ReadyEvent ready;
+  WPREP_ASSIGN_OR_RETURN(const bool wait_ready, ReadyEventFromProto(req, &ready));
   if (answer_early) {
     // The work outlives the call: it holds the admission ticket (a drain waits for it), and
     // its kernel times reach the metrics when it is done.
@@ -395,7 +397,7 @@ absl::Status WeightPrepService::DoConvertBatch(grpc::ServerContext* ctx, const v
   }
   WPREP_ASSIGN_OR_RETURN(Executor::BatchOutcome outcome,
                          executor_->ConvertBatch(jobs, inline_outputs, report.deadline(),
-                                                 answer_early ? &early : nullptr));
+                                                 answer_early ? &early : nullptr, wait_ready ? &ready : nullptr));
   for (size_t i = 0; i < jobs.size(); ++i) {
     BatchItemToProto(jobs[i], outcome.items[i], resp->mutable_items(static_cast<int>(i)));
     report.AddItem(jobs[i].plan.spec, TransportOf(jobs[i]), outcome.items[i].engine_metrics,

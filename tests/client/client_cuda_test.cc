@@ -5,9 +5,12 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <chrono>
 #include <cstring>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "daemon_harness.h"
@@ -197,6 +200,65 @@ TEST_F(ClientCudaTest, ACompletionEventOrdersTheClientsStreamAfterTheBatch) {
     EXPECT_TRUE(ev->Synchronize().ok());
   }
   cudaStreamDestroy(stream);
+  v1::ReleaseIpcHandlesRequest release;
+  for (v1::IpcHandleRef& ref : ex.ForgetAll()) *release.add_handles() = std::move(ref);
+  EXPECT_TRUE(client_->ReleaseIpcHandles(release).ok());
+}
+
+// With RecordReady the batch's work waits on the GPU for the client's stream: while a host
+// function holds the stream (the sources' producer, still busy when the request is sent)
+// the daemon answers, writes nothing, and the sources' real bytes, copied in after the
+// hold, are what it converts.
+TEST_F(ClientCudaTest, AReadyEventOrdersTheBatchAfterTheClientsStream) {
+  client::TensorConversion c;
+  c.spec.layout = Layout::kHopperValue;
+  c.spec.hopper = {-2, 3};
+  c.spec.packing_axis = -2;
+  c.logical_shape = {4, 4096, 4096};  // 32 MiB in and out
+  const std::vector<uint8_t> in = testing::SplitMix64Bytes(11, 32ull << 20);
+  const std::vector<uint8_t> want = Expected(c, in);
+  Pool source(in.size()), output(want.size()), copy(want.size());
+  void* staged = nullptr;  // pinned, so the copy into the source is asynchronous
+  ASSERT_EQ(cudaMallocHost(&staged, in.size()), cudaSuccess);
+  std::memcpy(staged, in.data(), in.size());
+  client::IpcExporter ex;
+  absl::StatusOr<client::CompletionEvent> ev = client::CompletionEvent::Create(0);
+  ASSERT_TRUE(ev.ok()) << ev.status();
+  cudaStream_t stream;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  for (int rep = 0; rep < 2; ++rep) {
+    ASSERT_EQ(cudaMemset(source.base, 0, source.size), cudaSuccess);
+    ASSERT_EQ(cudaMemset(output.base, 0, output.size), cudaSuccess);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    std::atomic<bool> go{false};
+    ASSERT_EQ(cudaLaunchHostFunc(
+                  stream,
+                  [](void* p) {
+                    while (!static_cast<std::atomic<bool>*>(p)->load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+                  },
+                  &go),
+              cudaSuccess);
+    ASSERT_EQ(cudaMemcpyAsync(source.base, staged, in.size(), cudaMemcpyHostToDevice, stream), cudaSuccess);
+    client::BatchBuilder b;
+    absl::StatusOr<v1::CudaIpcBuffer> src = ex.Export(source.base, in.size());
+    absl::StatusOr<v1::CudaIpcBuffer> dst = ex.Export(output.base, want.size());
+    ASSERT_TRUE(src.ok() && dst.ok());
+    b.AddIpc(c, *src, &*dst);
+    v1::ConvertBatchRequest req = b.Take();
+    ASSERT_TRUE(ev->RecordReady(stream, &req).ok());
+    ev->AttachTo(&req);
+    absl::StatusOr<v1::ConvertBatchResponse> r = client_->ConvertBatch(req);
+    ASSERT_TRUE(r.ok()) << r.status();
+    absl::SleepFor(absl::Milliseconds(200));
+    EXPECT_EQ(output.Get(0, 4096), std::vector<uint8_t>(4096, 0)) << "rep " << rep << ": written before the stream was ready";
+    go = true;
+    ASSERT_TRUE(ev->StreamWait(stream).ok());
+    ASSERT_EQ(cudaMemcpyAsync(copy.base, output.base, output.size, cudaMemcpyDeviceToDevice, stream), cudaSuccess);
+    ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+    EXPECT_EQ(copy.Get(0, want.size()), want) << "rep " << rep << ": converted before the sources were written";
+  }
+  cudaStreamDestroy(stream);
+  cudaFreeHost(staged);
   v1::ReleaseIpcHandlesRequest release;
   for (v1::IpcHandleRef& ref : ex.ForgetAll()) *release.add_handles() = std::move(ref);
   EXPECT_TRUE(client_->ReleaseIpcHandles(release).ok());

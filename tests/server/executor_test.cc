@@ -488,6 +488,69 @@ TEST(Executor, EarlyAnswerChecksTheEventsGpuAndHandleBeforeAnyWork) {
   EXPECT_EQ(p.executor->pending_completions(), 0u);
 }
 
+// A ready event (ConvertBatchRequest.ready_event) stands for the client's host waiting
+// before the call: every stream the batch uses waits for it before its first item, so
+// every item runs after it; the event is opened once, even when it is the completion
+// event too, and closed once the work is queued.
+TEST(Executor, EveryStreamOfABatchWaitsForItsReadyEventBeforeAnyItem) {
+  for (const char* mode : {"ready", "ready and completion, one event", "ready and completion, two events"}) {
+    SCOPED_TRACE(mode);
+    Parts p(1);  // fresh streams: none has waited for anything yet
+    IpcBatch b(p.runtime, 8, [](size_t) { return 0; });
+    ASSERT_EQ(b.jobs.size(), 8u);
+    server::ReadyEvent ready;
+    ready.handle = p.runtime.ExportEventHandle(0);
+    ready.gpu = FakeRuntime::FakeUuid(0);
+    const bool with_early = std::string(mode) != "ready";
+    const bool one_event = std::string(mode) == "ready and completion, one event";
+    server::EarlyAnswer early;
+    early.event_handle = one_event ? ready.handle : p.runtime.ExportEventHandle(0);
+    early.event_gpu = FakeRuntime::FakeUuid(0);
+    absl::StatusOr<Executor::BatchOutcome> r = p.executor->ConvertBatch(
+        b.jobs, b.inline_outputs, absl::InfiniteFuture(), with_early ? &early : nullptr, &ready);
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_TRUE(WaitFor([&] { return p.executor->pending_completions() == 0; }));
+    for (size_t i = 0; i < b.cases.size(); ++i) {
+      EXPECT_TRUE(MatchesGolden(*b.cases[i], std::string(b.outs[i].ptr, b.outs[i].ptr + b.cases[i]->output_bytes)))
+          << b.cases[i]->name;
+    }
+    const FakeRuntime::Counts c = p.runtime.counts(0);
+    EXPECT_EQ(c.converts, 8);
+    EXPECT_EQ(c.converts_after_ipc_wait, 8) << "an item ran on a stream that had not waited for the ready event";
+    EXPECT_GE(c.ipc_event_waits, 1);
+    EXPECT_LE(c.ipc_event_waits, p.devices->gpu(0).streams()) << "a stream waited more than once";
+    EXPECT_EQ(c.ipc_event_opens, one_event || !with_early ? 1 : 2);
+    EXPECT_EQ(c.ipc_event_records, with_early ? 1 : 0);
+    if (with_early) {
+      EXPECT_EQ(c.converts_at_ipc_event_record, 8);
+    }
+    EXPECT_EQ(c.ipc_events_alive, 0) << "a client's event was left open";
+  }
+}
+
+// A ready event's checks come with the others: its GPU must hold every item's IPC memory
+// and its handle must open; a refused batch writes nothing and leaves no event open.
+TEST(Executor, ReadyEventChecksItsGpuAndHandleBeforeAnyWork) {
+  Parts p(2);
+  IpcBatch b(p.runtime, 3, [](size_t) { return 0; });
+  ASSERT_EQ(b.jobs.size(), 3u);
+  auto expect_invalid = [&](server::ReadyEvent ready, const std::string& what) {
+    absl::Status s = p.executor->ConvertBatch(b.jobs, b.inline_outputs, absl::InfiniteFuture(), nullptr, &ready)
+                         .status();
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    EXPECT_NE(s.message().find(what), std::string::npos) << s;
+  };
+  expect_invalid({p.runtime.ExportEventHandle(1), FakeRuntime::FakeUuid(1)}, "items[0] is on GPU");
+  expect_invalid({p.runtime.ExportEventHandle(0), FakeRuntime::FakeUuid(9)}, "ready_event.device_uuid");
+  const std::string forgotten = p.runtime.ExportEventHandle(0);
+  p.runtime.ForgetEventHandle(forgotten);
+  expect_invalid({forgotten, FakeRuntime::FakeUuid(0)}, "ready_event.handle cannot be opened");
+  EXPECT_EQ(p.runtime.totals().converts, 0) << "a conversion ran before the checks";
+  EXPECT_TRUE(b.Untouched());
+  EXPECT_EQ(p.runtime.totals().events_alive, 0) << "a refused batch made or kept an event";
+  EXPECT_EQ(p.runtime.totals().ipc_event_waits, 0);
+}
+
 // The completions thread finishes work in the order it was added, once its event's wait
 // returns; at most max_pending pieces wait at once, and Add blocks for room beyond that
 // (an early answer's handler then waits, rather than the daemon holding ever more

@@ -93,6 +93,8 @@ FakeRuntime::Counts FakeRuntime::totals() const {
     t.ipc_events_alive += c.ipc_events_alive;
     t.ipc_event_opens += c.ipc_event_opens;
     t.ipc_event_records += c.ipc_event_records;
+    t.ipc_event_waits += c.ipc_event_waits;
+    t.converts_after_ipc_wait += c.converts_after_ipc_wait;
     t.device_bytes_now += c.device_bytes_now;
   }
   for (const auto& [p, b] : pinned_) t.pinned_bytes_now += b;
@@ -119,7 +121,10 @@ absl::StatusOr<Stream> FakeRuntime::CreateStream(int gpu) {
   return reinterpret_cast<Stream>(static_cast<uintptr_t>(next_stream_++ * 16));
 }
 
-void FakeRuntime::DestroyStream(int, Stream) {}
+void FakeRuntime::DestroyStream(int, Stream stream) {
+  absl::MutexLock lock(&mu_);
+  waited_streams_.erase(stream);
+}
 
 absl::Status FakeRuntime::ConfigurePool(int gpu, uint64_t) { return CheckGpu(gpu); }
 
@@ -162,11 +167,13 @@ absl::Status FakeRuntime::CopyToHostAsync(int gpu, void* dst, const void* src, u
   return absl::OkStatus();
 }
 
-absl::Status FakeRuntime::Convert(int gpu, const Plan& plan, const void* in, void* out, Stream) {
+absl::Status FakeRuntime::Convert(int gpu, const Plan& plan, const void* in, void* out, Stream stream) {
   if (absl::Status s = CheckGpu(gpu); !s.ok()) return s;
   {
     absl::MutexLock lock(&mu_);
-    counts_[static_cast<size_t>(gpu)].converts++;
+    Counts& c = counts_[static_cast<size_t>(gpu)];
+    c.converts++;
+    if (waited_streams_.count(stream) > 0) c.converts_after_ipc_wait++;
   }
   return ConvertOnCpu(plan, static_cast<const uint8_t*>(in), plan.input_bytes, static_cast<uint8_t*>(out),
                       plan.output_bytes, CpuOptions{1});
@@ -243,9 +250,13 @@ absl::Status FakeRuntime::RecordEvent(int gpu, server::Event event, Stream) {
   return absl::OkStatus();
 }
 
-absl::Status FakeRuntime::StreamWaitEvent(int gpu, Stream, server::Event event) {
-  if (reinterpret_cast<const FakeEvent*>(event)->gpu != gpu) {
-    return absl::InternalError("a wait for an event of another fake GPU");
+absl::Status FakeRuntime::StreamWaitEvent(int gpu, Stream stream, server::Event event) {
+  const auto* e = reinterpret_cast<const FakeEvent*>(event);
+  if (e->gpu != gpu) return absl::InternalError("a wait for an event of another fake GPU");
+  if (e->ipc) {
+    absl::MutexLock lock(&mu_);
+    counts_[static_cast<size_t>(gpu)].ipc_event_waits++;
+    waited_streams_.insert(stream);
   }
   return absl::OkStatus();
 }

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -66,6 +67,8 @@ class FakeRuntime final : public server::DeviceRuntime {
     int ipc_event_opens = 0;
     int ipc_event_records = 0;  // records of a client's event
     int converts_at_ipc_event_record = -1;  // `converts` when it was last recorded
+    int ipc_event_waits = 0;          // streams made to wait for a client's event
+    int converts_after_ipc_wait = 0;  // on a stream that had waited for a client's event
     uint64_t device_bytes_now = 0;  // allocated and not yet freed, every GPU
     uint64_t pinned_bytes_now = 0;
   };
@@ -121,6 +124,7 @@ class FakeRuntime final : public server::DeviceRuntime {
     bool ipc = false;
   };
   std::map<std::string, int> event_handles_ ABSL_GUARDED_BY(mu_);  // handle -> gpu
+  std::set<Stream> waited_streams_ ABSL_GUARDED_BY(mu_);  // waited for a client's event
   bool hold_event_waits_ ABSL_GUARDED_BY(mu_) = false;
   int event_waiters_ ABSL_GUARDED_BY(mu_) = 0;
   bool pinned_fails_ ABSL_GUARDED_BY(mu_) = false;

@@ -1039,6 +1039,13 @@ TEST(FaultFakeGpu, CompletionEventAnswersOnceQueuedAndDrainWaitsForTheWork) {
     r.mutable_completion_event()->set_device_uuid("x");
     expect_invalid(r, "completion_event.device_uuid");
     r.mutable_completion_event()->set_device_uuid(d.Uuid());
+    r.mutable_ready_event()->set_handle(std::string(63, 'x'));
+    r.mutable_ready_event()->set_device_uuid(d.Uuid());
+    expect_invalid(r, "ready_event.handle");
+    r.mutable_ready_event()->set_handle(fake.ExportEventHandle(0));
+    r.mutable_ready_event()->set_device_uuid(std::string(15, 'u'));
+    expect_invalid(r, "ready_event.device_uuid");
+    r.clear_ready_event();
     r.mutable_items(1)->mutable_convert()->mutable_destination()->clear_ipc();
     expect_invalid(r, "items[1].convert.destination.ipc");
   }

@@ -96,6 +96,12 @@ CompletionEvent::~CompletionEvent() {
   cudaGetLastError();
 }
 
+absl::Status CompletionEvent::RecordReady(CUstream_st* stream, wprep::v1::ConvertBatchRequest* request) const {
+  WPREP_CLIENT_CUDA(cudaEventRecord(event_, stream));
+  *request->mutable_ready_event() = ref_;
+  return absl::OkStatus();
+}
+
 absl::Status CompletionEvent::StreamWait(CUstream_st* stream) const {
   WPREP_CLIENT_CUDA(cudaStreamWaitEvent(stream, event_, 0));
   return absl::OkStatus();

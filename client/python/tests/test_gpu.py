@@ -472,6 +472,36 @@ def test_gpu_stream_completion_orders_the_current_stream_after_the_daemons_work(
     assert gpu.release(srcs + outs) >= 1
 
 
+def test_gpu_stream_completion_reads_the_inputs_after_the_work_queued_before_the_call():
+    torch = _torch()
+    gpu, ref = _client("gpu"), _client("cpu")
+    spec, shape = Spec("hopper_value", mx_axis=-2, mma_version=3, packing_axis=-2), [16, 4096, 4096]
+    p = gpu.plan(spec, shape)
+    data = [_random(torch, p.input_shape, 660 + i) for i in range(2)]
+    srcs = [torch.zeros_like(d) for d in data]
+    outs = [torch.zeros(p.output_bytes, dtype=torch.uint8, device="cuda") for _ in srcs]
+    gpu.register(srcs + outs)
+    stream = torch.cuda.current_stream()
+    for rep in range(2):
+        for s in srcs:
+            s.zero_()
+        torch.cuda.synchronize()
+        # The producer, still busy when the request goes: a GPU spin of about a second, then
+        # the sources' real bytes. The daemon must read them after both, with the host
+        # waiting for neither.
+        torch.cuda._sleep(2_000_000_000)
+        for s, d in zip(srcs, data):
+            s.copy_(d)
+        r = gpu.convert_batch([Item(spec, shape, s, out=o) for s, o in zip(srcs, outs)], completion="stream")
+        assert not stream.query(), "the call waited on the host for the producer's work"
+        copies = [o.clone() for o in outs]
+        for i, c in enumerate(copies):
+            want = _reference_per_matrix(ref, spec, shape, data[i])
+            assert _memory(c, p.output_bytes) == want, f"rep {rep}, item {i}: the daemon read before the producer wrote"
+        assert len(r) == 2
+    assert gpu.release(srcs + outs) >= 1
+
+
 def test_gpu_stream_completion_needs_cuda_tensors_in_and_out():
     torch = _torch()
     import numpy as np

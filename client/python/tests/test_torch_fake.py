@@ -27,6 +27,7 @@ class Recorder:
         self.released = []
         self.synced = []
         self.waits = []
+        self.records = []
 
 
 class FakeAllocation:
@@ -152,6 +153,9 @@ def make_torch(rec):
 
         def ipc_handle(self):
             return bytes([self.n, self.device]) + b"E" * 62
+
+        def record(self, stream):
+            rec.records.append((stream.d, self))
 
     class device:
         def __init__(self, index):
@@ -444,6 +448,11 @@ def test_stream_completion_sends_a_pooled_event_and_waits_on_it_after_the_answer
     assert len(ev.handle) == 64 and ev.handle[1] == dev, "the event is made on the items' device"
     assert ev.device_uuid == bytes((dev * 16 + k) & 255 for k in range(16))
     assert rec.waits == []
+    # Ordered on the GPU both ways with one event: recorded on the device's current stream
+    # before sending (the daemon waits for it there), and no host synchronization.
+    assert call.request.ready_event == ev
+    assert len(rec.records) == 1 and rec.records[0][0] == dev and rec.records[0][1].ipc_handle() == ev.handle
+    assert rec.synced == [], "completion='stream' made the host wait for the stream"
     def resp_of(n):
         resp = pb.ConvertBatchResponse()
         for _ in range(n):
@@ -469,7 +478,9 @@ def test_stream_completion_sends_a_pooled_event_and_waits_on_it_after_the_answer
     assert fourth.request.completion_event.handle == third.request.completion_event.handle
     # host completion sends no event
     host = _requests.batch_call([item(5)], None, {}, _torch.Registry(), None, "host", pool)
-    assert not host.request.HasField("completion_event")
+    assert not host.request.HasField("completion_event") and not host.request.HasField("ready_event")
+    assert rec.synced == [dev], "completion='host' synchronizes the stream before sending"
+    assert len(rec.records) == 4
 
 
 def test_stream_completion_refuses_host_items_and_two_gpus(fake):

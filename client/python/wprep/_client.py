@@ -91,6 +91,10 @@ class Client:
     the current stream of each GPU involved), so the producer's writes are complete when
     the daemon reads. When a call returns, the daemon has synchronized its own stream:
     every output byte is written and any stream of the caller may use it, no wait needed.
+    A batch with completion="stream" is ordered on the GPU instead, both ways, like a
+    kernel launched on `stream`: the daemon's work waits for the work queued on `stream`
+    before the call (an interprocess event the client records there), and work queued on
+    `stream` after the call waits for the daemon's; the host waits for neither.
     """
 
     def __init__(
@@ -279,10 +283,12 @@ class Client:
         scales, a layer, a model. Every item is validated before any work starts; one bad item
         fails the call with INVALID_ARGUMENT naming it ("items[3]...") and nothing is written.
 
-        completion: "host" (default) returns once the work is done; "stream" (CUDA tensors in
-        and out, one GPU) returns as soon as the daemon has queued it, with the outputs ready
-        for work queued on `stream` (default: the device's current stream) after the call, as
-        after a kernel launched there; the results' kernel_seconds are then 0.
+        completion: "host" (default) synchronizes `stream` first and returns once the work is
+        done; "stream" (CUDA tensors in and out, one GPU) is ordered on the GPU like a kernel
+        launched on `stream` (default: the device's current stream): the daemon's work runs
+        after the work queued there before the call, the outputs are ready for work queued
+        there after it, and the call returns as soon as the daemon has queued its work, with
+        no host wait either side; the results' kernel_seconds are then 0.
         """
         return self._run(self._batch_call(items, device_uuid, stream, timeout, completion), timeout)
 

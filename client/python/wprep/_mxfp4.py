@@ -213,13 +213,14 @@ def swizzle_mxfp4(
     CUDA device. num_warps: the Hopper scale layout's (the matmul's warps). Returns the
     swizzled values and scales (torch tensors as convert_layout lays them out), their layout
     identities and, with triton_kernels, the Tensor objects matmul_ogs takes
-    (SwizzledMXFP4.as_triton()). The inputs are read in place and left unchanged; the stream
-    `stream` (default: the current one) is synchronized before the daemon reads them.
+    (SwizzledMXFP4.as_triton()). The inputs are read in place and left unchanged.
 
-    completion: "stream" (default) returns as soon as the daemon has queued the work, like the
-    torch operations convert_layout runs: the outputs are ready for work queued on `stream`
-    (default: the current stream) from then on, and kernel_seconds is 0. "host" returns once
-    the work is done, with the engine's time in kernel_seconds.
+    completion: "stream" (default) is ordered like the torch operations convert_layout runs
+    on `stream` (default: the current stream): the daemon reads the inputs after the work
+    queued there before the call, the outputs are ready for work queued there after it,
+    the host waits for neither, and kernel_seconds is 0. "host" synchronizes `stream`
+    before the call and returns once the work is done, with the engine's time in
+    kernel_seconds.
     """
     return swizzle_mxfp4_batch([(values, scales)], num_warps, client=client,
                                out=None if out is None else [out], stream=stream, triton=triton,

@@ -259,9 +259,18 @@ def batch_call(
         index = _early_answer_device(sides)
         assert events is not None
         event = events.take(index)
+        # One event both ways: recorded here after the work queued so far on `stream` (the
+        # daemon's streams wait for it on the GPU, so the host waits for nothing), then
+        # recorded by the daemon after its own work, which `stream` waits for after the answer.
+        import torch
+
+        event[0].record(stream if stream is not None else torch.cuda.current_stream(index))
+        uuid = _torch.device_uuid(index)
+        r.ready_event.handle = event[1]
+        r.ready_event.device_uuid = uuid
         r.completion_event.handle = event[1]
-        r.completion_event.device_uuid = _torch.device_uuid(index)
-    if devices:
+        r.completion_event.device_uuid = uuid
+    elif devices:
         _torch.synchronize(devices, stream)
 
     def finish(resp: pb.ConvertBatchResponse) -> BatchResult:

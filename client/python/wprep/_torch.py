@@ -18,7 +18,8 @@ How a tensor becomes a buffer the daemon can open:
   right away (torch.UntypedStorage._release_ipc_counter_cuda); the client itself keeps the
   tensors alive until the daemon has answered. Each _share_cuda_ also records an interprocess
   event on the current stream, which the daemon does not use: ordering is the client's
-  stream synchronization (Client.convert's `stream`).
+  stream synchronization (Client.convert's `stream`), or, with completion="stream", an
+  event of EventPool recorded on that stream, which the daemon waits for on the GPU.
 - GPUs are named by UUID (torch.cuda.get_device_properties(i).uuid), never by ordinal.
 """
 
@@ -272,8 +273,8 @@ def empty_output(like: Any, shape: Sequence[int], strides: Sequence[int], nbytes
 
 
 class EventPool:
-    """Interprocess CUDA events for answers that come once the work is queued
-    (ConvertBatchRequest.completion_event), per device, made once and reused.
+    """Interprocess CUDA events for batches ordered on the GPU (ConvertBatchRequest.ready_event
+    and completion_event, one event for both), per device, made once and reused.
 
     An event is taken for one call and given back once the daemon has answered. The daemon
     may record a client's event until its handler ends, which can be after a call failed on
