@@ -56,11 +56,19 @@ bool DispatchTile(const Geometry& g, Fn&& fn) {
                     : fn.template operator()<GenericTile<Op::kBlackwellRetile>>();
       return true;
     case Op::kHopperScaleSwizzle:
-      columns ? fn.template operator()<HopperScaleColumnsTile<Op::kHopperScaleSwizzle>>()
-              : fn.template operator()<HopperScaleRowsTile<Op::kHopperScaleSwizzle>>();
+      if (!columns) {
+        // Two chunks a thread halve the tiles of wide O rows; narrow ones would leave half
+        // the threads of each tile idle.
+        g.hopper_scale.cols_pad / 2 >= 128 ? fn.template operator()<HopperScaleRowsTile<Op::kHopperScaleSwizzle, 2>>()
+                                           : fn.template operator()<HopperScaleRowsTile<Op::kHopperScaleSwizzle, 1>>();
+      } else if (g.hopper_scale.cols_pad / 2 >= 128 || g.hopper_scale.out_rows < 16) {
+        fn.template operator()<HopperScaleColumnsSwizzleTile<2>>();  // wide O rows
+      } else {
+        fn.template operator()<HopperScaleColumnsSwizzleTile<16>>();  // few blocks a row
+      }
       return true;
     case Op::kHopperScaleUnswizzle:
-      columns ? fn.template operator()<HopperScaleColumnsTile<Op::kHopperScaleUnswizzle>>()
+      columns ? fn.template operator()<HopperScaleColumnsUnswizzleTile>()
               : fn.template operator()<HopperScaleRowsTile<Op::kHopperScaleUnswizzle>>();
       return true;
     case Op::kBlackwellScaleSwizzle:

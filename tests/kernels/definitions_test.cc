@@ -144,9 +144,6 @@ TEST(EngineVsDefinitions, ViewsEqualTheDenseConversion) {
 // What loaders pass: scales [E, K/32, N] as the transposed view of the checkpoint's
 // [E, N, K/32], with the sizes of a real expert.
 TEST(EngineVsDefinitions, LoaderTransposedScaleViews) {
-  const std::vector<int64_t> shape = {4, 90, 2880};  // K/32 = 90 groups, N = 2880
-  const auto checkpoint = testing::RandomBytes(4 * 2880 * 90, 5);
-  const std::vector<int64_t> strides = {2880 * 90, 1, 90};
   std::vector<ConversionSpec> specs;
   for (int mx : {-1, -2}) {
     for (int nw : {4, 8}) {
@@ -156,13 +153,42 @@ TEST(EngineVsDefinitions, LoaderTransposedScaleViews) {
       specs.push_back(s);
     }
   }
-  ConversionSpec b;
-  b.layout = Layout::kBlackwellScale;
-  specs.push_back(b);
-  for (const ConversionSpec& spec : specs) {
-    SCOPED_TRACE(Describe(spec));
-    const Plan view = MustPlan(spec, shape, InputBinding{strides, checkpoint.size()});
-    EXPECT_EQ(Cpu(view, checkpoint, 2), testing::ReferenceConvert(view, checkpoint));
+  ConversionSpec bw;
+  bw.layout = Layout::kBlackwellScale;
+  specs.push_back(bw);
+  // K/32 = 90 groups, N = 2880; and the [2, 4096, 128] view of the scale benchmark's shape,
+  // whose mx_axis -2 runs a = 1 are all padding with num_warps 8.
+  for (const std::vector<int64_t>& shape : {std::vector<int64_t>{4, 90, 2880}, std::vector<int64_t>{2, 4096, 128}}) {
+    const int64_t m = shape[1], k = shape[2];
+    const auto checkpoint = testing::RandomBytes(static_cast<uint64_t>(shape[0] * m * k), 5);
+    const std::vector<int64_t> strides = {m * k, 1, m};
+    for (const ConversionSpec& spec : specs) {
+      SCOPED_TRACE(Describe(spec) + " " + ShapeName(shape));
+      const Plan view = MustPlan(spec, shape, InputBinding{strides, checkpoint.size()});
+      EXPECT_EQ(Cpu(view, checkpoint, 2), testing::ReferenceConvert(view, checkpoint));
+    }
+  }
+}
+
+// Dense scales of real experts, both directions: O rows of few blocks (N = 90 groups wide
+// with mx_axis -2) and many, and runs of padding (num_warps 8).
+TEST(EngineVsDefinitions, DenseExpertScaleShapes) {
+  for (const std::vector<int64_t>& shape : {std::vector<int64_t>{2, 90, 5760}, std::vector<int64_t>{3, 5760, 90},
+                                            std::vector<int64_t>{2, 4096, 128}}) {
+    for (Direction dir : {Direction::kSwizzle, Direction::kUnswizzle}) {
+      for (int mx : {-1, -2}) {
+        for (int nw : {4, 8}) {
+          ConversionSpec spec;
+          spec.layout = Layout::kHopperScale;
+          spec.direction = dir;
+          spec.hopper_scale = {mx, nw};
+          SCOPED_TRACE(Describe(spec) + " " + ShapeName(shape));
+          const Plan plan = MustPlan(spec, shape);
+          const auto x = testing::RandomBytes(plan.input_bytes, 17);
+          EXPECT_EQ(Cpu(plan, x, 2), testing::ReferenceConvert(plan, x));
+        }
+      }
+    }
   }
 }
 

@@ -527,20 +527,22 @@ WPREP_HD HopperScaleTiling MakeHopperScaleTiling(int mx_axis, int num_warps, int
 // and col = 2*k0 + d, O[m0*nw + w, 64*k0 + 32*a + 4*c + 2*d + b] = S[r, col].
 WPREP_HD void HopperScaleSource(const HopperScaleTiling& t, int64_t orow, int64_t ocol,
                                 int64_t* r, int64_t* col) {
-  const int64_t nw = t.num_warps;
-  const int64_t m0 = orow / nw, w = orow - m0 * nw;
+  const int64_t nw = t.num_warps;  // a power of two: w = orow mod nw, nw*m0 = orow - w
+  const int64_t w = orow & (nw - 1);
   const int64_t k0 = ocol >> 6, a = (ocol >> 5) & 1, c = (ocol >> 2) & 7, d = (ocol >> 1) & 1,
                 b = ocol & 1;
-  *r = 32 * nw * m0 + 16 * nw * a + 16 * w + 8 * b + c;
+  *r = 32 * (orow - w) + 16 * nw * a + 16 * w + 8 * b + c;
   *col = 2 * k0 + d;
 }
 
 // First S row of the 16-row run (a, b = 0, c = 0..7 and b = 1) that O row `orow` takes
 // for half a (0 or 1): the runs a tile moves as 16 contiguous column bytes.
 WPREP_HD int64_t HopperScaleRunRow(const HopperScaleTiling& t, int64_t orow, int a) {
+  // num_warps is a power of two (the plan checks), so w = orow mod nw and nw*m0 = orow - w:
+  // no division in the kernels' per-tile index math.
   const int64_t nw = t.num_warps;
-  const int64_t m0 = orow / nw, w = orow - m0 * nw;
-  return 32 * nw * m0 + 16 * nw * a + 16 * w;
+  const int64_t w = orow & (nw - 1);
+  return 32 * (orow - w) + 16 * nw * a + 16 * w;
 }
 
 // Blackwell scale storage of one matrix of the scale tensor [K, N]: Kp = rup(K, 8),
