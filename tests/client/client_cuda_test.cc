@@ -155,16 +155,22 @@ TEST_F(ClientCudaTest, ACheckpointPairConvertsInOneBatch) {
   EXPECT_TRUE(client_->ReleaseIpcHandles(release).ok());
 }
 
+// The loaders' value conversion (Hopper, mma 3, from checkpoint order) of 32 MiB in and out.
+client::TensorConversion CheckpointHopperValues32MiB() {
+  client::TensorConversion c;
+  c.spec.layout = Layout::kHopperValue;
+  c.spec.hopper = {-2, 3};
+  c.spec.packing_axis = -2;
+  c.logical_shape = {4, 4096, 4096};
+  return c;
+}
+
 // A batch with a CompletionEvent is answered once its work is queued: a copy queued on the
 // client's stream after StreamWait reads the finished outputs (the batch's 8 x 32 MiB keep
 // the GPU busy well past the answer), and Synchronize waits for them on the host. The
 // answer's kernel times are 0.
 TEST_F(ClientCudaTest, ACompletionEventOrdersTheClientsStreamAfterTheBatch) {
-  client::TensorConversion c;
-  c.spec.layout = Layout::kHopperValue;
-  c.spec.hopper = {-2, 3};
-  c.spec.packing_axis = -2;
-  c.logical_shape = {4, 4096, 4096};  // 32 MiB in and out
+  const client::TensorConversion c = CheckpointHopperValues32MiB();
   const std::vector<uint8_t> in = testing::SplitMix64Bytes(9, 32ull << 20);
   const std::vector<uint8_t> want = Expected(c, in);
   constexpr int kItems = 8;
@@ -210,11 +216,7 @@ TEST_F(ClientCudaTest, ACompletionEventOrdersTheClientsStreamAfterTheBatch) {
 // the daemon answers, writes nothing, and the sources' real bytes, copied in after the
 // hold, are what it converts.
 TEST_F(ClientCudaTest, AReadyEventOrdersTheBatchAfterTheClientsStream) {
-  client::TensorConversion c;
-  c.spec.layout = Layout::kHopperValue;
-  c.spec.hopper = {-2, 3};
-  c.spec.packing_axis = -2;
-  c.logical_shape = {4, 4096, 4096};  // 32 MiB in and out
+  const client::TensorConversion c = CheckpointHopperValues32MiB();
   const std::vector<uint8_t> in = testing::SplitMix64Bytes(11, 32ull << 20);
   const std::vector<uint8_t> want = Expected(c, in);
   Pool source(in.size()), output(want.size()), copy(want.size());
