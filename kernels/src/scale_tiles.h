@@ -167,9 +167,10 @@ struct HopperScaleRowsTile {
     c->orow = ORow(ctx, c->o);
     return c->k0 < g.hopper_scale.cols_pad / 2 && c->orow < g.hopper_scale.out_rows;
   }
-  // The chunk's byte in the matrix's O.
-  WPREP_HD static int64_t OOffset(const Geometry& g, const TileCtx& ctx, const OChunk& c) {
-    return c.orow * g.hopper_scale.out_cols + 64 * c.k0 + 32 * Run(ctx) + 16 * c.h;
+  // The chunk's byte in the matrix's O, whose rows are `row_bytes` apart (the swizzle's
+  // dense output, or the unswizzle's input view).
+  WPREP_HD static int64_t OOffset(const TileCtx& ctx, const OChunk& c, int64_t row_bytes) {
+    return c.orow * row_bytes + 64 * c.k0 + 32 * Run(ctx) + 16 * c.h;
   }
 
   template <class Ld>
@@ -184,7 +185,7 @@ struct HopperScaleRowsTile {
         // Runs wholly in the padding are never stored: skip their loads.
         const bool needed = GetOChunk(g, ctx, vt, n, &c) &&
                             HopperScaleRunRow(g.hopper_scale, c.orow, Run(ctx)) < g.hopper_scale.rows;
-        const uint8_t* p = ctx.in + c.orow * g.in_stride[0] + 64 * c.k0 + 32 * Run(ctx) + 16 * c.h;
+        const uint8_t* p = ctx.in + OOffset(ctx, c, g.in_stride[0]);
         ld.template Row<4>(4 * n, needed ? p : ctx.in, needed ? kChunk : 0, access.vec_in);
       }
     }
@@ -228,7 +229,7 @@ struct HopperScaleRowsTile {
           w[i] = HopperScaleWord(LoadHalf(window + SmemByte(p, 2 * c.k0l)),
                                  LoadHalf(window + SmemByte(p + 8, 2 * c.k0l)));
         }
-        uint8_t* dst = ctx.out + OOffset(g, ctx, c);
+        uint8_t* dst = ctx.out + OOffset(ctx, c, g.hopper_scale.out_cols);
         StoreRowWords<4>(dst, kChunk, w, access.vec_out);
         if (ZeroSecondRuns(g)) {
           const uint32_t zero[4] = {0, 0, 0, 0};

@@ -24,6 +24,8 @@ bool DispatchTile(const Geometry& g, Fn&& fn) {
   const bool mma2 = g.mma_version == 2;
   const bool in16 = ChunksStayInTiles(g.in_tiling), out16 = ChunksStayInTiles(g.out_tiling);
   const bool columns = g.scale_access == ScaleAccess::kColumns;
+  // Hopper scale O rows of 128 blocks or more, a whole tile's width of the wide tiles.
+  const bool wide = g.hopper_scale.cols_pad / 2 >= HopperScaleColumnsSwizzleTile<2>::kTileBlocks;
   switch (g.op) {
     case Op::kHopperSwizzle:
       if (along) {
@@ -59,9 +61,9 @@ bool DispatchTile(const Geometry& g, Fn&& fn) {
       if (!columns) {
         // Two chunks a thread halve the tiles of wide O rows; narrow ones would leave half
         // the threads of each tile idle.
-        g.hopper_scale.cols_pad / 2 >= 128 ? fn.template operator()<HopperScaleRowsTile<Op::kHopperScaleSwizzle, 2>>()
-                                           : fn.template operator()<HopperScaleRowsTile<Op::kHopperScaleSwizzle, 1>>();
-      } else if (g.hopper_scale.cols_pad / 2 >= 128 || g.hopper_scale.out_rows < 16) {
+        wide ? fn.template operator()<HopperScaleRowsTile<Op::kHopperScaleSwizzle, 2>>()
+             : fn.template operator()<HopperScaleRowsTile<Op::kHopperScaleSwizzle, 1>>();
+      } else if (wide || g.hopper_scale.out_rows < 16) {
         fn.template operator()<HopperScaleColumnsSwizzleTile<2>>();  // wide O rows
       } else {
         fn.template operator()<HopperScaleColumnsSwizzleTile<16>>();  // few blocks a row

@@ -265,11 +265,9 @@ def batch_call(
         import torch
 
         event[0].record(stream if stream is not None else torch.cuda.current_stream(index))
-        uuid = _torch.device_uuid(index)
         r.ready_event.handle = event[1]
-        r.ready_event.device_uuid = uuid
-        r.completion_event.handle = event[1]
-        r.completion_event.device_uuid = uuid
+        r.ready_event.device_uuid = _torch.device_uuid(index)
+        r.completion_event.CopyFrom(r.ready_event)
     elif devices:
         _torch.synchronize(devices, stream)
 
