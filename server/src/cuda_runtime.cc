@@ -39,6 +39,24 @@ GetAddressRangeFn AddressRangeFn() {
   return fn;
 }
 
+using WriteValue32Fn = CUresult (*)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
+
+// cuStreamWriteValue32 (its CUDA 12 form) from the loaded driver; nullptr when unavailable.
+WriteValue32Fn WriteValueFn() {
+  static WriteValue32Fn fn = []() -> WriteValue32Fn {
+    void* p = nullptr;
+    cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
+    if (cudaGetDriverEntryPointByVersion("cuStreamWriteValue32", &p, 12000, cudaEnableDefault, &q) !=
+            cudaSuccess ||
+        q != cudaDriverEntryPointSuccess) {
+      cudaGetLastError();
+      return nullptr;
+    }
+    return reinterpret_cast<WriteValue32Fn>(p);
+  }();
+  return fn;
+}
+
 class CudaTimer final : public DeviceTimer {
  public:
   explicit CudaTimer(int gpu) {
@@ -183,6 +201,18 @@ class Cuda final : public DeviceRuntime {
     return WPREP_CUDA_STATUS(cudaEventSynchronize(e));
   }
 
+  absl::Status WriteValue32(int gpu, Stream stream, void* ptr, uint32_t value) override {
+    WriteValue32Fn fn = WriteValueFn();
+    if (fn == nullptr) return absl::InternalError("cuStreamWriteValue32 is not available from the CUDA driver");
+    WPREP_CUDA_RETURN_IF_ERROR(cudaSetDevice(gpu));
+    // Flags 0: after the stream's earlier work, with a memory barrier before the write.
+    if (CUresult r = fn(reinterpret_cast<CUstream>(stream), reinterpret_cast<CUdeviceptr>(ptr), value, 0);
+        r != CUDA_SUCCESS) {
+      return absl::InternalError(absl::StrCat("cuStreamWriteValue32 failed with CUresult ", r));
+    }
+    return absl::OkStatus();
+  }
+
   absl::StatusOr<void*> AllocatePinned(uint64_t bytes) override {
     void* p = nullptr;
     const cudaError_t err = cudaHostAlloc(&p, bytes, cudaHostAllocPortable);
@@ -293,6 +323,7 @@ class NoCudaRuntime final : public DeviceRuntime {
   absl::Status RecordEvent(int, Event, Stream) override { return NoCuda(); }
   absl::Status StreamWaitEvent(int, Stream, Event) override { return NoCuda(); }
   absl::Status SynchronizeEvent(int, Event) override { return NoCuda(); }
+  absl::Status WriteValue32(int, Stream, void*, uint32_t) override { return NoCuda(); }
   absl::StatusOr<void*> AllocatePinned(uint64_t) override { return NoCuda(); }
   void FreePinned(void*) override {}
   absl::StatusOr<IpcMapping> OpenIpc(int, absl::string_view) override { return NoCuda(); }

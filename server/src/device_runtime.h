@@ -100,6 +100,11 @@ class DeviceRuntime {
   virtual absl::Status StreamWaitEvent(int gpu, Stream stream, Event event) = 0;
   // Blocks until the work before the event's last record is done.
   virtual absl::Status SynchronizeEvent(int gpu, Event event) = 0;
+  // Writes `value` to the 4-byte aligned word at `ptr` (device memory of `gpu`, an IPC
+  // mapping included) once the work queued on `stream` before it is done, with its writes
+  // visible first (cuStreamWriteValue32): what a client's stream waiting on the word
+  // (cuStreamWaitValue32) is released by.
+  virtual absl::Status WriteValue32(int gpu, Stream stream, void* ptr, uint32_t value) = 0;
 
   // Page-locked host memory, usable for DMA by every GPU.
   virtual absl::StatusOr<void*> AllocatePinned(uint64_t bytes) = 0;

@@ -206,6 +206,11 @@ absl::StatusOr<Executor::BatchOutcome> Executor::ConvertBatch(const std::vector<
     WPREP_ASSIGN_OR_RETURN(events.completion, OpenClientEvent("completion_event", early->event_handle,
                                                               early->event_gpu, gpus, jobs, &early_gpu));
   }
+  IpcCache::Lease flag;
+  if (early != nullptr && early->flag) {
+    WPREP_ASSIGN_OR_RETURN(flag, MapFlag(*early_gpu, *early->flag));
+    events.flag = &flag;
+  }
   if (ready != nullptr) {
     if (early != nullptr && ready->handle == early->event_handle && ready->gpu == early->event_gpu) {
       events.wait = events.completion;  // one event, waited for and then recorded
@@ -321,7 +326,7 @@ absl::Status Executor::RunBatchOnGpu(Gpu& gpu, const std::vector<ConvertJob>& jo
       }
     }
   }
-  if (events.early != nullptr) return HandOff(gpu, lanes, runs, items, mapped, events.early, events.completion);
+  if (events.early != nullptr) return HandOff(gpu, lanes, runs, items, mapped, events);
   // Every lane's launches, then their kernel times in launch order.
   for (size_t lane = 0; lane < k; ++lane) {
     WPREP_ASSIGN_OR_RETURN(std::vector<std::optional<double>> seconds, runs[lane]->Wait());
@@ -338,11 +343,13 @@ absl::Status Executor::RunBatchOnGpu(Gpu& gpu, const std::vector<ConvertJob>& jo
 
 absl::Status Executor::HandOff(Gpu& gpu, const std::vector<std::vector<size_t>>& lanes,
                                std::vector<std::unique_ptr<DeviceRun>>& runs, const std::vector<size_t>& items,
-                               std::vector<Mapped>& mapped, EarlyAnswer* early, Event event) {
+                               std::vector<Mapped>& mapped, const BatchEvents& events) {
+  EarlyAnswer* early = events.early;
   // What the work needs until it is done. The streams go back now: work queued on one
   // later runs after this.
   struct Held {
     std::vector<Mapped> mapped;
+    IpcCache::Lease flag;
     std::vector<std::pair<size_t, std::unique_ptr<DeviceTimer>>> timers;  // job index, its timer
     std::vector<Event> events;  // the GPU's, back to it once done
     std::shared_ptr<void> keep;
@@ -357,7 +364,13 @@ absl::Status Executor::HandOff(Gpu& gpu, const std::vector<std::vector<size_t>>&
   std::vector<Stream> streams;
   streams.reserve(runs.size());
   for (const auto& run : runs) streams.push_back(run->stream());
-  if (absl::Status s = gpu.RecordAfter(streams, {event, done}, &held.events); !s.ok()) {
+  absl::Status s = gpu.RecordAfter(streams, {events.completion, done}, &held.events);
+  if (s.ok() && events.flag != nullptr) {
+    // After the client's event: a client may wait for either.
+    s = gpu.runtime().WriteValue32(gpu.ordinal(), streams[0], events.flag->ptr(), early->flag_value);
+    held.flag = std::move(*events.flag);
+  }
+  if (!s.ok()) {
     give_back(held.events);
     return s;
   }
@@ -380,6 +393,20 @@ absl::Status Executor::HandOff(Gpu& gpu, const std::vector<std::vector<size_t>>&
                       if (finish) std::move(finish)(s, gpu->metrics(), seconds);
                     }});
   return absl::OkStatus();
+}
+
+absl::StatusOr<IpcCache::Lease> Executor::MapFlag(Gpu& gpu, const IpcRegion& flag) {
+  if (flag.gpu != gpu.info().uuid) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "completion_flag.buffer.device_uuid names GPU ", FormatUuid(flag.gpu), ", not completion_event's GPU ",
+        FormatUuid(gpu.info().uuid), ": the flag is written after the work on that GPU, so it must live there"));
+  }
+  absl::StatusOr<IpcCache::Lease> l = ipc_->Acquire(gpu.ordinal(), flag.handle, flag.offset, flag.size);
+  if (!l.ok()) return absl::Status(l.status().code(), absl::StrCat("completion_flag.buffer: ", l.status().message()));
+  if (reinterpret_cast<uintptr_t>(l->ptr()) % 4 != 0) {
+    return absl::InvalidArgumentError("completion_flag.buffer: the word is not 4-byte aligned in its allocation");
+  }
+  return l;
 }
 
 absl::StatusOr<std::unique_ptr<StreamConverter>> Executor::StartStream(const Plan& plan,

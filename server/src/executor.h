@@ -51,6 +51,10 @@ struct ConvertJob {
 struct EarlyAnswer {
   std::string event_handle;  // kIpcEventHandleBytes of cudaIpcEventHandle_t
   Uuid event_gpu{};          // the GPU the event was made on
+  // ConvertBatchRequest.completion_flag: a 4-byte word of the client's on event_gpu,
+  // written with flag_value after the event's record.
+  std::optional<IpcRegion> flag;
+  uint32_t flag_value = 0;
   std::shared_ptr<void> keep;  // released once the work is done (the admission ticket)
   // Runs on the completions thread once the work is done: the wait's status, the GPU's
   // metrics and each job's kernel seconds, in job order.
@@ -131,15 +135,19 @@ class Executor {
     EarlyAnswer* early = nullptr;
     Event completion = nullptr;  // early's, opened
     Event wait = nullptr;        // the ready event, opened, on this GPU
+    IpcCache::Lease* flag = nullptr;  // early's completion flag, mapped
   };
   absl::Status RunBatchOnGpu(Gpu& gpu, const std::vector<ConvertJob>& jobs, const std::vector<size_t>& items,
                              std::vector<Mapped>& mapped, const std::vector<std::string*>& inline_outputs,
                              absl::Time deadline, BatchOutcome* out, const BatchEvents& events);
-  // RunBatchOnGpu's end with `early`: joins the lanes, records the events, hands the
-  // leases and timers to completions_.
+  // RunBatchOnGpu's end with `events.early`: joins the lanes, records the events, writes
+  // the flag, hands the leases and timers to completions_.
   absl::Status HandOff(Gpu& gpu, const std::vector<std::vector<size_t>>& lanes,
                        std::vector<std::unique_ptr<DeviceRun>>& runs, const std::vector<size_t>& items,
-                       std::vector<Mapped>& mapped, EarlyAnswer* early, Event event);
+                       std::vector<Mapped>& mapped, const BatchEvents& events);
+  // The completion flag's word mapped on `gpu` (completion_event's): same GPU, in range,
+  // aligned. Errors name completion_flag.buffer.
+  absl::StatusOr<IpcCache::Lease> MapFlag(Gpu& gpu, const IpcRegion& flag);
   // A client event's checks: its GPU (`field`.device_uuid) is every IPC job's, and its
   // handle opens there. Sets *gpu to that GPU.
   absl::StatusOr<Event> OpenClientEvent(absl::string_view field, absl::string_view handle, const Uuid& uuid,

@@ -261,7 +261,13 @@ absl::StatusOr<bool> ReadyEventFromProto(const v1::ConvertBatchRequest& req, Rea
 
 absl::StatusOr<bool> CompletionEventFromProto(const v1::ConvertBatchRequest& req, const std::vector<ConvertJob>& jobs,
                                               EarlyAnswer* early) {
-  if (!req.has_completion_event()) return false;
+  if (!req.has_completion_event()) {
+    if (req.has_completion_flag()) {
+      return absl::InvalidArgumentError(
+          "completion_flag is written after the work that completion_event marks: set completion_event too");
+    }
+    return false;
+  }
   WPREP_RETURN_IF_ERROR(
       EventRefFromProto(req.completion_event(), "completion_event", &early->event_handle, &early->event_gpu));
   for (size_t i = 0; i < jobs.size(); ++i) {
@@ -271,6 +277,16 @@ absl::StatusOr<bool> CompletionEventFromProto(const v1::ConvertBatchRequest& req
           ".ipc is required with completion_event: an answer before the work is done suits only outputs the "
           "client reads on the GPU; leave completion_event unset for inline bytes"));
     }
+  }
+  if (req.has_completion_flag()) {
+    const v1::CudaIpcBuffer& b = req.completion_flag().buffer();
+    WPREP_ASSIGN_OR_RETURN(early->flag, IpcFromProto(b, "completion_flag.buffer"));
+    if (b.size() != 4 || b.offset() % 4 != 0 || b.strides_size() != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "completion_flag.buffer must name one 4-byte aligned 32-bit word (size 4, offset a multiple of 4, "
+          "no strides); got size ", b.size(), ", offset ", b.offset(), ", ", b.strides_size(), " strides"));
+    }
+    early->flag_value = req.completion_flag().value();
   }
   return true;
 }

@@ -45,8 +45,9 @@ struct BatchLimits {
 };
 absl::StatusOr<std::vector<ConvertJob>> BatchJobsFromProto(const wprep::v1::ConvertBatchRequest& req,
                                                            const BatchLimits& limits);
-// ConvertBatchRequest.completion_event into `early` (its handle and GPU); false when the
-// request has none. Every item must then be IPC -> IPC (`jobs` are the request's).
+// ConvertBatchRequest.completion_event into `early` (its handle and GPU, and the
+// completion_flag's word and value); false when the request has none (a flag alone is
+// INVALID_ARGUMENT). Every item must then be IPC -> IPC (`jobs` are the request's).
 absl::StatusOr<bool> CompletionEventFromProto(const wprep::v1::ConvertBatchRequest& req,
                                               const std::vector<ConvertJob>& jobs, EarlyAnswer* early);
 // ConvertBatchRequest.ready_event into `ready`; false when the request has none.

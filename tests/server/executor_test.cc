@@ -4,6 +4,7 @@
 // reference vectors, never from the engine.
 #include <algorithm>
 #include <atomic>
+#include <cstring>
 #include <functional>
 #include <memory>
 #include <string>
@@ -549,6 +550,71 @@ TEST(Executor, ReadyEventChecksItsGpuAndHandleBeforeAnyWork) {
   EXPECT_TRUE(b.Untouched());
   EXPECT_EQ(p.runtime.totals().events_alive, 0) << "a refused batch made or kept an event";
   EXPECT_EQ(p.runtime.totals().ipc_event_waits, 0);
+}
+
+// A completion flag (ConvertBatchRequest.completion_flag) is the client's stream's release:
+// its word is written with the value after every item and after the client's event, and
+// its mapping is held, like the items', until the work is done.
+TEST(Executor, ACompletionFlagIsWrittenAfterEveryItemAndHeldUntilTheWorkIsDone) {
+  Parts p(1);
+  IpcBatch b(p.runtime, 6, [](size_t) { return 0; });
+  ASSERT_EQ(b.jobs.size(), 6u);
+  FakeRuntime::Exported words = p.runtime.ExportHandle(0, 64);
+  std::fill(words.ptr, words.ptr + 64, 0);
+  p.runtime.HoldEventWaits(true);
+  server::EarlyAnswer early;
+  early.event_handle = p.runtime.ExportEventHandle(0);
+  early.event_gpu = FakeRuntime::FakeUuid(0);
+  early.flag = IpcRegion{words.handle, 12, 4, FakeRuntime::FakeUuid(0)};
+  early.flag_value = 0xC0FFEE01u;
+  ASSERT_TRUE(p.executor->ConvertBatch(b.jobs, b.inline_outputs, absl::InfiniteFuture(), &early).ok());
+  uint32_t word = 0;
+  std::memcpy(&word, words.ptr + 12, 4);
+  EXPECT_EQ(word, 0xC0FFEE01u);
+  for (int i = 0; i < 64; ++i) {
+    if (i < 12 || i >= 16) {
+      EXPECT_EQ(words.ptr[i], 0) << "byte " << i << " beside the word was written";
+    }
+  }
+  const FakeRuntime::Counts c = p.runtime.counts(0);
+  EXPECT_EQ(c.flag_writes, 1);
+  EXPECT_EQ(c.converts_at_flag_write, 6) << "the flag came before some item";
+  EXPECT_EQ(c.ipc_event_records, 1);
+  EXPECT_EQ(p.ipc->Release(0, words.handle), std::make_pair(0, 1)) << "the flag's mapping was not leased";
+  p.runtime.HoldEventWaits(false);
+  EXPECT_TRUE(WaitFor([&] { return p.executor->pending_completions() == 0; }));
+  EXPECT_TRUE(WaitFor([&] { return p.runtime.counts(0).ipc_closes == 1; }))
+      << "the flag's deferred release did not close once the work was done";
+}
+
+// A flag's checks come with the others, before any work: on completion_event's GPU, inside
+// its allocation, its handle opening; a refused batch writes nothing, not even the word.
+TEST(Executor, ACompletionFlagIsCheckedBeforeAnyWork) {
+  Parts p(2);
+  IpcBatch b(p.runtime, 3, [](size_t) { return 0; });
+  ASSERT_EQ(b.jobs.size(), 3u);
+  FakeRuntime::Exported words = p.runtime.ExportHandle(0, 16);
+  FakeRuntime::Exported other = p.runtime.ExportHandle(1, 16);
+  std::fill(words.ptr, words.ptr + 16, 0);
+  std::fill(other.ptr, other.ptr + 16, 0);
+  auto expect_invalid = [&](const IpcRegion& flag, const std::string& what) {
+    server::EarlyAnswer e;
+    e.event_handle = p.runtime.ExportEventHandle(0);
+    e.event_gpu = FakeRuntime::FakeUuid(0);
+    e.flag = flag;
+    e.flag_value = 5;
+    absl::Status s = p.executor->ConvertBatch(b.jobs, b.inline_outputs, absl::InfiniteFuture(), &e).status();
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    EXPECT_NE(s.message().find(what), std::string::npos) << s;
+  };
+  expect_invalid(IpcRegion{other.handle, 0, 4, FakeRuntime::FakeUuid(1)}, "completion_flag.buffer.device_uuid");
+  expect_invalid(IpcRegion{words.handle, 16, 4, FakeRuntime::FakeUuid(0)}, "completion_flag.buffer: ");
+  expect_invalid(IpcRegion{std::string(64, '\x7f'), 0, 4, FakeRuntime::FakeUuid(0)}, "completion_flag.buffer: ");
+  EXPECT_EQ(p.runtime.totals().converts, 0) << "a conversion ran before the checks";
+  EXPECT_EQ(p.runtime.totals().flag_writes, 0);
+  EXPECT_TRUE(b.Untouched());
+  EXPECT_TRUE(std::all_of(words.ptr, words.ptr + 16, [](uint8_t x) { return x == 0; }));
+  EXPECT_EQ(p.runtime.totals().events_alive, 0) << "a refused batch made or kept an event";
 }
 
 // The completions thread finishes work in the order it was added, once its event's wait

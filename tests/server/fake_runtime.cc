@@ -95,6 +95,7 @@ FakeRuntime::Counts FakeRuntime::totals() const {
     t.ipc_event_records += c.ipc_event_records;
     t.ipc_event_waits += c.ipc_event_waits;
     t.converts_after_ipc_wait += c.converts_after_ipc_wait;
+    t.flag_writes += c.flag_writes;
     t.device_bytes_now += c.device_bytes_now;
   }
   for (const auto& [p, b] : pinned_) t.pinned_bytes_now += b;
@@ -268,6 +269,17 @@ absl::Status FakeRuntime::SynchronizeEvent(int gpu, server::Event) {
   auto released = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !hold_event_waits_; };
   mu_.Await(absl::Condition(&released));
   --event_waiters_;
+  return absl::OkStatus();
+}
+
+absl::Status FakeRuntime::WriteValue32(int gpu, Stream, void* ptr, uint32_t value) {
+  if (absl::Status s = CheckGpu(gpu); !s.ok()) return s;
+  if (reinterpret_cast<uintptr_t>(ptr) % 4 != 0) return absl::InternalError("an unaligned flag write");
+  absl::MutexLock lock(&mu_);
+  Counts& c = counts_[static_cast<size_t>(gpu)];
+  c.flag_writes++;
+  c.converts_at_flag_write = c.converts;
+  std::memcpy(ptr, &value, sizeof(value));
   return absl::OkStatus();
 }
 

@@ -69,6 +69,8 @@ class FakeRuntime final : public server::DeviceRuntime {
     int converts_at_ipc_event_record = -1;  // `converts` when it was last recorded
     int ipc_event_waits = 0;          // streams made to wait for a client's event
     int converts_after_ipc_wait = 0;  // on a stream that had waited for a client's event
+    int flag_writes = 0;              // WriteValue32 calls
+    int converts_at_flag_write = -1;  // `converts` at the last one
     uint64_t device_bytes_now = 0;  // allocated and not yet freed, every GPU
     uint64_t pinned_bytes_now = 0;
   };
@@ -96,6 +98,8 @@ class FakeRuntime final : public server::DeviceRuntime {
   absl::Status RecordEvent(int gpu, server::Event event, Stream stream) override;
   absl::Status StreamWaitEvent(int gpu, Stream stream, server::Event event) override;
   absl::Status SynchronizeEvent(int gpu, server::Event event) override;
+  // Writes at once (work is synchronous), into mapped or allocated memory of the GPU.
+  absl::Status WriteValue32(int gpu, Stream stream, void* ptr, uint32_t value) override;
   absl::StatusOr<IpcMapping> OpenIpc(int gpu, absl::string_view handle) override;
   absl::Status CloseIpc(int gpu, void* base) override;
   absl::Status Touch(int gpu, const void* ptr, uint64_t bytes) override;

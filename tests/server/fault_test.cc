@@ -19,6 +19,7 @@
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -603,6 +604,7 @@ class GatedRuntime final : public server::DeviceRuntime {
     return fake_.StreamWaitEvent(gpu, s, e);
   }
   absl::Status SynchronizeEvent(int gpu, server::Event e) override { return fake_.SynchronizeEvent(gpu, e); }
+  absl::Status WriteValue32(int gpu, Stream s, void* p, uint32_t v) override { return fake_.WriteValue32(gpu, s, p, v); }
   absl::StatusOr<void*> AllocatePinned(uint64_t bytes) override { return fake_.AllocatePinned(bytes); }
   void FreePinned(void* p) override { fake_.FreePinned(p); }
   absl::StatusOr<IpcMapping> OpenIpc(int gpu, absl::string_view h) override { return fake_.OpenIpc(gpu, h); }
@@ -1046,6 +1048,29 @@ TEST(FaultFakeGpu, CompletionEventAnswersOnceQueuedAndDrainWaitsForTheWork) {
     r.mutable_ready_event()->set_device_uuid(std::string(15, 'u'));
     expect_invalid(r, "ready_event.device_uuid");
     r.clear_ready_event();
+    FakeRuntime::Exported word = fake.ExportHandle(0, 8);
+    auto flag_at = [&](uint64_t offset, uint64_t size) {
+      v1::IpcFlagRef f;
+      f.mutable_buffer()->set_handle(word.handle);
+      f.mutable_buffer()->set_device_uuid(d.Uuid());
+      f.mutable_buffer()->set_offset(offset);
+      f.mutable_buffer()->set_size(size);
+      f.set_value(1);
+      return f;
+    };
+    *r.mutable_completion_flag() = flag_at(2, 4);
+    expect_invalid(r, "completion_flag.buffer must name one 4-byte aligned 32-bit word");
+    *r.mutable_completion_flag() = flag_at(0, 8);
+    expect_invalid(r, "completion_flag.buffer must name one 4-byte aligned 32-bit word");
+    *r.mutable_completion_flag() = flag_at(8, 4);
+    expect_invalid(r, "completion_flag.buffer: ");  // past the allocation's end
+    *r.mutable_completion_flag() = flag_at(0, 4);
+    r.mutable_completion_flag()->mutable_buffer()->set_handle("h");
+    expect_invalid(r, "completion_flag.buffer.handle");
+    v1::ConvertBatchRequest flag_alone = batch;
+    *flag_alone.mutable_completion_flag() = flag_at(0, 4);
+    expect_invalid(flag_alone, "set completion_event too");
+    r.clear_completion_flag();
     r.mutable_items(1)->mutable_convert()->mutable_destination()->clear_ipc();
     expect_invalid(r, "items[1].convert.destination.ipc");
   }
@@ -1058,9 +1083,30 @@ TEST(FaultFakeGpu, CompletionEventAnswersOnceQueuedAndDrainWaitsForTheWork) {
   // Not held: the three kernel times reach the metrics once the work is done.
   const double kernels_first = Metric(d.metrics(), "wprep_kernel_duration_seconds_count", {{"device", "gpu0"}});
   ASSERT_GE(kernels_first, 0);
+  {
+    // With a completion flag: the word holds the value once the answer is in.
+    FakeRuntime::Exported word = fake.ExportHandle(0, 4);
+    std::fill(word.ptr, word.ptr + 4, 0);
+    v1::ConvertBatchRequest flagged = r;
+    v1::CudaIpcBuffer* b = flagged.mutable_completion_flag()->mutable_buffer();
+    b->set_handle(word.handle);
+    b->set_device_uuid(d.Uuid());
+    b->set_size(4);
+    flagged.mutable_completion_flag()->set_value(0x8000002Au);
+    const int writes_before = fake.totals().flag_writes;
+    ASSERT_TRUE(client.ConvertBatch(flagged, o).ok());
+    d.runtime().Sync();
+    uint32_t v = 0;
+    std::memcpy(&v, word.ptr, 4);
+    EXPECT_EQ(v, 0x8000002Au);
+    EXPECT_EQ(fake.totals().flag_writes, writes_before + 1);
+    EXPECT_TRUE(WaitFor([&] {
+      return Metric(d.metrics(), "wprep_kernel_duration_seconds_count", {{"device", "gpu0"}}) == kernels_first + 3;
+    }));
+  }
   ASSERT_TRUE(client.ConvertBatch(r, o).ok());
   EXPECT_TRUE(WaitFor([&] {
-    return Metric(d.metrics(), "wprep_kernel_duration_seconds_count", {{"device", "gpu0"}}) == kernels_first + 3;
+    return Metric(d.metrics(), "wprep_kernel_duration_seconds_count", {{"device", "gpu0"}}) == kernels_first + 6;
   }));
 
   const double kernels_before = Metric(d.metrics(), "wprep_kernel_duration_seconds_count", {{"device", "gpu0"}});
@@ -1077,11 +1123,11 @@ TEST(FaultFakeGpu, CompletionEventAnswersOnceQueuedAndDrainWaitsForTheWork) {
     EXPECT_EQ(resp->items(static_cast<int>(i)).kernel_seconds(), 0);
     EXPECT_EQ(resp->items(static_cast<int>(i)).outputs(0).bytes(), cases[i]->output_bytes);
   }
-  EXPECT_EQ(fake.totals().ipc_event_records, records_before + 2);
+  EXPECT_EQ(fake.totals().ipc_event_records, records_before + 3);
   EXPECT_EQ(fake.counts(0).converts_at_ipc_event_record, converts_before + 3);
   EXPECT_EQ(Metric(d.metrics(), "wprep_kernel_duration_seconds_count", {{"device", "gpu0"}}), kernels_before)
       << "kernel times recorded before the work was done";
-  EXPECT_EQ(Metric(d.metrics(), "wprep_requests_total", {{"method", "ConvertBatch"}, {"code", "OK"}}), 2);
+  EXPECT_EQ(Metric(d.metrics(), "wprep_requests_total", {{"method", "ConvertBatch"}, {"code", "OK"}}), 3);
 
   d.RequestStop();
   absl::SleepFor(absl::Milliseconds(300));
