@@ -501,3 +501,165 @@ def test_stream_completion_refuses_host_items_and_two_gpus(fake):
         _requests.batch_call(items, None, {}, _torch.Registry(), None, "stream", pool)
     with pytest.raises(ValueError, match="completion must be one of"):
         _requests.batch_call(items[:1], None, {}, _torch.Registry(), None, "soon", pool)
+
+
+class RecordingFlags(_torch.FlagPool):
+    """A FlagPool whose words live in fake allocations, recording the waits and host releases
+    (the real ones, cuStreamWaitValue32 and a fill on a side stream, run in test_gpu.py)."""
+
+    CHUNK = 2
+
+    def __init__(self, rec, log):
+        super().__init__()
+        self.rec, self.log, self.host_releases, self.chunks = rec, log, [], 0
+
+    def _new_chunk(self, device_index):
+        self.chunks += 1
+        alloc = FakeAllocation((1 << 41) + (self.chunks << 30), 1 << 21)
+        return [_torch.Flag(None, i, alloc.base + 512 + 4 * i, alloc.handle, 512 + 4 * i,
+                            _torch.device_uuid(device_index), device_index) for i in range(self.CHUNK)]
+
+    def enqueue_wait(self, flag, stream):
+        self.log.append(("wait", stream.d, flag.index, flag.value))
+        flag.passed = types.SimpleNamespace(done=False, query=lambda: flag.passed.done)
+
+    def release_from_host(self, flag):
+        self.host_releases.append((flag.index, flag.value))
+
+
+def test_async_completion_waits_for_a_flag_before_sending_and_returns_the_planned_results(fake):
+    torch, rec = fake
+    dev = 2
+    alloc = FakeAllocation(1 << 39, 1 << 24)
+    log = []
+    flags = RecordingFlags(rec, log)
+    pool = _torch.EventPool()
+
+    def item(k):
+        src = torch.Tensor(FakeStorage(rec, alloc, k << 16, 32768), (2, 256, 64), (16384, 64, 1), 0, dev)
+        out = torch.Tensor(FakeStorage(rec, alloc, (k << 16) + 32768, 32768), (32768,), (1,), 0, dev)
+        return wprep.Item(SPEC, [2, 128, 256], src, out=out)
+
+    items = [item(0), item(1)]
+    call = _requests.batch_call(items, None, {PLAN_KEY: PLAN}, _torch.Registry(), None, "async", pool, flags)
+    f = call.request.completion_flag
+    assert f.buffer.handle == flags_handle(flags) and f.buffer.offset == 512 and f.buffer.size == 4
+    assert f.buffer.device_uuid == bytes((dev * 16 + k) & 255 for k in range(16)) and f.value == 1
+    assert not f.buffer.strides
+    # The ready event is recorded before the stream's wait for the flag (else the daemon's
+    # work would wait behind a wait for itself), and the host synchronizes nothing.
+    assert len(rec.records) == 1 and log == [("wait", dev, 0, 1)]
+    assert call.request.ready_event.handle == call.request.completion_event.handle
+    assert rec.synced == [] and rec.waits == []
+    # The results exist before the answer: the plan's shapes over the caller's outputs.
+    early = call.early
+    assert len(early) == 2
+    for res, it in zip(early, items):
+        assert (res.shape, res.strides, res.nbytes) == (PLAN.output_shape, PLAN.output_strides, PLAN.output_bytes)
+        assert res.tensor.untyped_storage() is it.out.untyped_storage()
+        assert res.tensor.shape == PLAN.output_shape and res.tensor.stride() == PLAN.output_strides
+        assert res.engine == "cuda:GPU-20212223-2425-2627-2829-2a2b2c2d2e2f"
+
+    def resp_of(n, shape=PLAN.output_shape):
+        resp = pb.ConvertBatchResponse()
+        for _ in range(n):
+            o = resp.items.add().outputs.add()
+            o.shape.extend(shape)
+            o.strides.extend(PLAN.output_strides)
+            o.bytes = PLAN.output_bytes
+        return resp
+
+    assert call.complete(resp_of(2)) is early
+    word0 = flags_word(flags, 0)
+    assert rec.waits == [], "an async call made the stream wait for the event after the answer"
+    # Answered, but the stream has not passed the wait: the word is not reused yet; with
+    # every word busy a new chunk is made.
+    first_handle = f.buffer.handle
+    second = _requests.batch_call([item(2)], None, {PLAN_KEY: PLAN}, _torch.Registry(), None, "async", pool, flags)
+    assert second.request.completion_flag.buffer.offset == 516 and second.request.completion_flag.value == 1
+    third = _requests.batch_call([item(3)], None, {PLAN_KEY: PLAN}, _torch.Registry(), None, "async", pool, flags)
+    assert third.request.completion_flag.buffer.handle != first_handle and flags.chunks == 2
+    second.complete(resp_of(1))
+    third.complete(resp_of(1))
+    word0.passed.done = True  # the stream passed the first wait: the daemon's write is done
+    again = _requests.batch_call([item(5)], None, {PLAN_KEY: PLAN}, _torch.Registry(), None, "async", pool, flags)
+    assert again.request.completion_flag.buffer.handle == first_handle
+    assert again.request.completion_flag.buffer.offset == 512 and again.request.completion_flag.value == 2
+    # An answer that disagrees with the plan is an error, not a silently wrong view.
+    with pytest.raises(RuntimeError, match="not the planned"):
+        again.complete(resp_of(1, shape=(1, 32768)))
+    # A call without an answer: the client releases the stream itself, and the word is never reused.
+    fourth = _requests.batch_call([item(4)], None, {PLAN_KEY: PLAN}, _torch.Registry(), None, "async", pool, flags)
+    w = fourth.request.completion_flag
+    fourth.fail()
+    assert flags.host_releases == [((w.buffer.offset - 512) // 4, w.value)]
+    for word in flags._free.get(dev, []):
+        assert (word.handle, word.offset) != (w.buffer.handle, w.buffer.offset), "a failed call's word went back"
+
+
+def flags_handle(flags):
+    return next(iter(flags._free.values()))[0].handle
+
+
+def flags_word(flags, index):
+    for words in flags._free.values():
+        for w in words:
+            if w.index == index and w.offset == 512 + 4 * index:
+                return w
+    raise AssertionError(f"word {index} is not in the pool")
+
+
+def test_async_completion_needs_plans_and_cuda_items(fake):
+    torch, rec = fake
+    import numpy as np
+
+    flags = RecordingFlags(rec, [])
+    with pytest.raises(ValueError, match=r"items\[0\]: completion='async' needs a CUDA tensor"):
+        _requests.batch_call([wprep.Item(SPEC, [2, 128, 256], np.zeros(32768, np.uint8))], None, {PLAN_KEY: PLAN},
+                             _torch.Registry(), None, "async", _torch.EventPool(), flags)
+    src = tensor(torch, rec, block_offset=0, nbytes=32768, shape=(2, 256, 64), strides=(16384, 64, 1))
+    out = tensor(torch, rec, block_offset=1 << 20, nbytes=32768, shape=(32768,), strides=(1,))
+    assert _requests.needs_plan(SPEC, [2, 128, 256], src, out) is None
+    assert _requests.needs_plan(SPEC, [2, 128, 256], src, out, "async") == PLAN_KEY
+    import asyncio
+
+    async def aio_async():
+        c = wprep.AsyncClient("unix:///nonexistent.sock")
+        try:
+            await c.convert_batch([wprep.Item(SPEC, [2, 128, 256], src, out=out)], completion="async")
+        finally:
+            await c.close()
+
+    with pytest.raises(ValueError, match="AsyncClient"):
+        asyncio.run(aio_async())
+
+
+def test_async_errors_are_raised_by_the_next_async_call_and_by_wait_async(fake, daemon):
+    """Against the real daemon (CPU engine, no GPU): every async call is refused (its GPU is
+    not served), and the error reaches the caller later, the way a CUDA kernel's does."""
+    torch, rec = fake
+    import time
+
+    with wprep.Client(daemon.target) as c:
+        c._flags = RecordingFlags(rec, [])
+        src = tensor(torch, rec, block_offset=0, nbytes=32768, shape=(2, 256, 64), strides=(16384, 64, 1))
+        out = tensor(torch, rec, block_offset=1 << 20, nbytes=32768, shape=(32768,), strides=(1,))
+        items = [wprep.Item(SPEC, [2, 128, 256], src, out=out)]
+        r = c.convert_batch(items, completion="async")
+        plan = c.plan(SPEC, [2, 128, 256])
+        assert (r[0].shape, r[0].strides) == (plan.output_shape, plan.output_strides)
+        assert r[0].tensor.untyped_storage() is out.untyped_storage()
+        deadline = time.monotonic() + 30
+        while not c._flags.host_releases and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert c._flags.host_releases == [(0, 1)], "the refused call's stream was not released"
+        sent = len(c._flags.log)
+        with pytest.raises(wprep.WprepError) as e:
+            c.convert_batch(items, completion="async")
+        assert e.value.code.name in ("INVALID_ARGUMENT", "FAILED_PRECONDITION", "NOT_FOUND"), e.value
+        assert len(c._flags.log) == sent, "the call that raised the earlier error sent a request"
+        c.convert_batch(items, completion="async")
+        with pytest.raises(wprep.WprepError):
+            c.wait_async(timeout=30)
+        c.wait_async(timeout=30)  # nothing pending, nothing left to raise
+        assert len(c._flags.host_releases) == 2

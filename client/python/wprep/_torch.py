@@ -314,6 +314,132 @@ class EventPool:
             del self._retired[:-self.RETIRED_KEPT]
 
 
+class StreamMemOpsError(RuntimeError):
+    """The driver refused a stream memory operation (cuStreamWaitValue32) completion='async' needs."""
+
+
+_CU_STREAM_WAIT_VALUE_GEQ = 0
+_libcuda_wait: Any = None
+_libcuda_mu = threading.Lock()
+
+
+def _wait_value32_fn() -> Any:
+    """cuStreamWaitValue32 (its CUDA 12 form) from the driver torch loaded."""
+    global _libcuda_wait
+    with _libcuda_mu:
+        if _libcuda_wait is None:
+            import ctypes
+
+            try:
+                lib = ctypes.CDLL("libcuda.so.1")
+            except OSError as e:
+                raise StreamMemOpsError(f"completion='async' calls the CUDA driver, and libcuda.so.1 did not load: {e}")
+            fn = getattr(lib, "cuStreamWaitValue32_v2", None) or getattr(lib, "cuStreamWaitValue32", None)
+            if fn is None:
+                raise StreamMemOpsError("this CUDA driver has no cuStreamWaitValue32; use completion='stream'")
+            fn.argtypes = [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_uint32, ctypes.c_uint]
+            fn.restype = ctypes.c_int
+            _libcuda_wait = fn
+        return _libcuda_wait
+
+
+@dataclass
+class Flag:
+    """One 32-bit word of a FlagPool: where it is, for the daemon and for this process."""
+
+    chunk: Any  # the int32 tensor holding the word
+    index: int  # the word's index in chunk
+    ptr: int  # its device address in this process
+    handle: bytes  # the chunk's allocation's cudaIpcMemHandle_t
+    offset: int  # the word's byte offset in that allocation
+    device_uuid: bytes
+    device_index: int
+    value: int = 0  # the value of its current (or last) use
+    passed: Any = None  # a torch.cuda.Event recorded after the last use's wait
+
+
+class FlagPool:
+    """Words of GPU memory for batches answered before the call returns
+    (ConvertBatchRequest.completion_flag, completion='async').
+
+    A call takes a word and a fresh value for it; the caller's stream waits
+    (cuStreamWaitValue32, "greater or equal", wrapping) until the daemon writes the value
+    after the batch's work. A word is reused once its call is answered and the stream has
+    passed the wait (an event recorded after it has completed): by then the daemon's write
+    is done. A call that failed is released by the client writing the value itself (from a
+    stream of its own), and its word, which the daemon might still write late, is retired.
+    Words come in chunks of CHUNK int32s, allocated (zeroed) on first need and exported once.
+    """
+
+    CHUNK = 1024
+
+    def __init__(self) -> None:
+        self._mu = threading.Lock()
+        self._free: Dict[int, List[Flag]] = {}  # guarded by _mu
+        self._chunks: List[Any] = []  # every chunk ever made: the daemon may map them at any time
+        self._side: Dict[int, Any] = {}  # per device, the stream of host-side releases
+
+    def take(self, device_index: int) -> Flag:
+        """A free word of the device with its next value set (never 0)."""
+        with self._mu:
+            free = self._free.setdefault(device_index, [])
+            for i, f in enumerate(free):
+                if f.passed is None or f.passed.query():
+                    del free[i]
+                    break
+            else:
+                f, *rest = self._new_chunk(device_index)
+                free.extend(rest)
+        f.value = (f.value + 1) & 0xFFFFFFFF or 1
+        return f
+
+    def give(self, flag: Flag) -> None:
+        with self._mu:
+            self._free.setdefault(flag.device_index, []).append(flag)
+
+    def retire(self, flag: Flag) -> None:
+        """Never reuses the word (its chunk stays alive)."""
+
+    def enqueue_wait(self, flag: Flag, stream: Any) -> None:
+        """Makes work queued on `stream` from now on wait until the word reaches flag.value."""
+        fn = _wait_value32_fn()
+        r = fn(stream.cuda_stream, flag.ptr, flag.value, _CU_STREAM_WAIT_VALUE_GEQ)
+        if r != 0:
+            raise StreamMemOpsError(
+                f"cuStreamWaitValue32 failed with CUresult {r} on cuda:{flag.device_index}: this GPU or driver "
+                f"does not take stream memory operations; use completion='stream'"
+            )
+        import torch
+
+        flag.passed = torch.cuda.Event()
+        flag.passed.record(stream)
+
+    def release_from_host(self, flag: Flag) -> None:
+        """Writes the word's value from a stream of the client's: the daemon will not."""
+        import torch
+
+        with torch.cuda.device(flag.device_index):
+            side = self._side.get(flag.device_index)
+            if side is None:
+                side = self._side.setdefault(flag.device_index, torch.cuda.Stream())
+            v = flag.value if flag.value < (1 << 31) else flag.value - (1 << 32)
+            with torch.cuda.stream(side):
+                flag.chunk[flag.index].fill_(v)
+
+    def _new_chunk(self, device_index: int) -> List[Flag]:
+        import torch
+
+        with torch.cuda.device(device_index):
+            chunk = torch.zeros(self.CHUNK, dtype=torch.int32, device=f"cuda:{device_index}")
+            torch.cuda.current_stream(device_index).synchronize()  # zeroed before the daemon can write it
+        self._chunks.append(chunk)
+        shared = share_storage(chunk.untyped_storage(), device_index)
+        base = chunk.data_ptr()
+        start = shared.offset + chunk.storage_offset() * 4
+        return [Flag(chunk, i, base + 4 * i, shared.handle, start + 4 * i, shared.device_uuid, device_index)
+                for i in range(self.CHUNK)]
+
+
 def synchronize(devices: Iterable[int], stream: Any = None) -> None:
     """Waits until the work queued so far on `stream` (default: each device's current stream) is done.
 
