@@ -21,39 +21,28 @@ namespace {
 
 #if WPREP_HAVE_CUDA
 
-using GetAddressRangeFn = CUresult (*)(CUdeviceptr*, size_t*, CUdeviceptr);
-
-// cuMemGetAddressRange from the driver the runtime loaded; nullptr when unavailable.
-GetAddressRangeFn AddressRangeFn() {
-  static GetAddressRangeFn fn = []() -> GetAddressRangeFn {
-    void* p = nullptr;
-    cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
-    if (cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", &p, 12000, cudaEnableDefault,
-                                         &q) != cudaSuccess ||
-        q != cudaDriverEntryPointSuccess) {
-      cudaGetLastError();
-      return nullptr;
-    }
-    return reinterpret_cast<GetAddressRangeFn>(p);
-  }();
-  return fn;
+// `name` in its CUDA 12 form from the driver the runtime loaded; nullptr when unavailable.
+void* DriverEntryPoint(const char* name) {
+  void* p = nullptr;
+  cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
+  if (cudaGetDriverEntryPointByVersion(name, &p, 12000, cudaEnableDefault, &q) != cudaSuccess ||
+      q != cudaDriverEntryPointSuccess) {
+    cudaGetLastError();
+    return nullptr;
+  }
+  return p;
 }
 
+using GetAddressRangeFn = CUresult (*)(CUdeviceptr*, size_t*, CUdeviceptr);
 using WriteValue32Fn = CUresult (*)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
 
-// cuStreamWriteValue32 (its CUDA 12 form) from the loaded driver; nullptr when unavailable.
+// Resolved once each.
+GetAddressRangeFn AddressRangeFn() {
+  static const auto fn = reinterpret_cast<GetAddressRangeFn>(DriverEntryPoint("cuMemGetAddressRange"));
+  return fn;
+}
 WriteValue32Fn WriteValueFn() {
-  static WriteValue32Fn fn = []() -> WriteValue32Fn {
-    void* p = nullptr;
-    cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
-    if (cudaGetDriverEntryPointByVersion("cuStreamWriteValue32", &p, 12000, cudaEnableDefault, &q) !=
-            cudaSuccess ||
-        q != cudaDriverEntryPointSuccess) {
-      cudaGetLastError();
-      return nullptr;
-    }
-    return reinterpret_cast<WriteValue32Fn>(p);
-  }();
+  static const auto fn = reinterpret_cast<WriteValue32Fn>(DriverEntryPoint("cuStreamWriteValue32"));
   return fn;
 }
 
