@@ -202,6 +202,28 @@ class Cuda final : public DeviceRuntime {
     return absl::OkStatus();
   }
 
+  absl::StatusOr<void*> RegisterHost(int gpu, void* ptr, uint64_t bytes) override {
+    WPREP_CUDA_RETURN_IF_ERROR(cudaSetDevice(gpu));
+    if (cudaError_t e = cudaHostRegister(ptr, bytes, cudaHostRegisterPortable | cudaHostRegisterMapped);
+        e != cudaSuccess) {
+      (void)cudaGetLastError();
+      return absl::InvalidArgumentError(
+          absl::StrCat("cudaHostRegister of ", bytes, " bytes failed: ", cudaGetErrorString(e)));
+    }
+    absl::StatusOr<void*> d = HostDevicePointer(gpu, ptr);
+    if (!d.ok()) UnregisterHost(ptr);
+    return d;
+  }
+  void UnregisterHost(void* ptr) override {
+    if (cudaHostUnregister(ptr) != cudaSuccess) (void)cudaGetLastError();
+  }
+  absl::StatusOr<void*> HostDevicePointer(int gpu, void* ptr) override {
+    WPREP_CUDA_RETURN_IF_ERROR(cudaSetDevice(gpu));
+    void* d = nullptr;
+    WPREP_CUDA_RETURN_IF_ERROR(cudaHostGetDevicePointer(&d, ptr, 0));
+    return d;
+  }
+
   absl::StatusOr<void*> AllocatePinned(uint64_t bytes) override {
     void* p = nullptr;
     const cudaError_t err = cudaHostAlloc(&p, bytes, cudaHostAllocPortable);
@@ -313,6 +335,9 @@ class NoCudaRuntime final : public DeviceRuntime {
   absl::Status StreamWaitEvent(int, Stream, Event) override { return NoCuda(); }
   absl::Status SynchronizeEvent(int, Event) override { return NoCuda(); }
   absl::Status WriteValue32(int, Stream, void*, uint32_t) override { return NoCuda(); }
+  absl::StatusOr<void*> RegisterHost(int, void*, uint64_t) override { return NoCuda(); }
+  void UnregisterHost(void*) override {}
+  absl::StatusOr<void*> HostDevicePointer(int, void*) override { return NoCuda(); }
   absl::StatusOr<void*> AllocatePinned(uint64_t) override { return NoCuda(); }
   void FreePinned(void*) override {}
   absl::StatusOr<IpcMapping> OpenIpc(int, absl::string_view) override { return NoCuda(); }

@@ -105,6 +105,14 @@ class DeviceRuntime {
   // visible first (cuStreamWriteValue32): what a client's stream waiting on the word
   // (cuStreamWaitValue32) is released by.
   virtual absl::Status WriteValue32(int gpu, Stream stream, void* ptr, uint32_t value) = 0;
+  // Registers the page-aligned host mapping [ptr, ptr + bytes) with every GPU, mapped into
+  // their address spaces (cudaHostRegister, portable and mapped), and gives its device
+  // address on `gpu`: what WriteValue32 takes for a word of shared host memory.
+  // Unregister before unmapping it.
+  virtual absl::StatusOr<void*> RegisterHost(int gpu, void* ptr, uint64_t bytes) = 0;
+  virtual void UnregisterHost(void* ptr) = 0;
+  // The device address on `gpu` of host memory RegisterHost registered.
+  virtual absl::StatusOr<void*> HostDevicePointer(int gpu, void* ptr) = 0;
 
   // Page-locked host memory, usable for DMA by every GPU.
   virtual absl::StatusOr<void*> AllocatePinned(uint64_t bytes) = 0;

@@ -206,9 +206,9 @@ absl::StatusOr<Executor::BatchOutcome> Executor::ConvertBatch(const std::vector<
     WPREP_ASSIGN_OR_RETURN(events.completion, OpenClientEvent("completion_event", early->event_handle,
                                                               early->event_gpu, gpus, jobs, &early_gpu));
   }
-  IpcCache::Lease flag;
-  if (early != nullptr && early->flag) {
-    WPREP_ASSIGN_OR_RETURN(flag, MapFlag(*early_gpu, *early->flag));
+  MappedFlag flag;
+  if (early != nullptr && (early->flag || early->host_flag)) {
+    WPREP_ASSIGN_OR_RETURN(flag, MapFlag(*early_gpu, *early));
     events.flag = &flag;
   }
   if (ready != nullptr) {
@@ -349,7 +349,7 @@ absl::Status Executor::HandOff(Gpu& gpu, const std::vector<std::vector<size_t>>&
   // later runs after this.
   struct Held {
     std::vector<Mapped> mapped;
-    IpcCache::Lease flag;
+    MappedFlag flag;
     std::vector<std::pair<size_t, std::unique_ptr<DeviceTimer>>> timers;  // job index, its timer
     std::vector<Event> events;  // the GPU's, back to it once done
     std::shared_ptr<void> keep;
@@ -367,7 +367,7 @@ absl::Status Executor::HandOff(Gpu& gpu, const std::vector<std::vector<size_t>>&
   absl::Status s = gpu.RecordAfter(streams, {events.completion, done}, &held.events);
   if (s.ok() && events.flag != nullptr) {
     // After the client's event: a client may wait for either.
-    s = gpu.runtime().WriteValue32(gpu.ordinal(), streams[0], events.flag->ptr(), early->flag_value);
+    s = gpu.runtime().WriteValue32(gpu.ordinal(), streams[0], events.flag->ptr, early->flag_value);
     held.flag = std::move(*events.flag);
   }
   if (!s.ok()) {
@@ -395,7 +395,16 @@ absl::Status Executor::HandOff(Gpu& gpu, const std::vector<std::vector<size_t>>&
   return absl::OkStatus();
 }
 
-absl::StatusOr<IpcCache::Lease> Executor::MapFlag(Gpu& gpu, const IpcRegion& flag) {
+absl::StatusOr<Executor::MappedFlag> Executor::MapFlag(Gpu& gpu, const EarlyAnswer& early) {
+  MappedFlag out;
+  if (early.host_flag) {
+    WPREP_ASSIGN_OR_RETURN(HostWords::Word w, host_words_.Acquire(gpu.runtime(), gpu.ordinal(), early.host_flag->name,
+                                                                  early.host_flag->offset));
+    out.ptr = w.device_ptr;
+    out.host = std::move(w.keep);
+    return out;
+  }
+  const IpcRegion& flag = *early.flag;
   if (flag.gpu != gpu.info().uuid) {
     return absl::InvalidArgumentError(absl::StrCat(
         "completion_flag.buffer.device_uuid names GPU ", FormatUuid(flag.gpu), ", not completion_event's GPU ",
@@ -406,7 +415,9 @@ absl::StatusOr<IpcCache::Lease> Executor::MapFlag(Gpu& gpu, const IpcRegion& fla
   if (reinterpret_cast<uintptr_t>(l->ptr()) % 4 != 0) {
     return absl::InvalidArgumentError("completion_flag.buffer: the word is not 4-byte aligned in its allocation");
   }
-  return l;
+  out.ptr = l->ptr();
+  out.ipc = std::move(*l);
+  return out;
 }
 
 absl::StatusOr<std::unique_ptr<StreamConverter>> Executor::StartStream(const Plan& plan,

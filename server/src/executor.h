@@ -18,6 +18,7 @@
 #include "completions.h"
 #include "device_manager.h"
 #include "device_run.h"
+#include "host_words.h"
 #include "ipc_cache.h"
 #include "metrics.h"
 #include "stream_converter.h"
@@ -51,9 +52,15 @@ struct ConvertJob {
 struct EarlyAnswer {
   std::string event_handle;  // kIpcEventHandleBytes of cudaIpcEventHandle_t
   Uuid event_gpu{};          // the GPU the event was made on
-  // ConvertBatchRequest.completion_flag: a 4-byte word of the client's on event_gpu,
-  // written with flag_value after the event's record.
+  // ConvertBatchRequest.completion_flag: a 4-byte word of the client's, written with
+  // flag_value after the event's record: GPU memory on event_gpu, or a word of a file in
+  // /dev/shm (at most one of the two).
   std::optional<IpcRegion> flag;
+  struct SharedWord {
+    std::string name;
+    uint64_t offset = 0;
+  };
+  std::optional<SharedWord> host_flag;
   uint32_t flag_value = 0;
   std::shared_ptr<void> keep;  // released once the work is done (the admission ticket)
   // Runs on the completions thread once the work is done: the wait's status, the GPU's
@@ -131,11 +138,17 @@ class Executor {
   // The batch jobs `items` of one GPU, over its streams; outcomes and the peak added to `out`.
   // With `early` (and its opened `event`), queues the work and hands it to completions_.
   // With `wait`, every stream waits for it first.
+  // A completion flag's word, mapped: `ptr` is its address on the GPU while the lease lives.
+  struct MappedFlag {
+    void* ptr = nullptr;
+    IpcCache::Lease ipc;               // a word of GPU memory
+    std::shared_ptr<const void> host;  // a word of shared host memory
+  };
   struct BatchEvents {
     EarlyAnswer* early = nullptr;
     Event completion = nullptr;  // early's, opened
     Event wait = nullptr;        // the ready event, opened, on this GPU
-    IpcCache::Lease* flag = nullptr;  // early's completion flag, mapped
+    MappedFlag* flag = nullptr;  // early's completion flag, mapped
   };
   absl::Status RunBatchOnGpu(Gpu& gpu, const std::vector<ConvertJob>& jobs, const std::vector<size_t>& items,
                              std::vector<Mapped>& mapped, const std::vector<std::string*>& inline_outputs,
@@ -145,9 +158,9 @@ class Executor {
   absl::Status HandOff(Gpu& gpu, const std::vector<std::vector<size_t>>& lanes,
                        std::vector<std::unique_ptr<DeviceRun>>& runs, const std::vector<size_t>& items,
                        std::vector<Mapped>& mapped, const BatchEvents& events);
-  // The completion flag's word mapped on `gpu` (completion_event's): same GPU, in range,
-  // aligned. Errors name completion_flag.buffer.
-  absl::StatusOr<IpcCache::Lease> MapFlag(Gpu& gpu, const IpcRegion& flag);
+  // The completion flag's word mapped on `gpu` (completion_event's): GPU memory on the
+  // same GPU, in range, aligned; or a word of shared host memory. Errors name the field.
+  absl::StatusOr<MappedFlag> MapFlag(Gpu& gpu, const EarlyAnswer& early);
   // A client event's checks: its GPU (`field`.device_uuid) is every IPC job's, and its
   // handle opens there. Sets *gpu to that GPU.
   absl::StatusOr<Event> OpenClientEvent(absl::string_view field, absl::string_view handle, const Uuid& uuid,
@@ -160,7 +173,9 @@ class Executor {
   IpcCache* const ipc_;
   const StreamSlicing slicing_;
   const absl::Duration memory_wait_;
-  // Last: its destructor waits for the early answers' work, which holds leases of ipc_.
+  HostWords host_words_;
+  // Last: its destructor waits for the early answers' work, which holds leases of ipc_
+  // and host_words_.
   Completions completions_;
 };
 

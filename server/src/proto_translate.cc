@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "host_words.h"
 #include "wprep/spec/status_macros.h"
 
 namespace wprep::server {
@@ -278,7 +279,21 @@ absl::StatusOr<bool> CompletionEventFromProto(const v1::ConvertBatchRequest& req
           "client reads on the GPU; leave completion_event unset for inline bytes"));
     }
   }
-  if (req.has_completion_flag()) {
+  if (req.has_completion_flag() && req.completion_flag().has_host_word()) {
+    const v1::SharedHostWord& w = req.completion_flag().host_word();
+    WPREP_RETURN_IF_ERROR(HostWords::CheckName(w.name()));
+    if (w.offset() % 4 != 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("completion_flag.host_word.offset must be a multiple of 4; got ", w.offset()));
+    }
+    early->host_flag = EarlyAnswer::SharedWord{w.name(), w.offset()};
+    early->flag_value = req.completion_flag().value();
+  } else if (req.has_completion_flag()) {
+    if (!req.completion_flag().has_buffer()) {
+      return absl::InvalidArgumentError(
+          "completion_flag must name its word: buffer (a word of GPU memory) or host_word (a word of a file in "
+          "/dev/shm)");
+    }
     const v1::CudaIpcBuffer& b = req.completion_flag().buffer();
     WPREP_ASSIGN_OR_RETURN(early->flag, IpcFromProto(b, "completion_flag.buffer"));
     if (b.size() != 4 || b.offset() % 4 != 0 || b.strides_size() != 0) {

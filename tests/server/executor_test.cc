@@ -22,6 +22,7 @@
 #include "ipc_cache.h"
 #include "metrics.h"
 #include "operand_error.h"
+#include "shm_file.h"
 #include "wprep/server/options.h"
 
 namespace wprep::testing {
@@ -614,6 +615,91 @@ TEST(Executor, ACompletionFlagIsCheckedBeforeAnyWork) {
   EXPECT_EQ(p.runtime.totals().flag_writes, 0);
   EXPECT_TRUE(b.Untouched());
   EXPECT_TRUE(std::all_of(words.ptr, words.ptr + 16, [](uint8_t x) { return x == 0; }));
+  EXPECT_EQ(p.runtime.totals().events_alive, 0) << "a refused batch made or kept an event";
+}
+
+// A flag in shared host memory (completion_flag.host_word) is written like a GPU word,
+// after every item and the client's event; its file is mapped and registered once and
+// kept, and mapped again when another file takes its name.
+TEST(Executor, AHostWordFlagIsWrittenAfterEveryItemAndItsFileIsMappedOnce) {
+  Parts p(1);
+  IpcBatch b(p.runtime, 4, [](size_t) { return 0; });
+  ASSERT_EQ(b.jobs.size(), 4u);
+  auto file = std::make_unique<ShmFile>(4096);
+  ASSERT_TRUE(file->ok());
+  auto run = [&](uint64_t offset, uint32_t value) {
+    server::EarlyAnswer early;
+    early.event_handle = p.runtime.ExportEventHandle(0);
+    early.event_gpu = FakeRuntime::FakeUuid(0);
+    early.host_flag = server::EarlyAnswer::SharedWord{file->name(), offset};
+    early.flag_value = value;
+    absl::Status s = p.executor->ConvertBatch(b.jobs, b.inline_outputs, absl::InfiniteFuture(), &early).status();
+    EXPECT_TRUE(WaitFor([&] { return p.executor->pending_completions() == 0; }));
+    return s;
+  };
+  ASSERT_TRUE(run(4092, 0xA5A5A501u).ok());
+  EXPECT_EQ(file->Word(4092), 0xA5A5A501u);
+  EXPECT_TRUE(std::all_of(file->base(), file->base() + 4092, [](uint8_t x) { return x == 0; }))
+      << "a byte beside the word was written";
+  EXPECT_EQ(p.runtime.counts(0).flag_writes, 1);
+  EXPECT_EQ(p.runtime.counts(0).converts_at_flag_write, 4) << "the flag came before some item";
+  ASSERT_TRUE(run(0, 7).ok());
+  EXPECT_EQ(file->Word(0), 7u);
+  EXPECT_EQ(p.runtime.host_registrations(), 1u) << "the file was registered again";
+  // A new file at the same name (a client that started again) is mapped anew.
+  const std::string name = file->name();
+  file.reset();
+  file = std::make_unique<ShmFile>(4096);
+  ASSERT_EQ(rename(file->path().c_str(), ("/dev/shm/" + name).c_str()), 0);
+  struct Named {
+    std::string path;
+    ~Named() { unlink(path.c_str()); }
+  } renamed{"/dev/shm/" + name};
+  server::EarlyAnswer early;
+  early.event_handle = p.runtime.ExportEventHandle(0);
+  early.event_gpu = FakeRuntime::FakeUuid(0);
+  early.host_flag = server::EarlyAnswer::SharedWord{name, 8};
+  early.flag_value = 9;
+  ASSERT_TRUE(p.executor->ConvertBatch(b.jobs, b.inline_outputs, absl::InfiniteFuture(), &early).ok());
+  EXPECT_TRUE(WaitFor([&] { return p.executor->pending_completions() == 0; }));
+  EXPECT_EQ(file->Word(8), 9u) << "the value went to the file that had the name before";
+  EXPECT_EQ(p.runtime.host_registrations(), 1u) << "the replaced file stayed registered";
+}
+
+// A host word's checks come before any work: a file that is missing, too small or not a
+// multiple of 4096 bytes, a symbolic link, an offset outside it or unaligned, a bad name.
+TEST(Executor, AHostWordFlagIsCheckedBeforeAnyWork) {
+  Parts p(1);
+  IpcBatch b(p.runtime, 2, [](size_t) { return 0; });
+  ShmFile good(4096), odd(100);
+  ASSERT_TRUE(good.ok() && odd.ok());
+  const std::string link = "/dev/shm/" + ShmFile::NextName();
+  ASSERT_EQ(symlink(good.path().c_str(), link.c_str()), 0);
+  struct Unlink {
+    std::string path;
+    ~Unlink() { unlink(path.c_str()); }
+  } unlink_link{link};
+  auto expect_invalid = [&](const std::string& name, uint64_t offset, const std::string& what) {
+    server::EarlyAnswer e;
+    e.event_handle = p.runtime.ExportEventHandle(0);
+    e.event_gpu = FakeRuntime::FakeUuid(0);
+    e.host_flag = server::EarlyAnswer::SharedWord{name, offset};
+    e.flag_value = 5;
+    absl::Status s = p.executor->ConvertBatch(b.jobs, b.inline_outputs, absl::InfiniteFuture(), &e).status();
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << name << " " << offset << ": " << s;
+    EXPECT_NE(s.message().find(what), std::string::npos) << s;
+  };
+  expect_invalid("wprep-no-such-file-" + std::to_string(getpid()), 0, "does not open");
+  expect_invalid(odd.name(), 0, "has 100 bytes");
+  expect_invalid(link.substr(9), 0, "is not a regular file");
+  expect_invalid(good.name(), 4096, "outside the file's 4096 bytes");
+  expect_invalid(good.name(), 2, "multiple of 4");
+  expect_invalid("../shm/" + good.name(), 0, "completion_flag.host_word.name");
+  expect_invalid("wprep-", 0, "completion_flag.host_word.name");
+  EXPECT_EQ(p.runtime.totals().converts, 0) << "a conversion ran before the checks";
+  EXPECT_EQ(p.runtime.totals().flag_writes, 0);
+  EXPECT_TRUE(b.Untouched());
+  EXPECT_TRUE(std::all_of(good.base(), good.base() + 4096, [](uint8_t x) { return x == 0; }));
   EXPECT_EQ(p.runtime.totals().events_alive, 0) << "a refused batch made or kept an event";
 }
 

@@ -283,6 +283,30 @@ absl::Status FakeRuntime::WriteValue32(int gpu, Stream, void* ptr, uint32_t valu
   return absl::OkStatus();
 }
 
+absl::StatusOr<void*> FakeRuntime::RegisterHost(int gpu, void* ptr, uint64_t bytes) {
+  if (absl::Status s = CheckGpu(gpu); !s.ok()) return s;
+  absl::MutexLock lock(&mu_);
+  if (!host_registered_.emplace(ptr, bytes).second) return absl::InvalidArgumentError("host memory registered twice");
+  return ptr;
+}
+
+void FakeRuntime::UnregisterHost(void* ptr) {
+  absl::MutexLock lock(&mu_);
+  host_registered_.erase(ptr);
+}
+
+absl::StatusOr<void*> FakeRuntime::HostDevicePointer(int gpu, void* ptr) {
+  if (absl::Status s = CheckGpu(gpu); !s.ok()) return s;
+  absl::MutexLock lock(&mu_);
+  if (host_registered_.count(ptr) == 0) return absl::InvalidArgumentError("host memory not registered");
+  return ptr;
+}
+
+size_t FakeRuntime::host_registrations() const {
+  absl::MutexLock lock(&mu_);
+  return host_registered_.size();
+}
+
 absl::StatusOr<void*> FakeRuntime::AllocatePinned(uint64_t bytes) {
   absl::MutexLock lock(&mu_);
   if (pinned_fails_) return absl::ResourceExhaustedError("fake pinned memory is short");

@@ -76,6 +76,8 @@ class FakeRuntime final : public server::DeviceRuntime {
   };
   Counts counts(int gpu) const;
   Counts totals() const;
+  // Host mappings registered now (RegisterHost, not yet unregistered).
+  size_t host_registrations() const;
 
   // DeviceRuntime.
   bool compiled_in() const override { return true; }
@@ -100,6 +102,10 @@ class FakeRuntime final : public server::DeviceRuntime {
   absl::Status SynchronizeEvent(int gpu, server::Event event) override;
   // Writes at once (work is synchronous), into mapped or allocated memory of the GPU.
   absl::Status WriteValue32(int gpu, Stream stream, void* ptr, uint32_t value) override;
+  // Host memory is the fake GPUs' memory: its device address is itself.
+  absl::StatusOr<void*> RegisterHost(int gpu, void* ptr, uint64_t bytes) override;
+  void UnregisterHost(void* ptr) override;
+  absl::StatusOr<void*> HostDevicePointer(int gpu, void* ptr) override;
   absl::StatusOr<IpcMapping> OpenIpc(int gpu, absl::string_view handle) override;
   absl::Status CloseIpc(int gpu, void* base) override;
   absl::Status Touch(int gpu, const void* ptr, uint64_t bytes) override;
@@ -121,6 +127,7 @@ class FakeRuntime final : public server::DeviceRuntime {
   std::vector<uint64_t> capacity_ ABSL_GUARDED_BY(mu_);
   std::map<void*, std::pair<int, uint64_t>> device_ ABSL_GUARDED_BY(mu_);  // ptr -> (gpu, bytes)
   std::map<void*, uint64_t> pinned_ ABSL_GUARDED_BY(mu_);
+  std::map<void*, uint64_t> host_registered_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, std::shared_ptr<Allocation>> exported_ ABSL_GUARDED_BY(mu_);
   std::map<void*, std::shared_ptr<Allocation>> mapped_ ABSL_GUARDED_BY(mu_);  // base -> allocation
   struct FakeEvent {

@@ -43,6 +43,7 @@
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "grpcpp/create_channel.h"
 #include "gtest/gtest.h"
+#include "shm_file.h"
 #include "stream_pipeline.h"
 #include "wprep/client/client.h"
 #include "wprep/server/daemon.h"
@@ -605,6 +606,9 @@ class GatedRuntime final : public server::DeviceRuntime {
   }
   absl::Status SynchronizeEvent(int gpu, server::Event e) override { return fake_.SynchronizeEvent(gpu, e); }
   absl::Status WriteValue32(int gpu, Stream s, void* p, uint32_t v) override { return fake_.WriteValue32(gpu, s, p, v); }
+  absl::StatusOr<void*> RegisterHost(int gpu, void* p, uint64_t n) override { return fake_.RegisterHost(gpu, p, n); }
+  void UnregisterHost(void* p) override { fake_.UnregisterHost(p); }
+  absl::StatusOr<void*> HostDevicePointer(int gpu, void* p) override { return fake_.HostDevicePointer(gpu, p); }
   absl::StatusOr<void*> AllocatePinned(uint64_t bytes) override { return fake_.AllocatePinned(bytes); }
   void FreePinned(void* p) override { fake_.FreePinned(p); }
   absl::StatusOr<IpcMapping> OpenIpc(int gpu, absl::string_view h) override { return fake_.OpenIpc(gpu, h); }
@@ -1067,6 +1071,17 @@ TEST(FaultFakeGpu, CompletionEventAnswersOnceQueuedAndDrainWaitsForTheWork) {
     *r.mutable_completion_flag() = flag_at(0, 4);
     r.mutable_completion_flag()->mutable_buffer()->set_handle("h");
     expect_invalid(r, "completion_flag.buffer.handle");
+    r.mutable_completion_flag()->Clear();
+    r.mutable_completion_flag()->set_value(1);
+    expect_invalid(r, "completion_flag must name its word");
+    r.mutable_completion_flag()->mutable_host_word()->set_name("../etc/passwd");
+    expect_invalid(r, "completion_flag.host_word.name");
+    r.mutable_completion_flag()->mutable_host_word()->set_name("wprep-" + std::string(201, 'a'));
+    expect_invalid(r, "completion_flag.host_word.name");
+    r.mutable_completion_flag()->mutable_host_word()->set_name("wprep-absent-" + std::to_string(getpid()));
+    expect_invalid(r, "completion_flag.host_word: /dev/shm/wprep-absent-");
+    r.mutable_completion_flag()->mutable_host_word()->set_offset(6);
+    expect_invalid(r, "completion_flag.host_word.offset must be a multiple of 4");
     v1::ConvertBatchRequest flag_alone = batch;
     *flag_alone.mutable_completion_flag() = flag_at(0, 4);
     expect_invalid(flag_alone, "set completion_event too");
@@ -1104,7 +1119,18 @@ TEST(FaultFakeGpu, CompletionEventAnswersOnceQueuedAndDrainWaitsForTheWork) {
       return Metric(d.metrics(), "wprep_kernel_duration_seconds_count", {{"device", "gpu0"}}) == kernels_first + 3;
     }));
   }
-  ASSERT_TRUE(client.ConvertBatch(r, o).ok());
+  {
+    // A word of shared host memory: written the same way.
+    ShmFile file(4096);
+    ASSERT_TRUE(file.ok());
+    v1::ConvertBatchRequest flagged = r;
+    flagged.mutable_completion_flag()->mutable_host_word()->set_name(file.name());
+    flagged.mutable_completion_flag()->mutable_host_word()->set_offset(40);
+    flagged.mutable_completion_flag()->set_value(0x8000002Bu);
+    ASSERT_TRUE(client.ConvertBatch(flagged, o).ok());
+    d.runtime().Sync();
+    EXPECT_EQ(file.Word(40), 0x8000002Bu);
+  }
   EXPECT_TRUE(WaitFor([&] {
     return Metric(d.metrics(), "wprep_kernel_duration_seconds_count", {{"device", "gpu0"}}) == kernels_first + 6;
   }));

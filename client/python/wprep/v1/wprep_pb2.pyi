@@ -215,12 +215,14 @@ class IpcEventRef(_message.Message):
     def __init__(self, handle: _Optional[bytes] = ..., device_uuid: _Optional[bytes] = ...) -> None: ...
 
 class IpcFlagRef(_message.Message):
-    __slots__ = ["buffer", "value"]
+    __slots__ = ["buffer", "host_word", "value"]
     BUFFER_FIELD_NUMBER: _ClassVar[int]
+    HOST_WORD_FIELD_NUMBER: _ClassVar[int]
     VALUE_FIELD_NUMBER: _ClassVar[int]
     buffer: CudaIpcBuffer
+    host_word: SharedHostWord
     value: int
-    def __init__(self, buffer: _Optional[_Union[CudaIpcBuffer, _Mapping]] = ..., value: _Optional[int] = ...) -> None: ...
+    def __init__(self, buffer: _Optional[_Union[CudaIpcBuffer, _Mapping]] = ..., host_word: _Optional[_Union[SharedHostWord, _Mapping]] = ..., value: _Optional[int] = ...) -> None: ...
 
 class IpcHandleRef(_message.Message):
     __slots__ = ["device_uuid", "handle"]
@@ -313,6 +315,14 @@ class ReleaseIpcHandlesResponse(_message.Message):
     deferred: int
     released: int
     def __init__(self, released: _Optional[int] = ..., deferred: _Optional[int] = ...) -> None: ...
+
+class SharedHostWord(_message.Message):
+    __slots__ = ["name", "offset"]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    offset: int
+    def __init__(self, name: _Optional[str] = ..., offset: _Optional[int] = ...) -> None: ...
 
 class StreamRequestHeader(_message.Message):
     __slots__ = ["device_uuid", "logical_shape", "spec"]
