@@ -8,6 +8,7 @@ in test_gpu.py on a GPU.
 """
 
 import dataclasses
+import os
 import sys
 import types
 
@@ -501,3 +502,195 @@ def test_stream_completion_refuses_host_items_and_two_gpus(fake):
         _requests.batch_call(items, None, {}, _torch.Registry(), None, "stream", pool)
     with pytest.raises(ValueError, match="completion must be one of"):
         _requests.batch_call(items[:1], None, {}, _torch.Registry(), None, "soon", pool)
+
+
+class RecordingFlags(_torch.FlagPool):
+    """A FlagPool whose pages are real files and mappings (in a directory of the test's) but
+    not registered with CUDA, recording the stream waits (the real cudaHostRegister and
+    cuStreamWaitValue32 run in test_gpu.py)."""
+
+    WORDS = 2
+
+    def __init__(self, directory, log):
+        super().__init__(str(directory))
+        self.log, self.pages = log, 0
+
+    def _new_page(self):
+        import ctypes
+        import mmap
+
+        self.pages += 1
+        name = f"wprep-test-{self.pages}"
+        path = os.path.join(self.directory, name)
+        with open(path, "wb") as f:
+            f.write(bytes(4 * self.WORDS))
+        fd = os.open(path, os.O_RDWR)
+        m = mmap.mmap(fd, 4 * self.WORDS)
+        os.close(fd)
+        page = _torch._Page(name, path, m, ctypes.addressof(ctypes.c_char.from_buffer(m)), {})
+        self._pages.append(page)
+        return page
+
+    @staticmethod
+    def _device_ptr(page, device_index):
+        return page.addr
+
+    def enqueue_wait(self, flag, stream, device_index):
+        self.log.append(("wait", stream.d, flag.page.name, flag.index, flag.value))
+        self.last = flag
+
+
+def test_async_completion_waits_for_a_flag_before_sending_and_returns_the_planned_results(fake, tmp_path):
+    torch, rec = fake
+    dev = 2
+    alloc = FakeAllocation(1 << 39, 1 << 24)
+    log = []
+    flags = RecordingFlags(tmp_path, log)
+    pool = _torch.EventPool()
+
+    def item(k):
+        src = torch.Tensor(FakeStorage(rec, alloc, k << 16, 32768), (2, 256, 64), (16384, 64, 1), 0, dev)
+        out = torch.Tensor(FakeStorage(rec, alloc, (k << 16) + 32768, 32768), (32768,), (1,), 0, dev)
+        return wprep.Item(SPEC, [2, 128, 256], src, out=out)
+
+    def call_of(k):
+        return _requests.batch_call([item(k)], None, {PLAN_KEY: PLAN}, _torch.Registry(), None, "async", pool, flags)
+
+    items = [item(0), item(1)]
+    call = _requests.batch_call(items, None, {PLAN_KEY: PLAN}, _torch.Registry(), None, "async", pool, flags)
+    f = call.request.completion_flag
+    assert f.WhichOneof("word") == "host_word"
+    assert f.host_word.name == "wprep-test-1" and f.host_word.offset == 0 and f.value == 1
+    first = flags.last
+    # The ready event is recorded before the stream's wait for the flag (else the daemon's
+    # work would wait behind a wait for itself), and the host synchronizes nothing.
+    assert len(rec.records) == 1 and log == [("wait", dev, "wprep-test-1", 0, 1)]
+    # The daemon records an event of its own, not the ready event the client records.
+    ready, completion = call.request.ready_event, call.request.completion_event
+    assert ready.handle != completion.handle and ready.device_uuid == completion.device_uuid
+    assert rec.synced == [] and rec.waits == []
+    # The results exist before the answer: the plan's shapes over the caller's outputs.
+    early = call.early
+    assert len(early) == 2
+    for res, it in zip(early, items):
+        assert (res.shape, res.strides, res.nbytes) == (PLAN.output_shape, PLAN.output_strides, PLAN.output_bytes)
+        assert res.tensor.untyped_storage() is it.out.untyped_storage()
+        assert res.tensor.shape == PLAN.output_shape and res.tensor.stride() == PLAN.output_strides
+        assert res.engine == "cuda:GPU-20212223-2425-2627-2829-2a2b2c2d2e2f"
+
+    def resp_of(n, shape=PLAN.output_shape):
+        resp = pb.ConvertBatchResponse()
+        for _ in range(n):
+            o = resp.items.add().outputs.add()
+            o.shape.extend(shape)
+            o.strides.extend(PLAN.output_strides)
+            o.bytes = PLAN.output_bytes
+        return resp
+
+    assert call.complete(resp_of(2)) is early
+    assert rec.waits == [], "an async call made the stream wait for the event after the answer"
+    assert first.read() == 0, "the client wrote the word of a call the daemon answered"
+    # The ready event goes back at the answer; the completion event once the word holds
+    # its value (the daemon's record of it came before the write).
+    ev = pool.take(dev)
+    assert ev[1] == ready.handle
+    pool.give(dev, ev)
+    ev = flags.completions.take(dev)
+    assert ev[1] != completion.handle, "a completion event was reused before its word was written"
+    flags.completions.give(dev, ev)
+    # Answered, but the daemon's write has not landed: the word is not reused; with every
+    # word busy a new page is made.
+    second, third = call_of(2), call_of(3)
+    assert second.request.completion_flag.host_word.offset == 4
+    assert third.request.completion_flag.host_word.name == "wprep-test-2" and flags.pages == 2
+    second.complete(resp_of(1))
+    third.complete(resp_of(1))
+    for w in flags._words:
+        w.write(w.value)  # the daemon's writes land
+    assert completion.handle in [flags.completions.take(dev)[1] for _ in range(4)]
+    taken = [flags.take(dev) for _ in range(4)]
+    assert flags.pages == 2, "a page was made while words were free"
+    assert (first.page.name, first.index, first.value) in [(t.page.name, t.index, t.value) for t in taken]
+    assert first.value == 2
+    for t in taken:
+        flags.finish(t, answered=True)
+        t.write(t.value)
+    # An answer that disagrees with the plan is an error, not a silently wrong view.
+    again = call_of(5)
+    with pytest.raises(RuntimeError, match="not the planned"):
+        again.complete(resp_of(1, shape=(1, 32768)))
+    # A call without an answer: the client's CPU writes the word at once (the stream goes
+    # on), and the word is never reused.
+    fourth = call_of(4)
+    failed = flags.last
+    assert failed.read() != failed.value
+    fourth.fail()
+    assert failed.read() == failed.value and failed.retired
+    for _ in range(8):
+        t = flags.take(dev)
+        assert t is not failed, "a failed call's word was reused"
+        flags.finish(t, answered=True)
+        t.write(t.value)
+    # close(): every word still waited for is written, and the files are unlinked.
+    pending = flags.take(dev)
+    flags.close()
+    assert pending.read() == pending.value
+    assert not [n for n in os.listdir(tmp_path) if n.startswith("wprep-")]
+
+
+def test_async_completion_needs_plans_and_cuda_items(fake, tmp_path):
+    torch, rec = fake
+    import numpy as np
+
+    flags = RecordingFlags(tmp_path, [])
+    with pytest.raises(ValueError, match=r"items\[0\]: completion='async' needs a CUDA tensor"):
+        _requests.batch_call([wprep.Item(SPEC, [2, 128, 256], np.zeros(32768, np.uint8))], None, {PLAN_KEY: PLAN},
+                             _torch.Registry(), None, "async", _torch.EventPool(), flags)
+    src = tensor(torch, rec, block_offset=0, nbytes=32768, shape=(2, 256, 64), strides=(16384, 64, 1))
+    out = tensor(torch, rec, block_offset=1 << 20, nbytes=32768, shape=(32768,), strides=(1,))
+    assert _requests.needs_plan(SPEC, [2, 128, 256], src, out) is None
+    assert _requests.needs_plan(SPEC, [2, 128, 256], src, out, "async") == PLAN_KEY
+    import asyncio
+
+    async def aio_async():
+        c = wprep.AsyncClient("unix:///nonexistent.sock")
+        try:
+            await c.convert_batch([wprep.Item(SPEC, [2, 128, 256], src, out=out)], completion="async")
+        finally:
+            await c.close()
+
+    with pytest.raises(ValueError, match="AsyncClient"):
+        asyncio.run(aio_async())
+
+
+def test_async_errors_are_raised_by_the_next_async_call_and_by_wait_async(fake, daemon, tmp_path):
+    """Against the real daemon (CPU engine, no GPU): every async call is refused (its GPU is
+    not served), and the error reaches the caller later, the way a CUDA kernel's does."""
+    torch, rec = fake
+    import time
+
+    with wprep.Client(daemon.target) as c:
+        c._flags = RecordingFlags(tmp_path, [])
+        src = tensor(torch, rec, block_offset=0, nbytes=32768, shape=(2, 256, 64), strides=(16384, 64, 1))
+        out = tensor(torch, rec, block_offset=1 << 20, nbytes=32768, shape=(32768,), strides=(1,))
+        items = [wprep.Item(SPEC, [2, 128, 256], src, out=out)]
+        r = c.convert_batch(items, completion="async")
+        refused = c._flags.last
+        plan = c.plan(SPEC, [2, 128, 256])
+        assert (r[0].shape, r[0].strides) == (plan.output_shape, plan.output_strides)
+        assert r[0].tensor.untyped_storage() is out.untyped_storage()
+        deadline = time.monotonic() + 30
+        while refused.read() != refused.value and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert refused.read() == refused.value == 1, "the refused call's word was not written: its stream would wait"
+        sent = len(c._flags.log)
+        with pytest.raises(wprep.WprepError) as e:
+            c.convert_batch(items, completion="async")
+        assert e.value.code.name in ("INVALID_ARGUMENT", "FAILED_PRECONDITION", "NOT_FOUND"), e.value
+        assert len(c._flags.log) == sent, "the call that raised the earlier error sent a request"
+        c.convert_batch(items, completion="async")
+        second = c._flags.last
+        with pytest.raises(wprep.WprepError):
+            c.wait_async(timeout=30)
+        c.wait_async(timeout=30)  # nothing pending, nothing left to raise
+        assert second is not refused and second.read() == second.value and second.retired
