@@ -382,14 +382,6 @@ GPT_OSS_20B = {"w13": (32, 5760, 2880), "w2": (32, 2880, 2880)}  # (E, N, K): va
 
 
 def test_gpu_drop_in_matches_the_contract_for_gpt_oss_20b_layers():
-    _check_drop_in("stream")
-
-
-def test_gpu_async_drop_in_matches_the_contract_for_gpt_oss_20b_layers():
-    _check_drop_in("async")
-
-
-def _check_drop_in(completion):
     torch = _torch()
     value_id, scale_id = _expected_identities(torch)
     gpu, ref = _client("gpu"), _client("cpu")
@@ -398,9 +390,7 @@ def _check_drop_in(completion):
         values = _random(torch, (e, n, k // 2), 100 + i)
         scales = _random(torch, (e, n, k // 32), 200 + i)
         v_before, s_before = values.clone(), scales.clone()
-        r = wprep.swizzle_mxfp4(values, scales, 8, client=gpu, completion=completion)
-        if completion == "async":
-            wprep.wait_async(client=gpu)  # no error; the reads below are ordered on the stream anyway
+        r = wprep.swizzle_mxfp4(values, scales, 8, client=gpu)
         assert torch.equal(values, v_before) and torch.equal(scales, s_before), "inputs changed"
         assert r.value_identity.layout == value_id and r.scale_identity.layout == scale_id
         for out, spec, shape, src in (
@@ -510,103 +500,6 @@ def test_gpu_stream_completion_reads_the_inputs_after_the_work_queued_before_the
             assert _memory(c, p.output_bytes) == want, f"rep {rep}, item {i}: the daemon read before the producer wrote"
         assert len(r) == 2
     assert gpu.release(srcs + outs) >= 1
-
-
-def test_gpu_async_completion_returns_before_the_answer_and_orders_the_stream_both_ways():
-    torch = _torch()
-    gpu, ref = _client("gpu"), _client("cpu")
-    spec, shape = Spec("hopper_value", mx_axis=-2, mma_version=3, packing_axis=-2), [16, 4096, 4096]
-    p = gpu.plan(spec, shape)
-    data = [_random(torch, p.input_shape, 700 + i) for i in range(4)]
-    srcs = [torch.zeros_like(d) for d in data]
-    outs = [torch.full((p.output_bytes,), 0xAB, dtype=torch.uint8, device="cuda") for _ in srcs]
-    gpu.register(srcs + outs)
-    stream = torch.cuda.current_stream()
-    for rep in range(3):
-        for s, o in zip(srcs, outs):
-            s.zero_()
-            o.fill_(0xAB)
-        torch.cuda.synchronize()
-        # The producer is still busy when the call returns (a GPU spin, then the sources' real
-        # bytes); the copies queued right after the call read the outputs only after the
-        # daemon, which itself starts only after the producer, has written them.
-        torch.cuda._sleep(1_000_000_000)
-        for s, d in zip(srcs, data):
-            s.copy_(d)
-        r = gpu.convert_batch([Item(spec, shape, s, out=o) for s, o in zip(srcs, outs)], completion="async")
-        assert not stream.query(), "the call waited on the host for the producer's work"
-        assert [x.tensor.data_ptr() for x in r] == [o.data_ptr() for o in outs]
-        assert all((x.shape, x.strides, x.kernel_seconds) == (p.output_shape, p.output_strides, 0) for x in r)
-        copies = [o.clone() for o in outs]
-        for i, c in enumerate(copies):
-            want = _reference_per_matrix(ref, spec, shape, data[i])
-            assert _memory(c, p.output_bytes) == want, f"rep {rep}, item {i}: read before the daemon wrote"
-    gpu.wait_async(timeout=60)
-    assert gpu.release(srcs + outs) >= 1
-
-
-def test_gpu_a_refused_async_call_releases_the_stream_and_raises_later():
-    torch = _torch()
-    import threading
-
-    gpu = _client("gpu")
-    spec, shape = Spec("hopper_value", mx_axis=-2, mma_version=3, packing_axis=-2), [2, 512, 512]
-    p = gpu.plan(spec, shape)
-    src = _random(torch, p.input_shape, 720)
-    out = torch.zeros(p.output_bytes, dtype=torch.uint8, device="cuda")
-    gpu.convert_batch([Item(spec, shape, src[:1], out=out)], completion="async")  # half the source: refused
-    # Work queued after the call waits for the flag; the client writes it when the refusal
-    # comes, so the stream goes on (a synchronize in a thread, so a hang fails the test).
-    done = threading.Event()
-    t = threading.Thread(target=lambda: (torch.cuda.current_stream().synchronize(), done.set()), daemon=True)
-    t.start()
-    assert done.wait(60), "the stream still waits for a refused call's flag"
-    try:
-        gpu.wait_async(timeout=60)
-    except wprep.WprepError as e:
-        assert e.code.name == "INVALID_ARGUMENT" and "items[0]" in str(e), e
-    else:
-        raise AssertionError("a refused async call raised nothing")
-    gpu.wait_async(timeout=60)  # raised once
-    ok = torch.zeros(p.output_bytes, dtype=torch.uint8, device="cuda")
-    r = gpu.convert_batch([Item(spec, shape, src, out=ok)], completion="async")
-    assert _memory(r[0].tensor, p.output_bytes) == _memory(gpu.convert(spec, shape, src).tensor, p.output_bytes)
-    gpu.wait_async(timeout=60)
-
-
-def test_gpu_an_async_call_whose_daemon_dies_releases_the_stream_and_raises_later():
-    """The daemon is killed while its work waits for the producer: nobody will write the word,
-    so the client's CPU does when the call fails, and the stream goes on."""
-    torch = _torch()
-    import signal
-    import threading
-
-    from wprep.testing import LocalDaemon
-
-    with LocalDaemon(_wprepd(), []) as d:
-        c = Client(d.target, timeout=60)
-        spec, shape = Spec("hopper_value", mx_axis=-2, mma_version=3, packing_axis=-2), [2, 512, 512]
-        p = c.plan(spec, shape)
-        src = _random(torch, p.input_shape, 730)
-        out = torch.zeros(p.output_bytes, dtype=torch.uint8, device="cuda")
-        c.convert_batch([Item(spec, shape, src, out=out)], completion="async")  # warm: mappings, plans
-        c.wait_async(timeout=60)
-        torch.cuda.synchronize()
-        torch.cuda._sleep(2_000_000_000)  # the producer: the daemon's work waits for it
-        c.convert_batch([Item(spec, shape, src, out=out)], completion="async")
-        d.proc.send_signal(signal.SIGKILL)
-        d.proc.wait(timeout=30)
-        done = threading.Event()
-        t = threading.Thread(target=lambda: (torch.cuda.current_stream().synchronize(), done.set()), daemon=True)
-        t.start()
-        assert done.wait(60), "the stream still waits for the word of a call whose daemon died"
-        try:
-            c.wait_async(timeout=60)
-        except wprep.WprepError as e:
-            assert e.code.name in ("UNAVAILABLE", "CANCELLED", "INTERNAL", "UNKNOWN"), e
-        else:
-            raise AssertionError("a call whose daemon died raised nothing")
-        c.close()
 
 
 def test_gpu_stream_completion_needs_cuda_tensors_in_and_out():

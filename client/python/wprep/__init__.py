@@ -23,10 +23,9 @@ from ._mxfp4 import (
     set_default_client,
     swizzle_mxfp4,
     swizzle_mxfp4_batch,
-    wait_async,
 )
 from ._spec import Direction, Layout, LayoutIdentity, Spec
-from ._torch import ExpandableSegmentsError, StreamMemOpsError
+from ._torch import ExpandableSegmentsError
 from ._types import BatchResult, Device, Devices, Item, Plan, Result
 
 __version__ = "0.1.0"
@@ -46,7 +45,6 @@ __all__ = [
     "Plan",
     "Result",
     "Spec",
-    "StreamMemOpsError",
     "SwizzledMXFP4",
     "WprepError",
     "default_client",
@@ -56,5 +54,4 @@ __all__ = [
     "set_default_client",
     "swizzle_mxfp4",
     "swizzle_mxfp4_batch",
-    "wait_async",
 ]

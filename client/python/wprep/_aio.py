@@ -130,10 +130,7 @@ class AsyncClient:
         timeout: Optional[float] = None,
         completion: str = "host",
     ) -> BatchResult:
-        """See Client.convert_batch (but for completion='async', which is Client's)."""
-        if completion == "async":
-            raise ValueError("completion='async' is Client's (a call that returns before the answer); an AsyncClient "
-                             "call is awaited: use completion='stream', and run calls concurrently with asyncio")
+        """See Client.convert_batch."""
         items = list(items)
         plans = await self._plans_for(
             [_requests.needs_plan(it.spec, it.logical_shape, it.source, it.out) for it in items if isinstance(it, Item)],

@@ -116,18 +116,10 @@ class Client:
         self._plans = _PlanCache()
         self._registry = _torch.Registry()
         self._events = _torch.EventPool()
-        self._flags = _torch.FlagPool()
-        # completion='async' calls: those in flight, and the errors not raised yet.
-        self._async_mu = threading.Lock()
-        self._async_pending: "collections.OrderedDict[int, concurrent.futures.Future[Any]]" = collections.OrderedDict()
-        self._async_errors: List[BaseException] = []
-        self.max_async_in_flight = 256
 
     def close(self) -> None:
-        """Closes the channel; calls in flight fail (completion='async' ones release their
-        streams, their outputs unwritten)."""
+        """Closes the channel; calls in flight fail."""
         self._channel.close()
-        self._flags.close()
 
     def __enter__(self) -> "Client":
         return self
@@ -273,61 +265,10 @@ class Client:
                     timeout: Optional[float], completion: str) -> Call:
         items = list(items)
         plans = self._plans_for(
-            [_requests.needs_plan(it.spec, it.logical_shape, it.source, it.out, completion)
-             for it in items if isinstance(it, Item)],
+            [_requests.needs_plan(it.spec, it.logical_shape, it.source, it.out) for it in items if isinstance(it, Item)],
             timeout,
         )
-        return _requests.batch_call(items, device_uuid, plans, self._registry, stream, completion, self._events,
-                                    self._flags)
-
-    # -- completion='async' -------------------------------------------------------------------
-
-    def _raise_async_error(self) -> None:
-        with self._async_mu:
-            if not self._async_errors:
-                return
-            e = self._async_errors.pop(0)
-        if hasattr(e, "add_note"):
-            e.add_note("(raised by a later call: an earlier completion='async' call of this Client failed; "
-                       "its outputs were not written)")
-        raise e
-
-    def _async_room(self) -> None:
-        """Waits while max_async_in_flight calls are in flight, oldest first."""
-        while True:
-            with self._async_mu:
-                if len(self._async_pending) < self.max_async_in_flight:
-                    return
-                oldest = next(iter(self._async_pending.values()))
-            concurrent.futures.wait([oldest])
-
-    def _submit_async(self, call: Call, timeout: Optional[float]) -> Any:
-        fut = self._submit(call, timeout)
-        key = id(fut)
-        with self._async_mu:
-            self._async_pending[key] = fut
-
-        def done(f: "concurrent.futures.Future[Any]") -> None:
-            with self._async_mu:
-                self._async_pending.pop(key, None)
-                if f.exception() is not None:
-                    self._async_errors.append(f.exception())  # type: ignore[arg-type]
-
-        fut.add_done_callback(done)
-        return call.early
-
-    def wait_async(self, timeout: Optional[float] = None) -> None:
-        """Waits for the answers of every completion='async' call made so far, then raises the
-        first error among them (a WprepError, as the call itself would have raised), if any.
-
-        TimeoutError when some answer has not come within `timeout` seconds.
-        """
-        with self._async_mu:
-            pending = list(self._async_pending.values())
-        _, not_done = concurrent.futures.wait(pending, timeout)
-        if not_done:
-            raise TimeoutError(f"{len(not_done)} completion='async' call(s) not answered after {timeout} s")
-        self._raise_async_error()
+        return _requests.batch_call(items, device_uuid, plans, self._registry, stream, completion, self._events)
 
     def convert_batch(
         self,
@@ -348,21 +289,7 @@ class Client:
         after the work queued there before the call, the outputs are ready for work queued
         there after it, and the call returns as soon as the daemon has queued its work, with
         no host wait either side; the results' kernel_seconds are then 0.
-
-        completion="async" is "stream" without waiting for the answer: `stream` is made to wait
-        on the GPU for a word of shared host memory (a file of /dev/shm the client maps and
-        registers with CUDA) that the daemon's GPU writes after its work (ConvertBatchRequest.
-        completion_flag.host_word), and the call returns once the request is sent, with the
-        results the daemon's Plans give. An error comes later, like a CUDA kernel's: it is
-        raised by the next completion="async" call of this Client, or by wait_async(); the
-        outputs of a failed call are undefined, and the client's CPU writes the word itself, so
-        `stream` goes on all the same. The tensors are held until the answer. The daemon must
-        share the client's /dev/shm and be able to open its files (the same user, or root).
         """
-        if completion == "async":
-            self._raise_async_error()
-            self._async_room()
-            return self._submit_async(self._batch_call(items, device_uuid, stream, timeout, completion), timeout)
         return self._run(self._batch_call(items, device_uuid, stream, timeout, completion), timeout)
 
     def convert_batch_future(
@@ -374,9 +301,7 @@ class Client:
         timeout: Optional[float] = None,
         completion: str = "host",
     ) -> "concurrent.futures.Future[BatchResult]":
-        """convert_batch() without waiting: a Future of the BatchResult (completion "host" or "stream")."""
-        if completion == "async":
-            raise ValueError("completion='async' returns before the answer already: call convert_batch")
+        """convert_batch() without waiting: a Future of the BatchResult."""
         return self._submit(self._batch_call(items, device_uuid, stream, timeout, completion), timeout)
 
     # -- devices and health -------------------------------------------------------------------

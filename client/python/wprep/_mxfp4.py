@@ -218,22 +218,13 @@ def swizzle_mxfp4(
     completion: "stream" (default) is ordered like the torch operations convert_layout runs
     on `stream` (default: the current stream): the daemon reads the inputs after the work
     queued there before the call, the outputs are ready for work queued there after it,
-    the host waits for neither, and kernel_seconds is 0. "async" is ordered the same way
-    and returns once the request is sent, before the daemon's answer (a loader's layers then
-    overlap their round trips); an error is raised by the next "async" call or by
-    wprep.wait_async(), which a loader calls after its last layer. "host" synchronizes
-    `stream` before the call and returns once the work is done, with the engine's time in
+    the host waits for neither, and kernel_seconds is 0. "host" synchronizes `stream`
+    before the call and returns once the work is done, with the engine's time in
     kernel_seconds.
     """
     return swizzle_mxfp4_batch([(values, scales)], num_warps, client=client,
                                out=None if out is None else [out], stream=stream, triton=triton,
                                completion=completion)[0]
-
-
-def wait_async(timeout: Optional[float] = None, *, client: Optional[Client] = None) -> None:
-    """Client.wait_async() of `client` (default: the shared one): waits for the answers of the
-    completion="async" calls made so far and raises the first error among them."""
-    (client or default_client()).wait_async(timeout)
 
 
 def empty_swizzled_mxfp4(values: Any, scales: Any, num_warps: int = 8, *,

@@ -31,8 +31,6 @@ class Call:
     # Runs once the call is over, after finish: with True when the daemon answered (its
     # handler is over), False when the call failed without an answer.
     release: Optional[Callable[[bool], None]] = None
-    # completion='async': the caller's result, known before the answer.
-    early: Any = None
 
     def complete(self, resp: Any) -> Any:
         """finish(resp), then release(True)."""
@@ -121,11 +119,9 @@ def plan_request(
     return r
 
 
-def needs_plan(spec: Spec, logical_shape: Sequence[int], source: Source, out: Any,
-               completion: str = "host") -> Optional[PlanKey]:
-    """The plan an output allocated by the client needs (a CUDA source without `out`), or, with
-    completion='async', that a CUDA item's result is made of before the answer."""
-    if (out is None or completion == "async") and _torch.is_cuda_tensor(source):
+def needs_plan(spec: Spec, logical_shape: Sequence[int], source: Source, out: Any) -> Optional[PlanKey]:
+    """The plan an output allocated by the client needs (a CUDA source without `out`)."""
+    if out is None and _torch.is_cuda_tensor(source):
         return (spec, shape_of(logical_shape))
     return None
 
@@ -190,12 +186,6 @@ class _Side:
             tensor=tensor,
         )
 
-    def planned(self, plan: Plan, engine: str) -> Result:
-        """The result the answer will describe, from the plan (completion='async')."""
-        return Result(shape=plan.output_shape, strides=plan.output_strides, nbytes=plan.output_bytes,
-                      identity=plan.identity, engine=engine, kernel_seconds=0.0,
-                      tensor=_torch.output_view(self.out, plan.output_shape, plan.output_strides))
-
     def keep(self) -> List[Any]:
         return [x for x in (self.out,) if x is not None]
 
@@ -231,7 +221,7 @@ def convert_call(
     return Call("Convert", r, finish, keep=[source, *side.keep()])
 
 
-COMPLETIONS = ("host", "stream", "async")
+COMPLETIONS = ("host", "stream")
 
 
 def batch_call(
@@ -242,7 +232,6 @@ def batch_call(
     stream: Any,
     completion: str = "host",
     events: Optional[_torch.EventPool] = None,
-    flags: Optional[_torch.FlagPool] = None,
 ) -> Call:
     sides: List[_Side] = []
     r = pb.ConvertBatchRequest(device_uuid=uuid_bytes(device_uuid))
@@ -266,63 +255,25 @@ def batch_call(
     if completion not in COMPLETIONS:
         raise ValueError(f"completion must be one of {COMPLETIONS}; got {completion!r}")
     event = None
-    flag: Optional[_torch.Flag] = None
-    done_event: Optional[Tuple[Any, bytes]] = None
-    early: Optional[BatchResult] = None
-    if completion in ("stream", "async"):
-        index = _early_answer_device(sides, completion)
+    if completion == "stream":
+        index = _early_answer_device(sides)
         assert events is not None
-        if completion == "async":
-            assert flags is not None
-            engine = "cuda:" + _uuid_string(_torch.device_uuid(index))
-            early = BatchResult([side.planned(plans[(it.spec, side.shape)], engine) for it, side in zip(items, sides)])
-        import torch
-
-        on = stream if stream is not None else torch.cuda.current_stream(index)
         event = events.take(index)
         # One event both ways: recorded here after the work queued so far on `stream` (the
         # daemon's streams wait for it on the GPU, so the host waits for nothing), then
         # recorded by the daemon after its own work, which `stream` waits for after the answer.
-        event[0].record(on)
+        import torch
+
+        event[0].record(stream if stream is not None else torch.cuda.current_stream(index))
         r.ready_event.handle = event[1]
         r.ready_event.device_uuid = _torch.device_uuid(index)
         r.completion_event.CopyFrom(r.ready_event)
-        if flags is not None and completion == "async":
-            # The daemon writes the flag after its work; `stream` waits for it from now on,
-            # before the request is even sent (the ready event is recorded first: the
-            # daemon's work must not wait behind this wait). The daemon records a
-            # completion event of its own, never this ready event: nothing waits for its
-            # record, which may still be pending on the GPU when the answer comes, and a
-            # record of one interprocess event by two processes whose GPU work completes
-            # out of order can leave a later wait for it waiting forever.
-            try:
-                done_event = flags.completions.take(index)
-                r.completion_event.handle = done_event[1]
-                flag = flags.take(index)
-                w = r.completion_flag.host_word
-                w.name, w.offset = flag.page.name, flag.offset
-                r.completion_flag.value = flag.value
-                flags.enqueue_wait(flag, on, index)
-            except BaseException:
-                if flag is not None:
-                    flags.finish(flag, answered=False)
-                if done_event is not None:
-                    flags.completions.give(index, done_event)
-                events.give(index, event)
-                raise
     elif devices:
         _torch.synchronize(devices, stream)
 
     def finish(resp: pb.ConvertBatchResponse) -> BatchResult:
         if len(resp.items) != len(sides):
             raise RuntimeError(f"ConvertBatch answered {len(resp.items)} items for {len(sides)}")
-        if early is not None:
-            for i, (res, item) in enumerate(zip(early, resp.items)):
-                t = item.outputs[0]
-                if (tuple(t.shape), tuple(t.strides), t.bytes) != (res.shape, res.strides, res.nbytes):
-                    raise RuntimeError(f"items[{i}]: the daemon wrote {list(t.shape)} strides {list(t.strides)}, "
-                                       f"not the planned {list(res.shape)} strides {list(res.strides)}")
-            return early
         if event is not None:
             import torch
 
@@ -339,47 +290,27 @@ def batch_call(
     for s in sides:
         keep += s.keep()
     def release(answered: bool) -> None:
-        # Without an answer the daemon's handler may still record the event (and write the
-        # flag): never reuse them.
-        assert events is not None
-        (events.give if answered else events.retire)(index, event)
-        if done_event is not None:
-            assert flags is not None
-            if answered:
-                # Its record is known done only once the word, written after it, holds the
-                # call's value.
-                word, value = flag, flag.value  # type: ignore[union-attr]
-                flags.completions.give_when(index, done_event, lambda: _torch._done(word.read(), value))
-            else:
-                flags.completions.retire(index, done_event)
-        if flag is not None:
-            assert flags is not None
-            # Unanswered: the daemon wrote nothing, or may never; the CPU writes the word.
-            flags.finish(flag, answered)
+        # Without an answer the daemon's handler may still record the event: never reuse it.
+        (events.give if answered else events.retire)(index, event)  # type: ignore[union-attr]
 
-    return Call("ConvertBatch", r, finish, keep=keep, release=None if event is None else release, early=early)
+    return Call("ConvertBatch", r, finish, keep=keep, release=None if event is None else release)
 
 
-def _uuid_string(raw: bytes) -> str:
-    h = raw.hex()
-    return f"GPU-{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
-
-
-def _early_answer_device(sides: Sequence["_Side"], completion: str = "stream") -> int:
+def _early_answer_device(sides: Sequence["_Side"]) -> int:
     """The one CUDA device of a batch whose every source and output is a CUDA tensor."""
     index: Optional[int] = None
     for i, side in enumerate(sides):
         if side.source_ipc is None or side.dest_ipc is None:
             raise ValueError(
-                f"items[{i}]: completion='{completion}' needs a CUDA tensor source and output (out=... or "
+                f"items[{i}]: completion='stream' needs a CUDA tensor source and output (out=... or "
                 f"allocated on the source's device); use completion='host' for host data"
             )
         for d in side.devices:
             if index is None:
                 index = d
             elif d != index:
-                raise ValueError(f"items[{i}]: completion='{completion}' orders one GPU's work; the batch spans "
+                raise ValueError(f"items[{i}]: completion='stream' orders one GPU's work; the batch spans "
                                  f"cuda:{index} and cuda:{d}: send one batch per GPU")
     if index is None:
-        raise ValueError(f"completion='{completion}' needs CUDA tensors")
+        raise ValueError("completion='stream' needs CUDA tensors")
     return index

@@ -276,9 +276,7 @@ class EventPool:
     """Interprocess CUDA events for batches ordered on the GPU (ConvertBatchRequest.ready_event
     and completion_event, one event for both), per device, made once and reused.
 
-    An event is taken for one call and given back once the daemon has answered (once its
-    completion flag's word is written, for a call answered before the stream waited for the
-    event: give_when, so that no record of the event is pending on the GPU). The daemon
+    An event is taken for one call and given back once the daemon has answered. The daemon
     may record a client's event until its handler ends, which can be after a call failed on
     the client's side (a deadline, a cancel): such an event is retired, kept but never
     reused, so that a late record can neither reach another call's wait nor an event that is
@@ -292,19 +290,10 @@ class EventPool:
         self._mu = threading.Lock()
         self._free: Dict[int, List[Tuple[Any, bytes]]] = {}
         self._retired: List[Tuple[Any, bytes]] = []
-        self._pending: List[Tuple[int, Tuple[Any, bytes], Any]] = []  # (device, event, done)
 
     def take(self, device_index: int) -> Tuple[Any, bytes]:
         """(torch.cuda.Event, its 64-byte cudaIpcEventHandle_t) on the device."""
         with self._mu:
-            if self._pending:
-                waiting = []
-                for d, e, done in self._pending:
-                    if done():
-                        self._free.setdefault(d, []).append(e)
-                    else:
-                        waiting.append((d, e, done))
-                self._pending = waiting
             free = self._free.get(device_index)
             if free:
                 return free.pop()
@@ -319,237 +308,10 @@ class EventPool:
         with self._mu:
             self._free.setdefault(device_index, []).append(event)
 
-    def give_when(self, device_index: int, event: Tuple[Any, bytes], done: Any) -> None:
-        """Gives the event back once done() is true (take() asks)."""
-        with self._mu:
-            self._pending.append((device_index, event, done))
-
     def retire(self, device_index: int, event: Tuple[Any, bytes]) -> None:
         with self._mu:
             self._retired.append(event)
             del self._retired[:-self.RETIRED_KEPT]
-
-
-class StreamMemOpsError(RuntimeError):
-    """The driver refused a stream memory operation (cuStreamWaitValue32) completion='async' needs."""
-
-
-_CU_STREAM_WAIT_VALUE_GEQ = 0
-_libcuda: Dict[str, Any] = {}
-_libcuda_mu = threading.Lock()
-
-
-def _driver_fn(name: str, argtypes: List[Any]) -> Any:
-    """A function of the CUDA driver torch loaded (its CUDA 12 form where there is one)."""
-    with _libcuda_mu:
-        fn = _libcuda.get(name)
-        if fn is None:
-            import ctypes
-
-            try:
-                lib = ctypes.CDLL("libcuda.so.1")
-            except OSError as e:
-                raise StreamMemOpsError(f"completion='async' calls the CUDA driver, and libcuda.so.1 did not load: {e}")
-            fn = getattr(lib, name + "_v2", None) or getattr(lib, name, None)
-            if fn is None:
-                raise StreamMemOpsError(f"this CUDA driver has no {name}; use completion='stream'")
-            fn.argtypes = argtypes
-            fn.restype = ctypes.c_int
-            _libcuda[name] = fn
-        return fn
-
-
-def _done(word: int, value: int) -> bool:
-    """cuStreamWaitValue32's "greater or equal": (int32)(word - value) >= 0."""
-    return ((word - value) & 0xFFFFFFFF) < (1 << 31)
-
-
-@dataclass
-class Flag:
-    """One 32-bit word of a FlagPool page."""
-
-    page: "_Page"
-    index: int  # the word's index in its page
-    value: int = 0  # the value of its current (or last) use
-    answered: bool = True  # the last use's call is over and the daemon answered it
-    retired: bool = False  # never reused: a daemon that did not answer may still write it
-
-    @property
-    def offset(self) -> int:
-        return 4 * self.index
-
-    def read(self) -> int:
-        import ctypes
-
-        return int(ctypes.c_uint32.from_address(self.page.addr + self.offset).value)
-
-    def write(self, value: int) -> None:
-        import ctypes
-
-        ctypes.c_uint32.from_address(self.page.addr + self.offset).value = value
-
-
-@dataclass
-class _Page:
-    name: str  # the file's name in the pool's directory
-    path: str
-    mapping: Any  # the mmap
-    addr: int  # its address in this process
-    device_ptr: Dict[int, int]  # device index -> its address on the GPU
-    unlinked: bool = False
-
-
-class FlagPool:
-    """Words of shared host memory for batches answered before the call returns
-    (ConvertBatchRequest.completion_flag.host_word, completion='async').
-
-    The words are pages of files in /dev/shm that the client maps and registers with CUDA
-    (cudaHostRegister, portable and mapped). A call takes a word and a fresh value for it;
-    the caller's stream waits for it on the GPU (cuStreamWaitValue32, "greater or equal",
-    wrapping); the daemon's GPU writes the value after the batch's work. When a call fails
-    the client's CPU writes the value, which releases the stream with no GPU queue in
-    between. A word is reused only when its call was answered and the word holds its
-    value (the daemon's write has landed, so no late write can pass a later wait early); a
-    word whose call got no answer is never reused. close() releases every word still
-    waited for and unlinks the files; the mappings stay until the process exits, since a
-    stream may still reach a wait on them.
-    """
-
-    WORDS = 1024  # a page's words: 4096 bytes
-    MODE = 0o660
-
-    def __init__(self, directory: str = "/dev/shm") -> None:
-        self.directory = directory
-        self._mu = threading.Lock()
-        self._pages: List[_Page] = []  # guarded by _mu
-        self._words: List[Flag] = []  # guarded by _mu
-        self._scan = 0  # where take() looks first
-        # The completion events of these calls: recorded by the daemon only, and reused
-        # once the word written after the record holds its value.
-        self.completions = EventPool()
-
-    def take(self, device_index: int) -> Flag:
-        """A free word with its next value set (never 0), its page mapped on the device."""
-        with self._mu:
-            n = len(self._words)
-            for k in range(n):
-                f = self._words[(self._scan + k) % n]
-                if f.answered and not f.retired and _done(f.read(), f.value):
-                    self._scan = (self._scan + k + 1) % n
-                    break
-            else:
-                page = self._new_page()
-                words = [Flag(page, i) for i in range(self.WORDS)]
-                self._scan = len(self._words) + 1
-                self._words.extend(words)
-                f = words[0]
-            f.value = (f.value + 1) & 0xFFFFFFFF or 1
-            f.answered = False
-            page = f.page
-        if device_index not in page.device_ptr:
-            page.device_ptr[device_index] = self._device_ptr(page, device_index)
-        return f
-
-    def enqueue_wait(self, flag: Flag, stream: Any, device_index: int) -> None:
-        """Makes work queued on `stream` from now on wait until the word reaches flag.value."""
-        import ctypes
-
-        fn = _driver_fn("cuStreamWaitValue32", [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_uint32, ctypes.c_uint])
-        r = fn(stream.cuda_stream, flag.page.device_ptr[device_index] + flag.offset, flag.value,
-               _CU_STREAM_WAIT_VALUE_GEQ)
-        if r != 0:
-            raise StreamMemOpsError(
-                f"cuStreamWaitValue32 failed with CUresult {r} on cuda:{device_index}: this GPU or driver "
-                f"does not take stream memory operations on host memory; use completion='stream'"
-            )
-
-    def finish(self, flag: Flag, answered: bool) -> None:
-        """The call is over: answered (the daemon's write is queued) or not (the client
-        writes the value itself, at once, and the word is never reused)."""
-        if not answered:
-            if not _done(flag.read(), flag.value):
-                flag.write(flag.value)
-            flag.retired = True
-        flag.answered = True
-
-    def release_all(self) -> None:
-        """Writes every word's value that a stream may still wait for."""
-        with self._mu:
-            for f in self._words:
-                if not f.answered and not _done(f.read(), f.value):
-                    f.write(f.value)
-
-    def close(self) -> None:
-        """release_all(), and the files unlinked (their mappings stay, see the class)."""
-        self.release_all()
-        with self._mu:
-            for p in self._pages:
-                if not p.unlinked:
-                    p.unlinked = True
-                    try:
-                        os.unlink(p.path)
-                    except OSError:
-                        pass
-
-    def _new_page(self) -> _Page:
-        import ctypes
-        import mmap
-        import secrets
-
-        import torch
-
-        name = f"wprep-{os.getpid()}-{secrets.token_hex(8)}"
-        path = os.path.join(self.directory, name)
-        size = 4 * self.WORDS
-        try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
-        except OSError as e:
-            raise StreamMemOpsError(f"completion='async' keeps its words in {self.directory}, and {path} "
-                                    f"cannot be made: {e}; use completion='stream'") from None
-        try:
-            # The daemon opens it for writing: the same user, root, or (as in the sidecar
-            # recipe, where /dev/shm's group is the pod's fsGroup) the file's group.
-            os.fchmod(fd, self.MODE)
-            os.ftruncate(fd, size)
-            m = mmap.mmap(fd, size)
-        finally:
-            os.close(fd)
-        addr = ctypes.addressof(ctypes.c_char.from_buffer(m))
-        err = torch.cuda.cudart().cudaHostRegister(addr, size, 3)  # portable | mapped
-        if int(err) != 0:
-            os.unlink(path)
-            raise StreamMemOpsError(f"cudaHostRegister of {path} failed (cudaError {int(err)}); "
-                                    f"use completion='stream'")
-        page = _Page(name, path, m, addr, {})
-        self._pages.append(page)
-        import weakref
-
-        weakref.finalize(self, _unlink_quietly, path)
-        return page
-
-    @staticmethod
-    def _device_ptr(page: _Page, device_index: int) -> int:
-        import ctypes
-
-        import torch
-
-        fn = _driver_fn("cuMemHostGetDevicePointer",
-                        [ctypes.POINTER(ctypes.c_uint64), ctypes.c_void_p, ctypes.c_uint])
-        out = ctypes.c_uint64()
-        with torch.cuda.device(device_index):
-            torch.cuda.init()
-            r = fn(ctypes.byref(out), ctypes.c_void_p(page.addr), 0)
-        if r != 0:
-            raise StreamMemOpsError(f"cuMemHostGetDevicePointer failed with CUresult {r} on cuda:{device_index}; "
-                                    f"use completion='stream'")
-        return int(out.value)
-
-
-def _unlink_quietly(path: str) -> None:
-    try:
-        os.unlink(path)
-    except OSError:
-        pass
 
 
 def synchronize(devices: Iterable[int], stream: Any = None) -> None:
