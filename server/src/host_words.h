@@ -23,14 +23,15 @@ namespace wprep::server {
 
 class HostWords {
  public:
-  // Files of `dir` (the daemon's /dev/shm); at most `max_files` kept mapped.
-  explicit HostWords(std::string dir = "/dev/shm", size_t max_files = 256);
+  // Files of `dir` (the daemon's /dev/shm); at most `max_files` kept mapped (and registered:
+  // page-locked), so at most max_files x kMaxFileBytes of the host's memory.
+  explicit HostWords(std::string dir = "/dev/shm", size_t max_files = 64);
   ~HostWords();
   HostWords(const HostWords&) = delete;
   HostWords& operator=(const HostWords&) = delete;
 
   // The largest file taken, and the unit of its size.
-  static constexpr uint64_t kMaxFileBytes = 1 << 20;
+  static constexpr uint64_t kMaxFileBytes = 64 << 10;
   static constexpr uint64_t kFileBytesUnit = 4096;
 
   // A client's name for a file: "wprep-" and then 1 to 200 of A-Z a-z 0-9 . _ -.

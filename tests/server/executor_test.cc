@@ -2,6 +2,9 @@
 // fake GPUs of FakeRuntime: which engine runs a job, what it reads and writes, what device
 // memory it holds, and the operand its errors name. Expected bytes come from the
 // reference vectors, never from the engine.
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <atomic>
 #include <cstring>
@@ -23,6 +26,7 @@
 #include "metrics.h"
 #include "operand_error.h"
 #include "shm_file.h"
+#include "host_words.h"
 #include "wprep/server/options.h"
 
 namespace wprep::testing {
@@ -701,6 +705,54 @@ TEST(Executor, AHostWordFlagIsCheckedBeforeAnyWork) {
   EXPECT_TRUE(b.Untouched());
   EXPECT_TRUE(std::all_of(good.base(), good.base() + 4096, [](uint8_t x) { return x == 0; }));
   EXPECT_EQ(p.runtime.totals().events_alive, 0) << "a refused batch made or kept an event";
+}
+
+// The daemon keeps at most max_files files mapped and registered (page-locked): files whose
+// names are gone first, then the least recently used; a file too large is refused.
+TEST(HostWords, KeepsAtMostMaxFilesUnlinkedOnesFirst) {
+  FakeRuntime rt(1);
+  char dir_template[] = "/tmp/wprep-host-words-XXXXXX";
+  ASSERT_NE(mkdtemp(dir_template), nullptr);
+  const std::string dir = dir_template;
+  auto make = [&](const std::string& name, off_t bytes) {
+    const std::string path = dir + "/" + name;
+    int fd = open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    EXPECT_GE(fd, 0);
+    EXPECT_EQ(ftruncate(fd, bytes), 0);
+    close(fd);
+    return path;
+  };
+  {
+    server::HostWords words(dir, 3);
+    for (const char* n : {"wprep-a", "wprep-b", "wprep-c"}) {
+      make(n, 4096);
+      ASSERT_TRUE(words.Acquire(rt, 0, n, 0).ok()) << n;
+    }
+    EXPECT_EQ(words.size(), 3u);
+    ASSERT_TRUE(words.Acquire(rt, 0, "wprep-a", 4).ok());  // a is now the most recently used
+    unlink((dir + "/wprep-c").c_str());
+    make("wprep-d", 4096);
+    ASSERT_TRUE(words.Acquire(rt, 0, "wprep-d", 0).ok());
+    EXPECT_EQ(words.size(), 3u) << "the unlinked file was not dropped";
+    EXPECT_EQ(rt.host_registrations(), 3u);
+    make("wprep-e", 8192);
+    ASSERT_TRUE(words.Acquire(rt, 0, "wprep-e", 8188).ok());
+    EXPECT_EQ(words.size(), 3u);
+    EXPECT_EQ(rt.host_registrations(), 3u) << "an evicted file stayed registered";
+    const int registered = rt.host_register_calls();
+    ASSERT_TRUE(words.Acquire(rt, 0, "wprep-a", 0).ok());
+    EXPECT_EQ(rt.host_register_calls(), registered) << "the most recently used file was evicted, not b";
+    ASSERT_TRUE(words.Acquire(rt, 0, "wprep-b", 0).ok());
+    EXPECT_EQ(rt.host_register_calls(), registered + 1) << "the least recently used file was kept";
+    EXPECT_EQ(rt.host_registrations(), 3u);
+    make("wprep-big", server::HostWords::kMaxFileBytes + 4096);
+    absl::StatusOr<server::HostWords::Word> big = words.Acquire(rt, 0, "wprep-big", 0);
+    EXPECT_EQ(big.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(big.status().message().find("at most 65536"), std::string::npos) << big.status();
+  }
+  EXPECT_EQ(rt.host_registrations(), 0u) << "a file stayed registered after the daemon let go";
+  for (const char* n : {"wprep-a", "wprep-b", "wprep-d", "wprep-e", "wprep-big"}) unlink((dir + "/" + n).c_str());
+  rmdir(dir.c_str());
 }
 
 // The completions thread finishes work in the order it was added, once its event's wait

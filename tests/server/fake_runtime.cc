@@ -287,6 +287,7 @@ absl::StatusOr<void*> FakeRuntime::RegisterHost(int gpu, void* ptr, uint64_t byt
   if (absl::Status s = CheckGpu(gpu); !s.ok()) return s;
   absl::MutexLock lock(&mu_);
   if (!host_registered_.emplace(ptr, bytes).second) return absl::InvalidArgumentError("host memory registered twice");
+  ++host_register_calls_;
   return ptr;
 }
 
@@ -305,6 +306,11 @@ absl::StatusOr<void*> FakeRuntime::HostDevicePointer(int gpu, void* ptr) {
 size_t FakeRuntime::host_registrations() const {
   absl::MutexLock lock(&mu_);
   return host_registered_.size();
+}
+
+int FakeRuntime::host_register_calls() const {
+  absl::MutexLock lock(&mu_);
+  return host_register_calls_;
 }
 
 absl::StatusOr<void*> FakeRuntime::AllocatePinned(uint64_t bytes) {

@@ -76,8 +76,10 @@ class FakeRuntime final : public server::DeviceRuntime {
   };
   Counts counts(int gpu) const;
   Counts totals() const;
-  // Host mappings registered now (RegisterHost, not yet unregistered).
+  // Host mappings registered now (RegisterHost, not yet unregistered), and RegisterHost
+  // calls that succeeded so far.
   size_t host_registrations() const;
+  int host_register_calls() const;
 
   // DeviceRuntime.
   bool compiled_in() const override { return true; }
@@ -128,6 +130,7 @@ class FakeRuntime final : public server::DeviceRuntime {
   std::map<void*, std::pair<int, uint64_t>> device_ ABSL_GUARDED_BY(mu_);  // ptr -> (gpu, bytes)
   std::map<void*, uint64_t> pinned_ ABSL_GUARDED_BY(mu_);
   std::map<void*, uint64_t> host_registered_ ABSL_GUARDED_BY(mu_);
+  int host_register_calls_ ABSL_GUARDED_BY(mu_) = 0;
   std::map<std::string, std::shared_ptr<Allocation>> exported_ ABSL_GUARDED_BY(mu_);
   std::map<void*, std::shared_ptr<Allocation>> mapped_ ABSL_GUARDED_BY(mu_);  // base -> allocation
   struct FakeEvent {
