@@ -35,6 +35,7 @@ void* DriverEntryPoint(const char* name) {
 
 using GetAddressRangeFn = CUresult (*)(CUdeviceptr*, size_t*, CUdeviceptr);
 using WriteValue32Fn = CUresult (*)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
+using WaitValue32Fn = CUresult (*)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
 
 // Resolved once each.
 GetAddressRangeFn AddressRangeFn() {
@@ -43,6 +44,10 @@ GetAddressRangeFn AddressRangeFn() {
 }
 WriteValue32Fn WriteValueFn() {
   static const auto fn = reinterpret_cast<WriteValue32Fn>(DriverEntryPoint("cuStreamWriteValue32"));
+  return fn;
+}
+WaitValue32Fn WaitValueFn() {
+  static const auto fn = reinterpret_cast<WaitValue32Fn>(DriverEntryPoint("cuStreamWaitValue32"));
   return fn;
 }
 
@@ -202,6 +207,18 @@ class Cuda final : public DeviceRuntime {
     return absl::OkStatus();
   }
 
+  absl::Status WaitValue32(int gpu, Stream stream, void* ptr, uint32_t value) override {
+    WaitValue32Fn fn = WaitValueFn();
+    if (fn == nullptr) return absl::InternalError("cuStreamWaitValue32 is not available from the CUDA driver");
+    WPREP_CUDA_RETURN_IF_ERROR(cudaSetDevice(gpu));
+    // CU_STREAM_WAIT_VALUE_GEQ (0): the wrapping "greater or equal".
+    if (CUresult r = fn(reinterpret_cast<CUstream>(stream), reinterpret_cast<CUdeviceptr>(ptr), value, 0);
+        r != CUDA_SUCCESS) {
+      return absl::InternalError(absl::StrCat("cuStreamWaitValue32 failed with CUresult ", r));
+    }
+    return absl::OkStatus();
+  }
+
   absl::StatusOr<void*> RegisterHost(int gpu, void* ptr, uint64_t bytes) override {
     WPREP_CUDA_RETURN_IF_ERROR(cudaSetDevice(gpu));
     if (cudaError_t e = cudaHostRegister(ptr, bytes, cudaHostRegisterPortable | cudaHostRegisterMapped);
@@ -335,6 +352,7 @@ class NoCudaRuntime final : public DeviceRuntime {
   absl::Status StreamWaitEvent(int, Stream, Event) override { return NoCuda(); }
   absl::Status SynchronizeEvent(int, Event) override { return NoCuda(); }
   absl::Status WriteValue32(int, Stream, void*, uint32_t) override { return NoCuda(); }
+  absl::Status WaitValue32(int, Stream, void*, uint32_t) override { return NoCuda(); }
   absl::StatusOr<void*> RegisterHost(int, void*, uint64_t) override { return NoCuda(); }
   void UnregisterHost(void*) override {}
   absl::StatusOr<void*> HostDevicePointer(int, void*) override { return NoCuda(); }

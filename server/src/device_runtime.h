@@ -105,6 +105,10 @@ class DeviceRuntime {
   // visible first (cuStreamWriteValue32): what a client's stream waiting on the word
   // (cuStreamWaitValue32) is released by.
   virtual absl::Status WriteValue32(int gpu, Stream stream, void* ptr, uint32_t value) = 0;
+  // Makes the work queued on `stream` after this wait until the 4-byte aligned word at
+  // `ptr` (as for WriteValue32, or registered host memory) holds `value` or beyond, as
+  // cuStreamWaitValue32's wrapping "greater or equal": (int32_t)(*ptr - value) >= 0.
+  virtual absl::Status WaitValue32(int gpu, Stream stream, void* ptr, uint32_t value) = 0;
   // Registers the page-aligned host mapping [ptr, ptr + bytes) with every GPU, mapped into
   // their address spaces (cudaHostRegister, portable and mapped), and gives its device
   // address on `gpu`: what WriteValue32 takes for a word of shared host memory.

@@ -207,11 +207,30 @@ absl::StatusOr<Executor::BatchOutcome> Executor::ConvertBatch(const std::vector<
                                                               early->event_gpu, gpus, jobs, &early_gpu));
   }
   MappedFlag flag;
-  if (early != nullptr && (early->flag || early->host_flag)) {
-    WPREP_ASSIGN_OR_RETURN(flag, MapFlag(*early_gpu, *early));
+  if (early != nullptr && early->flag.set()) {
+    WPREP_ASSIGN_OR_RETURN(flag, MapWord(*early_gpu, early->flag, "completion_flag", "completion_event's"));
     events.flag = &flag;
   }
-  if (ready != nullptr) {
+  MappedFlag ready_word;
+  if (ready != nullptr && ready->flag.set()) {
+    // The word orders the work of the one GPU that holds the items' IPC memory (a GPU word
+    // must live there too); a batch without IPC memory has nothing of the client's to order.
+    for (size_t i = 0; i < jobs.size(); ++i) {
+      if (!jobs[i].source_ipc && !jobs[i].destination_ipc) continue;
+      if (wait_gpu != nullptr && gpus[i] != wait_gpu) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "items[", i, "] is on GPU ", FormatUuid(gpus[i]->info().uuid), ", not on GPU ",
+            FormatUuid(wait_gpu->info().uuid), " with the others; ready_flag orders one GPU's work: send one batch "
+            "per GPU"));
+      }
+      wait_gpu = gpus[i];
+    }
+    if (wait_gpu != nullptr) {
+      WPREP_ASSIGN_OR_RETURN(ready_word, MapWord(*wait_gpu, ready->flag, "ready_flag", "the items'"));
+      events.ready_word = &ready_word;
+      events.ready_value = ready->flag.value;
+    }
+  } else if (ready != nullptr) {
     if (early != nullptr && ready->handle == early->event_handle && ready->gpu == early->event_gpu) {
       events.wait = events.completion;  // one event, waited for and then recorded
       wait_gpu = early_gpu;
@@ -227,7 +246,10 @@ absl::StatusOr<Executor::BatchOutcome> Executor::ConvertBatch(const std::vector<
   out.items.resize(jobs.size());
   auto events_of = [&](Gpu* g) {
     BatchEvents e = events;
-    if (g != wait_gpu) e.wait = nullptr;
+    if (g != wait_gpu) {
+      e.wait = nullptr;
+      e.ready_word = nullptr;
+    }
     return e;
   };
   if (early != nullptr) {
@@ -302,6 +324,12 @@ absl::Status Executor::RunBatchOnGpu(Gpu& gpu, const std::vector<ConvertJob>& jo
       WPREP_RETURN_IF_ERROR(gpu.runtime().StreamWaitEvent(gpu.ordinal(), run->stream(), events.wait));
     }
   }
+  if (events.ready_word != nullptr) {
+    for (const auto& run : runs) {
+      WPREP_RETURN_IF_ERROR(
+          gpu.runtime().WaitValue32(gpu.ordinal(), run->stream(), events.ready_word->ptr, events.ready_value));
+    }
+  }
   std::vector<std::vector<size_t>> lanes(k);
   for (size_t n = 0; n < items.size(); ++n) lanes[n % k].push_back(items[n]);
   for (size_t lane = 0; lane < k; ++lane) {
@@ -349,7 +377,7 @@ absl::Status Executor::HandOff(Gpu& gpu, const std::vector<std::vector<size_t>>&
   // later runs after this.
   struct Held {
     std::vector<Mapped> mapped;
-    MappedFlag flag;
+    MappedFlag flag, ready_word;
     std::vector<std::pair<size_t, std::unique_ptr<DeviceTimer>>> timers;  // job index, its timer
     std::vector<Event> events;  // the GPU's, back to it once done
     std::shared_ptr<void> keep;
@@ -367,9 +395,10 @@ absl::Status Executor::HandOff(Gpu& gpu, const std::vector<std::vector<size_t>>&
   absl::Status s = gpu.RecordAfter(streams, {events.completion, done}, &held.events);
   if (s.ok() && events.flag != nullptr) {
     // After the client's event: a client may wait for either.
-    s = gpu.runtime().WriteValue32(gpu.ordinal(), streams[0], events.flag->ptr, early->flag_value);
+    s = gpu.runtime().WriteValue32(gpu.ordinal(), streams[0], events.flag->ptr, early->flag.value);
     held.flag = std::move(*events.flag);
   }
+  if (events.ready_word != nullptr) held.ready_word = std::move(*events.ready_word);
   if (!s.ok()) {
     give_back(held.events);
     return s;
@@ -395,25 +424,26 @@ absl::Status Executor::HandOff(Gpu& gpu, const std::vector<std::vector<size_t>>&
   return absl::OkStatus();
 }
 
-absl::StatusOr<Executor::MappedFlag> Executor::MapFlag(Gpu& gpu, const EarlyAnswer& early) {
+absl::StatusOr<Executor::MappedFlag> Executor::MapWord(Gpu& gpu, const ClientWord& word, absl::string_view field,
+                                                      absl::string_view whose) {
   MappedFlag out;
-  if (early.host_flag) {
-    WPREP_ASSIGN_OR_RETURN(HostWords::Word w, host_words_.Acquire(gpu.runtime(), gpu.ordinal(), early.host_flag->name,
-                                                                  early.host_flag->offset));
+  if (word.host) {
+    WPREP_ASSIGN_OR_RETURN(HostWords::Word w, host_words_.Acquire(gpu.runtime(), gpu.ordinal(), word.host->name,
+                                                                  word.host->offset, absl::StrCat(field, ".host_word")));
     out.ptr = w.device_ptr;
     out.host = std::move(w.keep);
     return out;
   }
-  const IpcRegion& flag = *early.flag;
-  if (flag.gpu != gpu.info().uuid) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "completion_flag.buffer.device_uuid names GPU ", FormatUuid(flag.gpu), ", not completion_event's GPU ",
-        FormatUuid(gpu.info().uuid), ": the flag is written after the work on that GPU, so it must live there"));
+  const IpcRegion& region = *word.buffer;
+  if (region.gpu != gpu.info().uuid) {
+    return absl::InvalidArgumentError(absl::StrCat(field, ".buffer.device_uuid names GPU ", FormatUuid(region.gpu),
+                                                   ", not ", whose, " GPU ", FormatUuid(gpu.info().uuid),
+                                                   ": the word is used by the work on that GPU, so it must live there"));
   }
-  absl::StatusOr<IpcCache::Lease> l = ipc_->Acquire(gpu.ordinal(), flag.handle, flag.offset, flag.size);
-  if (!l.ok()) return absl::Status(l.status().code(), absl::StrCat("completion_flag.buffer: ", l.status().message()));
+  absl::StatusOr<IpcCache::Lease> l = ipc_->Acquire(gpu.ordinal(), region.handle, region.offset, region.size);
+  if (!l.ok()) return absl::Status(l.status().code(), absl::StrCat(field, ".buffer: ", l.status().message()));
   if (reinterpret_cast<uintptr_t>(l->ptr()) % 4 != 0) {
-    return absl::InvalidArgumentError("completion_flag.buffer: the word is not 4-byte aligned in its allocation");
+    return absl::InvalidArgumentError(absl::StrCat(field, ".buffer: the word is not 4-byte aligned in its allocation"));
   }
   out.ptr = l->ptr();
   out.ipc = std::move(*l);

@@ -46,33 +46,41 @@ struct ConvertJob {
   std::optional<Uuid> gpu;
 };
 
+// A 32-bit word of a client's and a value (IpcFlagRef): GPU memory (an IPC region of 4
+// bytes) or a word of a file in /dev/shm; at most one of the two.
+struct ClientWord {
+  std::optional<IpcRegion> buffer;
+  struct Shared {
+    std::string name;
+    uint64_t offset = 0;
+  };
+  std::optional<Shared> host;
+  uint32_t value = 0;
+  bool set() const { return buffer.has_value() || host.has_value(); }
+};
+
 // A batch answered as soon as its work is queued (ConvertBatchRequest.completion_event):
 // the client's interprocess event to record after the work, what to keep until the work
 // is done, and what to do then.
 struct EarlyAnswer {
   std::string event_handle;  // kIpcEventHandleBytes of cudaIpcEventHandle_t
   Uuid event_gpu{};          // the GPU the event was made on
-  // ConvertBatchRequest.completion_flag: a 4-byte word of the client's, written with
-  // flag_value after the event's record: GPU memory on event_gpu, or a word of a file in
-  // /dev/shm (at most one of the two).
-  std::optional<IpcRegion> flag;
-  struct SharedWord {
-    std::string name;
-    uint64_t offset = 0;
-  };
-  std::optional<SharedWord> host_flag;
-  uint32_t flag_value = 0;
+  // ConvertBatchRequest.completion_flag, written with its value after the event's record
+  // (a GPU word must be on event_gpu); unset when the request has none.
+  ClientWord flag;
   std::shared_ptr<void> keep;  // released once the work is done (the admission ticket)
   // Runs on the completions thread once the work is done: the wait's status, the GPU's
   // metrics and each job's kernel seconds, in job order.
   absl::AnyInvocable<void(const absl::Status&, DeviceMetrics*, const std::vector<std::optional<double>>&) &&> done;
 };
 
-// The client's interprocess event a batch's work waits for on the GPU
-// (ConvertBatchRequest.ready_event), in place of the client's host waiting before the call.
+// What a batch's work waits for on the GPU, in place of the client's host waiting before
+// the call: the client's interprocess event (ConvertBatchRequest.ready_event), or a word
+// of the client's to hold a value (ready_flag), one of the two.
 struct ReadyEvent {
   std::string handle;  // kIpcEventHandleBytes of cudaIpcEventHandle_t
   Uuid gpu{};          // the GPU the event was made on
+  ClientWord flag;     // ready_flag instead, when set
 };
 
 // What ran, for the reply and for the call's single exit (metrics, log).
@@ -149,6 +157,8 @@ class Executor {
     Event completion = nullptr;  // early's, opened
     Event wait = nullptr;        // the ready event, opened, on this GPU
     MappedFlag* flag = nullptr;  // early's completion flag, mapped
+    MappedFlag* ready_word = nullptr;  // the ready flag, mapped, on this GPU
+    uint32_t ready_value = 0;
   };
   absl::Status RunBatchOnGpu(Gpu& gpu, const std::vector<ConvertJob>& jobs, const std::vector<size_t>& items,
                              std::vector<Mapped>& mapped, const std::vector<std::string*>& inline_outputs,
@@ -158,9 +168,11 @@ class Executor {
   absl::Status HandOff(Gpu& gpu, const std::vector<std::vector<size_t>>& lanes,
                        std::vector<std::unique_ptr<DeviceRun>>& runs, const std::vector<size_t>& items,
                        std::vector<Mapped>& mapped, const BatchEvents& events);
-  // The completion flag's word mapped on `gpu` (completion_event's): GPU memory on the
-  // same GPU, in range, aligned; or a word of shared host memory. Errors name the field.
-  absl::StatusOr<MappedFlag> MapFlag(Gpu& gpu, const EarlyAnswer& early);
+  // A client's word mapped on `gpu`: GPU memory of that GPU (`whose` says whose GPU it must
+  // be, for the error), in range, aligned; or a word of shared host memory. Errors name
+  // `field`.
+  absl::StatusOr<MappedFlag> MapWord(Gpu& gpu, const ClientWord& word, absl::string_view field,
+                                     absl::string_view whose);
   // A client event's checks: its GPU (`field`.device_uuid) is every IPC job's, and its
   // handle opens there. Sets *gpu to that GPU.
   absl::StatusOr<Event> OpenClientEvent(absl::string_view field, absl::string_view handle, const Uuid& uuid,

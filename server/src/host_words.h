@@ -1,5 +1,5 @@
 // Words of the host's shared memory (/dev/shm) that clients' streams wait on
-// (ConvertBatchRequest.completion_flag.host_word): each file is opened, mapped and
+// (ConvertBatchRequest.completion_flag.host_word, ready_flag.host_word): each file is opened, mapped and
 // registered with the GPUs once, and kept while the same file (device and inode) stays at
 // its name. The daemon's CPU never reads or writes the mappings; only its GPUs write the
 // words (DeviceRuntime::WriteValue32). Thread-safe.
@@ -34,8 +34,9 @@ class HostWords {
   static constexpr uint64_t kMaxFileBytes = 64 << 10;
   static constexpr uint64_t kFileBytesUnit = 4096;
 
-  // A client's name for a file: "wprep-" and then 1 to 200 of A-Z a-z 0-9 . _ -.
-  static absl::Status CheckName(absl::string_view name);
+  // A client's name for a file: "wprep-" and then 1 to 200 of A-Z a-z 0-9 . _ -. Errors
+  // name `field` (the SharedHostWord's, e.g. "completion_flag.host_word").
+  static absl::Status CheckName(absl::string_view name, absl::string_view field);
 
   struct Word {
     void* device_ptr = nullptr;        // the word's address on the GPU asked for
@@ -45,15 +46,16 @@ class HostWords {
   // naming what to fix, for a bad name or offset, a file that does not open for writing,
   // is not a regular file (a symbolic link included), or whose size is not a positive
   // multiple of kFileBytesUnit up to kMaxFileBytes, or that the GPUs cannot register.
-  absl::StatusOr<Word> Acquire(DeviceRuntime& runtime, int gpu, absl::string_view name, uint64_t offset);
+  absl::StatusOr<Word> Acquire(DeviceRuntime& runtime, int gpu, absl::string_view name, uint64_t offset,
+                               absl::string_view field);
 
   // Files mapped now.
   size_t size() const;
 
  private:
   struct File;
-  absl::StatusOr<std::shared_ptr<File>> Open(DeviceRuntime& runtime, int gpu, const std::string& name, int dir_fd)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<std::shared_ptr<File>> Open(DeviceRuntime& runtime, int gpu, const std::string& name, int dir_fd,
+                                             absl::string_view field) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void MakeRoom() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const std::string dir_;

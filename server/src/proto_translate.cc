@@ -254,7 +254,47 @@ absl::Status EventRefFromProto(const v1::IpcEventRef& e, absl::string_view field
 
 }  // namespace
 
+namespace {
+
+// An IpcFlagRef into `word`: one of buffer (one aligned 4-byte IPC region) and host_word (a
+// valid name, an aligned offset). Errors name `field`.
+absl::Status WordFromProto(const v1::IpcFlagRef& ref, absl::string_view field, ClientWord* word) {
+  word->value = ref.value();
+  if (ref.has_host_word()) {
+    const v1::SharedHostWord& w = ref.host_word();
+    const std::string f = absl::StrCat(field, ".host_word");
+    WPREP_RETURN_IF_ERROR(HostWords::CheckName(w.name(), f));
+    if (w.offset() % 4 != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(f, ".offset must be a multiple of 4; got ", w.offset()));
+    }
+    word->host = ClientWord::Shared{w.name(), w.offset()};
+    return absl::OkStatus();
+  }
+  if (!ref.has_buffer()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        field, " must name its word: buffer (a word of GPU memory) or host_word (a word of a file in /dev/shm)"));
+  }
+  const v1::CudaIpcBuffer& b = ref.buffer();
+  WPREP_ASSIGN_OR_RETURN(word->buffer, IpcFromProto(b, absl::StrCat(field, ".buffer")));
+  if (b.size() != 4 || b.offset() % 4 != 0 || b.strides_size() != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        field, ".buffer must name one 4-byte aligned 32-bit word (size 4, offset a multiple of 4, no strides); got "
+        "size ", b.size(), ", offset ", b.offset(), ", ", b.strides_size(), " strides"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::StatusOr<bool> ReadyEventFromProto(const v1::ConvertBatchRequest& req, ReadyEvent* ready) {
+  if (req.has_ready_flag()) {
+    if (req.has_ready_event()) {
+      return absl::InvalidArgumentError(
+          "set one of ready_event and ready_flag: both order the batch after the client's work");
+    }
+    WPREP_RETURN_IF_ERROR(WordFromProto(req.ready_flag(), "ready_flag", &ready->flag));
+    return true;
+  }
   if (!req.has_ready_event()) return false;
   WPREP_RETURN_IF_ERROR(EventRefFromProto(req.ready_event(), "ready_event", &ready->handle, &ready->gpu));
   return true;
@@ -279,29 +319,8 @@ absl::StatusOr<bool> CompletionEventFromProto(const v1::ConvertBatchRequest& req
           "client reads on the GPU; leave completion_event unset for inline bytes"));
     }
   }
-  if (req.has_completion_flag() && req.completion_flag().has_host_word()) {
-    const v1::SharedHostWord& w = req.completion_flag().host_word();
-    WPREP_RETURN_IF_ERROR(HostWords::CheckName(w.name()));
-    if (w.offset() % 4 != 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("completion_flag.host_word.offset must be a multiple of 4; got ", w.offset()));
-    }
-    early->host_flag = EarlyAnswer::SharedWord{w.name(), w.offset()};
-    early->flag_value = req.completion_flag().value();
-  } else if (req.has_completion_flag()) {
-    if (!req.completion_flag().has_buffer()) {
-      return absl::InvalidArgumentError(
-          "completion_flag must name its word: buffer (a word of GPU memory) or host_word (a word of a file in "
-          "/dev/shm)");
-    }
-    const v1::CudaIpcBuffer& b = req.completion_flag().buffer();
-    WPREP_ASSIGN_OR_RETURN(early->flag, IpcFromProto(b, "completion_flag.buffer"));
-    if (b.size() != 4 || b.offset() % 4 != 0 || b.strides_size() != 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "completion_flag.buffer must name one 4-byte aligned 32-bit word (size 4, offset a multiple of 4, "
-          "no strides); got size ", b.size(), ", offset ", b.offset(), ", ", b.strides_size(), " strides"));
-    }
-    early->flag_value = req.completion_flag().value();
+  if (req.has_completion_flag()) {
+    WPREP_RETURN_IF_ERROR(WordFromProto(req.completion_flag(), "completion_flag", &early->flag));
   }
   return true;
 }

@@ -14,6 +14,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/time/clock.h"
 #include "completions.h"
 #include "device_manager.h"
@@ -546,15 +547,102 @@ TEST(Executor, ReadyEventChecksItsGpuAndHandleBeforeAnyWork) {
     EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
     EXPECT_NE(s.message().find(what), std::string::npos) << s;
   };
-  expect_invalid({p.runtime.ExportEventHandle(1), FakeRuntime::FakeUuid(1)}, "items[0] is on GPU");
-  expect_invalid({p.runtime.ExportEventHandle(0), FakeRuntime::FakeUuid(9)}, "ready_event.device_uuid");
+  expect_invalid({p.runtime.ExportEventHandle(1), FakeRuntime::FakeUuid(1), {}}, "items[0] is on GPU");
+  expect_invalid({p.runtime.ExportEventHandle(0), FakeRuntime::FakeUuid(9), {}}, "ready_event.device_uuid");
   const std::string forgotten = p.runtime.ExportEventHandle(0);
   p.runtime.ForgetEventHandle(forgotten);
-  expect_invalid({forgotten, FakeRuntime::FakeUuid(0)}, "ready_event.handle cannot be opened");
+  expect_invalid({forgotten, FakeRuntime::FakeUuid(0), {}}, "ready_event.handle cannot be opened");
   EXPECT_EQ(p.runtime.totals().converts, 0) << "a conversion ran before the checks";
   EXPECT_TRUE(b.Untouched());
   EXPECT_EQ(p.runtime.totals().events_alive, 0) << "a refused batch made or kept an event";
   EXPECT_EQ(p.runtime.totals().ipc_event_waits, 0);
+}
+
+// A ready flag (ConvertBatchRequest.ready_flag) in place of a ready event: every stream the
+// batch uses waits for the word before its first item, with no client event opened; its
+// mapping is held, like the items', until the work is done.
+TEST(Executor, EveryStreamOfABatchWaitsForItsReadyFlagBeforeAnyItem) {
+  for (const char* mode : {"gpu word", "host word", "gpu word, answered early", "host word, answered early"}) {
+    SCOPED_TRACE(mode);
+    const std::string m = mode;
+    Parts p(1);  // fresh streams: none has waited for anything yet
+    IpcBatch b(p.runtime, 8, [](size_t) { return 0; });
+    ASSERT_EQ(b.jobs.size(), 8u);
+    FakeRuntime::Exported words = p.runtime.ExportHandle(0, 16);
+    ShmFile file(4096);
+    ASSERT_TRUE(file.ok());
+    const uint32_t value = 0x80000003u;
+    server::ReadyEvent ready;
+    ready.flag.value = value;
+    if (absl::StartsWith(m, "gpu")) {
+      std::memcpy(words.ptr + 8, &value, 4);  // the client's stream wrote it (the fake does not wait)
+      ready.flag.buffer = IpcRegion{words.handle, 8, 4, FakeRuntime::FakeUuid(0)};
+    } else {
+      std::memcpy(file.base() + 4, &value, 4);
+      ready.flag.host = server::ClientWord::Shared{file.name(), 4};
+    }
+    const bool with_early = absl::EndsWith(m, "early");
+    server::EarlyAnswer early;
+    early.event_handle = p.runtime.ExportEventHandle(0);
+    early.event_gpu = FakeRuntime::FakeUuid(0);
+    p.runtime.HoldEventWaits(with_early);
+    absl::StatusOr<Executor::BatchOutcome> r = p.executor->ConvertBatch(
+        b.jobs, b.inline_outputs, absl::InfiniteFuture(), with_early ? &early : nullptr, &ready);
+    ASSERT_TRUE(r.ok()) << r.status();
+    if (with_early && absl::StartsWith(m, "gpu")) {
+      EXPECT_EQ(p.ipc->Release(0, words.handle), std::make_pair(0, 1)) << "the ready word's mapping was not leased";
+    }
+    p.runtime.HoldEventWaits(false);
+    EXPECT_TRUE(WaitFor([&] { return p.executor->pending_completions() == 0; }));
+    for (size_t i = 0; i < b.cases.size(); ++i) {
+      EXPECT_TRUE(MatchesGolden(*b.cases[i], std::string(b.outs[i].ptr, b.outs[i].ptr + b.cases[i]->output_bytes)))
+          << b.cases[i]->name;
+    }
+    const FakeRuntime::Counts c = p.runtime.counts(0);
+    EXPECT_EQ(c.converts, 8);
+    EXPECT_EQ(c.converts_after_value_wait, 8) << "an item ran on a stream that had not waited for the ready word";
+    EXPECT_GE(c.value_waits, 1);
+    EXPECT_LE(c.value_waits, p.devices->gpu(0).streams()) << "a stream waited more than once";
+    EXPECT_EQ(c.ipc_event_waits, 0);
+    EXPECT_EQ(c.ipc_event_opens, with_early ? 1 : 0) << "a ready event was opened for a ready flag";
+    EXPECT_EQ(c.ipc_events_alive, 0);
+  }
+}
+
+// A ready flag's checks come with the others, before any work: one GPU holds every item's
+// IPC memory and a GPU word; the word is in range; the file opens.
+TEST(Executor, AReadyFlagIsCheckedBeforeAnyWork) {
+  Parts p(2);
+  IpcBatch b(p.runtime, 3, [](size_t) { return 0; });
+  IpcBatch two(p.runtime, 2, [](size_t i) { return static_cast<int>(i % 2); });
+  FakeRuntime::Exported words = p.runtime.ExportHandle(0, 16);
+  FakeRuntime::Exported other = p.runtime.ExportHandle(1, 16);
+  std::fill(words.ptr, words.ptr + 16, 0xFF);
+  std::fill(other.ptr, other.ptr + 16, 0xFF);
+  auto expect_invalid = [&](IpcBatch& batch, const server::ClientWord& word, const std::string& what) {
+    server::ReadyEvent ready;
+    ready.flag = word;
+    absl::Status s =
+        p.executor->ConvertBatch(batch.jobs, batch.inline_outputs, absl::InfiniteFuture(), nullptr, &ready).status();
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    EXPECT_NE(s.message().find(what), std::string::npos) << s;
+  };
+  server::ClientWord w;
+  w.value = 1;
+  w.buffer = IpcRegion{other.handle, 0, 4, FakeRuntime::FakeUuid(1)};
+  expect_invalid(b, w, "ready_flag.buffer.device_uuid names GPU");
+  w.buffer = IpcRegion{words.handle, 16, 4, FakeRuntime::FakeUuid(0)};
+  expect_invalid(b, w, "ready_flag.buffer: ");
+  w.buffer.reset();
+  w.host = server::ClientWord::Shared{"wprep-absent-" + std::to_string(getpid()), 0};
+  expect_invalid(b, w, "ready_flag.host_word: /dev/shm/wprep-absent-");
+  w.buffer = IpcRegion{words.handle, 0, 4, FakeRuntime::FakeUuid(0)};
+  w.host.reset();
+  expect_invalid(two, w, "ready_flag orders one GPU's work");
+  EXPECT_EQ(p.runtime.totals().converts, 0) << "a conversion ran before the checks";
+  EXPECT_TRUE(b.Untouched());
+  EXPECT_TRUE(two.Untouched());
+  EXPECT_EQ(p.runtime.totals().value_waits, 0);
 }
 
 // A completion flag (ConvertBatchRequest.completion_flag) is the client's stream's release:
@@ -570,8 +658,8 @@ TEST(Executor, ACompletionFlagIsWrittenAfterEveryItemAndHeldUntilTheWorkIsDone) 
   server::EarlyAnswer early;
   early.event_handle = p.runtime.ExportEventHandle(0);
   early.event_gpu = FakeRuntime::FakeUuid(0);
-  early.flag = IpcRegion{words.handle, 12, 4, FakeRuntime::FakeUuid(0)};
-  early.flag_value = 0xC0FFEE01u;
+  early.flag.buffer = IpcRegion{words.handle, 12, 4, FakeRuntime::FakeUuid(0)};
+  early.flag.value = 0xC0FFEE01u;
   ASSERT_TRUE(p.executor->ConvertBatch(b.jobs, b.inline_outputs, absl::InfiniteFuture(), &early).ok());
   uint32_t word = 0;
   std::memcpy(&word, words.ptr + 12, 4);
@@ -606,8 +694,8 @@ TEST(Executor, ACompletionFlagIsCheckedBeforeAnyWork) {
     server::EarlyAnswer e;
     e.event_handle = p.runtime.ExportEventHandle(0);
     e.event_gpu = FakeRuntime::FakeUuid(0);
-    e.flag = flag;
-    e.flag_value = 5;
+    e.flag.buffer = flag;
+    e.flag.value = 5;
     absl::Status s = p.executor->ConvertBatch(b.jobs, b.inline_outputs, absl::InfiniteFuture(), &e).status();
     EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
     EXPECT_NE(s.message().find(what), std::string::npos) << s;
@@ -635,8 +723,8 @@ TEST(Executor, AHostWordFlagIsWrittenAfterEveryItemAndItsFileIsMappedOnce) {
     server::EarlyAnswer early;
     early.event_handle = p.runtime.ExportEventHandle(0);
     early.event_gpu = FakeRuntime::FakeUuid(0);
-    early.host_flag = server::EarlyAnswer::SharedWord{file->name(), offset};
-    early.flag_value = value;
+    early.flag.host = server::ClientWord::Shared{file->name(), offset};
+    early.flag.value = value;
     absl::Status s = p.executor->ConvertBatch(b.jobs, b.inline_outputs, absl::InfiniteFuture(), &early).status();
     EXPECT_TRUE(WaitFor([&] { return p.executor->pending_completions() == 0; }));
     return s;
@@ -662,8 +750,8 @@ TEST(Executor, AHostWordFlagIsWrittenAfterEveryItemAndItsFileIsMappedOnce) {
   server::EarlyAnswer early;
   early.event_handle = p.runtime.ExportEventHandle(0);
   early.event_gpu = FakeRuntime::FakeUuid(0);
-  early.host_flag = server::EarlyAnswer::SharedWord{name, 8};
-  early.flag_value = 9;
+  early.flag.host = server::ClientWord::Shared{name, 8};
+  early.flag.value = 9;
   ASSERT_TRUE(p.executor->ConvertBatch(b.jobs, b.inline_outputs, absl::InfiniteFuture(), &early).ok());
   EXPECT_TRUE(WaitFor([&] { return p.executor->pending_completions() == 0; }));
   EXPECT_EQ(file->Word(8), 9u) << "the value went to the file that had the name before";
@@ -687,8 +775,8 @@ TEST(Executor, AHostWordFlagIsCheckedBeforeAnyWork) {
     server::EarlyAnswer e;
     e.event_handle = p.runtime.ExportEventHandle(0);
     e.event_gpu = FakeRuntime::FakeUuid(0);
-    e.host_flag = server::EarlyAnswer::SharedWord{name, offset};
-    e.flag_value = 5;
+    e.flag.host = server::ClientWord::Shared{name, offset};
+    e.flag.value = 5;
     absl::Status s = p.executor->ConvertBatch(b.jobs, b.inline_outputs, absl::InfiniteFuture(), &e).status();
     EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << name << " " << offset << ": " << s;
     EXPECT_NE(s.message().find(what), std::string::npos) << s;
@@ -726,27 +814,27 @@ TEST(HostWords, KeepsAtMostMaxFilesUnlinkedOnesFirst) {
     server::HostWords words(dir, 3);
     for (const char* n : {"wprep-a", "wprep-b", "wprep-c"}) {
       make(n, 4096);
-      ASSERT_TRUE(words.Acquire(rt, 0, n, 0).ok()) << n;
+      ASSERT_TRUE(words.Acquire(rt, 0, n, 0, "w").ok()) << n;
     }
     EXPECT_EQ(words.size(), 3u);
-    ASSERT_TRUE(words.Acquire(rt, 0, "wprep-a", 4).ok());  // a is now the most recently used
+    ASSERT_TRUE(words.Acquire(rt, 0, "wprep-a", 4, "w").ok());  // a is now the most recently used
     unlink((dir + "/wprep-c").c_str());
     make("wprep-d", 4096);
-    ASSERT_TRUE(words.Acquire(rt, 0, "wprep-d", 0).ok());
+    ASSERT_TRUE(words.Acquire(rt, 0, "wprep-d", 0, "w").ok());
     EXPECT_EQ(words.size(), 3u) << "the unlinked file was not dropped";
     EXPECT_EQ(rt.host_registrations(), 3u);
     make("wprep-e", 8192);
-    ASSERT_TRUE(words.Acquire(rt, 0, "wprep-e", 8188).ok());
+    ASSERT_TRUE(words.Acquire(rt, 0, "wprep-e", 8188, "w").ok());
     EXPECT_EQ(words.size(), 3u);
     EXPECT_EQ(rt.host_registrations(), 3u) << "an evicted file stayed registered";
     const int registered = rt.host_register_calls();
-    ASSERT_TRUE(words.Acquire(rt, 0, "wprep-a", 0).ok());
+    ASSERT_TRUE(words.Acquire(rt, 0, "wprep-a", 0, "w").ok());
     EXPECT_EQ(rt.host_register_calls(), registered) << "the most recently used file was evicted, not b";
-    ASSERT_TRUE(words.Acquire(rt, 0, "wprep-b", 0).ok());
+    ASSERT_TRUE(words.Acquire(rt, 0, "wprep-b", 0, "w").ok());
     EXPECT_EQ(rt.host_register_calls(), registered + 1) << "the least recently used file was kept";
     EXPECT_EQ(rt.host_registrations(), 3u);
     make("wprep-big", server::HostWords::kMaxFileBytes + 4096);
-    absl::StatusOr<server::HostWords::Word> big = words.Acquire(rt, 0, "wprep-big", 0);
+    absl::StatusOr<server::HostWords::Word> big = words.Acquire(rt, 0, "wprep-big", 0, "w");
     EXPECT_EQ(big.status().code(), absl::StatusCode::kInvalidArgument);
     EXPECT_NE(big.status().message().find("at most 65536"), std::string::npos) << big.status();
   }

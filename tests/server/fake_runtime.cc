@@ -95,6 +95,8 @@ FakeRuntime::Counts FakeRuntime::totals() const {
     t.ipc_event_records += c.ipc_event_records;
     t.ipc_event_waits += c.ipc_event_waits;
     t.converts_after_ipc_wait += c.converts_after_ipc_wait;
+    t.value_waits += c.value_waits;
+    t.converts_after_value_wait += c.converts_after_value_wait;
     t.flag_writes += c.flag_writes;
     t.device_bytes_now += c.device_bytes_now;
   }
@@ -125,6 +127,7 @@ absl::StatusOr<Stream> FakeRuntime::CreateStream(int gpu) {
 void FakeRuntime::DestroyStream(int, Stream stream) {
   absl::MutexLock lock(&mu_);
   waited_streams_.erase(stream);
+  value_waited_streams_.erase(stream);
 }
 
 absl::Status FakeRuntime::ConfigurePool(int gpu, uint64_t) { return CheckGpu(gpu); }
@@ -175,6 +178,7 @@ absl::Status FakeRuntime::Convert(int gpu, const Plan& plan, const void* in, voi
     Counts& c = counts_[static_cast<size_t>(gpu)];
     c.converts++;
     if (waited_streams_.count(stream) > 0) c.converts_after_ipc_wait++;
+    if (value_waited_streams_.count(stream) > 0) c.converts_after_value_wait++;
   }
   return ConvertOnCpu(plan, static_cast<const uint8_t*>(in), plan.input_bytes, static_cast<uint8_t*>(out),
                       plan.output_bytes, CpuOptions{1});
@@ -280,6 +284,21 @@ absl::Status FakeRuntime::WriteValue32(int gpu, Stream, void* ptr, uint32_t valu
   c.flag_writes++;
   c.converts_at_flag_write = c.converts;
   std::memcpy(ptr, &value, sizeof(value));
+  return absl::OkStatus();
+}
+
+absl::Status FakeRuntime::WaitValue32(int gpu, Stream stream, void* ptr, uint32_t value) {
+  if (absl::Status s = CheckGpu(gpu); !s.ok()) return s;
+  if (reinterpret_cast<uintptr_t>(ptr) % 4 != 0) return absl::InternalError("an unaligned word wait");
+  uint32_t word = 0;
+  std::memcpy(&word, ptr, sizeof(word));
+  if (static_cast<int32_t>(word - value) < 0) {
+    return absl::InternalError(absl::StrCat("fake GPU: a wait for word ", word, " to reach ", value,
+                                            " would never end (the fake's work is synchronous)"));
+  }
+  absl::MutexLock lock(&mu_);
+  counts_[static_cast<size_t>(gpu)].value_waits++;
+  value_waited_streams_.insert(stream);
   return absl::OkStatus();
 }
 

@@ -71,6 +71,8 @@ class FakeRuntime final : public server::DeviceRuntime {
     int converts_after_ipc_wait = 0;  // on a stream that had waited for a client's event
     int flag_writes = 0;              // WriteValue32 calls
     int converts_at_flag_write = -1;  // `converts` at the last one
+    int value_waits = 0;               // WaitValue32 calls
+    int converts_after_value_wait = 0;  // on a stream that had waited for a word
     uint64_t device_bytes_now = 0;  // allocated and not yet freed, every GPU
     uint64_t pinned_bytes_now = 0;
   };
@@ -104,6 +106,10 @@ class FakeRuntime final : public server::DeviceRuntime {
   absl::Status SynchronizeEvent(int gpu, server::Event event) override;
   // Writes at once (work is synchronous), into mapped or allocated memory of the GPU.
   absl::Status WriteValue32(int gpu, Stream stream, void* ptr, uint32_t value) override;
+  // The fake's work is synchronous, so the word must hold the value already: an error
+  // otherwise (what would wait forever on a GPU). Later converts on the stream count in
+  // converts_after_value_wait.
+  absl::Status WaitValue32(int gpu, Stream stream, void* ptr, uint32_t value) override;
   // Host memory is the fake GPUs' memory: its device address is itself.
   absl::StatusOr<void*> RegisterHost(int gpu, void* ptr, uint64_t bytes) override;
   void UnregisterHost(void* ptr) override;
@@ -130,6 +136,7 @@ class FakeRuntime final : public server::DeviceRuntime {
   std::map<void*, std::pair<int, uint64_t>> device_ ABSL_GUARDED_BY(mu_);  // ptr -> (gpu, bytes)
   std::map<void*, uint64_t> pinned_ ABSL_GUARDED_BY(mu_);
   std::map<void*, uint64_t> host_registered_ ABSL_GUARDED_BY(mu_);
+  std::set<Stream> value_waited_streams_ ABSL_GUARDED_BY(mu_);
   int host_register_calls_ ABSL_GUARDED_BY(mu_) = 0;
   std::map<std::string, std::shared_ptr<Allocation>> exported_ ABSL_GUARDED_BY(mu_);
   std::map<void*, std::shared_ptr<Allocation>> mapped_ ABSL_GUARDED_BY(mu_);  // base -> allocation

@@ -606,6 +606,7 @@ class GatedRuntime final : public server::DeviceRuntime {
   }
   absl::Status SynchronizeEvent(int gpu, server::Event e) override { return fake_.SynchronizeEvent(gpu, e); }
   absl::Status WriteValue32(int gpu, Stream s, void* p, uint32_t v) override { return fake_.WriteValue32(gpu, s, p, v); }
+  absl::Status WaitValue32(int gpu, Stream s, void* p, uint32_t v) override { return fake_.WaitValue32(gpu, s, p, v); }
   absl::StatusOr<void*> RegisterHost(int gpu, void* p, uint64_t n) override { return fake_.RegisterHost(gpu, p, n); }
   void UnregisterHost(void* p) override { fake_.UnregisterHost(p); }
   absl::StatusOr<void*> HostDevicePointer(int gpu, void* p) override { return fake_.HostDevicePointer(gpu, p); }
@@ -1082,6 +1083,21 @@ TEST(FaultFakeGpu, CompletionEventAnswersOnceQueuedAndDrainWaitsForTheWork) {
     expect_invalid(r, "completion_flag.host_word: /dev/shm/wprep-absent-");
     r.mutable_completion_flag()->mutable_host_word()->set_offset(6);
     expect_invalid(r, "completion_flag.host_word.offset must be a multiple of 4");
+    r.clear_completion_flag();
+    {
+      v1::ConvertBatchRequest rf = r;
+      rf.mutable_ready_flag()->set_value(1);
+      expect_invalid(rf, "ready_flag must name its word");
+      rf.mutable_ready_flag()->mutable_host_word()->set_name("wprep-ok");
+      rf.mutable_ready_event()->set_handle(fake.ExportEventHandle(0));
+      rf.mutable_ready_event()->set_device_uuid(d.Uuid());
+      expect_invalid(rf, "set one of ready_event and ready_flag");
+      rf.clear_ready_event();
+      rf.mutable_ready_flag()->mutable_host_word()->set_name("wprep-/x");
+      expect_invalid(rf, "ready_flag.host_word.name");
+      *rf.mutable_ready_flag() = flag_at(0, 8);
+      expect_invalid(rf, "ready_flag.buffer must name one 4-byte aligned 32-bit word");
+    }
     v1::ConvertBatchRequest flag_alone = batch;
     *flag_alone.mutable_completion_flag() = flag_at(0, 4);
     expect_invalid(flag_alone, "set completion_event too");
@@ -1127,9 +1143,18 @@ TEST(FaultFakeGpu, CompletionEventAnswersOnceQueuedAndDrainWaitsForTheWork) {
     flagged.mutable_completion_flag()->mutable_host_word()->set_name(file.name());
     flagged.mutable_completion_flag()->mutable_host_word()->set_offset(40);
     flagged.mutable_completion_flag()->set_value(0x8000002Bu);
+    // And a ready word of the same file, which the client's stream has written: every
+    // stream of the batch waits for it before its first item.
+    const uint32_t ready_value = 77;
+    std::memcpy(file.base() + 44, &ready_value, 4);
+    flagged.mutable_ready_flag()->mutable_host_word()->set_name(file.name());
+    flagged.mutable_ready_flag()->mutable_host_word()->set_offset(44);
+    flagged.mutable_ready_flag()->set_value(ready_value);
+    const int value_waits = fake.totals().value_waits;
     ASSERT_TRUE(client.ConvertBatch(flagged, o).ok());
     d.runtime().Sync();
     EXPECT_EQ(file.Word(40), 0x8000002Bu);
+    EXPECT_GT(fake.totals().value_waits, value_waits);
   }
   EXPECT_TRUE(WaitFor([&] {
     return Metric(d.metrics(), "wprep_kernel_duration_seconds_count", {{"device", "gpu0"}}) == kernels_first + 6;

@@ -59,18 +59,20 @@ class ConversionSpec(_message.Message):
     def __init__(self, layout: _Optional[_Union[Layout, str]] = ..., direction: _Optional[_Union[Direction, str]] = ..., hopper: _Optional[_Union[HopperValueParams, _Mapping]] = ..., blackwell: _Optional[_Union[BlackwellParams, _Mapping]] = ..., blackwell_to: _Optional[_Union[BlackwellParams, _Mapping]] = ..., hopper_scale: _Optional[_Union[HopperScaleParams, _Mapping]] = ..., packing_axis: _Optional[int] = ...) -> None: ...
 
 class ConvertBatchRequest(_message.Message):
-    __slots__ = ["completion_event", "completion_flag", "device_uuid", "items", "ready_event"]
+    __slots__ = ["completion_event", "completion_flag", "device_uuid", "items", "ready_event", "ready_flag"]
     COMPLETION_EVENT_FIELD_NUMBER: _ClassVar[int]
     COMPLETION_FLAG_FIELD_NUMBER: _ClassVar[int]
     DEVICE_UUID_FIELD_NUMBER: _ClassVar[int]
     ITEMS_FIELD_NUMBER: _ClassVar[int]
     READY_EVENT_FIELD_NUMBER: _ClassVar[int]
+    READY_FLAG_FIELD_NUMBER: _ClassVar[int]
     completion_event: IpcEventRef
     completion_flag: IpcFlagRef
     device_uuid: bytes
     items: _containers.RepeatedCompositeFieldContainer[BatchItem]
     ready_event: IpcEventRef
-    def __init__(self, items: _Optional[_Iterable[_Union[BatchItem, _Mapping]]] = ..., device_uuid: _Optional[bytes] = ..., completion_event: _Optional[_Union[IpcEventRef, _Mapping]] = ..., ready_event: _Optional[_Union[IpcEventRef, _Mapping]] = ..., completion_flag: _Optional[_Union[IpcFlagRef, _Mapping]] = ...) -> None: ...
+    ready_flag: IpcFlagRef
+    def __init__(self, items: _Optional[_Iterable[_Union[BatchItem, _Mapping]]] = ..., device_uuid: _Optional[bytes] = ..., completion_event: _Optional[_Union[IpcEventRef, _Mapping]] = ..., ready_event: _Optional[_Union[IpcEventRef, _Mapping]] = ..., completion_flag: _Optional[_Union[IpcFlagRef, _Mapping]] = ..., ready_flag: _Optional[_Union[IpcFlagRef, _Mapping]] = ...) -> None: ...
 
 class ConvertBatchResponse(_message.Message):
     __slots__ = ["items", "peak_extra_device_bytes"]
