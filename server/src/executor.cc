@@ -203,12 +203,27 @@ absl::StatusOr<Executor::BatchOutcome> Executor::ConvertBatch(const std::vector<
         return absl::InternalError(absl::StrCat("items[", i, "] is not IPC -> IPC under a completion event"));
       }
     }
-    WPREP_ASSIGN_OR_RETURN(events.completion, OpenClientEvent("completion_event", early->event_handle,
-                                                              early->event_gpu, gpus, jobs, &early_gpu));
+    if (!early->event_handle.empty()) {
+      WPREP_ASSIGN_OR_RETURN(events.completion, OpenClientEvent("completion_event", early->event_handle,
+                                                                early->event_gpu, gpus, jobs, &early_gpu));
+    } else {
+      // A completion flag alone: the items' one GPU.
+      for (size_t i = 0; i < jobs.size(); ++i) {
+        if (early_gpu != nullptr && gpus[i] != early_gpu) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "items[", i, "] is on GPU ", FormatUuid(gpus[i]->info().uuid), ", not on GPU ",
+              FormatUuid(early_gpu->info().uuid), " with the others; completion_flag orders one GPU's work: send "
+              "one batch per GPU"));
+        }
+        early_gpu = gpus[i];
+      }
+      if (early_gpu == nullptr) return absl::InvalidArgumentError("a batch answered early needs at least one item");
+    }
   }
   MappedFlag flag;
   if (early != nullptr && early->flag.set()) {
-    WPREP_ASSIGN_OR_RETURN(flag, MapWord(*early_gpu, early->flag, "completion_flag", "completion_event's"));
+    WPREP_ASSIGN_OR_RETURN(flag, MapWord(*early_gpu, early->flag, "completion_flag",
+                                         events.completion != nullptr ? "completion_event's" : "the items'"));
     events.flag = &flag;
   }
   MappedFlag ready_word;
@@ -392,7 +407,9 @@ absl::Status Executor::HandOff(Gpu& gpu, const std::vector<std::vector<size_t>>&
   std::vector<Stream> streams;
   streams.reserve(runs.size());
   for (const auto& run : runs) streams.push_back(run->stream());
-  absl::Status s = gpu.RecordAfter(streams, {events.completion, done}, &held.events);
+  std::vector<Event> marks = {done};
+  if (events.completion != nullptr) marks.insert(marks.begin(), events.completion);
+  absl::Status s = gpu.RecordAfter(streams, marks, &held.events);
   if (s.ok() && events.flag != nullptr) {
     // After the client's event: a client may wait for either.
     s = gpu.runtime().WriteValue32(gpu.ordinal(), streams[0], events.flag->ptr, early->flag.value);

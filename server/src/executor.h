@@ -59,14 +59,14 @@ struct ClientWord {
   bool set() const { return buffer.has_value() || host.has_value(); }
 };
 
-// A batch answered as soon as its work is queued (ConvertBatchRequest.completion_event):
-// the client's interprocess event to record after the work, what to keep until the work
-// is done, and what to do then.
+// A batch answered as soon as its work is queued (ConvertBatchRequest.completion_event or
+// completion_flag): the client's interprocess event to record after the work and/or its
+// word to write then, what to keep until the work is done, and what to do then.
 struct EarlyAnswer {
-  std::string event_handle;  // kIpcEventHandleBytes of cudaIpcEventHandle_t
+  std::string event_handle;  // kIpcEventHandleBytes of cudaIpcEventHandle_t; empty: none
   Uuid event_gpu{};          // the GPU the event was made on
-  // ConvertBatchRequest.completion_flag, written with its value after the event's record
-  // (a GPU word must be on event_gpu); unset when the request has none.
+  // ConvertBatchRequest.completion_flag, written with its value after the work and the
+  // event's record (a GPU word must be on the items' GPU); unset when the request has none.
   ClientWord flag;
   std::shared_ptr<void> keep;  // released once the work is done (the admission ticket)
   // Runs on the completions thread once the work is done: the wait's status, the GPU's

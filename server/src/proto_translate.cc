@@ -302,21 +302,18 @@ absl::StatusOr<bool> ReadyEventFromProto(const v1::ConvertBatchRequest& req, Rea
 
 absl::StatusOr<bool> CompletionEventFromProto(const v1::ConvertBatchRequest& req, const std::vector<ConvertJob>& jobs,
                                               EarlyAnswer* early) {
-  if (!req.has_completion_event()) {
-    if (req.has_completion_flag()) {
-      return absl::InvalidArgumentError(
-          "completion_flag is written after the work that completion_event marks: set completion_event too");
-    }
-    return false;
+  if (!req.has_completion_event() && !req.has_completion_flag()) return false;
+  if (req.has_completion_event()) {
+    WPREP_RETURN_IF_ERROR(
+        EventRefFromProto(req.completion_event(), "completion_event", &early->event_handle, &early->event_gpu));
   }
-  WPREP_RETURN_IF_ERROR(
-      EventRefFromProto(req.completion_event(), "completion_event", &early->event_handle, &early->event_gpu));
+  const char* field = req.has_completion_event() ? "completion_event" : "completion_flag";
   for (size_t i = 0; i < jobs.size(); ++i) {
     if (!jobs[i].source_ipc || !jobs[i].destination_ipc) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "items[", i, "].convert.", jobs[i].source_ipc ? "destination" : "source",
-          ".ipc is required with completion_event: an answer before the work is done suits only outputs the "
-          "client reads on the GPU; leave completion_event unset for inline bytes"));
+          "items[", i, "].convert.", jobs[i].source_ipc ? "destination" : "source", ".ipc is required with ", field,
+          ": an answer before the work is done suits only outputs the client reads on the GPU; leave ", field,
+          " unset for inline bytes"));
     }
   }
   if (req.has_completion_flag()) {

@@ -758,6 +758,59 @@ TEST(Executor, AHostWordFlagIsWrittenAfterEveryItemAndItsFileIsMappedOnce) {
   EXPECT_EQ(p.runtime.host_registrations(), 1u) << "the replaced file stayed registered";
 }
 
+// With ready_flag and completion_flag a batch needs no client event at all: it is answered
+// once queued, every stream waits for the ready word, the completion word is written after
+// every item, and the work is held and finished like any early answer.
+TEST(Executor, WordsAloneOrderABatchAnsweredEarlyWithNoEvent) {
+  Parts p(2);
+  IpcBatch b(p.runtime, 4, [](size_t) { return 0; });
+  ASSERT_EQ(b.jobs.size(), 4u);
+  ShmFile file(4096);
+  ASSERT_TRUE(file.ok());
+  const uint32_t go = 5;
+  std::memcpy(file.base(), &go, 4);  // the client's stream wrote the ready word
+  server::ReadyEvent ready;
+  ready.flag.host = server::ClientWord::Shared{file.name(), 0};
+  ready.flag.value = go;
+  server::EarlyAnswer early;
+  early.flag.host = server::ClientWord::Shared{file.name(), 4};
+  early.flag.value = 0xFEEDu;
+  p.runtime.HoldEventWaits(true);
+  absl::StatusOr<Executor::BatchOutcome> r =
+      p.executor->ConvertBatch(b.jobs, b.inline_outputs, absl::InfiniteFuture(), &early, &ready);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(file.Word(4), 0xFEEDu);
+  for (const ConvertOutcome& o : r->items) EXPECT_FALSE(o.kernel_seconds.has_value()) << "answered after the work";
+  EXPECT_EQ(p.executor->pending_completions(), 1u);
+  p.runtime.HoldEventWaits(false);
+  EXPECT_TRUE(WaitFor([&] { return p.executor->pending_completions() == 0; }));
+  for (size_t i = 0; i < b.cases.size(); ++i) {
+    EXPECT_TRUE(MatchesGolden(*b.cases[i], std::string(b.outs[i].ptr, b.outs[i].ptr + b.cases[i]->output_bytes)))
+        << b.cases[i]->name;
+  }
+  const FakeRuntime::Counts c = p.runtime.counts(0);
+  EXPECT_EQ(c.converts_after_value_wait, 4);
+  EXPECT_EQ(c.converts_at_flag_write, 4) << "the completion word came before some item";
+  EXPECT_EQ(c.ipc_event_opens, 0);
+  EXPECT_EQ(c.ipc_event_records, 0);
+  EXPECT_EQ(c.ipc_events_alive, 0);
+
+  // A completion flag alone orders one GPU's work, and a GPU word must live there.
+  IpcBatch two(p.runtime, 2, [](size_t i) { return static_cast<int>(i % 2); });
+  server::EarlyAnswer split;
+  split.flag = early.flag;
+  absl::Status s = p.executor->ConvertBatch(two.jobs, two.inline_outputs, absl::InfiniteFuture(), &split).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(s.message().find("completion_flag orders one GPU's work"), std::string::npos) << s;
+  FakeRuntime::Exported other = p.runtime.ExportHandle(1, 16);
+  server::EarlyAnswer elsewhere;
+  elsewhere.flag.buffer = IpcRegion{other.handle, 0, 4, FakeRuntime::FakeUuid(1)};
+  s = p.executor->ConvertBatch(b.jobs, b.inline_outputs, absl::InfiniteFuture(), &elsewhere).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(s.message().find("not the items' GPU"), std::string::npos) << s;
+  EXPECT_TRUE(two.Untouched());
+}
+
 // A host word's checks come before any work: a file that is missing, too small or not a
 // multiple of 4096 bytes, a symbolic link, an offset outside it or unaligned, a bad name.
 TEST(Executor, AHostWordFlagIsCheckedBeforeAnyWork) {

@@ -1098,9 +1098,10 @@ TEST(FaultFakeGpu, CompletionEventAnswersOnceQueuedAndDrainWaitsForTheWork) {
       *rf.mutable_ready_flag() = flag_at(0, 8);
       expect_invalid(rf, "ready_flag.buffer must name one 4-byte aligned 32-bit word");
     }
-    v1::ConvertBatchRequest flag_alone = batch;
+    v1::ConvertBatchRequest flag_alone = batch;  // answered early on the flag alone: IPC -> IPC only
     *flag_alone.mutable_completion_flag() = flag_at(0, 4);
-    expect_invalid(flag_alone, "set completion_event too");
+    flag_alone.mutable_items(1)->mutable_convert()->mutable_destination()->clear_ipc();
+    expect_invalid(flag_alone, "items[1].convert.destination.ipc is required with completion_flag");
     r.clear_completion_flag();
     r.mutable_items(1)->mutable_convert()->mutable_destination()->clear_ipc();
     expect_invalid(r, "items[1].convert.destination.ipc");
