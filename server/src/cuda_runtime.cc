@@ -34,21 +34,35 @@ void* DriverEntryPoint(const char* name) {
 }
 
 using GetAddressRangeFn = CUresult (*)(CUdeviceptr*, size_t*, CUdeviceptr);
-using WriteValue32Fn = CUresult (*)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
-using WaitValue32Fn = CUresult (*)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
+// cuStreamWriteValue32 and cuStreamWaitValue32 share this signature.
+using StreamValue32Fn = CUresult (*)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
 
 // Resolved once each.
 GetAddressRangeFn AddressRangeFn() {
   static const auto fn = reinterpret_cast<GetAddressRangeFn>(DriverEntryPoint("cuMemGetAddressRange"));
   return fn;
 }
-WriteValue32Fn WriteValueFn() {
-  static const auto fn = reinterpret_cast<WriteValue32Fn>(DriverEntryPoint("cuStreamWriteValue32"));
+StreamValue32Fn WriteValueFn() {
+  static const auto fn = reinterpret_cast<StreamValue32Fn>(DriverEntryPoint("cuStreamWriteValue32"));
   return fn;
 }
-WaitValue32Fn WaitValueFn() {
-  static const auto fn = reinterpret_cast<WaitValue32Fn>(DriverEntryPoint("cuStreamWaitValue32"));
+StreamValue32Fn WaitValueFn() {
+  static const auto fn = reinterpret_cast<StreamValue32Fn>(DriverEntryPoint("cuStreamWaitValue32"));
   return fn;
+}
+
+// A stream memory operation on the 32-bit word at `ptr` of `gpu`, with flags 0: for the
+// write, after the stream's earlier work with a memory barrier first; for the wait,
+// CU_STREAM_WAIT_VALUE_GEQ, the wrapping "greater or equal".
+absl::Status StreamValue32(StreamValue32Fn fn, const char* name, int gpu, Stream stream, void* ptr,
+                           uint32_t value) {
+  if (fn == nullptr) return absl::InternalError(absl::StrCat(name, " is not available from the CUDA driver"));
+  WPREP_CUDA_RETURN_IF_ERROR(cudaSetDevice(gpu));
+  if (CUresult r = fn(reinterpret_cast<CUstream>(stream), reinterpret_cast<CUdeviceptr>(ptr), value, 0);
+      r != CUDA_SUCCESS) {
+    return absl::InternalError(absl::StrCat(name, " failed with CUresult ", r));
+  }
+  return absl::OkStatus();
 }
 
 class CudaTimer final : public DeviceTimer {
@@ -196,27 +210,10 @@ class Cuda final : public DeviceRuntime {
   }
 
   absl::Status WriteValue32(int gpu, Stream stream, void* ptr, uint32_t value) override {
-    WriteValue32Fn fn = WriteValueFn();
-    if (fn == nullptr) return absl::InternalError("cuStreamWriteValue32 is not available from the CUDA driver");
-    WPREP_CUDA_RETURN_IF_ERROR(cudaSetDevice(gpu));
-    // Flags 0: after the stream's earlier work, with a memory barrier before the write.
-    if (CUresult r = fn(reinterpret_cast<CUstream>(stream), reinterpret_cast<CUdeviceptr>(ptr), value, 0);
-        r != CUDA_SUCCESS) {
-      return absl::InternalError(absl::StrCat("cuStreamWriteValue32 failed with CUresult ", r));
-    }
-    return absl::OkStatus();
+    return StreamValue32(WriteValueFn(), "cuStreamWriteValue32", gpu, stream, ptr, value);
   }
-
   absl::Status WaitValue32(int gpu, Stream stream, void* ptr, uint32_t value) override {
-    WaitValue32Fn fn = WaitValueFn();
-    if (fn == nullptr) return absl::InternalError("cuStreamWaitValue32 is not available from the CUDA driver");
-    WPREP_CUDA_RETURN_IF_ERROR(cudaSetDevice(gpu));
-    // CU_STREAM_WAIT_VALUE_GEQ (0): the wrapping "greater or equal".
-    if (CUresult r = fn(reinterpret_cast<CUstream>(stream), reinterpret_cast<CUdeviceptr>(ptr), value, 0);
-        r != CUDA_SUCCESS) {
-      return absl::InternalError(absl::StrCat("cuStreamWaitValue32 failed with CUresult ", r));
-    }
-    return absl::OkStatus();
+    return StreamValue32(WaitValueFn(), "cuStreamWaitValue32", gpu, stream, ptr, value);
   }
 
   absl::StatusOr<void*> RegisterHost(int gpu, void* ptr, uint64_t bytes) override {

@@ -134,6 +134,23 @@ absl::Status OfItem(size_t i, absl::Status s) {
   return ForItem(static_cast<int>(i), std::move(s));
 }
 
+// The one GPU of the jobs with IPC memory (nullptr when none has any), or
+// INVALID_ARGUMENT naming `field`, which orders one GPU's work, when they are on two.
+absl::StatusOr<Gpu*> OneGpuOfIpcJobs(const std::vector<ConvertJob>& jobs, const std::vector<Gpu*>& gpus,
+                                     absl::string_view field) {
+  Gpu* one = nullptr;
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    if (!jobs[i].source_ipc && !jobs[i].destination_ipc) continue;
+    if (one != nullptr && gpus[i] != one) {
+      return absl::InvalidArgumentError(absl::StrCat("items[", i, "] is on GPU ", FormatUuid(gpus[i]->info().uuid),
+                                                     ", not on GPU ", FormatUuid(one->info().uuid), " with the others; ",
+                                                     field, " orders one GPU's work: send one batch per GPU"));
+    }
+    one = gpus[i];
+  }
+  return one;
+}
+
 }  // namespace
 
 absl::StatusOr<Event> Executor::OpenClientEvent(absl::string_view field, absl::string_view handle, const Uuid& uuid,
@@ -207,16 +224,8 @@ absl::StatusOr<Executor::BatchOutcome> Executor::ConvertBatch(const std::vector<
       WPREP_ASSIGN_OR_RETURN(events.completion, OpenClientEvent("completion_event", early->event_handle,
                                                                 early->event_gpu, gpus, jobs, &early_gpu));
     } else {
-      // A completion flag alone: the items' one GPU.
-      for (size_t i = 0; i < jobs.size(); ++i) {
-        if (early_gpu != nullptr && gpus[i] != early_gpu) {
-          return absl::InvalidArgumentError(absl::StrCat(
-              "items[", i, "] is on GPU ", FormatUuid(gpus[i]->info().uuid), ", not on GPU ",
-              FormatUuid(early_gpu->info().uuid), " with the others; completion_flag orders one GPU's work: send "
-              "one batch per GPU"));
-        }
-        early_gpu = gpus[i];
-      }
+      // A completion flag alone: the items' one GPU (every item is IPC -> IPC).
+      WPREP_ASSIGN_OR_RETURN(early_gpu, OneGpuOfIpcJobs(jobs, gpus, "completion_flag"));
       if (early_gpu == nullptr) return absl::InvalidArgumentError("a batch answered early needs at least one item");
     }
   }
@@ -230,16 +239,7 @@ absl::StatusOr<Executor::BatchOutcome> Executor::ConvertBatch(const std::vector<
   if (ready != nullptr && ready->flag.set()) {
     // The word orders the work of the one GPU that holds the items' IPC memory (a GPU word
     // must live there too); a batch without IPC memory has nothing of the client's to order.
-    for (size_t i = 0; i < jobs.size(); ++i) {
-      if (!jobs[i].source_ipc && !jobs[i].destination_ipc) continue;
-      if (wait_gpu != nullptr && gpus[i] != wait_gpu) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "items[", i, "] is on GPU ", FormatUuid(gpus[i]->info().uuid), ", not on GPU ",
-            FormatUuid(wait_gpu->info().uuid), " with the others; ready_flag orders one GPU's work: send one batch "
-            "per GPU"));
-      }
-      wait_gpu = gpus[i];
-    }
+    WPREP_ASSIGN_OR_RETURN(wait_gpu, OneGpuOfIpcJobs(jobs, gpus, "ready_flag"));
     if (wait_gpu != nullptr) {
       WPREP_ASSIGN_OR_RETURN(ready_word, MapWord(*wait_gpu, ready->flag, "ready_flag", "the items'"));
       events.ready_word = &ready_word;

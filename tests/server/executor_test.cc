@@ -322,6 +322,13 @@ struct IpcBatch {
     }
     return true;
   }
+  // Every output holds its golden bytes.
+  void ExpectGolden() const {
+    for (size_t i = 0; i < cases.size(); ++i) {
+      EXPECT_TRUE(MatchesGolden(*cases[i], std::string(outs[i].ptr, outs[i].ptr + cases[i]->output_bytes)))
+          << cases[i]->name;
+    }
+  }
 };
 
 TEST(Executor, BatchesRunEachItemOnItsGpuAndOneBadItemWritesNothing) {
@@ -517,10 +524,7 @@ TEST(Executor, EveryStreamOfABatchWaitsForItsReadyEventBeforeAnyItem) {
         b.jobs, b.inline_outputs, absl::InfiniteFuture(), with_early ? &early : nullptr, &ready);
     ASSERT_TRUE(r.ok()) << r.status();
     EXPECT_TRUE(WaitFor([&] { return p.executor->pending_completions() == 0; }));
-    for (size_t i = 0; i < b.cases.size(); ++i) {
-      EXPECT_TRUE(MatchesGolden(*b.cases[i], std::string(b.outs[i].ptr, b.outs[i].ptr + b.cases[i]->output_bytes)))
-          << b.cases[i]->name;
-    }
+    b.ExpectGolden();
     const FakeRuntime::Counts c = p.runtime.counts(0);
     EXPECT_EQ(c.converts, 8);
     EXPECT_EQ(c.converts_after_ipc_wait, 8) << "an item ran on a stream that had not waited for the ready event";
@@ -594,10 +598,7 @@ TEST(Executor, EveryStreamOfABatchWaitsForItsReadyFlagBeforeAnyItem) {
     }
     p.runtime.HoldEventWaits(false);
     EXPECT_TRUE(WaitFor([&] { return p.executor->pending_completions() == 0; }));
-    for (size_t i = 0; i < b.cases.size(); ++i) {
-      EXPECT_TRUE(MatchesGolden(*b.cases[i], std::string(b.outs[i].ptr, b.outs[i].ptr + b.cases[i]->output_bytes)))
-          << b.cases[i]->name;
-    }
+    b.ExpectGolden();
     const FakeRuntime::Counts c = p.runtime.counts(0);
     EXPECT_EQ(c.converts, 8);
     EXPECT_EQ(c.converts_after_value_wait, 8) << "an item ran on a stream that had not waited for the ready word";
@@ -784,10 +785,7 @@ TEST(Executor, WordsAloneOrderABatchAnsweredEarlyWithNoEvent) {
   EXPECT_EQ(p.executor->pending_completions(), 1u);
   p.runtime.HoldEventWaits(false);
   EXPECT_TRUE(WaitFor([&] { return p.executor->pending_completions() == 0; }));
-  for (size_t i = 0; i < b.cases.size(); ++i) {
-    EXPECT_TRUE(MatchesGolden(*b.cases[i], std::string(b.outs[i].ptr, b.outs[i].ptr + b.cases[i]->output_bytes)))
-        << b.cases[i]->name;
-  }
+  b.ExpectGolden();
   const FakeRuntime::Counts c = p.runtime.counts(0);
   EXPECT_EQ(c.converts_after_value_wait, 4);
   EXPECT_EQ(c.converts_at_flag_write, 4) << "the completion word came before some item";
