@@ -58,6 +58,7 @@ const char* MethodName(Method m) {
     case Method::kConvert: return "Convert";
     case Method::kConvertStream: return "ConvertStream";
     case Method::kConvertBatch: return "ConvertBatch";
+    case Method::kConvertBatches: return "ConvertBatches";
     case Method::kListDevices: return "ListDevices";
     case Method::kRegisterIpcHandles: return "RegisterIpcHandles";
     case Method::kReleaseIpcHandles: return "ReleaseIpcHandles";
@@ -209,7 +210,7 @@ void Metrics::InitSuccessSeries() {
   // series from the start (Prometheus' advice for known label values), and a request
   // never creates one on its way out. Error codes appear as they happen.
   const Method methods[] = {Method::kPlan,        Method::kConvert,
-                            Method::kConvertStream, Method::kConvertBatch,
+                            Method::kConvertStream, Method::kConvertBatch, Method::kConvertBatches,
                             Method::kListDevices, Method::kRegisterIpcHandles,
                             Method::kReleaseIpcHandles};
   for (Method m : methods) request_seconds_->Add({{"method", MethodName(m)}}, SecondsBuckets());
@@ -239,6 +240,7 @@ void Metrics::InitSuccessSeries() {
     }
   }
   ok(Method::kConvertBatch, std::nullopt, std::nullopt, Transport::kBatch);
+  ok(Method::kConvertBatches, std::nullopt, std::nullopt, Transport::kBatch);
   for (Method m : {Method::kListDevices, Method::kRegisterIpcHandles, Method::kReleaseIpcHandles}) {
     ok(m, std::nullopt, std::nullopt, Transport::kNone);
   }

@@ -30,6 +30,7 @@ enum class Method {
   kConvert,
   kConvertStream,
   kConvertBatch,
+  kConvertBatches,  // one batch of a ConvertBatches stream
   kListDevices,
   kRegisterIpcHandles,
   kReleaseIpcHandles,

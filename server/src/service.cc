@@ -78,8 +78,10 @@ constexpr absl::Duration kDeadlineSlack = absl::Milliseconds(500);
 // (they answer id 0), no log line, no metrics.
 class CallReport {
  public:
+  // `announce_id`: send the id as the call's x-wprep-request-id metadata (once per call;
+  // a stream's batches report theirs in their answers instead).
   CallReport(Method method, grpc::ServerContext* ctx, Metrics* metrics, const std::string& warmup_token,
-             IdleSpinners* spinners)
+             IdleSpinners* spinners, bool announce_id = true)
       : ctx_(ctx),
         metrics_(metrics),
         spinners_(spinners),
@@ -88,10 +90,11 @@ class CallReport {
         start_(absl::Now()) {
     if (spinners_ != nullptr) spinners_->Touch();
     record_.method = method;
-    ctx_->AddInitialMetadata("x-wprep-request-id", std::to_string(id_));
+    if (announce_id) ctx_->AddInitialMetadata("x-wprep-request-id", std::to_string(id_));
   }
 
   Caller caller() const { return caller_; }
+  uint64_t id() const { return id_; }
   void SetSpec(const ConversionSpec& spec) {
     record_.layout = spec.layout;
     record_.direction = spec.direction;
@@ -358,9 +361,41 @@ grpc::Status WeightPrepService::ConvertBatch(grpc::ServerContext* ctx, const v1:
       kBatchFields);
 }
 
+grpc::Status WeightPrepService::ConvertBatches(
+    grpc::ServerContext* ctx, grpc::ServerReaderWriter<v1::ConvertBatchesResponse, v1::ConvertBatchRequest>* stream) {
+  v1::ConvertBatchRequest req;
+  for (uint64_t index = 0; stream->Read(&req); ++index) {
+    // The inline data's charge outlives the answer that holds the outputs: freed once written.
+    HostBudget::Charge inline_charge;
+    v1::ConvertBatchesResponse answer;
+    answer.set_index(index);
+    CallReport report(Method::kConvertBatches, ctx, metrics_, warmup_token_, spinners_, /*announce_id=*/false);
+    report.SetTransport(Transport::kBatch);
+    bool admitted = false;
+    const grpc::Status status = report.Run(
+        [&]() -> absl::Status {
+          WPREP_ASSIGN_OR_RETURN(Admission::Ticket ticket, admission_->Enter(report.caller()));
+          admitted = true;
+          return DoConvertBatch(ctx, req, answer.mutable_batch(), report, ticket, &inline_charge);
+        },
+        kBatchFields);
+    // Warming up or draining: this batch and the rest of the stream go elsewhere.
+    if (!admitted) return status;
+    answer.set_request_id(report.id());
+    if (!status.ok()) {
+      answer.clear_batch();
+      answer.set_code(static_cast<int32_t>(status.error_code()));
+      answer.set_message(status.error_message());
+    }
+    if (!stream->Write(answer)) return grpc::Status(grpc::StatusCode::CANCELLED, "the client went away");
+  }
+  if (ctx->IsCancelled()) return grpc::Status(grpc::StatusCode::CANCELLED, "client cancelled the stream");
+  return grpc::Status::OK;
+}
+
 absl::Status WeightPrepService::DoConvertBatch(grpc::ServerContext* ctx, const v1::ConvertBatchRequest& req,
                                                v1::ConvertBatchResponse* resp, CallReport& report,
-                                               Admission::Ticket& ticket) {
+                                               Admission::Ticket& ticket, HostBudget::Charge* inline_charge) {
   WPREP_ASSIGN_OR_RETURN(std::vector<ConvertJob> jobs,
                          BatchJobsFromProto(req, BatchLimits{limits_.max_message_bytes, limits_.max_batch_items}));
   EarlyAnswer early;
@@ -388,7 +423,11 @@ absl::Status WeightPrepService::DoConvertBatch(grpc::ServerContext* ctx, const v
   }
   if (inline_bytes > 0) {
     WPREP_ASSIGN_OR_RETURN(HostBudget::Charge charge, buffers_->Take(inline_bytes, "this ConvertBatch's inline data"));
-    buffers_->HoldUntilCallEnds(ctx, std::move(charge));
+    if (inline_charge != nullptr) {
+      *inline_charge = std::move(charge);
+    } else {
+      buffers_->HoldUntilCallEnds(ctx, std::move(charge));
+    }
   }
   WPREP_RETURN_IF_ERROR(report.CheckLive());
   std::vector<std::string*> inline_outputs(jobs.size());

@@ -62,6 +62,12 @@ class WeightPrepService final : public wprep::v1::WeightPrep::Service {
       override;
   grpc::Status ConvertBatch(grpc::ServerContext* ctx, const wprep::v1::ConvertBatchRequest* req,
                             wprep::v1::ConvertBatchResponse* resp) override;
+  // One batch at a time, in order: each gets its own admission ticket, CallReport (metrics
+  // and log line under method ConvertBatches) and answer; only UNAVAILABLE from admission
+  // (warming up, draining) or a failed write ends the stream.
+  grpc::Status ConvertBatches(
+      grpc::ServerContext* ctx,
+      grpc::ServerReaderWriter<wprep::v1::ConvertBatchesResponse, wprep::v1::ConvertBatchRequest>* stream) override;
   grpc::Status ListDevices(grpc::ServerContext* ctx, const wprep::v1::ListDevicesRequest* req,
                            wprep::v1::ListDevicesResponse* resp) override;
   grpc::Status RegisterIpcHandles(grpc::ServerContext* ctx,
@@ -79,9 +85,12 @@ class WeightPrepService final : public wprep::v1::WeightPrep::Service {
       grpc::ServerReaderWriter<wprep::v1::ConvertStreamResponse, wprep::v1::ConvertStreamRequest>* stream,
       CallReport& report);
   // `ticket` moves into work answered before it finished (completion_event), so that a
-  // drain waits for that work.
+  // drain waits for that work. The host memory charged for inline data is held until the
+  // call ends, or, with `inline_charge`, moved there (a stream's batch frees it once its
+  // answer is written).
   absl::Status DoConvertBatch(grpc::ServerContext* ctx, const wprep::v1::ConvertBatchRequest& req,
-                              wprep::v1::ConvertBatchResponse* resp, CallReport& report, Admission::Ticket& ticket);
+                              wprep::v1::ConvertBatchResponse* resp, CallReport& report, Admission::Ticket& ticket,
+                              HostBudget::Charge* inline_charge = nullptr);
   // The daemon ordinal of the GPU an IpcHandleRef names, after checking its fields.
   absl::StatusOr<int> HandleOrdinal(const wprep::v1::IpcHandleRef& h, const std::string& field);
 

@@ -652,6 +652,93 @@ TEST(Batch, OneInvalidItemFailsTheBatchNamingTheItem) {
   EXPECT_EQ(ok->items_size(), 6);
 }
 
+// ConvertBatches: every batch sent before any answer is read, good and bad mixed. Each
+// gets one answer, in order, with its index, its own status (a bad one names its item,
+// the stream goes on) and the results ConvertBatch gives for it; each is its own request
+// in the log and the metrics. The inline data of the stream's batches adds up to more
+// than --max-buffered-bytes: a batch's charge is freed once its answer is written.
+TEST(Batch, ConvertBatchesAnswersEachBatchInOrderAndGoesOnAfterABadOne) {
+  std::string error;
+  std::unique_ptr<Daemon> d =
+      Daemon::Start({"--devices=cpu", "--max-message-bytes=1M", "--max-buffered-bytes=1M"}, &error);
+  ASSERT_NE(d, nullptr) << error;
+  ASSERT_TRUE(d->WaitServing()) << d->Log();
+  std::shared_ptr<grpc::Channel> channel = MakeChannel(d->unix_target());
+  Client client(channel);
+  const std::vector<const GoldenCase*> cases = MixedCases(16 << 10);
+  ASSERT_GT(cases.size(), 40u);
+  constexpr int kBatches = 40;
+  constexpr int kItems = 4;
+  std::vector<v1::ConvertBatchRequest> batches(kBatches);
+  uint64_t inline_bytes = 0;
+  for (int b = 0; b < kBatches; ++b) {
+    for (int i = 0; i < kItems; ++i) {
+      const GoldenCase& c = *cases[(b * kItems + i) % cases.size()];
+      *batches[b].add_items() = InlineItem(c, GoldenInput(c));
+      inline_bytes += c.input_bytes + 2 * c.output_bytes;
+    }
+  }
+  // One batch in seven names an unknown layout in its item 2.
+  auto bad = [](int b) { return b % 7 == 3; };
+  for (int b = 0; b < kBatches; ++b) {
+    if (bad(b)) batches[b].mutable_items(2)->mutable_convert()->mutable_spec()->set_layout(static_cast<v1::Layout>(42));
+  }
+  // Enough items for the test to mean something: more inline data than the budget.
+  ASSERT_GT(inline_bytes, uint64_t{1} << 20);
+
+  std::unique_ptr<v1::WeightPrep::Stub> stub = v1::WeightPrep::NewStub(channel);
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+  auto stream = stub->ConvertBatches(&ctx);
+  for (const v1::ConvertBatchRequest& b : batches) ASSERT_TRUE(stream->Write(b));
+  ASSERT_TRUE(stream->WritesDone());
+  std::vector<v1::ConvertBatchesResponse> answers;
+  for (v1::ConvertBatchesResponse a; stream->Read(&a);) answers.push_back(a);
+  const grpc::Status end = stream->Finish();
+  ASSERT_TRUE(end.ok()) << end.error_message();
+  ASSERT_EQ(answers.size(), static_cast<size_t>(kBatches));
+  std::set<uint64_t> ids;
+  int good = 0;
+  for (int b = 0; b < kBatches; ++b) {
+    SCOPED_TRACE(b);
+    const v1::ConvertBatchesResponse& a = answers[b];
+    EXPECT_EQ(a.index(), static_cast<uint64_t>(b));
+    EXPECT_GT(a.request_id(), 0u);
+    ids.insert(a.request_id());
+    if (bad(b)) {
+      EXPECT_EQ(a.code(), static_cast<int>(grpc::StatusCode::INVALID_ARGUMENT));
+      EXPECT_NE(a.message().find("items[2].convert.spec.layout"), std::string::npos) << a.message();
+      EXPECT_FALSE(a.has_batch());
+      continue;
+    }
+    ++good;
+    ASSERT_EQ(a.code(), 0) << a.message();
+    ASSERT_EQ(a.batch().items_size(), kItems);
+    for (int i = 0; i < kItems; ++i) {
+      const GoldenCase& c = *cases[(b * kItems + i) % cases.size()];
+      EXPECT_TRUE(MatchesGolden(c, a.batch().items(i).outputs(0).inline_bytes())) << c.name;
+      EXPECT_EQ(a.batch().items(i).outputs(0).bytes(), c.output_bytes) << c.name;
+    }
+    // The same batch through ConvertBatch: the same answer, but for the engine's times.
+    absl::StatusOr<v1::ConvertBatchResponse> one = client.ConvertBatch(batches[b]);
+    ASSERT_TRUE(one.ok()) << one.status();
+    v1::ConvertBatchResponse streamed = a.batch();
+    for (int i = 0; i < kItems; ++i) {
+      EXPECT_GT(streamed.items(i).kernel_seconds(), 0) << i;
+      streamed.mutable_items(i)->clear_kernel_seconds();
+      one->mutable_items(i)->clear_kernel_seconds();
+    }
+    EXPECT_EQ(one->SerializeAsString(), streamed.SerializeAsString());
+  }
+  EXPECT_EQ(ids.size(), static_cast<size_t>(kBatches));
+  EXPECT_EQ(RequestSpans(d->Log(), "ConvertBatches").size(), static_cast<size_t>(kBatches));
+  const std::string metrics = HttpGet(d->metrics_address(), "/metrics");
+  EXPECT_EQ(MetricValue(metrics, "wprep_requests_total", {{"method", "ConvertBatches"}, {"code", "OK"}}), good);
+  EXPECT_EQ(MetricValue(metrics, "wprep_requests_total", {{"method", "ConvertBatches"}, {"code", "INVALID_ARGUMENT"}}),
+            kBatches - good);
+  EXPECT_EQ(MetricValue(metrics, "wprep_requests_total", {{"method", "ConvertBatch"}, {"code", "OK"}}), good);
+}
+
 // The CPU ticks of the daemon's SCHED_IDLE threads (its --keep-cpus-awake spinners), and
 // how many there are.
 std::pair<int, uint64_t> SpinnerTicks(pid_t pid) {

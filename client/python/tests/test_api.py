@@ -107,6 +107,52 @@ def test_a_bad_item_fails_the_batch_naming_it(client):
     assert "items[2]" in e.value.details
 
 
+def test_convert_batches_answers_every_batch_in_order_on_one_stream(daemon):
+    # Each batch is sent before the answers of those before it; the results are each batch's
+    # own, in order, the same as convert_batch gives; the daemon logs one request per batch.
+    cases = _cases_for_concurrency(40)
+    batches = [[Item(c.spec, c.logical_shape, golden.golden_input(c), strides=c.input_strides or None)
+                for c in cases[i:i + 4]] for i in range(0, len(cases), 4)]
+    with Client(daemon.target, timeout=60) as c:
+        before = daemon.log().count("method=ConvertBatches ")
+        results = c.convert_batches(batches)
+        assert len(results) == len(batches)
+        for i, (batch, result) in enumerate(zip(batches, results)):
+            assert len(result) == len(batch)
+            for case, r in zip(cases[4 * i:4 * i + 4], result):
+                assert golden.matches(case, r.data), case.name
+        one = c.convert_batch(batches[3])
+        assert [r.data for r in one] == [r.data for r in results[3]]
+        assert [(r.shape, r.strides, r.identity) for r in one] == [(r.shape, r.strides, r.identity) for r in results[3]]
+        assert daemon.log().count("method=ConvertBatches ") - before == len(batches)
+
+
+def test_convert_batches_names_a_failed_batch_and_runs_the_others(daemon):
+    c0 = _case("hopper_swizzle_256x128_mx1_mma2")
+    good = Item(c0.spec, c0.logical_shape, golden.golden_input(c0))
+    bad = Item(c0.spec, c0.logical_shape, b"x")
+    with Client(daemon.target, timeout=60) as c:
+        before = daemon.log().count("method=ConvertBatches ")
+        with pytest.raises(WprepError) as e:
+            c.convert_batches([[good], [good, bad], [good]])
+        assert e.value.code == grpc.StatusCode.INVALID_ARGUMENT
+        assert e.value.details.startswith("batches[1]: "), e.value.details
+        assert "items[1]" in e.value.details
+        lines = [ln for ln in daemon.log().splitlines() if "method=ConvertBatches " in ln][before:]
+        assert [("code=OK" in ln, "code=INVALID_ARGUMENT" in ln) for ln in lines] == [
+            (True, False), (False, True), (True, False)]  # the third batch ran too
+        # The stream goes on: the same Client's next batches are served.
+        (r,), = c.convert_batches([[good]])
+        assert golden.matches(c0, r.data)
+
+
+def test_convert_batches_on_a_daemon_gone_is_unavailable(tmp_path):
+    with Client(f"unix://{tmp_path}/none.sock", timeout=5) as c:
+        with pytest.raises(WprepError) as e:
+            c.convert_batches([[Item(HOPPER_MX2, [256, 128], bytes(256 * 64))]])
+    assert e.value.code == grpc.StatusCode.UNAVAILABLE
+
+
 def test_client_side_mistakes_are_python_errors(client):
     with pytest.raises(ValueError, match="layout must be one of"):
         Spec("hopper")

@@ -549,6 +549,103 @@ def test_gpu_a_client_gone_right_after_a_stream_answer_leaves_the_daemon_serving
     assert _memory(r.tensor, r.nbytes) == _reference(ref, spec, shape, src)
 
 
+# -- returns before the answer (completion="async") ------------------------------------------
+
+def _drain(stream, seconds=120.0):
+    """Waits for `stream` on the host, failing (not hanging) when it does not finish."""
+    deadline = time.monotonic() + seconds
+    while not stream.query():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"the stream still waits after {seconds} s")
+        time.sleep(0.001)
+
+
+def test_gpu_async_drop_in_many_layers_back_to_back_matches_the_host_completion():
+    # A model's layers through the drop-in with completion="async", five times over without
+    # waiting on the host in between: every call returns before its answer, the caller's
+    # stream is ordered by words alone, and the outputs equal those of completion="host".
+    torch = _torch()
+    _expected_identities(torch)
+    gpu = _client("gpu")
+    layers = [[(_random(torch, (4, n, 1440), 700 + 2 * i + j), _random(torch, (4, n, 90), 800 + 2 * i + j))
+               for j, n in enumerate((5760, 2880))] for i in range(24)]
+    want = [wprep.swizzle_mxfp4_batch(pairs, 8, client=gpu, completion="host", triton=False) for pairs in layers]
+    outs = [[wprep.empty_swizzled_mxfp4(v, s, 8, client=gpu) for v, s in pairs] for pairs in layers]
+    gpu.register([t for pairs in layers for p in pairs for t in p] + [t for lo in outs for o in lo for t in o])
+    stream = torch.cuda.current_stream()
+    for rep in range(5):
+        for lo in outs:
+            for vo, so in lo:
+                vo.zero_()
+                so.zero_()
+        t0 = time.perf_counter()
+        got = [wprep.swizzle_mxfp4_batch(pairs, 8, client=gpu, out=lo, completion="async", triton=False)
+               for pairs, lo in zip(layers, outs)]
+        sent = time.perf_counter() - t0
+        copies = [[(r.values.clone(), r.scales.clone()) for r in layer] for layer in got]
+        _drain(stream)
+        gpu.wait_async(60)
+        assert sent < 30, sent
+        for i, (layer, expect) in enumerate(zip(copies, want)):
+            for (v, s), w in zip(layer, expect):
+                assert torch.equal(v, w.values) and torch.equal(s, w.scales), f"rep {rep}, layer {i}"
+    assert gpu.release([t for lo in outs for o in lo for t in o]) >= 1
+
+
+def test_gpu_async_reads_the_inputs_after_the_work_queued_before_the_call():
+    torch = _torch()
+    gpu, ref = _client("gpu"), _client("cpu")
+    spec, shape = Spec("hopper_value", mx_axis=-2, mma_version=3, packing_axis=-2), [16, 4096, 4096]
+    p = gpu.plan(spec, shape)
+    data = [_random(torch, p.input_shape, 760 + i) for i in range(2)]
+    srcs = [torch.zeros_like(d) for d in data]
+    outs = [torch.zeros(p.output_bytes, dtype=torch.uint8, device="cuda") for _ in srcs]
+    stream = torch.cuda.current_stream()
+    for rep in range(2):
+        for s in srcs:
+            s.zero_()
+        torch.cuda.synchronize()
+        torch.cuda._sleep(2_000_000_000)  # the producer, still busy when the request goes
+        for s, d in zip(srcs, data):
+            s.copy_(d)
+        gpu.convert_batch([Item(spec, shape, s, out=o) for s, o in zip(srcs, outs)], completion="async")
+        assert not stream.query(), "the call waited on the host for the producer's work"
+        copies = [o.clone() for o in outs]
+        _drain(stream)
+        gpu.wait_async(60)
+        for i, c in enumerate(copies):
+            want = _reference_per_matrix(ref, spec, shape, data[i])
+            assert _memory(c, p.output_bytes) == want, f"rep {rep}, item {i}: read out of order"
+
+
+def test_gpu_a_refused_async_call_releases_the_stream_and_raises_later():
+    torch = _torch()
+    gpu = _client("gpu")
+    spec, shape = SPECS[0]
+    p = gpu.plan(spec, shape)
+    good = _random(torch, p.input_shape, 770)
+    short = good.view(-1)[: p.input_bytes // 2]  # the daemon refuses: the source is too small
+    out = torch.zeros(p.output_bytes, dtype=torch.uint8, device="cuda")
+    stream = torch.cuda.current_stream()
+    for _ in range(3):
+        gpu.convert_batch([Item(spec, shape, short, out=out)], completion="async")
+        after = torch.ones(1, device="cuda")  # queued behind the call's wait
+        _drain(stream, 30)
+        assert after.item() == 1.0
+        try:
+            gpu.wait_async(30)
+        except wprep.WprepError as e:
+            assert e.code.name == "INVALID_ARGUMENT" and "items[0]" in e.details, e
+        else:
+            raise AssertionError("a refused async call raised nothing")
+    # The next good call works, on the same stream.
+    r = gpu.convert_batch([Item(spec, shape, good, out=out)], completion="async")
+    _drain(stream, 30)
+    gpu.wait_async(30)
+    host = gpu.convert_batch([Item(spec, shape, good)], completion="host")
+    assert torch.equal(r[0].tensor, host[0].tensor)
+
+
 def _main():
     """A runner for machines without pytest: every test_* here, skips reported as skipped."""
     import traceback

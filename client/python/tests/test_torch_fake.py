@@ -8,13 +8,17 @@ in test_gpu.py on a GPU.
 """
 
 import dataclasses
+import os
+import signal
 import sys
+import time
 import types
 
+import grpc
 import pytest
 
 import wprep
-from wprep import Spec
+from wprep import Spec, WprepError
 from wprep import _requests, _torch, _triton
 from wprep.v1 import wprep_pb2 as pb
 
@@ -501,3 +505,101 @@ def test_stream_completion_refuses_host_items_and_two_gpus(fake):
         _requests.batch_call(items, None, {}, _torch.Registry(), None, "stream", pool)
     with pytest.raises(ValueError, match="completion must be one of"):
         _requests.batch_call(items[:1], None, {}, _torch.Registry(), None, "soon", pool)
+
+
+class FakeWords:
+    """completion='async' with the real /dev/shm pages, and the driver's stream operations
+    (cudaHostRegister, cuMemHostGetDevicePointer, cuStreamWriteValue32, cuStreamWaitValue32)
+    recorded instead of called."""
+
+    def __init__(self, torch, monkeypatch):
+        self.ops = []
+        torch.cuda.cudart = lambda: types.SimpleNamespace(cudaHostRegister=lambda addr, size, flags: 0)
+        monkeypatch.setattr(_torch.FlagPool, "_device_ptr", staticmethod(lambda page, d: page.addr))
+        def write(pool, f, stream, d):  # the stream runs at once: it writes the word
+            self.ops.append(("write", stream.d, f.page.name, f.offset, f.value))
+            f.write(f.value)
+
+        monkeypatch.setattr(_torch.FlagPool, "enqueue_write", write)
+        monkeypatch.setattr(_torch.FlagPool, "enqueue_wait",
+                            lambda pool, f, stream, d: self.ops.append(("wait", stream.d, f.page.name, f.offset, f.value)))
+
+    @staticmethod
+    def word(name, offset):
+        """The word as another process sees it: read from the file."""
+        with open(f"/dev/shm/{name}", "rb") as f:
+            f.seek(offset)
+            return int.from_bytes(f.read(4), "little")
+
+
+def _ipc_item(torch, rec, k, dev=0):
+    alloc = FakeAllocation(1 << 39, 1 << 24)
+    src = torch.Tensor(FakeStorage(rec, alloc, k << 16, 32768), (2, 256, 64), (16384, 64, 1), 0, dev)
+    out = torch.Tensor(FakeStorage(rec, alloc, (k << 16) + 32768, 32768), (32768,), (1,), 0, dev)
+    return wprep.Item(SPEC, [2, 128, 256], src, out=out)
+
+
+def test_async_completion_orders_the_stream_with_two_words_and_a_refusal_releases_it(fake, monkeypatch, daemon):
+    # The real daemon (CPU engine) refuses CUDA IPC items: the refusal comes back on the
+    # ordered stream after the call has returned, the client's CPU writes the done word (in
+    # the shared file, where the caller's stream waits for it), and the error is raised by
+    # wait_async() and, for a later refusal, by the next async call.
+    torch, rec = fake
+    words = FakeWords(torch, monkeypatch)
+    with wprep.Client(daemon.target, timeout=30) as c:
+        r = c.convert_batch([_ipc_item(torch, rec, 0), _ipc_item(torch, rec, 1)], completion="async")
+        # Returned before the answer, with the daemon's Plan of each output.
+        plan = c.plan(SPEC, [2, 128, 256])
+        assert [(x.shape, x.strides, x.nbytes) for x in r] == [(plan.output_shape, plan.output_strides,
+                                                                plan.output_bytes)] * 2
+        assert r[0].tensor.shape == plan.output_shape and r[0].kernel_seconds == 0.0
+        # The current stream writes the ready word, then waits for the done word; no event, no host wait.
+        (w_op, w_dev, w_name, w_off, w_val), (d_op, d_dev, d_name, d_off, d_val) = words.ops
+        assert (w_op, d_op, w_dev, d_dev) == ("write", "wait", 0, 0)
+        assert rec.records == [] and rec.synced == [] and rec.waits == []
+        assert (w_name, w_off) != (d_name, d_off)
+        with pytest.raises(WprepError) as e:
+            c.wait_async(30)
+        assert e.value.code != grpc.StatusCode.OK and e.value.method == "ConvertBatches"
+        assert "items[0]" in e.value.details, e.value.details
+        assert FakeWords.word(d_name, d_off) == d_val, "the refusal left the caller's stream waiting"
+        c.wait_async(30)  # raised once
+        # A refusal nobody waited for is raised by the next async call, before it sends anything.
+        c.convert_batch([_ipc_item(torch, rec, 2)], completion="async")
+        assert c._stream.wait(30)
+        sent = len(words.ops)
+        with pytest.raises(WprepError) as later:
+            c.convert_batch([_ipc_item(torch, rec, 3)], completion="async")
+        assert "items[0]" in later.value.details and len(words.ops) == sent
+        # A refused batch's words go back to the pool (answered, and holding their values).
+        by_place = {(f.page.name, f.offset): f for f in c._flags._words}
+        for op in words.ops:
+            f = by_place[(op[2], op[3])]
+            assert not f.in_use and not f.retired and _torch.reached(f.read(), f.value), op
+
+
+def test_async_completion_releases_the_stream_when_the_daemon_dies(fake, monkeypatch, tmp_path):
+    torch, rec = fake
+    words = FakeWords(torch, monkeypatch)
+    from conftest import wprepd_path
+    from wprep.testing import LocalDaemon
+
+    with LocalDaemon(wprepd_path(), ["--devices=cpu", "--cpu-threads=1"]) as d:
+        c = wprep.Client(d.target, timeout=30)
+        c.convert_batch([_ipc_item(torch, rec, 9)], completion="async")  # the Plan cached, the stream open
+        with pytest.raises(WprepError):
+            c.wait_async(30)
+        words.ops.clear()
+        os.kill(d.proc.pid, signal.SIGSTOP)
+        try:
+            c.convert_batch([_ipc_item(torch, rec, 0)], completion="async")
+            (_, _, name, off, val), = [op for op in words.ops if op[0] == "wait"]
+            time.sleep(0.3)
+            assert FakeWords.word(name, off) != val  # no answer yet: the stream still waits
+        finally:
+            os.kill(d.proc.pid, signal.SIGKILL)
+        with pytest.raises(WprepError) as e:
+            c.wait_async(30)
+        assert e.value.code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED, grpc.StatusCode.UNKNOWN)
+        assert FakeWords.word(name, off) == val, "a lost batch left the caller's stream waiting"
+        c.close()

@@ -23,6 +23,7 @@ from ._mxfp4 import (
     set_default_client,
     swizzle_mxfp4,
     swizzle_mxfp4_batch,
+    wait_async,
 )
 from ._spec import Direction, Layout, LayoutIdentity, Spec
 from ._torch import ExpandableSegmentsError
@@ -54,4 +55,5 @@ __all__ = [
     "set_default_client",
     "swizzle_mxfp4",
     "swizzle_mxfp4_batch",
+    "wait_async",
 ]

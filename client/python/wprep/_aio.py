@@ -130,7 +130,10 @@ class AsyncClient:
         timeout: Optional[float] = None,
         completion: str = "host",
     ) -> BatchResult:
-        """See Client.convert_batch."""
+        """See Client.convert_batch (completion "host" or "stream")."""
+        if completion == "async":
+            raise ValueError("completion='async' is Client's (it returns before the answer already); "
+                             "use 'stream' from asyncio")
         items = list(items)
         plans = await self._plans_for(
             [_requests.needs_plan(it.spec, it.logical_shape, it.source, it.out) for it in items if isinstance(it, Item)],

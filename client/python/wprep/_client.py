@@ -14,6 +14,7 @@ import grpc
 from . import _health, _requests, _torch
 from ._errors import WprepError, from_rpc_error
 from ._requests import Call, PlanKey
+from ._stream import BatchStream, Entry, StreamBroken
 from ._spec import Spec
 from ._types import BatchResult, Devices, Item, Plan, Result, Source
 from .v1 import wprep_pb2 as pb
@@ -44,6 +45,14 @@ def default_target() -> str:
 
 def _identity(x: bytes) -> bytes:
     return x
+
+
+_CODES = {c.value[0]: c for c in grpc.StatusCode}
+
+
+def _answer_error(answer: Any) -> WprepError:
+    """The WprepError of a ConvertBatches answer whose code is not OK."""
+    return WprepError(_CODES.get(answer.code, grpc.StatusCode.UNKNOWN), answer.message, "ConvertBatches")
 
 
 class _PlanCache:
@@ -116,10 +125,24 @@ class Client:
         self._plans = _PlanCache()
         self._registry = _torch.Registry()
         self._events = _torch.EventPool()
+        self._flags = _torch.FlagPool()
+        # The ordered ConvertBatches stream (completion='async', convert_batches), opened on
+        # first use and again after it breaks; the errors of async batches not raised yet.
+        self._stream_mu = threading.Lock()
+        self._stream: Optional[BatchStream] = None  # guarded by _stream_mu
+        self._async_mu = threading.Lock()
+        self._async_errors: List[BaseException] = []  # guarded by _async_mu
+        self.max_async_in_flight = 256
 
     def close(self) -> None:
-        """Closes the channel; calls in flight fail."""
+        """Closes the channel; calls in flight fail (completion='async' ones release their
+        streams, their outputs unwritten)."""
+        with self._stream_mu:
+            stream, self._stream = self._stream, None
+        if stream is not None:
+            stream.close(timeout=1.0)
         self._channel.close()
+        self._flags.close()
 
     def __enter__(self) -> "Client":
         return self
@@ -265,10 +288,123 @@ class Client:
                     timeout: Optional[float], completion: str) -> Call:
         items = list(items)
         plans = self._plans_for(
-            [_requests.needs_plan(it.spec, it.logical_shape, it.source, it.out) for it in items if isinstance(it, Item)],
+            [_requests.needs_plan(it.spec, it.logical_shape, it.source, it.out, completion)
+             for it in items if isinstance(it, Item)],
             timeout,
         )
-        return _requests.batch_call(items, device_uuid, plans, self._registry, stream, completion, self._events)
+        return _requests.batch_call(items, device_uuid, plans, self._registry, stream, completion, self._events,
+                                    self._flags)
+
+    # -- the ordered ConvertBatches stream ---------------------------------------------------
+
+    def _send_ordered(self, entry: Entry) -> None:
+        """Sends a batch on the Client's ConvertBatches stream, opening one if none is live."""
+        for _ in range(2):
+            with self._stream_mu:
+                if self._stream is None or self._stream.broken:
+                    self._stream = BatchStream(self._stub.ConvertBatches, self.max_async_in_flight)
+                stream = self._stream
+            try:
+                stream.send(entry)
+                return
+            except StreamBroken:
+                continue  # it broke between the check and the send: once more on a new one
+        raise WprepError(grpc.StatusCode.UNAVAILABLE, "the ConvertBatches stream broke twice while sending",
+                         "ConvertBatches")
+
+    def _raise_async_error(self) -> None:
+        with self._async_mu:
+            if not self._async_errors:
+                return
+            e = self._async_errors.pop(0)
+        if hasattr(e, "add_note"):
+            e.add_note("(raised by a later call: an earlier completion='async' batch of this Client failed; "
+                       "its outputs were not written)")
+        raise e
+
+    def _send_async(self, call: Call) -> Any:
+        ready, done = call.words  # type: ignore[misc]
+        flags = self._flags
+
+        def on_answer(lost: Optional[WprepError], answer: Any) -> None:
+            # On the stream's reader thread, in send order; `call` keeps the tensors alive until here.
+            error: Optional[BaseException] = lost
+            if lost is None and answer.code == 0:
+                try:
+                    call.complete(answer.batch)
+                except BaseException as e:  # noqa: BLE001 - raised by a later call
+                    error = e
+                flags.finish(ready, reusable=True)
+                flags.finish(done, reusable=True)
+            else:
+                if error is None:
+                    error = _answer_error(answer)
+                # Refused (nothing queued, nothing will be written) or lost (the daemon may
+                # still write): the CPU releases the caller's stream; lost words never return.
+                flags.release(done)
+                flags.finish(ready, reusable=lost is None)
+                flags.finish(done, reusable=lost is None)
+            if error is not None:
+                with self._async_mu:
+                    self._async_errors.append(error)
+
+        try:
+            self._send_ordered(Entry(call.request, on_answer))
+        except BaseException:
+            flags.release(done)
+            flags.finish(ready, reusable=False)
+            flags.finish(done, reusable=False)
+            raise
+        return call.early
+
+    def wait_async(self, timeout: Optional[float] = None) -> None:
+        """Waits for the answers of every completion='async' batch sent so far, then raises the
+        first error among them (a WprepError, as the call itself would have raised), if any.
+
+        TimeoutError when some answer has not come within `timeout` seconds.
+        """
+        with self._stream_mu:
+            stream = self._stream
+        if stream is not None and not stream.wait(timeout):
+            raise TimeoutError(f"completion='async' batches not all answered after {timeout} s")
+        self._raise_async_error()
+
+    def convert_batches(self, batches: Iterable[Sequence[Item]], *, device_uuid: Union[None, bytes, str] = None,
+                        stream: Any = None, timeout: Optional[float] = None) -> List[BatchResult]:
+        """Many batches on one ordered ConvertBatches stream, each sent without waiting for the
+        answers before it, each answered once its work is done (completion "host"). Returns
+        their results in order; the first failed batch raises its WprepError, with
+        "batches[i]: " before the daemon's message, once every batch is answered (a failed batch
+        writes nothing; the others run). TimeoutError when the answers take longer than
+        `timeout` (default: the Client's).
+        """
+        futures: List["concurrent.futures.Future[BatchResult]"] = []
+        for i, items in enumerate(batches):
+            call = self._batch_call(items, device_uuid, stream, timeout, "host")
+            fut: "concurrent.futures.Future[BatchResult]" = concurrent.futures.Future()
+
+            def on_answer(lost: Optional[WprepError], answer: Any, call: Call = call, fut: Any = fut,
+                          i: int = i) -> None:
+                if lost is not None:
+                    call.fail()
+                    fut.set_exception(lost)
+                elif answer.code != 0:
+                    call.fail()
+                    e = _answer_error(answer)
+                    fut.set_exception(WprepError(e.code, f"batches[{i}]: {e.details}", "ConvertBatches"))
+                else:
+                    try:
+                        fut.set_result(call.complete(answer.batch))
+                    except BaseException as e:  # noqa: BLE001 - the caller gets it
+                        fut.set_exception(e)
+
+            self._send_ordered(Entry(call.request, on_answer))
+            futures.append(fut)
+        _, not_done = concurrent.futures.wait(futures, self._timeout(timeout))
+        if not_done:
+            raise TimeoutError(f"{len(not_done)} of {len(futures)} batches not answered after "
+                               f"{self._timeout(timeout)} s")
+        return [f.result() for f in futures]
 
     def convert_batch(
         self,
@@ -289,7 +425,22 @@ class Client:
         after the work queued there before the call, the outputs are ready for work queued
         there after it, and the call returns as soon as the daemon has queued its work, with
         no host wait either side; the results' kernel_seconds are then 0.
+
+        completion="async" is "stream" without waiting for the answer, like a kernel launch: it
+        returns once the batch is sent, with the results the daemon's Plans give. The batch goes
+        on the Client's ordered ConvertBatches stream and is ordered with words of shared host
+        memory (a file of /dev/shm the client maps and registers with CUDA; ready_flag and
+        completion_flag as host_word), not events: `stream` writes the ready word after the
+        work queued there before the call, and waits for the done word the daemon's GPU writes
+        after the batch. An error comes later, like a CUDA kernel's: it is raised by the next
+        completion="async" call of this Client, or by wait_async(); the outputs of a failed
+        batch are undefined, and the client's CPU writes the done word itself, so `stream` goes
+        on all the same. The tensors are held until the answer. The daemon must share the
+        client's /dev/shm and be able to open its files (the same user, root, or the group).
         """
+        if completion == "async":
+            self._raise_async_error()
+            return self._send_async(self._batch_call(items, device_uuid, stream, timeout, completion))
         return self._run(self._batch_call(items, device_uuid, stream, timeout, completion), timeout)
 
     def convert_batch_future(
@@ -301,7 +452,9 @@ class Client:
         timeout: Optional[float] = None,
         completion: str = "host",
     ) -> "concurrent.futures.Future[BatchResult]":
-        """convert_batch() without waiting: a Future of the BatchResult."""
+        """convert_batch() without waiting: a Future of the BatchResult (completion "host" or "stream")."""
+        if completion == "async":
+            raise ValueError("completion='async' returns before the answer already: call convert_batch")
         return self._submit(self._batch_call(items, device_uuid, stream, timeout, completion), timeout)
 
     # -- devices and health -------------------------------------------------------------------

@@ -218,13 +218,22 @@ def swizzle_mxfp4(
     completion: "stream" (default) is ordered like the torch operations convert_layout runs
     on `stream` (default: the current stream): the daemon reads the inputs after the work
     queued there before the call, the outputs are ready for work queued there after it,
-    the host waits for neither, and kernel_seconds is 0. "host" synchronizes `stream`
-    before the call and returns once the work is done, with the engine's time in
+    the host waits for neither, and kernel_seconds is 0. "async" gives the same order and
+    returns once the request is sent, before the daemon's answer: a refused call raises on
+    the client's next async call or in wprep.wait_async() (call it once the loader is done),
+    and its outputs are undefined (Client.convert_batch says more). "host" synchronizes
+    `stream` before the call and returns once the work is done, with the engine's time in
     kernel_seconds.
     """
     return swizzle_mxfp4_batch([(values, scales)], num_warps, client=client,
                                out=None if out is None else [out], stream=stream, triton=triton,
                                completion=completion)[0]
+
+
+def wait_async(client: Optional[Client] = None, timeout: Optional[float] = None) -> None:
+    """Waits for the answers of every completion="async" call of `client` (default: the default
+    client) and raises the first error among them: call it once a loader's async calls are made."""
+    (client or default_client()).wait_async(timeout)
 
 
 def empty_swizzled_mxfp4(values: Any, scales: Any, num_warps: int = 8, *,

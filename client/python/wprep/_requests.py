@@ -31,6 +31,10 @@ class Call:
     # Runs once the call is over, after finish: with True when the daemon answered (its
     # handler is over), False when the call failed without an answer.
     release: Optional[Callable[[bool], None]] = None
+    # completion='async': the caller's result, known before the answer (from the Plans), and
+    # the batch's (ready, done) words.
+    early: Any = None
+    words: Optional[Tuple[Any, Any]] = None
 
     def complete(self, resp: Any) -> Any:
         """finish(resp), then release(True)."""
@@ -119,9 +123,11 @@ def plan_request(
     return r
 
 
-def needs_plan(spec: Spec, logical_shape: Sequence[int], source: Source, out: Any) -> Optional[PlanKey]:
-    """The plan an output allocated by the client needs (a CUDA source without `out`)."""
-    if out is None and _torch.is_cuda_tensor(source):
+def needs_plan(spec: Spec, logical_shape: Sequence[int], source: Source, out: Any,
+               completion: str = "host") -> Optional[PlanKey]:
+    """The plan an output allocated by the client needs (a CUDA source without `out`), or, with
+    completion='async', that a CUDA item's result is made of before the answer."""
+    if (out is None or completion == "async") and _torch.is_cuda_tensor(source):
         return (spec, shape_of(logical_shape))
     return None
 
@@ -186,6 +192,12 @@ class _Side:
             tensor=tensor,
         )
 
+    def planned(self, plan: Plan, engine: str) -> Result:
+        """The result the answer will describe, from the plan (completion='async')."""
+        return Result(shape=plan.output_shape, strides=plan.output_strides, nbytes=plan.output_bytes,
+                      identity=plan.identity, engine=engine, kernel_seconds=0.0,
+                      tensor=_torch.output_view(self.out, plan.output_shape, plan.output_strides))
+
     def keep(self) -> List[Any]:
         return [x for x in (self.out,) if x is not None]
 
@@ -221,7 +233,7 @@ def convert_call(
     return Call("Convert", r, finish, keep=[source, *side.keep()])
 
 
-COMPLETIONS = ("host", "stream")
+COMPLETIONS = ("host", "stream", "async")
 
 
 def batch_call(
@@ -232,6 +244,7 @@ def batch_call(
     stream: Any,
     completion: str = "host",
     events: Optional[_torch.EventPool] = None,
+    flags: Optional[_torch.FlagPool] = None,
 ) -> Call:
     sides: List[_Side] = []
     r = pb.ConvertBatchRequest(device_uuid=uuid_bytes(device_uuid))
@@ -255,7 +268,38 @@ def batch_call(
     if completion not in COMPLETIONS:
         raise ValueError(f"completion must be one of {COMPLETIONS}; got {completion!r}")
     event = None
-    if completion == "stream":
+    early: Optional[BatchResult] = None
+    words: Optional[Tuple[Any, Any]] = None
+    if completion == "async":
+        index = _early_answer_device(sides, completion)
+        assert flags is not None
+        engine = "cuda:" + _uuid_string(_torch.device_uuid(index))
+        early = BatchResult([side.planned(plans[(it.spec, side.shape)], engine) for it, side in zip(items, sides)])
+        import torch
+
+        on = stream if stream is not None else torch.cuda.current_stream(index)
+        # Words both ways, no event: `on` writes the ready word after the work queued on it so
+        # far (the daemon's streams wait for it), then waits for the done word, which the
+        # daemon's GPU writes after the batch. The client sends the batch on its ordered
+        # ConvertBatches stream, so no later batch's wait is queued ahead of this one's work.
+        ready = flags.take(index)
+        try:
+            done = flags.take(index)
+        except BaseException:
+            flags.finish(ready, reusable=True)
+            raise
+        words = (ready, done)
+        try:
+            flags.to_proto(ready, r.ready_flag)
+            flags.to_proto(done, r.completion_flag)
+            flags.enqueue_write(ready, on, index)
+            flags.enqueue_wait(done, on, index)
+        except BaseException:
+            flags.release(done)
+            flags.finish(ready, reusable=False)
+            flags.finish(done, reusable=False)
+            raise
+    elif completion == "stream":
         index = _early_answer_device(sides)
         assert events is not None
         event = events.take(index)
@@ -274,6 +318,13 @@ def batch_call(
     def finish(resp: pb.ConvertBatchResponse) -> BatchResult:
         if len(resp.items) != len(sides):
             raise RuntimeError(f"ConvertBatch answered {len(resp.items)} items for {len(sides)}")
+        if early is not None:
+            for i, (res, item) in enumerate(zip(early, resp.items)):
+                t = item.outputs[0]
+                if (tuple(t.shape), tuple(t.strides), t.bytes) != (res.shape, res.strides, res.nbytes):
+                    raise RuntimeError(f"items[{i}]: the daemon wrote {list(t.shape)} strides {list(t.strides)}, "
+                                       f"not the planned {list(res.shape)} strides {list(res.strides)}")
+            return early
         if event is not None:
             import torch
 
@@ -293,24 +344,30 @@ def batch_call(
         # Without an answer the daemon's handler may still record the event: never reuse it.
         (events.give if answered else events.retire)(index, event)  # type: ignore[union-attr]
 
-    return Call("ConvertBatch", r, finish, keep=keep, release=None if event is None else release)
+    return Call("ConvertBatch", r, finish, keep=keep, release=None if event is None else release, early=early,
+                words=words)
 
 
-def _early_answer_device(sides: Sequence["_Side"]) -> int:
+def _uuid_string(raw: bytes) -> str:
+    h = raw.hex()
+    return f"GPU-{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
+
+
+def _early_answer_device(sides: Sequence["_Side"], completion: str = "stream") -> int:
     """The one CUDA device of a batch whose every source and output is a CUDA tensor."""
     index: Optional[int] = None
     for i, side in enumerate(sides):
         if side.source_ipc is None or side.dest_ipc is None:
             raise ValueError(
-                f"items[{i}]: completion='stream' needs a CUDA tensor source and output (out=... or "
+                f"items[{i}]: completion='{completion}' needs a CUDA tensor source and output (out=... or "
                 f"allocated on the source's device); use completion='host' for host data"
             )
         for d in side.devices:
             if index is None:
                 index = d
             elif d != index:
-                raise ValueError(f"items[{i}]: completion='stream' orders one GPU's work; the batch spans "
+                raise ValueError(f"items[{i}]: completion='{completion}' orders one GPU's work; the batch spans "
                                  f"cuda:{index} and cuda:{d}: send one batch per GPU")
     if index is None:
-        raise ValueError("completion='stream' needs CUDA tensors")
+        raise ValueError(f"completion='{completion}' needs CUDA tensors")
     return index

@@ -82,6 +82,20 @@ class ConvertBatchResponse(_message.Message):
     peak_extra_device_bytes: int
     def __init__(self, items: _Optional[_Iterable[_Union[BatchItemResult, _Mapping]]] = ..., peak_extra_device_bytes: _Optional[int] = ...) -> None: ...
 
+class ConvertBatchesResponse(_message.Message):
+    __slots__ = ["batch", "code", "index", "message", "request_id"]
+    BATCH_FIELD_NUMBER: _ClassVar[int]
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    batch: ConvertBatchResponse
+    code: int
+    index: int
+    message: str
+    request_id: int
+    def __init__(self, index: _Optional[int] = ..., code: _Optional[int] = ..., message: _Optional[str] = ..., batch: _Optional[_Union[ConvertBatchResponse, _Mapping]] = ..., request_id: _Optional[int] = ...) -> None: ...
+
 class ConvertItem(_message.Message):
     __slots__ = ["destination", "logical_shape", "source", "spec"]
     DESTINATION_FIELD_NUMBER: _ClassVar[int]

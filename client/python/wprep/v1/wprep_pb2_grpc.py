@@ -35,6 +35,11 @@ class WeightPrepStub(object):
                 request_serializer=wprep_dot_v1_dot_wprep__pb2.ConvertBatchRequest.SerializeToString,
                 response_deserializer=wprep_dot_v1_dot_wprep__pb2.ConvertBatchResponse.FromString,
                 )
+        self.ConvertBatches = channel.stream_stream(
+                '/wprep.v1.WeightPrep/ConvertBatches',
+                request_serializer=wprep_dot_v1_dot_wprep__pb2.ConvertBatchRequest.SerializeToString,
+                response_deserializer=wprep_dot_v1_dot_wprep__pb2.ConvertBatchesResponse.FromString,
+                )
         self.ListDevices = channel.unary_unary(
                 '/wprep.v1.WeightPrep/ListDevices',
                 request_serializer=wprep_dot_v1_dot_wprep__pb2.ListDevicesRequest.SerializeToString,
@@ -84,6 +89,20 @@ class WeightPrepServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ConvertBatches(self, request_iterator, context):
+        """Batches in order on one stream: the daemon takes the stream's requests one at a time,
+        queues each batch's work on the GPU (or runs it) before it reads the next, and answers
+        each with its own status, in order. So a client may send a batch whose ready_flag its
+        own stream writes only after an earlier batch's completion_flag, before that earlier
+        batch is answered: no later batch's wait is ever queued ahead of an earlier batch's
+        work, as it can be between concurrent ConvertBatch calls. The stream itself ends with
+        an error only when the daemon takes no more work (UNAVAILABLE: warming up or
+        draining), or the call is cancelled or runs out of time.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def ListDevices(self, request, context):
         """Lists the GPUs the daemon uses and their state.
         """
@@ -127,6 +146,11 @@ def add_WeightPrepServicer_to_server(servicer, server):
                     servicer.ConvertBatch,
                     request_deserializer=wprep_dot_v1_dot_wprep__pb2.ConvertBatchRequest.FromString,
                     response_serializer=wprep_dot_v1_dot_wprep__pb2.ConvertBatchResponse.SerializeToString,
+            ),
+            'ConvertBatches': grpc.stream_stream_rpc_method_handler(
+                    servicer.ConvertBatches,
+                    request_deserializer=wprep_dot_v1_dot_wprep__pb2.ConvertBatchRequest.FromString,
+                    response_serializer=wprep_dot_v1_dot_wprep__pb2.ConvertBatchesResponse.SerializeToString,
             ),
             'ListDevices': grpc.unary_unary_rpc_method_handler(
                     servicer.ListDevices,
@@ -219,6 +243,23 @@ class WeightPrep(object):
         return grpc.experimental.unary_unary(request, target, '/wprep.v1.WeightPrep/ConvertBatch',
             wprep_dot_v1_dot_wprep__pb2.ConvertBatchRequest.SerializeToString,
             wprep_dot_v1_dot_wprep__pb2.ConvertBatchResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def ConvertBatches(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(request_iterator, target, '/wprep.v1.WeightPrep/ConvertBatches',
+            wprep_dot_v1_dot_wprep__pb2.ConvertBatchRequest.SerializeToString,
+            wprep_dot_v1_dot_wprep__pb2.ConvertBatchesResponse.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
 
