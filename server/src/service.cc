@@ -372,7 +372,7 @@ grpc::Status WeightPrepService::ConvertBatches(
     CallReport report(Method::kConvertBatches, ctx, metrics_, warmup_token_, spinners_, /*announce_id=*/false);
     report.SetTransport(Transport::kBatch);
     bool admitted = false;
-    const grpc::Status status = report.Run(
+    grpc::Status status = report.Run(
         [&]() -> absl::Status {
           WPREP_ASSIGN_OR_RETURN(Admission::Ticket ticket, admission_->Enter(report.caller()));
           admitted = true;

@@ -136,6 +136,11 @@ def test_sidecar_shares_socket_pid_namespace_and_gpu():
     volume = next(v for v in spec["volumes"] if v["name"] == wp_mount["name"])
     assert "emptyDir" in volume
     assert spec["securityContext"]["fsGroup"] == c["securityContext"]["runAsGroup"]
+    # One /dev/shm for both: the words of completion="async" calls are files there.
+    shm = next(m for m in c["volumeMounts"] if m["mountPath"] == "/dev/shm")
+    for s in serving:
+        assert any(m["name"] == shm["name"] and m["mountPath"] == "/dev/shm" for m in s["volumeMounts"])
+    assert next(v for v in spec["volumes"] if v["name"] == shm["name"])["emptyDir"]["medium"] == "Memory"
 
 
 def test_daemonset_runs_on_gpu_nodes_with_the_socket_on_the_node():

@@ -472,12 +472,15 @@ def test_gpu_stream_completion_orders_the_current_stream_after_the_daemons_work(
     assert gpu.release(srcs + outs) >= 1
 
 
-def test_gpu_stream_completion_reads_the_inputs_after_the_work_queued_before_the_call():
+def _reads_after_the_producer(completion, seed):
+    """A batch sent while its producer is still busy on the current stream (a GPU spin of about a
+    second, then the sources' real bytes): the daemon must read them after both, with the host
+    waiting for neither."""
     torch = _torch()
     gpu, ref = _client("gpu"), _client("cpu")
     spec, shape = Spec("hopper_value", mx_axis=-2, mma_version=3, packing_axis=-2), [16, 4096, 4096]
     p = gpu.plan(spec, shape)
-    data = [_random(torch, p.input_shape, 660 + i) for i in range(2)]
+    data = [_random(torch, p.input_shape, seed + i) for i in range(2)]
     srcs = [torch.zeros_like(d) for d in data]
     outs = [torch.zeros(p.output_bytes, dtype=torch.uint8, device="cuda") for _ in srcs]
     gpu.register(srcs + outs)
@@ -486,20 +489,24 @@ def test_gpu_stream_completion_reads_the_inputs_after_the_work_queued_before_the
         for s in srcs:
             s.zero_()
         torch.cuda.synchronize()
-        # The producer, still busy when the request goes: a GPU spin of about a second, then
-        # the sources' real bytes. The daemon must read them after both, with the host
-        # waiting for neither.
         torch.cuda._sleep(2_000_000_000)
         for s, d in zip(srcs, data):
             s.copy_(d)
-        r = gpu.convert_batch([Item(spec, shape, s, out=o) for s, o in zip(srcs, outs)], completion="stream")
+        r = gpu.convert_batch([Item(spec, shape, s, out=o) for s, o in zip(srcs, outs)], completion=completion)
         assert not stream.query(), "the call waited on the host for the producer's work"
         copies = [o.clone() for o in outs]
+        if completion == "async":
+            _drain(stream)
+            gpu.wait_async(60)
         for i, c in enumerate(copies):
             want = _reference_per_matrix(ref, spec, shape, data[i])
             assert _memory(c, p.output_bytes) == want, f"rep {rep}, item {i}: the daemon read before the producer wrote"
         assert len(r) == 2
     assert gpu.release(srcs + outs) >= 1
+
+
+def test_gpu_stream_completion_reads_the_inputs_after_the_work_queued_before_the_call():
+    _reads_after_the_producer("stream", 660)
 
 
 def test_gpu_stream_completion_needs_cuda_tensors_in_and_out():
@@ -593,29 +600,7 @@ def test_gpu_async_drop_in_many_layers_back_to_back_matches_the_host_completion(
 
 
 def test_gpu_async_reads_the_inputs_after_the_work_queued_before_the_call():
-    torch = _torch()
-    gpu, ref = _client("gpu"), _client("cpu")
-    spec, shape = Spec("hopper_value", mx_axis=-2, mma_version=3, packing_axis=-2), [16, 4096, 4096]
-    p = gpu.plan(spec, shape)
-    data = [_random(torch, p.input_shape, 760 + i) for i in range(2)]
-    srcs = [torch.zeros_like(d) for d in data]
-    outs = [torch.zeros(p.output_bytes, dtype=torch.uint8, device="cuda") for _ in srcs]
-    stream = torch.cuda.current_stream()
-    for rep in range(2):
-        for s in srcs:
-            s.zero_()
-        torch.cuda.synchronize()
-        torch.cuda._sleep(2_000_000_000)  # the producer, still busy when the request goes
-        for s, d in zip(srcs, data):
-            s.copy_(d)
-        gpu.convert_batch([Item(spec, shape, s, out=o) for s, o in zip(srcs, outs)], completion="async")
-        assert not stream.query(), "the call waited on the host for the producer's work"
-        copies = [o.clone() for o in outs]
-        _drain(stream)
-        gpu.wait_async(60)
-        for i, c in enumerate(copies):
-            want = _reference_per_matrix(ref, spec, shape, data[i])
-            assert _memory(c, p.output_bytes) == want, f"rep {rep}, item {i}: read out of order"
+    _reads_after_the_producer("async", 760)
 
 
 def test_gpu_a_refused_async_call_releases_the_stream_and_raises_later():

@@ -103,12 +103,7 @@ class BatchStream:
                     error = WprepError(grpc.StatusCode.INTERNAL,
                                        f"ConvertBatches answered batch {answer.index}, which was never sent")
                     break
-                try:
-                    entry.on_answer(None, answer)
-                finally:
-                    with self._cv:
-                        self._answered += 1
-                        self._cv.notify_all()
+                self._deliver(entry, None, answer)
         except grpc.RpcError as e:
             error = from_rpc_error(e, "ConvertBatches")
         except BaseException as e:  # noqa: BLE001 - any end of the reader breaks the stream
@@ -121,10 +116,13 @@ class BatchStream:
             self._pending.clear()
             self._cv.notify_all()
         for entry in lost:
-            try:
-                entry.on_answer(error, None)
-            finally:
-                with self._cv:
-                    self._answered += 1
-                    self._cv.notify_all()
+            self._deliver(entry, error, None)
         self._requests.put(_END)  # lets grpc's request consumer end
+
+    def _deliver(self, entry: Entry, lost: Optional[WprepError], answer: Any) -> None:
+        try:
+            entry.on_answer(lost, answer)
+        finally:
+            with self._cv:
+                self._answered += 1
+                self._cv.notify_all()
