@@ -190,7 +190,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const Options& options, De
                                       p->metrics.get());
   p->executor = std::make_unique<Executor>(p->devices.get(), p->ipc.get(),
                                            StreamSlicing{kStreamSliceBytes, options.max_stream_matrix_bytes},
-                                           options.memory_wait);
+                                           options.memory_wait, options.ready_timeout);
   p->warmup_token = NewWarmupToken();
   p->spinners = IdleSpinners::Start(options.keep_cpus_awake);
   p->service = std::make_unique<WeightPrepService>(

@@ -19,11 +19,13 @@ namespace wprep::server {
 // events, and the GPU's progress frees them.
 constexpr size_t kMaxPendingEarlyAnswers = 256;
 
-Executor::Executor(DeviceManager* devices, IpcCache* ipc, const StreamSlicing& slicing, absl::Duration memory_wait)
+Executor::Executor(DeviceManager* devices, IpcCache* ipc, const StreamSlicing& slicing, absl::Duration memory_wait,
+                   absl::Duration ready_timeout)
     : devices_(devices),
       ipc_(ipc),
       slicing_(slicing),
       memory_wait_(memory_wait),
+      ready_words_(ready_timeout),
       completions_(&devices->runtime(), kMaxPendingEarlyAnswers) {}
 
 absl::Time Executor::MemoryDeadline(absl::Time deadline) const {
@@ -244,6 +246,7 @@ absl::StatusOr<Executor::BatchOutcome> Executor::ConvertBatch(const std::vector<
       WPREP_ASSIGN_OR_RETURN(ready_word, MapWord(*wait_gpu, ready->flag, "ready_flag", "the items'"));
       events.ready_word = &ready_word;
       events.ready_value = ready->flag.value;
+      events.ready = ready;
     }
   } else if (ready != nullptr) {
     if (early != nullptr && ready->handle == early->event_handle && ready->gpu == early->event_gpu) {
@@ -343,6 +346,10 @@ absl::Status Executor::RunBatchOnGpu(Gpu& gpu, const std::vector<ConvertJob>& jo
     for (const auto& run : runs) {
       WPREP_RETURN_IF_ERROR(
           gpu.runtime().WaitValue32(gpu.ordinal(), run->stream(), events.ready_word->ptr, events.ready_value));
+    }
+    if (events.ready_word->host_word != nullptr) {
+      ready_words_.Watch(events.ready_word->host_word, events.ready_value, events.ready_word->host,
+                         events.ready->owner, events.ready->request_id);
     }
   }
   std::vector<std::vector<size_t>> lanes(k);
@@ -448,6 +455,7 @@ absl::StatusOr<Executor::MappedFlag> Executor::MapWord(Gpu& gpu, const ClientWor
     WPREP_ASSIGN_OR_RETURN(HostWords::Word w, host_words_.Acquire(gpu.runtime(), gpu.ordinal(), word.host->name,
                                                                   word.host->offset, absl::StrCat(field, ".host_word")));
     out.ptr = w.device_ptr;
+    out.host_word = w.host;
     out.host = std::move(w.keep);
     return out;
   }

@@ -19,6 +19,7 @@
 #include "device_manager.h"
 #include "device_run.h"
 #include "host_words.h"
+#include "ready_words.h"
 #include "ipc_cache.h"
 #include "metrics.h"
 #include "stream_converter.h"
@@ -81,6 +82,10 @@ struct ReadyEvent {
   std::string handle;  // kIpcEventHandleBytes of cudaIpcEventHandle_t
   Uuid gpu{};          // the GPU the event was made on
   ClientWord flag;     // ready_flag instead, when set
+  // For a host word: the ConvertBatches stream that sent the batch (0: none), whose end
+  // cancelled releases the word (ReadyWords), and the request id the log names.
+  uint64_t owner = 0;
+  uint64_t request_id = 0;
 };
 
 // What ran, for the reply and for the call's single exit (metrics, log).
@@ -93,7 +98,10 @@ struct ConvertOutcome {
 
 class Executor {
  public:
-  Executor(DeviceManager* devices, IpcCache* ipc, const StreamSlicing& slicing, absl::Duration memory_wait);
+  // `ready_timeout`: how long a batch's streams wait for a ready word of shared host memory
+  // before the daemon writes it itself (ReadyWords).
+  Executor(DeviceManager* devices, IpcCache* ipc, const StreamSlicing& slicing, absl::Duration memory_wait,
+           absl::Duration ready_timeout = absl::Minutes(5));
 
   // Runs `job`; an inline output is written to `*inline_output` (resized to
   // plan.output_bytes). Errors about the job's source, destination or chosen GPU are
@@ -127,6 +135,10 @@ class Executor {
   // Batches answered early whose work is not done yet.
   size_t pending_completions() const { return completions_.pending(); }
 
+  // The ready words (host words) of `owner`'s batches whose client is gone: written now.
+  void ReleaseReadyWords(uint64_t owner) { ready_words_.ReleaseOwner(owner); }
+  const ReadyWords& ready_words() const { return ready_words_; }
+
   // Picks the engine of a streamed conversion (dense input) and starts it.
   absl::StatusOr<std::unique_ptr<StreamConverter>> StartStream(const Plan& plan,
                                                                const std::optional<Uuid>& gpu,
@@ -151,6 +163,7 @@ class Executor {
     void* ptr = nullptr;
     IpcCache::Lease ipc;               // a word of GPU memory
     std::shared_ptr<const void> host;  // a word of shared host memory
+    uint32_t* host_word = nullptr;     // its address in the daemon
   };
   struct BatchEvents {
     EarlyAnswer* early = nullptr;
@@ -158,6 +171,7 @@ class Executor {
     Event wait = nullptr;        // the ready event, opened, on this GPU
     MappedFlag* flag = nullptr;  // early's completion flag, mapped
     MappedFlag* ready_word = nullptr;  // the ready flag, mapped, on this GPU
+    const ReadyEvent* ready = nullptr;  // what ready_word came from (its owner and request id)
     uint32_t ready_value = 0;
   };
   absl::Status RunBatchOnGpu(Gpu& gpu, const std::vector<ConvertJob>& jobs, const std::vector<size_t>& items,
@@ -186,6 +200,8 @@ class Executor {
   const StreamSlicing slicing_;
   const absl::Duration memory_wait_;
   HostWords host_words_;
+  // Before completions_: while that drains, a ready word no client writes is still released.
+  ReadyWords ready_words_;
   // Last: its destructor waits for the early answers' work, which holds leases of ipc_
   // and host_words_.
   Completions completions_;

@@ -117,7 +117,7 @@ absl::StatusOr<HostWords::Word> HostWords::Acquire(DeviceRuntime& runtime, int g
     }
     base = file->device_base.emplace(gpu, static_cast<uint8_t*>(*d)).first;
   }
-  return Word{base->second + offset, file};
+  return Word{base->second + offset, reinterpret_cast<uint32_t*>(static_cast<uint8_t*>(file->base) + offset), file};
 }
 
 absl::StatusOr<std::shared_ptr<HostWords::File>> HostWords::Open(DeviceRuntime& runtime, int gpu,

@@ -40,6 +40,7 @@ class HostWords {
 
   struct Word {
     void* device_ptr = nullptr;        // the word's address on the GPU asked for
+    uint32_t* host = nullptr;          // and in the daemon (only ReadyWords touches it)
     std::shared_ptr<const void> keep;  // the file's mapping, alive while held
   };
   // The 4-byte word at `offset` of file `name`, on `gpu` of `runtime`. InvalidArgument,

@@ -138,6 +138,7 @@ absl::StatusOr<Options> ParseOptions(const std::vector<std::string>& args) {
        }},
       {"max-device-bytes", [&](const std::string& v) { return ParseBytes("max-device-bytes", v, &o.max_device_bytes); }},
       {"memory-wait", [&](const std::string& v) { return ParseDuration("memory-wait", v, &o.memory_wait); }},
+      {"ready-timeout", [&](const std::string& v) { return ParseDuration("ready-timeout", v, &o.ready_timeout); }},
       {"drain-timeout", [&](const std::string& v) { return ParseDuration("drain-timeout", v, &o.drain_timeout); }},
       {"keep-cpus-awake", [&](const std::string& v) { return ParseDuration("keep-cpus-awake", v, &o.keep_cpus_awake); }},
       {"tls-handshake-timeout",
@@ -260,6 +261,9 @@ Flags (--name=value or --name value):
   --cpu-threads N          CPU engine threads per request, 0 = one per core (default 0)
   --max-device-bytes N     device bytes budget per GPU, e.g. 8G; 0 = unlimited (default 0)
   --memory-wait D          how long work waits for device memory (default 10s)
+  --ready-timeout D        how long a batch waits on the GPU for its client's ready word
+                           in /dev/shm before the daemon writes it (default 5m); a
+                           ConvertBatches client that goes away has its words written at once
   --drain-timeout D        time for in-flight work after SIGTERM (default 30s)
   --keep-cpus-awake D      while requests come, an idle-priority spinner per CPU keeps
                            the CPUs from halting until D after the last one: faster

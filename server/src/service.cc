@@ -1,11 +1,13 @@
 #include "service.h"
 
+#include <atomic>
 #include <chrono>
 #include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/clock.h"
@@ -363,6 +365,13 @@ grpc::Status WeightPrepService::ConvertBatch(grpc::ServerContext* ctx, const v1:
 
 grpc::Status WeightPrepService::ConvertBatches(
     grpc::ServerContext* ctx, grpc::ServerReaderWriter<v1::ConvertBatchesResponse, v1::ConvertBatchRequest>* stream) {
+  // Its ready words (host words) are the daemon's to write once its client is gone.
+  static std::atomic<uint64_t> next_stream_id{1};
+  const uint64_t stream_id = next_stream_id.fetch_add(1);
+  bool client_gone = false;
+  absl::Cleanup release = [&] {
+    if (client_gone || ctx->IsCancelled()) executor_->ReleaseReadyWords(stream_id);
+  };
   v1::ConvertBatchRequest req;
   for (uint64_t index = 0; stream->Read(&req); ++index) {
     // The inline data's charge outlives the answer that holds the outputs: freed once written.
@@ -376,7 +385,7 @@ grpc::Status WeightPrepService::ConvertBatches(
         [&]() -> absl::Status {
           WPREP_ASSIGN_OR_RETURN(Admission::Ticket ticket, admission_->Enter(report.caller()));
           admitted = true;
-          return DoConvertBatch(ctx, req, answer.mutable_batch(), report, ticket, &inline_charge);
+          return DoConvertBatch(ctx, req, answer.mutable_batch(), report, ticket, &inline_charge, stream_id);
         },
         kBatchFields);
     // Warming up or draining: this batch and the rest of the stream go elsewhere.
@@ -387,7 +396,10 @@ grpc::Status WeightPrepService::ConvertBatches(
       answer.set_code(static_cast<int32_t>(status.error_code()));
       answer.set_message(status.error_message());
     }
-    if (!stream->Write(answer)) return grpc::Status(grpc::StatusCode::CANCELLED, "the client went away");
+    if (!stream->Write(answer)) {
+      client_gone = true;
+      return grpc::Status(grpc::StatusCode::CANCELLED, "the client went away");
+    }
   }
   if (ctx->IsCancelled()) return grpc::Status(grpc::StatusCode::CANCELLED, "client cancelled the stream");
   return grpc::Status::OK;
@@ -395,13 +407,16 @@ grpc::Status WeightPrepService::ConvertBatches(
 
 absl::Status WeightPrepService::DoConvertBatch(grpc::ServerContext* ctx, const v1::ConvertBatchRequest& req,
                                                v1::ConvertBatchResponse* resp, CallReport& report,
-                                               Admission::Ticket& ticket, HostBudget::Charge* inline_charge) {
+                                               Admission::Ticket& ticket, HostBudget::Charge* inline_charge,
+                                               uint64_t stream_id) {
   WPREP_ASSIGN_OR_RETURN(std::vector<ConvertJob> jobs,
                          BatchJobsFromProto(req, BatchLimits{limits_.max_message_bytes, limits_.max_batch_items}));
   EarlyAnswer early;
   WPREP_ASSIGN_OR_RETURN(const bool answer_early, CompletionEventFromProto(req, jobs, &early));
   ReadyEvent ready;
   WPREP_ASSIGN_OR_RETURN(const bool wait_ready, ReadyEventFromProto(req, &ready));
+  ready.owner = stream_id;
+  ready.request_id = report.id();
   if (answer_early) {
     // The work outlives the call: it holds the admission ticket (a drain waits for it), and
     // its kernel times reach the metrics when it is done.

@@ -88,9 +88,11 @@ class WeightPrepService final : public wprep::v1::WeightPrep::Service {
   // drain waits for that work. The host memory charged for inline data is held until the
   // call ends, or, with `inline_charge`, moved there (a stream's batch frees it once its
   // answer is written).
+  // `stream_id`: the ConvertBatches stream's (0 for ConvertBatch), whose ready words the
+  // daemon writes if that stream ends cancelled.
   absl::Status DoConvertBatch(grpc::ServerContext* ctx, const wprep::v1::ConvertBatchRequest& req,
                               wprep::v1::ConvertBatchResponse* resp, CallReport& report, Admission::Ticket& ticket,
-                              HostBudget::Charge* inline_charge = nullptr);
+                              HostBudget::Charge* inline_charge = nullptr, uint64_t stream_id = 0);
   // The daemon ordinal of the GPU an IpcHandleRef names, after checking its fields.
   absl::StatusOr<int> HandleOrdinal(const wprep::v1::IpcHandleRef& h, const std::string& field);
 

@@ -14,6 +14,7 @@
 #include "fake_runtime.h"
 #include "idle_spinners.h"
 #include "proto_translate.h"
+#include "ready_words.h"
 #include "service.h"
 #include "ipc_owner.h"
 #include "wprep/server/options.h"
@@ -266,6 +267,50 @@ TEST(IdleSpinners, ZeroLingerStartsNoThread) {
   EXPECT_EQ(s->threads(), 0);
   s->Touch();
   EXPECT_EQ(s->parked(), 0);
+}
+
+// Ready words: a word the client writes (this value or a later one, wrapping) is let go
+// untouched; one it never writes is written by the daemon once the timeout has passed, or at
+// once when its owner's client is gone, and only that owner's.
+TEST(ReadyWords, WritesOnlyWordsNotReachedAfterTheTimeoutOrForAGoneClient) {
+  EXPECT_TRUE(ReadyWords::Reached(5, 5));
+  EXPECT_TRUE(ReadyWords::Reached(7, 5));
+  EXPECT_FALSE(ReadyWords::Reached(4, 5));
+  EXPECT_TRUE(ReadyWords::Reached(2, 0xFFFFFFF0u));   // past the wrap
+  EXPECT_FALSE(ReadyWords::Reached(0xFFFFFFF0u, 2));  // before it
+  alignas(4) uint32_t words[6] = {0, 0, 0, 0, 0xFFFFFFF0u, 0};
+  auto keep = std::make_shared<int>(0);
+  {
+    ReadyWords ready(absl::Milliseconds(300), absl::Milliseconds(5));
+    ready.Watch(&words[0], 5, keep, /*owner=*/0, 1);       // never written: the timeout
+    ready.Watch(&words[1], 6, keep, /*owner=*/0, 2);       // the client writes a later value
+    ready.Watch(&words[2], 7, keep, /*owner=*/11, 3);      // owner 11 goes away
+    ready.Watch(&words[3], 8, keep, /*owner=*/12, 4);      // owner 12 stays
+    ready.Watch(&words[4], 3, keep, /*owner=*/11, 5);      // not reached across the wrap
+    ready.Watch(&words[5], 9, keep, /*owner=*/11, 6);      // written by its client before it goes
+    EXPECT_EQ(ready.watched(), 6u);
+    EXPECT_GT(keep.use_count(), 1);
+    __atomic_store_n(&words[1], 10u, __ATOMIC_SEQ_CST);
+    __atomic_store_n(&words[5], 9u, __ATOMIC_SEQ_CST);
+    ready.ReleaseOwner(11);
+    EXPECT_EQ(words[2], 7u);
+    EXPECT_EQ(words[4], 3u);
+    EXPECT_EQ(words[5], 9u);
+    EXPECT_EQ(words[0], 0u) << "written before its timeout";
+    EXPECT_EQ(words[3], 0u) << "another owner's word written";
+    EXPECT_EQ(ready.released_for_gone_clients(), 2u);
+    ready.ReleaseOwner(0);  // no owner: nothing
+    EXPECT_EQ(words[0], 0u);
+    const absl::Time bound = absl::Now() + absl::Seconds(10);
+    while (ready.watched() != 0 && absl::Now() < bound) absl::SleepFor(absl::Milliseconds(5));
+    EXPECT_EQ(ready.watched(), 0u);
+    EXPECT_EQ(words[0], 5u);
+    EXPECT_EQ(words[1], 10u) << "a later value the client wrote was overwritten";
+    EXPECT_EQ(words[3], 8u);
+    EXPECT_EQ(ready.released_after_timeout(), 2u);
+    EXPECT_EQ(ready.released_for_gone_clients(), 2u);
+    EXPECT_EQ(keep.use_count(), 1) << "a let-go word's mapping is still held";
+  }
 }
 
 }  // namespace

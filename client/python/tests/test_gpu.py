@@ -631,6 +631,52 @@ def test_gpu_a_refused_async_call_releases_the_stream_and_raises_later():
     assert torch.equal(r[0].tensor, host[0].tensor)
 
 
+def test_gpu_a_client_killed_before_its_stream_wrote_its_ready_words_leaves_the_daemon_serving():
+    # A client sends 8 async batches while its stream is busy (a GPU spin of ~20 s), so their
+    # ready words are unwritten when it is killed, and its stream will never write them. The
+    # daemon's streams that wait for them must not wait for good (--ready-timeout, 5 min): its
+    # ConvertBatches stream ends cancelled, and the daemon writes those words itself.
+    import select
+
+    torch = _torch()
+    d = _daemon("gpu")
+    script = textwrap.dedent(f"""
+        import sys, time, torch
+        sys.path.insert(0, {str(PACKAGE_DIR)!r})
+        import wprep
+        c = wprep.Client({d.target!r})
+        spec = wprep.Spec("hopper_value", mx_axis=-2, mma_version=3, packing_axis=-2)
+        srcs = [torch.randint(0, 256, (16, 4096, 2048), dtype=torch.uint8, device="cuda") for _ in range(8)]
+        c.plan(spec, [16, 4096, 4096])
+        torch.cuda.synchronize()
+        torch.cuda._sleep(40_000_000_000)
+        for s in srcs:
+            c.convert_batch([wprep.Item(spec, [16, 4096, 4096], s)], completion="async")
+        assert c._stream.wait(60), "no answers"
+        assert not torch.cuda.current_stream().query()
+        print("QUEUED", flush=True)
+        time.sleep(600)
+    """)
+    child = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        ready, _, _ = select.select([child.stdout], [], [], 120)
+        line = child.stdout.readline() if ready else ""
+        assert line.startswith("QUEUED"), line + (child.stderr.read() if child.poll() is not None else "")
+    finally:
+        child.kill()
+        child.wait()
+    gpu, ref = _client("gpu"), _client("cpu")
+    spec, shape = SPECS[0]
+    p = gpu.plan(spec, shape)
+    srcs = [_random(torch, p.input_shape, 780 + i) for i in range(8)]
+    t0 = time.monotonic()
+    r = gpu.convert_batch([Item(spec, shape, s) for s in srcs], completion="host", timeout=60)
+    assert time.monotonic() - t0 < 60
+    assert _memory(r[7].tensor, r[7].nbytes) == _reference(ref, spec, shape, srcs[7])
+    _wait_for(lambda: "why=client_gone" in d.log(), 10)
+    assert "event=ready_word_released" in d.log()
+
+
 def _main():
     """A runner for machines without pytest: every test_* here, skips reported as skipped."""
     import traceback

@@ -132,6 +132,10 @@ class Client:
         self._stream: Optional[BatchStream] = None  # guarded by _stream_mu
         self._async_mu = threading.Lock()
         self._async_errors: List[BaseException] = []  # guarded by _async_mu
+        # An async call's stream operations and its send, one call at a time: two threads
+        # queueing on one CUDA stream must send in the order they queued, or the later
+        # batch's wait could stand ahead of the earlier batch's work in the daemon.
+        self._async_order = threading.Lock()
         self.max_async_in_flight = 256
 
     def close(self) -> None:
@@ -437,10 +441,13 @@ class Client:
         batch are undefined, and the client's CPU writes the done word itself, so `stream` goes
         on all the same. The tensors are held until the answer. The daemon must share the
         client's /dev/shm and be able to open its files (the same user, root, or the group).
+        Async calls of one process that share a CUDA stream (or order their streams with each
+        other) must go through one Client, whose single stream keeps their order.
         """
         if completion == "async":
             self._raise_async_error()
-            return self._send_async(self._batch_call(items, device_uuid, stream, timeout, completion))
+            with self._async_order:
+                return self._send_async(self._batch_call(items, device_uuid, stream, timeout, completion))
         return self._run(self._batch_call(items, device_uuid, stream, timeout, completion), timeout)
 
     def convert_batch_future(

@@ -39,6 +39,9 @@ struct Options {
   uint64_t max_device_bytes = 0;
   // How long a request may wait for device memory before RESOURCE_EXHAUSTED.
   absl::Duration memory_wait = absl::Seconds(10);
+  // How long a batch's streams wait for a client's ready word of shared host memory
+  // (ready_flag.host_word) before the daemon writes it itself (ready_words.h).
+  absl::Duration ready_timeout = absl::Minutes(5);
   // While requests come, keep every CPU from halting until this long after the last one
   // (idle-priority spinners, idle_spinners.h); zero = off.
   absl::Duration keep_cpus_awake = absl::ZeroDuration();
