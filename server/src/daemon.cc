@@ -191,6 +191,8 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const Options& options, De
   p->executor = std::make_unique<Executor>(p->devices.get(), p->ipc.get(),
                                            StreamSlicing{kStreamSliceBytes, options.max_stream_matrix_bytes},
                                            options.memory_wait, options.ready_timeout);
+  p->executor->CountReadyWordReleases(&p->metrics->ready_words_released_timeout(),
+                                      &p->metrics->ready_words_released_client_gone());
   p->warmup_token = NewWarmupToken();
   p->spinners = IdleSpinners::Start(options.keep_cpus_awake);
   p->service = std::make_unique<WeightPrepService>(

@@ -137,6 +137,9 @@ class Executor {
 
   // The ready words (host words) of `owner`'s batches whose client is gone: written now.
   void ReleaseReadyWords(uint64_t owner) { ready_words_.ReleaseOwner(owner); }
+  void CountReadyWordReleases(prometheus::Counter* timeout, prometheus::Counter* client_gone) {
+    ready_words_.CountIn(timeout, client_gone);
+  }
   const ReadyWords& ready_words() const { return ready_words_; }
 
   // Picks the engine of a streamed conversion (dense input) and starts it.

@@ -172,6 +172,14 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(const std::string& addr
                                  .Help("Connections closed unserved: over the limit, or shed while descriptors ran out")
                                  .Register(reg)
                                  .Add({});
+  auto& ready_released = prometheus::BuildCounter()
+                             .Name("wprep_ready_words_released_total")
+                             .Help("Ready words of shared host memory the daemon wrote itself, so that its streams "
+                                   "go on: why=timeout (--ready-timeout passed) or client_gone (a ConvertBatches "
+                                   "stream ended cancelled)")
+                             .Register(reg);
+  m->ready_released_timeout_ = &ready_released.Add({{"why", "timeout"}});
+  m->ready_released_gone_ = &ready_released.Add({{"why", "client_gone"}});
   prometheus::BuildGauge()
       .Name("wprep_build_info")
       .Help("Build information; the value is always 1")

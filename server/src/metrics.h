@@ -112,6 +112,10 @@ class Metrics {
   prometheus::Gauge& health_serving() { return *health_serving_; }
   // Connections closed unserved (over the limit, or shed while descriptors ran out).
   prometheus::Counter& connections_refused() { return *connections_refused_; }
+  // Ready words the daemon wrote for their clients (ready_words.h): after --ready-timeout,
+  // and for a ConvertBatches stream that ended cancelled.
+  prometheus::Counter& ready_words_released_timeout() { return *ready_released_timeout_; }
+  prometheus::Counter& ready_words_released_client_gone() { return *ready_released_gone_; }
 
   prometheus::Registry& registry() { return *registry_; }
 
@@ -149,6 +153,8 @@ class Metrics {
   prometheus::Gauge* buffered_bytes_ = nullptr;
   prometheus::Gauge* buffer_budget_bytes_ = nullptr;
   prometheus::Counter* connections_refused_ = nullptr;
+  prometheus::Counter* ready_released_timeout_ = nullptr;
+  prometheus::Counter* ready_released_gone_ = nullptr;
   prometheus::Gauge* health_serving_ = nullptr;
   std::vector<DeviceMetrics> devices_;
 };

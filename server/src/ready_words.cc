@@ -31,6 +31,12 @@ void ReadyWords::ReleaseOwner(uint64_t owner) {
   Sweep([owner](const Entry& e) { return e.owner == owner; }, Why::kClientGone);
 }
 
+void ReadyWords::CountIn(prometheus::Counter* timeout, prometheus::Counter* client_gone) {
+  absl::MutexLock lock(&mu_);
+  timeout_counter_ = timeout;
+  gone_counter_ = client_gone;
+}
+
 size_t ReadyWords::watched() const {
   absl::MutexLock lock(&mu_);
   return entries_.size();
@@ -65,7 +71,10 @@ void ReadyWords::Sweep(Due due, Why why) {
   auto keep = std::remove_if(entries_.begin(), entries_.end(), [&](const Entry& e) {
     if (Reached(__atomic_load_n(e.word, __ATOMIC_ACQUIRE), e.value)) return true;
     if (!due(e)) return false;
-    if (Release(e, why)) ++(why == Why::kTimeout ? after_timeout_ : for_gone_clients_);
+    if (Release(e, why)) {
+      ++(why == Why::kTimeout ? after_timeout_ : for_gone_clients_);
+      if (prometheus::Counter* c = why == Why::kTimeout ? timeout_counter_ : gone_counter_; c != nullptr) c->Increment();
+    }
     return true;
   });
   entries_.erase(keep, entries_.end());

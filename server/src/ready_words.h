@@ -20,6 +20,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "prometheus/counter.h"
 
 namespace wprep::server {
 
@@ -37,6 +38,8 @@ class ReadyWords {
   void Watch(uint32_t* word, uint32_t value, std::shared_ptr<const void> keep, uint64_t owner, uint64_t request_id);
   // The owner's client is gone: writes its words that have not reached their values now.
   void ReleaseOwner(uint64_t owner);
+  // Counts the daemon's writes in these too (wprep_ready_words_released_total).
+  void CountIn(prometheus::Counter* timeout, prometheus::Counter* client_gone);
 
   // Words watched now; words the daemon wrote so far, after the timeout / for a gone client.
   size_t watched() const;
@@ -69,6 +72,8 @@ class ReadyWords {
   std::vector<Entry> entries_ ABSL_GUARDED_BY(mu_);
   uint64_t after_timeout_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t for_gone_clients_ ABSL_GUARDED_BY(mu_) = 0;
+  prometheus::Counter* timeout_counter_ ABSL_GUARDED_BY(mu_) = nullptr;
+  prometheus::Counter* gone_counter_ ABSL_GUARDED_BY(mu_) = nullptr;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   std::thread thread_;
 };

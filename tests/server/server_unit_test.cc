@@ -6,6 +6,8 @@
 #include <thread>
 
 #include "gtest/gtest.h"
+#include "prometheus/counter.h"
+#include "prometheus/registry.h"
 #include "absl/strings/str_cat.h"
 #include "daemon_harness.h"
 #include "absl/time/clock.h"
@@ -282,6 +284,11 @@ TEST(ReadyWords, WritesOnlyWordsNotReachedAfterTheTimeoutOrForAGoneClient) {
   auto keep = std::make_shared<int>(0);
   {
     ReadyWords ready(absl::Milliseconds(300), absl::Milliseconds(5));
+    prometheus::Registry registry;
+    auto& released = prometheus::BuildCounter().Name("released_total").Register(registry);
+    prometheus::Counter& timeout_count = released.Add({{"why", "timeout"}});
+    prometheus::Counter& gone_count = released.Add({{"why", "client_gone"}});
+    ready.CountIn(&timeout_count, &gone_count);
     ready.Watch(&words[0], 5, keep, /*owner=*/0, 1);       // never written: the timeout
     ready.Watch(&words[1], 6, keep, /*owner=*/0, 2);       // the client writes a later value
     ready.Watch(&words[2], 7, keep, /*owner=*/11, 3);      // owner 11 goes away
@@ -309,6 +316,8 @@ TEST(ReadyWords, WritesOnlyWordsNotReachedAfterTheTimeoutOrForAGoneClient) {
     EXPECT_EQ(words[3], 8u);
     EXPECT_EQ(ready.released_after_timeout(), 2u);
     EXPECT_EQ(ready.released_for_gone_clients(), 2u);
+    EXPECT_EQ(timeout_count.Value(), 2);
+    EXPECT_EQ(gone_count.Value(), 2);
     EXPECT_EQ(keep.use_count(), 1) << "a let-go word's mapping is still held";
   }
 }
