@@ -578,6 +578,23 @@ def test_async_completion_orders_the_stream_with_two_words_and_a_refusal_release
             assert not f.in_use and not f.retired and _torch.reached(f.read(), f.value), op
 
 
+def _wait_stopped(pid, seconds=30.0):
+    """Waits until every thread of `pid` is stopped (a stop signal takes effect thread by thread)."""
+    deadline = time.monotonic() + seconds
+    while True:
+        states = []
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            try:
+                with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                    states.append(f.read().rsplit(")", 1)[1].split()[0])
+            except FileNotFoundError:
+                continue
+        if states and all(st in ("T", "t") for st in states):
+            return
+        assert time.monotonic() < deadline, f"the daemon's threads did not all stop: {states}"
+        time.sleep(0.01)
+
+
 def test_async_completion_releases_the_stream_when_the_daemon_dies(fake, monkeypatch, tmp_path):
     torch, rec = fake
     words = FakeWords(torch, monkeypatch)
@@ -592,10 +609,12 @@ def test_async_completion_releases_the_stream_when_the_daemon_dies(fake, monkeyp
         words.ops.clear()
         os.kill(d.proc.pid, signal.SIGSTOP)
         try:
+            _wait_stopped(d.proc.pid)  # every thread: until then one may still take the next batch
             c.convert_batch([_ipc_item(torch, rec, 0)], completion="async")
             (_, _, name, off, val), = [op for op in words.ops if op[0] == "wait"]
             time.sleep(0.3)
-            assert FakeWords.word(name, off) != val  # no answer yet: the stream still waits
+            # No answer yet: the stream still waits.
+            assert FakeWords.word(name, off) != val, (c._async_errors, d.log()[-3000:])
         finally:
             os.kill(d.proc.pid, signal.SIGKILL)
         with pytest.raises(WprepError) as e:

@@ -26,7 +26,7 @@ from ._mxfp4 import (
     wait_async,
 )
 from ._spec import Direction, Layout, LayoutIdentity, Spec
-from ._torch import ExpandableSegmentsError
+from ._torch import ExpandableSegmentsError, StreamMemOpsError
 from ._types import BatchResult, Device, Devices, Item, Plan, Result
 
 __version__ = "0.1.0"
@@ -46,6 +46,7 @@ __all__ = [
     "Plan",
     "Result",
     "Spec",
+    "StreamMemOpsError",
     "SwizzledMXFP4",
     "WprepError",
     "default_client",
