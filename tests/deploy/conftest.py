@@ -220,8 +220,10 @@ class RenderedDaemon:
         for m in self.container.get("volumeMounts", []):
             v = volumes[m["name"]]
             path = pathlib.Path(m["mountPath"])
-            if path == pathlib.Path("/tmp"):
-                continue  # the test machine's /tmp stands in for the scratch emptyDir
+            if path in (pathlib.Path("/tmp"), pathlib.Path("/dev/shm")):
+                # The test machine's /tmp stands in for the scratch emptyDir, and its /dev/shm
+                # (a tmpfs mount, which cannot be removed) for the memory-backed one.
+                continue
             if path.exists():
                 shutil.rmtree(path)
             if "emptyDir" in v:
