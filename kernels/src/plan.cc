@@ -656,6 +656,15 @@ absl::StatusOr<Plan> MakePlan(const ConversionSpec& spec, absl::Span<const int64
   }
   c.d0 = shape[c.rank - 2];
   c.d1 = shape[c.rank - 1];
+  // Bounded before any geometry is built: tilings divide by these extents in 32 bits, so a
+  // dim of 2^32 would read as a zero divisor.
+  for (int64_t extent : {c.d0, c.d1}) {
+    if (extent >= kMaxMatrixExtent) {
+      return Invalid(absl::StrFormat(
+          "logical shape %s: the last two dims must stay below 2^31, got %d", ShapeString(shape),
+          extent));
+    }
+  }
   WPREP_RETURN_IF_ERROR(CheckPackedDims(spec, c));
   c.lead.assign(shape.begin(), shape.end() - 2);
   for (int64_t d : c.lead) {

@@ -397,7 +397,10 @@ struct FastDivisor {
   uint32_t shift = 0;
 
   FastDivisor() = default;
-  WPREP_HD explicit FastDivisor(uint32_t d) : divisor(d) {
+  // d is at least 1: a zero (a caller's extent that did not fit 32 bits) divides by 1, and
+  // MakePlan refuses every such extent before a kernel can see the result.
+  WPREP_HD explicit FastDivisor(uint32_t d) : divisor(d > 0 ? d : 1) {
+    d = divisor;
     while ((uint64_t{1} << shift) < d) ++shift;
     multiplier = static_cast<uint32_t>(((uint64_t{1} << 32) * ((uint64_t{1} << shift) - d)) / d + 1);
   }
