@@ -9,7 +9,7 @@
     w, flex, s = wprep.swizzle_mxfp4(values, scales, num_warps).as_triton()
 
 numpy is required; torch is imported only when torch tensors are passed (CUDA IPC), and
-triton_kernels only to build its Tensor objects. See the README's "From Python" section.
+triton_kernels only to build its Tensor objects. See docs/GUIDE.md, "From Python".
 """
 
 from ._aio import AsyncClient
