@@ -23,6 +23,7 @@
 #include "device_manager.h"
 #include "grpcpp/server_posix.h"
 #include "health.h"
+#include "reflection_v1.h"
 #include "idle_spinners.h"
 #include "host_budget.h"
 #include "listener.h"
@@ -133,6 +134,7 @@ struct DaemonParts {
   std::unique_ptr<WatchSlots> watch_slots;      // both health services' Watch bound
   std::unique_ptr<HealthService> health;        // on the API listeners
   std::unique_ptr<HealthService> probe_health;  // on --health-listen
+  std::unique_ptr<ReflectionV1Service> reflection_v1;  // v1alpha comes from libgrpc++_reflection
   std::unique_ptr<grpc::Server> server;
   std::unique_ptr<grpc::Server> health_server;
   std::unique_ptr<AcceptLoop> accept_loop;
@@ -215,6 +217,10 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const Options& options, De
   builder.SetMaxSendMessageSize(static_cast<int>(options.max_message_bytes + (64 << 10)));
   builder.RegisterService(p->service.get());
   builder.RegisterService(p->health.get());
+  p->reflection_v1 = std::make_unique<ReflectionV1Service>(std::vector<std::string>{
+      "wprep.v1.WeightPrep", "grpc.health.v1.Health", "grpc.reflection.v1.ServerReflection",
+      "grpc.reflection.v1alpha.ServerReflection"});
+  builder.RegisterService(p->reflection_v1.get());
   std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> interceptors;
   interceptors.push_back(HostBudget::CallEndNotifier(p->buffers.get()));
   builder.experimental().SetInterceptorCreators(std::move(interceptors));
