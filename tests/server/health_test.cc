@@ -181,10 +181,12 @@ TEST(HealthWatch, EveryWatchHearsWarmupAndDrain) {
   std::unique_ptr<Daemon> d = StartDaemon({"--testing-warmup-gate=" + gate});
   ASSERT_NE(d, nullptr);
   const size_t threads_before = ThreadsOf(d->pid()).size();
+  const uint64_t rss_before = d->RssBytes();
 
   constexpr int kPerConnection = 50;
   std::vector<std::unique_ptr<Health::Stub>> stubs;
   Watches watches;
+  const absl::Time start = absl::Now();
   for (int opened = 0; opened < n; opened += kPerConnection) {
     stubs.push_back(Health::NewStub(OwnConnection(d->unix_target())));
     watches.Open(stubs.back().get(), std::min(kPerConnection, n - opened));
@@ -192,6 +194,7 @@ TEST(HealthWatch, EveryWatchHearsWarmupAndDrain) {
   // Not warm yet: every watch hears NOT_SERVING first, and nothing else.
   EXPECT_EQ(d->Health(), kNotServing);
   ASSERT_EQ(watches.WaitAnswered(n), n) << d->Log();
+  const absl::Duration to_answered = absl::Now() - start;
   for (size_t i = 0; i < watches.size(); ++i) {
     ASSERT_EQ(watches.Seen(i), std::vector<int>{kNotServing}) << "watch " << i;
   }
@@ -217,10 +220,13 @@ TEST(HealthWatch, EveryWatchHearsWarmupAndDrain) {
   for (size_t i = 0; i < watches.size(); ++i) {
     ASSERT_EQ(watches.Seen(i), (std::vector<int>{kNotServing, kServing, kNotServing})) << "watch " << i;
   }
-  std::printf("[ figures  ] %d Watches on %zu connections: all SERVING %.3f s after warm-up, "
-              "all NOT_SERVING %.3f s after SIGTERM; daemon RSS %.1f MiB, threads %zu -> %zu\n",
-              n, stubs.size(), absl::ToDoubleSeconds(to_serving), absl::ToDoubleSeconds(to_drained),
-              static_cast<double>(rss) / (1 << 20), threads_before, threads_open);
+  std::printf("[ figures  ] %d Watches on %zu connections: all answered (NOT_SERVING) %.3f s after "
+              "opening, all SERVING %.3f s after warm-up, all NOT_SERVING %.3f s after SIGTERM; "
+              "daemon RSS %.1f -> %.1f MiB, threads %zu -> %zu\n",
+              n, stubs.size(), absl::ToDoubleSeconds(to_answered), absl::ToDoubleSeconds(to_serving),
+              absl::ToDoubleSeconds(to_drained),
+              static_cast<double>(rss_before) / (1 << 20), static_cast<double>(rss) / (1 << 20), threads_before,
+              threads_open);
   std::remove(gate.c_str());
   rmdir(tmpl);
 }

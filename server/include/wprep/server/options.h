@@ -64,7 +64,8 @@ struct Options {
   int max_connections = 1024;
   int max_concurrent_streams = 64;
   // Open grpc.health.v1 Watch calls, all listeners together; more are refused
-  // RESOURCE_EXHAUSTED. An open Watch holds no thread, a few KiB of memory.
+  // RESOURCE_EXHAUSTED. An open Watch holds no thread and about 19 KiB of memory
+  // (docs/RELIABILITY.md, "Health"), so the default bounds them to about 300 MiB.
   int max_watch_streams = 16384;
   // Bound on cached IPC mappings and how long an unused one stays open. A request holds
   // its mappings while it runs, so one ConvertBatch can use at most this many handles
