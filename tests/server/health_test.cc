@@ -21,12 +21,14 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "daemon_harness.h"
+#include "golden_rpc.h"
 #include "grpc/grpc.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/security/credentials.h"
 #include "gtest/gtest.h"
+#include "wprep/client/client.h"
 
 namespace wprep::testing {
 namespace {
@@ -97,6 +99,11 @@ class Watches {
     return watches_[i]->end;
   }
   void Cancel(size_t i) { watches_[i]->ctx.TryCancel(); }
+  // How many have ended, now.
+  int done() {
+    absl::MutexLock lock(&mu_);
+    return done_;
+  }
   size_t size() const { return watches_.size(); }
 
  private:
@@ -229,6 +236,51 @@ TEST(HealthWatch, EveryWatchHearsWarmupAndDrain) {
               threads_open);
   std::remove(gate.c_str());
   rmdir(tmpl);
+}
+
+// The drain's NOT_SERVING reaches every Watch while work is still in flight, not when the
+// daemon stops: a stream held open keeps the drain going (--drain-timeout 120 s), and the
+// Watches must hear NOT_SERVING and still be open.
+TEST(HealthWatch, DrainIsToldWhileWorkIsInFlight) {
+  std::unique_ptr<Daemon> d = StartDaemon({"--drain-timeout=120s", "--health-listen=127.0.0.1:0"});
+  ASSERT_NE(d, nullptr);
+  ASSERT_TRUE(d->WaitServing()) << d->Log();
+  auto api = Health::NewStub(OwnConnection(d->unix_target()));
+  auto probe = Health::NewStub(OwnConnection(d->health_address()));
+  Watches watches;
+  watches.Open(api.get(), 50);
+  watches.Open(probe.get(), 50);
+  ASSERT_EQ(watches.WaitServed(100), 100) << d->Log();
+
+  // A ConvertStream the daemon has admitted (it answered the header), left unfinished.
+  wprep::client::Client client(wprep::client::MakeChannel(d->unix_target()));
+  grpc::ClientContext stream_ctx;
+  stream_ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(300));
+  auto stream = client.stub().ConvertStream(&stream_ctx);
+  wprep::v1::ConvertStreamRequest msg;
+  *msg.mutable_header() = StreamHeaderFor(HopperSpec(Direction::kSwizzle, -2, 3), {256, 128});
+  ASSERT_TRUE(stream->Write(msg));
+  wprep::v1::ConvertStreamResponse resp;
+  ASSERT_TRUE(stream->Read(&resp)) << d->Log();
+  ASSERT_TRUE(resp.has_header());
+
+  d->Signal(SIGTERM);
+  ASSERT_EQ(watches.WaitDrained(100), 100) << d->Log();
+  // Still draining: the stream holds it, so no Watch has ended yet.
+  EXPECT_EQ(watches.done(), 0);
+  EXPECT_EQ(d->Health(), kNotServing);
+
+  // The stream goes; the drain ends, and with it every Watch and the daemon.
+  stream_ctx.TryCancel();
+  stream->Finish().IgnoreError();
+  ASSERT_EQ(watches.WaitDone(100), 100);
+  for (size_t i = 0; i < watches.size(); ++i) {
+    EXPECT_EQ(watches.Seen(i), (std::vector<int>{kServing, kNotServing})) << "watch " << i;
+    EXPECT_EQ(watches.End(i).error_code(), grpc::StatusCode::UNAVAILABLE) << watches.End(i).error_message();
+  }
+  const int status = d->WaitExit();
+  ASSERT_TRUE(WIFEXITED(status)) << d->Log();
+  EXPECT_EQ(WEXITSTATUS(status), 0);
 }
 
 // --health-listen serves only health, so one prober's connection may hold every Watch
