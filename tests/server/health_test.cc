@@ -353,6 +353,15 @@ TEST(HealthWatch, WatchesBeyondTheBoundAreRefused) {
   EXPECT_TRUE(admitted) << "a freed Watch slot was never given again";
 }
 
+// --max-watch-streams must allow at least one Watch; the daemon refuses to start
+// otherwise and names the flag.
+TEST(HealthWatch, ZeroWatchStreamsIsRefusedAtStart) {
+  std::string error;
+  std::unique_ptr<Daemon> d = Daemon::Start({"--devices=cpu", "--max-watch-streams=0"}, &error);
+  EXPECT_EQ(d, nullptr);
+  EXPECT_NE(error.find("max-watch-streams"), std::string::npos) << error;
+}
+
 // gRPC 1.51's typed callback handler answers UNIMPLEMENTED to a body that does not parse;
 // the convention (and a load balancer's logic) wants INVALID_ARGUMENT or INTERNAL, and the
 // daemon serves on.
