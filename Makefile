@@ -65,14 +65,14 @@ test-thread-safety: deps
 	cmake -S . -B $(TSA_BUILD) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_C_COMPILER=clang \
 	  -DCMAKE_CXX_COMPILER=clang++ -DWPREP_ENABLE_CUDA=OFF -DWPREP_TSAN=ON $(CMAKE_FLAGS)
 	cmake --build $(TSA_BUILD) -j $(JOBS) --target wprepd wprep server_test server_fault_test kernels_cpu_test \
-	  wprep_memory_soak
+	  wprep_memory_soak health_test reflection_test
 
-# The daemon's tests (server_test, server_fault_test, the CPU engine's, a 2,000-request
-# load from 64 clients) under ThreadSanitizer, host paths only. Every process's reports go
-# to $(TSA_BUILD)/tsan-reports, and any report fails the target. Left out: the two tests
-# that bound the daemon's RSS (TSan's shadow memory counts in RSS; they run in the other
-# builds) and the tests of programs not built here. Suppressions (third-party code only, each
-# justified) are in tests/tsan/suppressions.txt.
+# The daemon's tests (server_test, server_fault_test, health_test, reflection_test, the CPU
+# engine's, a 2,000-request load from 64 clients) under ThreadSanitizer, host paths only.
+# Every process's reports go to $(TSA_BUILD)/tsan-reports, and any report fails the target.
+# Left out: the two tests that bound the daemon's RSS (TSan's shadow memory counts in RSS;
+# they run in the other builds) and the tests of programs not built here. Suppressions
+# (third-party code only, each justified) are in tests/tsan/suppressions.txt.
 TSAN_EXCLUDE = NOT_BUILT|Hardening.UnreadAnswersStayWithinTheBufferBudget|Fault.SlowStreamReaderKeepsDaemonMemoryBounded
 test-tsan: test-thread-safety
 	rm -rf $(TSA_BUILD)/tsan-reports && mkdir -p $(TSA_BUILD)/tsan-reports && chmod 1777 $(TSA_BUILD)/tsan-reports

@@ -23,6 +23,7 @@
 #include "device_manager.h"
 #include "grpcpp/server_posix.h"
 #include "health.h"
+#include "reflection_v1.h"
 #include "idle_spinners.h"
 #include "host_budget.h"
 #include "listener.h"
@@ -86,13 +87,13 @@ absl::StatusOr<std::unique_ptr<TlsTerminator>> MakeTlsTerminator(const Options& 
   return TlsTerminator::Create(config);
 }
 
-// Arguments every server of the daemon's shares.
-void CommonArguments(const Options& o, grpc::ServerBuilder& b) {
+// Arguments every server of the daemon's shares; `max_streams` per connection.
+void CommonArguments(int max_streams, grpc::ServerBuilder& b) {
   // Compressed requests are refused (UNIMPLEMENTED) before any byte is inflated: gRPC
   // checks the size limit only after decompressing, so a 1 MiB gzip body could cost a
   // GiB. Tensors do not compress anyway.
   b.AddChannelArgument(GRPC_COMPRESSION_CHANNEL_ENABLED_ALGORITHMS_BITSET, 1 << GRPC_COMPRESS_NONE);
-  b.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS, o.max_concurrent_streams);
+  b.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS, max_streams);
 }
 
 absl::Status WritePortFile(const std::string& path, const std::string& text) {
@@ -130,8 +131,10 @@ struct DaemonParts {
   std::string warmup_token;
   std::unique_ptr<IdleSpinners> spinners;  // outlives the service and the servers
   std::unique_ptr<WeightPrepService> service;
-  HealthService health;         // on the API listeners
-  HealthService probe_health;   // on --health-listen
+  std::unique_ptr<WatchSlots> watch_slots;      // both health services' Watch bound
+  std::unique_ptr<HealthService> health;        // on the API listeners
+  std::unique_ptr<HealthService> probe_health;  // on --health-listen
+  std::unique_ptr<ReflectionV1Service> reflection_v1;  // v1alpha comes from libgrpc++_reflection
   std::unique_ptr<grpc::Server> server;
   std::unique_ptr<grpc::Server> health_server;
   std::unique_ptr<AcceptLoop> accept_loop;
@@ -144,8 +147,8 @@ struct DaemonParts {
   std::atomic<bool> stop_flag{false};  // the same, for the RPC warm-up's checks
 
   void SetHealth(bool serving) {
-    health.SetServing(serving);
-    probe_health.SetServing(serving);
+    health->SetServing(serving);
+    probe_health->SetServing(serving);
     metrics->health_serving().Set(serving ? 1 : 0);
   }
   bool Stopping() {
@@ -200,17 +203,24 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const Options& options, De
       RequestLimits{options.max_message_bytes, options.max_tensor_bytes, options.max_batch_items}, p->warmup_token,
       p->spinners.get());
 
+  p->watch_slots = std::make_unique<WatchSlots>(options.max_watch_streams);
+  p->health = std::make_unique<HealthService>(p->watch_slots.get());
+  p->probe_health = std::make_unique<HealthService>(p->watch_slots.get());
   grpc::EnableDefaultHealthCheckService(false);  // health.h says why
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
-  CommonArguments(options, builder);
+  CommonArguments(options.max_concurrent_streams, builder);
   // Streams carry 4 MiB chunks plus framing whatever --max-message-bytes says; unary
   // handlers enforce --max-message-bytes themselves.
   builder.SetMaxReceiveMessageSize(
       static_cast<int>(std::max<int64_t>(options.max_message_bytes, kMaxChunkBytes + (64 << 10))));
   builder.SetMaxSendMessageSize(static_cast<int>(options.max_message_bytes + (64 << 10)));
   builder.RegisterService(p->service.get());
-  builder.RegisterService(&p->health);
+  builder.RegisterService(p->health.get());
+  p->reflection_v1 = std::make_unique<ReflectionV1Service>(std::vector<std::string>{
+      "wprep.v1.WeightPrep", "grpc.health.v1.Health", "grpc.reflection.v1.ServerReflection",
+      "grpc.reflection.v1alpha.ServerReflection"});
+  builder.RegisterService(p->reflection_v1.get());
   std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> interceptors;
   interceptors.push_back(HostBudget::CallEndNotifier(p->buffers.get()));
   builder.experimental().SetInterceptorCreators(std::move(interceptors));
@@ -232,8 +242,11 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const Options& options, De
   WPREP_RETURN_IF_ERROR(p->accept_loop->Start());
   if (p->health_socket != nullptr) {
     grpc::ServerBuilder hb;
-    CommonArguments(options, hb);
-    hb.RegisterService(&p->probe_health);
+    // Only health is served here, and a Watch holds no thread, so one prober's
+    // connection may hold every Watch the daemon allows (--max-watch-streams bounds them
+    // all); the API listeners keep --max-concurrent-streams, Watches included.
+    CommonArguments(options.max_watch_streams, hb);
+    hb.RegisterService(p->probe_health.get());
     p->health_server = hb.BuildAndStart();
     if (p->health_server == nullptr) return absl::UnavailableError("could not start the health server");
     grpc::Server* hs = p->health_server.get();
@@ -353,8 +366,8 @@ bool Daemon::Drain(absl::string_view why) {
   if (p.health_accept_loop) p.health_accept_loop->Stop();
   p.sockets.clear();
   p.health_socket.reset();
-  p.health.Shutdown();
-  p.probe_health.Shutdown();
+  p.health->Shutdown();
+  p.probe_health->Shutdown();
   // A handler that returned has not necessarily sent its final status yet: give gRPC a
   // second to deliver those (it takes microseconds), then cancel whatever remains.
   const absl::Time grace = drained ? absl::Now() + absl::Seconds(1) : absl::Now();

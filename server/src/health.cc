@@ -1,6 +1,9 @@
 #include "health.h"
 
 #include <optional>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
 
 namespace wprep::server {
 
@@ -12,8 +15,28 @@ namespace {
 // The services the daemon reports: itself and its API.
 bool Known(const std::string& service) { return service.empty() || service == "wprep.v1.WeightPrep"; }
 
-// A Watch refused at once (too many open, or shutting down).
-class RefusedWatch final : public grpc::ServerWriteReactor<HealthCheckResponse> {
+// The request, or INVALID_ARGUMENT naming what was expected.
+grpc::Status ParseRequest(const grpc::ByteBuffer* bytes, HealthCheckRequest* req) {
+  grpc::ByteBuffer copy(*bytes);  // shares the slices; Deserialize consumes its buffer
+  if (!grpc::SerializationTraits<HealthCheckRequest>::Deserialize(&copy, req).ok()) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        "the request body is not a grpc.health.v1.HealthCheckRequest");
+  }
+  return grpc::Status::OK;
+}
+
+grpc::ByteBuffer Serialized(HealthCheckResponse::ServingStatus status) {
+  HealthCheckResponse resp;
+  resp.set_status(status);
+  grpc::ByteBuffer bytes;
+  bool own = false;
+  // Serializing a two-byte message into a fresh buffer does not fail.
+  grpc::SerializationTraits<HealthCheckResponse>::Serialize(resp, &bytes, &own).IgnoreError();
+  return bytes;
+}
+
+// A Watch refused at once (bad request, too many open, or shutting down).
+class RefusedWatch final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
  public:
   explicit RefusedWatch(grpc::Status s) { Finish(std::move(s)); }
   void OnDone() override { delete this; }
@@ -22,8 +45,8 @@ class RefusedWatch final : public grpc::ServerWriteReactor<HealthCheckResponse> 
 }  // namespace
 
 // One open Watch: sends the service's status now and whenever it changes, one write at
-// a time, newest status last.
-class HealthService::Watcher final : public grpc::ServerWriteReactor<HealthCheckResponse> {
+// a time, newest status last (a status that changes twice during a write is sent once).
+class HealthService::Watcher final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
  public:
   Watcher(HealthService* service, std::string name) : service_(service), name_(std::move(name)) {}
 
@@ -49,14 +72,15 @@ class HealthService::Watcher final : public grpc::ServerWriteReactor<HealthCheck
       EndLocked(grpc::Status(grpc::StatusCode::CANCELLED, "the watcher went away"));
       return;
     }
-    last_sent_ = response_.status();
-    if (end_) {
-      EndLocked(*end_);
-    } else if (pending_) {
+    last_sent_ = in_flight_;
+    // A status that changed during the write goes out before the end: a drain's
+    // NOT_SERVING, set just before shutdown ends every Watch, must reach the watcher.
+    if (pending_) {
       const HealthCheckResponse::ServingStatus next = *pending_;
       pending_.reset();
       StartWriteLocked(next);
     }
+    if (!writing_ && end_) EndLocked(*end_);
   }
   void OnCancel() override { End(grpc::Status::CANCELLED); }
   void OnDone() override {
@@ -67,7 +91,8 @@ class HealthService::Watcher final : public grpc::ServerWriteReactor<HealthCheck
  private:
   void StartWriteLocked(HealthCheckResponse::ServingStatus status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (last_sent_ && *last_sent_ == status) return;
-    response_.set_status(status);
+    in_flight_ = status;
+    response_ = Serialized(status);
     writing_ = true;
     StartWrite(&response_);
   }
@@ -85,7 +110,8 @@ class HealthService::Watcher final : public grpc::ServerWriteReactor<HealthCheck
   HealthService* const service_;
   const std::string name_;
   absl::Mutex mu_;
-  HealthCheckResponse response_ ABSL_GUARDED_BY(mu_);
+  grpc::ByteBuffer response_ ABSL_GUARDED_BY(mu_);
+  HealthCheckResponse::ServingStatus in_flight_ ABSL_GUARDED_BY(mu_) = HealthCheckResponse::UNKNOWN;
   std::optional<HealthCheckResponse::ServingStatus> last_sent_ ABSL_GUARDED_BY(mu_);
   std::optional<HealthCheckResponse::ServingStatus> pending_ ABSL_GUARDED_BY(mu_);
   std::optional<grpc::Status> end_ ABSL_GUARDED_BY(mu_);
@@ -95,7 +121,7 @@ class HealthService::Watcher final : public grpc::ServerWriteReactor<HealthCheck
   friend class HealthService;
 };
 
-HealthService::HealthService() = default;
+HealthService::HealthService(WatchSlots* slots) : slots_(slots) {}
 
 HealthService::~HealthService() {
   Shutdown();
@@ -124,32 +150,42 @@ void HealthService::Shutdown() {
 void HealthService::Forget(Watcher* w) {
   absl::MutexLock lock(&mu_);
   watchers_.erase(w);
+  slots_->Give();
 }
 
-grpc::ServerUnaryReactor* HealthService::Check(grpc::CallbackServerContext* ctx, const HealthCheckRequest* req,
-                                               HealthCheckResponse* resp) {
+grpc::ServerUnaryReactor* HealthService::Check(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* bytes,
+                                               grpc::ByteBuffer* resp) {
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  HealthCheckRequest req;
+  if (grpc::Status parsed = ParseRequest(bytes, &req); !parsed.ok()) {
+    reactor->Finish(parsed);
+    return reactor;
+  }
   absl::ReaderMutexLock lock(&mu_);
-  if (!Known(req->service())) {
+  if (!Known(req.service())) {
     reactor->Finish(grpc::Status(grpc::StatusCode::NOT_FOUND, "unknown service"));
   } else {
-    resp->set_status(StatusOf(req->service()));
+    *resp = Serialized(StatusOf(req.service()));
     reactor->Finish(grpc::Status::OK);
   }
   return reactor;
 }
 
-grpc::ServerWriteReactor<HealthCheckResponse>* HealthService::Watch(grpc::CallbackServerContext*,
-                                                                   const HealthCheckRequest* req) {
+grpc::ServerWriteReactor<grpc::ByteBuffer>* HealthService::Watch(grpc::CallbackServerContext*,
+                                                                const grpc::ByteBuffer* bytes) {
+  HealthCheckRequest req;
+  if (grpc::Status parsed = ParseRequest(bytes, &req); !parsed.ok()) return new RefusedWatch(parsed);
   absl::MutexLock lock(&mu_);
   if (shut_down_) return new RefusedWatch(grpc::Status(grpc::StatusCode::UNAVAILABLE, "wprepd is shutting down"));
-  if (watchers_.size() >= kMaxWatches) {
-    return new RefusedWatch(grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
-                                         "too many open health Watch calls; use Check, or retry later"));
+  if (!slots_->TryTake()) {
+    return new RefusedWatch(grpc::Status(
+        grpc::StatusCode::RESOURCE_EXHAUSTED,
+        absl::StrCat(slots_->limit(),
+                     " health Watch calls are open (--max-watch-streams); use Check, or retry later")));
   }
-  auto* w = new Watcher(this, req->service());
+  auto* w = new Watcher(this, req.service());
   watchers_.insert(w);
-  w->Send(StatusOf(req->service()));
+  w->Send(StatusOf(req.service()));
   return w;
 }
 

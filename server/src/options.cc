@@ -116,6 +116,12 @@ absl::StatusOr<Options> ParseOptions(const std::vector<std::string>& args) {
          o.max_concurrent_streams = static_cast<int>(x);
          return s;
        }},
+      {"max-watch-streams", [&](const std::string& v) {
+         int64_t x;
+         auto s = ParseInt("max-watch-streams", v, 1, 1 << 20, &x);
+         o.max_watch_streams = static_cast<int>(x);
+         return s;
+       }},
       {"devices", [&](const std::string& v) {
          if (!devices_seen) o.devices.clear();
          devices_seen = true;
@@ -278,7 +284,10 @@ Flags (--name=value or --name value):
   --max-connections N      open connections, all listeners together (default 1024;
                            TLS connections are also held to N by themselves)
   --max-concurrent-streams N
-                           concurrent calls per connection (default 64)
+                           concurrent calls per connection (default 64; on
+                           --health-listen: --max-watch-streams)
+  --max-watch-streams N    open health Watch calls, all listeners together; more
+                           get RESOURCE_EXHAUSTED (default 16384)
   --ipc-cache-entries N    cached CUDA IPC mappings; also the most handles one
                            request may use at once (default 4096)
   --ipc-idle-expiry D      unused IPC mappings close after this (default 5m)

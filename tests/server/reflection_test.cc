@@ -1,5 +1,6 @@
 // gRPC server reflection as a client such as grpcurl sees it: a real wprepd process on the
-// CPU engine, asked over its Unix socket through grpc.reflection.v1alpha. The descriptors
+// CPU engine, asked over its Unix socket through grpc.reflection.v1alpha and, at the end,
+// grpc.reflection.v1 (which current grpcurl and Postman ask first). The descriptors
 // are read from the bytes the daemon sends, never from this binary's own generated code,
 // so the test shows what the daemon serves.
 //
@@ -17,6 +18,7 @@
 #include "google/protobuf/descriptor.h"
 #include "google/protobuf/descriptor.pb.h"
 #include "google/protobuf/descriptor_database.h"
+#include "grpc/reflection/v1/reflection.grpc.pb.h"
 #include "grpc/reflection/v1alpha/reflection.grpc.pb.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
@@ -138,7 +140,8 @@ TEST_F(Reflection, ListsWeightPrepHealthAndReflection) {
     names.push_back(service.name());
   }
   for (const char* want :
-       {kWeightPrep, "grpc.health.v1.Health", "grpc.reflection.v1alpha.ServerReflection"}) {
+       {kWeightPrep, "grpc.health.v1.Health", "grpc.reflection.v1alpha.ServerReflection",
+        "grpc.reflection.v1.ServerReflection"}) {
     EXPECT_NE(std::find(names.begin(), names.end(), want), names.end())
         << want << " not listed; got " << ::testing::PrintToString(names);
   }
@@ -233,6 +236,117 @@ TEST_F(Reflection, UnknownSymbolIsNotFound) {
       << "answer case " << response.message_response_case();
   EXPECT_EQ(response.error_response().error_code(), grpc::StatusCode::NOT_FOUND)
       << response.error_response().error_message();
+}
+
+// grpc.reflection.v1 over a real socket, on a fresh TCP connection as grpcurl would use:
+// one stream asks for the service list, then for the file that declares WeightPrep, then
+// for a symbol that does not exist, then for nothing, as gRPC's own v1 service answers.
+TEST_F(Reflection, V1ListsServicesAndServesDescriptors) {
+  namespace v1 = grpc::reflection::v1;
+  auto stub = v1::ServerReflection::NewStub(
+      grpc::CreateChannel(daemon_->tcp_target(), grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+  auto stream = stub->ServerReflectionInfo(&ctx);
+
+  v1::ServerReflectionRequest list;
+  list.set_host("wprepd.example");
+  list.set_list_services("");
+  v1::ServerReflectionResponse response;
+  ASSERT_TRUE(stream->Write(list) && stream->Read(&response)) << daemon_->Log();
+  ASSERT_TRUE(response.has_list_services_response())
+      << "answer case " << response.message_response_case() << ": "
+      << response.error_response().error_message();
+  EXPECT_EQ(response.valid_host(), "wprepd.example");
+  EXPECT_TRUE(response.original_request().has_list_services());
+  std::vector<std::string> names;
+  for (const auto& service : response.list_services_response().service()) names.push_back(service.name());
+  for (const char* want : {kWeightPrep, "grpc.health.v1.Health", "grpc.reflection.v1alpha.ServerReflection",
+                           "grpc.reflection.v1.ServerReflection"}) {
+    EXPECT_NE(std::find(names.begin(), names.end(), want), names.end())
+        << want << " not listed; got " << ::testing::PrintToString(names);
+  }
+
+  v1::ServerReflectionRequest symbol;
+  symbol.set_file_containing_symbol(kWeightPrep);
+  ASSERT_TRUE(stream->Write(symbol) && stream->Read(&response)) << daemon_->Log();
+  ASSERT_TRUE(response.has_file_descriptor_response())
+      << "answer case " << response.message_response_case() << ": "
+      << response.error_response().error_message();
+  EXPECT_EQ(response.original_request().file_containing_symbol(), kWeightPrep);
+  // Complete: a pool built from these files alone resolves the service and its types.
+  google::protobuf::SimpleDescriptorDatabase database;
+  for (const std::string& bytes : response.file_descriptor_response().file_descriptor_proto()) {
+    google::protobuf::FileDescriptorProto file;
+    ASSERT_TRUE(file.ParseFromString(bytes));
+    ASSERT_TRUE(database.Add(file)) << file.name();
+  }
+  google::protobuf::DescriptorPool pool(&database);
+  const google::protobuf::ServiceDescriptor* service = pool.FindServiceByName(kWeightPrep);
+  ASSERT_NE(service, nullptr);
+  const google::protobuf::MethodDescriptor* stream_method = service->FindMethodByName("ConvertStream");
+  ASSERT_NE(stream_method, nullptr);
+  EXPECT_TRUE(stream_method->client_streaming());
+  EXPECT_TRUE(stream_method->server_streaming());
+  const google::protobuf::Descriptor* request = pool.FindMessageTypeByName("wprep.v1.ConvertRequest");
+  ASSERT_NE(request, nullptr);
+  EXPECT_GT(request->field_count(), 0);
+
+  v1::ServerReflectionRequest missing;
+  missing.set_file_containing_symbol("wprep.v1.NoSuchThing");
+  ASSERT_TRUE(stream->Write(missing) && stream->Read(&response)) << daemon_->Log();
+  ASSERT_TRUE(response.has_error_response()) << "answer case " << response.message_response_case();
+  EXPECT_EQ(response.error_response().error_code(), grpc::StatusCode::NOT_FOUND);
+
+  v1::ServerReflectionRequest nothing;  // no request kind set
+  ASSERT_TRUE(stream->Write(nothing) && stream->Read(&response)) << daemon_->Log();
+  ASSERT_TRUE(response.has_error_response()) << "answer case " << response.message_response_case();
+  EXPECT_EQ(response.error_response().error_code(), grpc::StatusCode::UNIMPLEMENTED);
+
+  stream->WritesDone();
+  const grpc::Status status = stream->Finish();
+  EXPECT_TRUE(status.ok()) << status.error_code() << ": " << status.error_message();
+}
+
+// v1 describes itself, as grpcurl needs before it can call anything: the file that
+// declares grpc.reflection.v1.ServerReflection, found by its file name as well.
+TEST_F(Reflection, V1DescribesItselfByNameAndFile) {
+  namespace v1 = grpc::reflection::v1;
+  auto stub = v1::ServerReflection::NewStub(
+      grpc::CreateChannel(daemon_->unix_target(), grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+  auto stream = stub->ServerReflectionInfo(&ctx);
+  v1::ServerReflectionRequest by_symbol;
+  by_symbol.set_file_containing_symbol("grpc.reflection.v1.ServerReflection");
+  v1::ServerReflectionResponse response;
+  ASSERT_TRUE(stream->Write(by_symbol) && stream->Read(&response)) << daemon_->Log();
+  ASSERT_EQ(response.file_descriptor_response().file_descriptor_proto_size(), 1)
+      << "answer case " << response.message_response_case();
+  google::protobuf::FileDescriptorProto file;
+  ASSERT_TRUE(file.ParseFromString(response.file_descriptor_response().file_descriptor_proto(0)));
+  EXPECT_EQ(file.package(), "grpc.reflection.v1");
+  ASSERT_EQ(file.service_size(), 1);
+  EXPECT_EQ(file.service(0).name(), "ServerReflection");
+
+  // Asked again on the same stream, by file name: the file asked for comes again (only
+  // dependencies already sent are left out), so the answer is never empty.
+  v1::ServerReflectionRequest by_name;
+  by_name.set_file_by_filename(file.name());
+  ASSERT_TRUE(stream->Write(by_name) && stream->Read(&response)) << daemon_->Log();
+  ASSERT_EQ(response.file_descriptor_response().file_descriptor_proto_size(), 1)
+      << "answer case " << response.message_response_case() << ": " << response.error_response().error_message();
+  google::protobuf::FileDescriptorProto again;
+  ASSERT_TRUE(again.ParseFromString(response.file_descriptor_response().file_descriptor_proto(0)));
+  EXPECT_EQ(again.name(), file.name());
+  EXPECT_EQ(again.package(), "grpc.reflection.v1");
+
+  v1::ServerReflectionRequest no_file;
+  no_file.set_file_by_filename("no/such/file.proto");
+  ASSERT_TRUE(stream->Write(no_file) && stream->Read(&response)) << daemon_->Log();
+  EXPECT_EQ(response.error_response().error_code(), grpc::StatusCode::NOT_FOUND);
+  stream->WritesDone();
+  EXPECT_TRUE(stream->Finish().ok());
 }
 
 }  // namespace

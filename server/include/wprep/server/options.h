@@ -63,6 +63,10 @@ struct Options {
   // calls per connection.
   int max_connections = 1024;
   int max_concurrent_streams = 64;
+  // Open grpc.health.v1 Watch calls, all listeners together; more are refused
+  // RESOURCE_EXHAUSTED. An open Watch holds no thread and about 19 KiB of memory
+  // (docs/RELIABILITY.md, "Health"), so the default bounds them to about 300 MiB.
+  int max_watch_streams = 16384;
   // Bound on cached IPC mappings and how long an unused one stays open. A request holds
   // its mappings while it runs, so one ConvertBatch can use at most this many handles
   // (a whole model's experts, one allocation per tensor, can take a few hundred).
