@@ -61,14 +61,11 @@ void InterleaveRange(const InterleavePass& p, const uint8_t* in, uint8_t* out, i
   for (int64_t g = begin; g < end; ++g) {
     const int64_t e = g / groups_per_expert, o = 4 * (g - e * groups_per_expert);
     uint8_t* dst = out + (e * p.rows_p * p.cols_p + o) * es;
-    for (int k = 0; k < 4; ++k) {
-      const int64_t s = moe::InterleaveSrc(p, e, o + k);
-      if (s < 0) {
-        std::memset(dst + k * es, 0, es);
-      } else {
-        std::memcpy(dst + k * es, in + s * es, es);
-      }
-    }
+    int64_t src = 0;
+    int valid = 0;
+    moe::InterleaveSrcGroup(p, e, o, &src, &valid);
+    if (valid > 0) std::memcpy(dst, in + src * es, valid * es);
+    if (valid < 4) std::memset(dst + valid * es, 0, (4 - valid) * es);
   }
 }
 

@@ -140,16 +140,18 @@ __global__ void __launch_bounds__(kThreads) InterleaveKernel(InterleavePass p,
   const int64_t stride = static_cast<int64_t>(gridDim.x) * kThreads;
   for (int64_t g = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; g < total; g += stride) {
     const int64_t e = g / per_expert, o = 4 * (g - e * per_expert);
+    int64_t s = 0;
+    int valid = 0;
+    moe::InterleaveSrcGroup(p, e, o, &s, &valid);
     T v[4];
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
-      const int64_t s = moe::InterleaveSrc(p, e, o + k);
-      if (s < 0) {
+      if (k >= valid) {
         v[k] = T(0);
       } else if constexpr (ES == 1) {
-        v[k] = in[s];
+        v[k] = in[s + k];
       } else {
-        v[k] = static_cast<T>(in[2 * s] | in[2 * s + 1] << 8);
+        v[k] = static_cast<T>(in[2 * (s + k)] | in[2 * (s + k) + 1] << 8);
       }
     }
     if constexpr (kVector) {

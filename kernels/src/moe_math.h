@@ -87,13 +87,15 @@ struct RowsPass {
   int64_t block_bytes = 0;  // 0: rows stored whole
   int32_t elem = kElemCopy;
   RowMap map;
+  int32_t block_shift = -1;  // log2(block_bytes) when a power of two: no division per word
 };
 
 // Byte offset in the output of byte `x` of output row `n` of expert `e`.
 WPREP_HD int64_t RowsOutOffset(const RowsPass& p, int64_t e, int64_t n, int64_t x) {
   const int64_t expert = e * p.rows_out * p.out_row_bytes;
   if (p.block_bytes == 0) return expert + n * p.out_row_bytes + x;
-  const int64_t b = x / p.block_bytes, t = x - b * p.block_bytes;
+  const int64_t b = p.block_shift >= 0 ? x >> p.block_shift : x / p.block_bytes;
+  const int64_t t = x - b * p.block_bytes;
   return expert + b * p.rows_out * p.block_bytes + n * p.block_bytes + t;
 }
 
@@ -160,6 +162,19 @@ WPREP_HD int64_t InterleaveSrc(const InterleavePass& p, int64_t e, int64_t o) {
   if (c >= p.cols_in) return -1;
   const int64_t r = SrcRow(p.map, m);
   return r < 0 ? -1 : (e * p.rows_in + r) * p.cols_in + c;
+}
+
+// The 4 output elements [o, o + 4) of expert `e` (o % 4 == 0) are 4 consecutive columns
+// of one row: their source is input elements [*src, *src + valid) followed by zeros.
+// One SfSource and one SrcRow per 4 elements.
+WPREP_HD void InterleaveSrcGroup(const InterleavePass& p, int64_t e, int64_t o, int64_t* src,
+                                 int* valid) {
+  int64_t m = 0, c = 0;
+  SfSource(o, p.cols_p, &m, &c);
+  const int64_t r = SrcRow(p.map, m);
+  const int64_t left = p.cols_in - c;
+  *valid = r < 0 || left <= 0 ? 0 : (left < 4 ? static_cast<int>(left) : 4);
+  *src = *valid ? (e * p.rows_in + r) * p.cols_in + c : 0;
 }
 
 }  // namespace moe

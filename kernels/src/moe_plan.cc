@@ -166,6 +166,10 @@ struct Builder {
     for (int i = static_cast<int>(shape.size()) - 2; i >= 0; --i) {
       strides[i] = strides[i + 1] * std::max<int64_t>(shape[i + 1], 1);
     }
+    if (!pass.interleave && pass.rows.block_bytes > 0 &&
+        (pass.rows.block_bytes & (pass.rows.block_bytes - 1)) == 0) {
+      pass.rows.block_shift = __builtin_ctzll(static_cast<uint64_t>(pass.rows.block_bytes));
+    }
     plan.outputs.push_back({std::move(name), dtype, std::move(shape)});
     plan.output_strides.push_back(std::move(strides));
     plan.output_bytes.push_back(static_cast<uint64_t>(*bytes));
