@@ -63,6 +63,18 @@ std::vector<MoeCase> MoeCases() {
        {{"values", D::kUint8, {de, 2 * di, dh}}, {"scales", D::kFloat32, {de, 2 * di / 128, dh / 128}}}},
       {"DeepSeek-V3 fp8_block", MoeOp::kPrepareW2, {{"format", "fp8_block"}},
        {{"values", D::kUint8, {de, dh, di}}, {"scales", D::kFloat32, {de, dh / 128, di / 128}}}},
+      // Where the time goes: the values pass and the scale pass alone, as single steps
+      // of the same sizes (unpadded).
+      {"gpt-oss-120b w13 values", MoeOp::kRowShuffle, {{"epilogue_tile_m", "128"}},
+       {{"x", D::kUint8, {ge, 2 * gi, gh / 2}}}},
+      {"gpt-oss-120b w13 scales", MoeOp::kShuffleSfA, {{"epilogue_tile_m", "128"}},
+       {{"x", D::kUint8, {ge, 2 * gi, gh / 32}}}},
+      {"DeepSeek-V3 w2 values", MoeOp::kRowShuffle, {{"epilogue_tile_m", "128"}},
+       {{"x", D::kUint8, {de, dh, di / 2}}}},
+      {"DeepSeek-V3 w2 mxfp4 scales", MoeOp::kShuffleSfA, {{"epilogue_tile_m", "128"}},
+       {{"x", D::kUint8, {de, dh, di / 32}}}},
+      {"DeepSeek-V3 w13 nvfp4 scales", MoeOp::kShuffleSfA, {{"epilogue_tile_m", "128"}},
+       {{"x", D::kUint8, {de, 2 * di, dh / 16}}}},
   };
 }
 
