@@ -25,6 +25,7 @@ namespace wprep {
 
 int RunMoeBench();
 
+#if defined(WPREP_HAVE_CUDA)
 namespace {
 
 struct MoeCase {
@@ -85,7 +86,6 @@ double Median(std::vector<double> v) {
 
 }  // namespace
 
-#if defined(WPREP_HAVE_CUDA)
 #define MOE_CHECK_CUDA(call)                                                    \
   do {                                                                          \
     cudaError_t moe_err_ = (call);                                              \

@@ -14,10 +14,8 @@ namespace wprep {
 namespace {
 
 using moe::Geometry;
-using moe::InterleavePass;
 using moe::OutputPass;
 using moe::RowMap;
-using moe::RowsPass;
 
 // Byte counts and offsets stay far below int64 overflow so that kernels can form any
 // offset of a planned tensor in 64 bits without checking.
