@@ -275,6 +275,18 @@ absl::Status RunMoeCuda(const MoePlan& plan, absl::Span<const void* const> input
       return absl::InvalidArgumentError(absl::StrCat(plan.inputs[i].name, ": null device pointer"));
     }
   }
+  // The passes gather: an output overlapping an input would read bytes already moved.
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    const auto o = reinterpret_cast<uintptr_t>(outputs[i]);
+    for (size_t j = 0; j < inputs.size(); ++j) {
+      const auto in = reinterpret_cast<uintptr_t>(inputs[j]);
+      if (plan.output_bytes[i] > 0 && plan.input_bytes[j] > 0 && o < in + plan.input_bytes[j] &&
+          in < o + plan.output_bytes[i]) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            plan.outputs[i].name, ": output buffer overlaps input ", plan.inputs[j].name));
+      }
+    }
+  }
   auto geo = moe::GeometryOf(plan);
   if (!geo.ok()) return geo.status();
   cudaStream_t stream = static_cast<cudaStream_t>(cuda_stream);
@@ -288,7 +300,7 @@ absl::Status RunMoeCuda(const MoePlan& plan, absl::Span<const void* const> input
       if (plan.output_bytes[i] == 0) continue;
       cudaPointerAttributes attr{};
       if (cudaPointerGetAttributes(&attr, outputs[i]) != cudaSuccess ||
-          attr.type != cudaMemoryTypeDevice) {
+          (attr.type != cudaMemoryTypeDevice && attr.type != cudaMemoryTypeManaged)) {
         cudaGetLastError();
         return absl::InvalidArgumentError(
             absl::StrCat(plan.outputs[i].name, ": not a CUDA device pointer"));
