@@ -1,12 +1,14 @@
 #include "stream_converter.h"
 
 #include <algorithm>
+#include <optional>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "device_run.h"
 #include "wprep/kernels/cpu_engine.h"
+#include "wprep/spec/checked_math.h"
 #include "wprep/spec/status_macros.h"
 
 namespace wprep::server {
@@ -15,17 +17,19 @@ StreamConverter::StreamConverter(const Plan& plan, uint64_t target_slice_bytes, 
                                  DeviceMetrics* metrics)
     : plan_(plan), engine_(std::move(engine)), engine_metrics_(metrics) {
   const auto& s = plan.logical_shape;
-  uint64_t e = 1;
-  for (size_t i = 0; i + 2 < s.size(); ++i) e *= static_cast<uint64_t>(s[i]);
+  // Checked, though MakePlan bounds the matrices of a valid plan: a wrapped count here
+  // would slice a tensor by the wrong matrix size. Any doubt converts it whole.
+  const std::optional<uint64_t> e =
+      s.size() < 2 ? std::nullopt : CheckedProduct(absl::MakeConstSpan(s.data(), s.size() - 2));
   absl::StatusOr<Plan> one = absl::InvalidArgumentError("no matrices");
-  if (e > 0) one = MakePlan(plan.spec, std::vector<int64_t>{1, s[s.size() - 2], s[s.size() - 1]});
-  if (one.ok() && one->input_bytes > 0 && one->input_bytes * e == plan.input_bytes &&
-      one->output_bytes * e == plan.output_bytes) {
+  if (e && *e > 0) one = MakePlan(plan.spec, std::vector<int64_t>{1, s[s.size() - 2], s[s.size() - 1]});
+  if (one.ok() && one->input_bytes > 0 && CheckedMul(one->input_bytes, *e) == plan.input_bytes &&
+      CheckedMul(one->output_bytes, *e) == plan.output_bytes) {
     matrix_in_ = one->input_bytes;
     matrix_out_ = one->output_bytes;
     // Sized by the larger side: a padded layout's output can be many times its input.
     const uint64_t per = std::max<uint64_t>(1, target_slice_bytes / std::max(matrix_in_, matrix_out_));
-    slice_in_ = std::min<uint64_t>(per, e) * matrix_in_;
+    slice_in_ = std::min<uint64_t>(per, *e) * matrix_in_;
     slice_plans_.emplace(1, *std::move(one));
   } else {
     whole_ = true;

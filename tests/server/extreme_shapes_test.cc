@@ -17,7 +17,9 @@
 #include "daemon_harness.h"
 #include "golden_rpc.h"
 #include "gtest/gtest.h"
+#include "stream_converter.h"
 #include "wprep/client/client.h"
+#include "wprep/spec/checked_math.h"
 
 namespace wprep::testing {
 namespace {
@@ -294,6 +296,36 @@ TEST(ExtremeShapes, StreamHeadersOfTheFamilyAreRefused) {
     }
   }
   ExpectServes(*d, "after the stream header family");
+}
+
+// The stream converter counts matrices itself (the product of the leading dims). A plan
+// whose leading dims multiply past 2^64 (2^32 x (2^32 + 1) wraps to 2^32) must not be
+// sliced by the wrapped count: it is taken as one whole matrix, which is refused as too
+// large to stream. MakePlan never makes such a plan; this one is forged, to hold the
+// converter's own check.
+TEST(StreamConverterArithmetic, LeadingDimsThatWrapAreNotSlicedByTheWrappedCount) {
+  const ConversionSpec spec = HopperSpec(Direction::kSwizzle, -1, 3);
+  absl::StatusOr<Plan> one = MakePlan(spec, std::vector<int64_t>{1, 64, 64});
+  ASSERT_TRUE(one.ok()) << one.status();
+  Plan forged = *one;
+  forged.logical_shape = {k2p32, k2p32 + 1, 64, 64};
+  forged.input_bytes = one->input_bytes << 32;  // what the wrapped count would agree with
+  forged.output_bytes = one->output_bytes << 32;
+  absl::StatusOr<std::unique_ptr<server::StreamConverter>> c =
+      server::NewCpuStreamConverter(forged, {4ull << 20, 256ull << 20}, 1, nullptr);
+  ASSERT_FALSE(c.ok()) << "sliced into " << (*c)->slice_input_bytes() << "-byte slices";
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kResourceExhausted) << c.status();
+}
+
+TEST(CheckedMath, ProductsAndSumsThatWrapAreRefused) {
+  EXPECT_EQ(CheckedMul(uint64_t{1} << 32, uint64_t{1} << 32), std::nullopt);
+  EXPECT_EQ(CheckedMul(uint64_t{1} << 31, uint64_t{1} << 32), std::optional<uint64_t>(uint64_t{1} << 63));
+  EXPECT_EQ(CheckedAdd(UINT64_MAX, 1), std::nullopt);
+  EXPECT_EQ(CheckedAdd(UINT64_MAX - 1, 1), std::optional<uint64_t>(UINT64_MAX));
+  EXPECT_EQ(CheckedProduct(std::vector<int64_t>{k2p32, k2p32 + 1}), std::nullopt);
+  EXPECT_EQ(CheckedProduct(std::vector<int64_t>{64, -1}), std::nullopt);
+  EXPECT_EQ(CheckedProduct(std::vector<int64_t>{0, kMaxI64, kMaxI64}), std::optional<uint64_t>(0));
+  EXPECT_EQ(CheckedProduct(std::vector<int64_t>{}), std::optional<uint64_t>(1));
 }
 
 }  // namespace
