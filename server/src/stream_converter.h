@@ -39,6 +39,11 @@ class StreamConverter {
   // the next call.
   absl::StatusOr<absl::Span<const uint8_t>> ConvertSlice(absl::Span<const uint8_t> in);
 
+  // The plan of a slice of `in_bytes` (a full slice, or the last, shorter one): what
+  // ConvertSlice runs. Public so that the stream fuzzer checks every slice size of a
+  // tensor too large to convert there.
+  absl::StatusOr<const Plan*> SlicePlan(uint64_t in_bytes);
+
   // Totals over the slices so far.
   std::optional<double> kernel_seconds() const { return kernel_seconds_; }
   virtual uint64_t peak_extra_device_bytes() const { return 0; }
@@ -55,8 +60,6 @@ class StreamConverter {
                                                         std::optional<double>* seconds) = 0;
 
  private:
-  absl::StatusOr<const Plan*> SlicePlan(uint64_t in_bytes);
-
   const Plan plan_;
   const std::string engine_;
   DeviceMetrics* const engine_metrics_;
