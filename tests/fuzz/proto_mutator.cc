@@ -161,12 +161,13 @@ void MutateField(Message* m, const FieldDescriptor* f, std::minstd_rand& rng, in
 void MutateAt(Message* m, std::minstd_rand& rng, int depth) {
   const std::vector<const FieldDescriptor*> fields = Fields(*m);
   if (fields.empty()) return;
-  // Descend into a set submessage half the time, so deep fields (spec.blackwell.block_n,
-  // items[i].convert.logical_shape) are edited as often as top-level ones.
+  // A field already set three times in four, so deep fields (spec.blackwell.block_n,
+  // items[i].convert.logical_shape) are edited about as often as top-level ones; any
+  // field of the type otherwise, so unset ones get set.
   std::vector<const FieldDescriptor*> set;
   m->GetReflection()->ListFields(*m, &set);
   const FieldDescriptor* f = fields[Below(rng, static_cast<uint32_t>(fields.size()))];
-  if (!set.empty() && Below(rng, 2) == 0) f = set[Below(rng, static_cast<uint32_t>(set.size()))];
+  if (!set.empty() && Below(rng, 4) != 0) f = set[Below(rng, static_cast<uint32_t>(set.size()))];
   MutateField(m, f, rng, depth + 1);
 }
 
