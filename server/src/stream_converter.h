@@ -67,6 +67,7 @@ class StreamConverter {
   uint64_t matrix_in_ = 0;   // input bytes of one matrix
   uint64_t matrix_out_ = 0;  // output bytes of one matrix
   uint64_t slice_in_ = 0;
+  uint64_t min_matrices_ = 1;  // the fewest matrices a slice holds (2 where one would differ)
   std::map<int64_t, Plan> slice_plans_;  // by matrices per slice (a stream needs two)
   std::optional<double> kernel_seconds_;
 };

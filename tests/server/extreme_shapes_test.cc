@@ -19,6 +19,7 @@
 #include "gtest/gtest.h"
 #include "stream_converter.h"
 #include "wprep/client/client.h"
+#include "wprep/kernels/cpu_engine.h"
 #include "wprep/spec/checked_math.h"
 
 namespace wprep::testing {
@@ -327,6 +328,43 @@ TEST(StreamConverterArithmetic, LeadingDimsThatWrapAreNotSlicedByTheWrappedCount
       server::NewCpuStreamConverter(forged, {4ull << 20, 256ull << 20}, 1, nullptr);
   ASSERT_FALSE(c.ok()) << "sliced into " << (*c)->slice_input_bytes() << "-byte slices";
   EXPECT_EQ(c.status().code(), absl::StatusCode::kResourceExhausted) << c.status();
+}
+
+// Found by wprep_fuzz_stream: hopper_scale unswizzle with mx_axis -2 keeps upstream's
+// transposed output only where that view is dense, and torch does not count a leading dim
+// of 1 towards density: with padded rows, a slice of one matrix came out transposed while
+// the whole tensor (and the stream's header) is row-major. The slices, converted one by
+// one, must give the bytes the CPU engine gives for the whole tensor at once, for slices
+// of one matrix (target 1 byte), two, and the daemon's 4 MiB, and for 2, 3, 33 and 64
+// matrices (3: no slicing leaves no single-matrix slice, so it goes whole).
+TEST(StreamConverterArithmetic, SlicesOfOneMatrixAreLaidOutAsInTheWholeTensor) {
+  ConversionSpec spec;
+  spec.layout = Layout::kHopperScale;
+  spec.direction = Direction::kUnswizzle;
+  spec.hopper_scale.mx_axis = -2;
+  spec.hopper_scale.num_warps = 8;
+  for (int64_t e : {2, 3, 33, 64}) {
+    const std::vector<int64_t> shape = {e, 2, 74};
+    absl::StatusOr<Plan> plan = MakePlan(spec, shape);
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    const std::vector<uint8_t> in = RandomBytes(plan->input_bytes, 26);
+    std::string whole(plan->output_bytes, '\0');
+    ASSERT_TRUE(ConvertOnCpu(*plan, in.data(), in.size(), reinterpret_cast<uint8_t*>(whole.data()), whole.size()).ok());
+    for (uint64_t target : {uint64_t{1}, 2 * plan->input_bytes / static_cast<uint64_t>(e), uint64_t{4} << 20}) {
+      absl::StatusOr<std::unique_ptr<server::StreamConverter>> c =
+          server::NewCpuStreamConverter(*plan, {target, 256ull << 20}, 1, nullptr);
+      ASSERT_TRUE(c.ok()) << c.status();
+      const uint64_t slice = (*c)->slice_input_bytes();
+      std::string out;
+      for (uint64_t at = 0; at < in.size(); at += slice) {
+        const uint64_t n = std::min<uint64_t>(slice, in.size() - at);
+        absl::StatusOr<absl::Span<const uint8_t>> o = (*c)->ConvertSlice(absl::MakeConstSpan(in.data() + at, n));
+        ASSERT_TRUE(o.ok()) << o.status();
+        out.append(reinterpret_cast<const char*>(o->data()), o->size());
+      }
+      EXPECT_TRUE(out == whole) << e << " matrices, slice target " << target << ", slices of " << slice << " bytes";
+    }
+  }
 }
 
 TEST(CheckedMath, ProductsAndSumsThatWrapAreRefused) {
