@@ -6,8 +6,11 @@
 # wprep_fuzz_safetensors (the safetensors header parser of the CLI). Each
 # first replays its committed seeds (tests/fuzz/corpus/) and past crashes
 # (tests/fuzz/regressions/), then mutates from them and from what earlier runs learned
-# (build-fuzz/fuzz-corpus/, not committed). Exit 1 on any crash or sanitizer report; the
-# input that caused it is in build-fuzz/fuzz-artifacts/.
+# (build-fuzz/fuzz-corpus/, not committed). The three targets over wprep.v1 messages
+# mutate them field by field too (tests/fuzz/proto_mutator.h: extreme dims, unset fields,
+# unknown enums), and UBSan's division by zero, float division by zero, signed overflow
+# and shift checks are errors. Exit 1 on any crash or sanitizer report; the input that
+# caused it is in build-fuzz/fuzz-artifacts/.
 #
 #   scripts/fuzz.sh            # 10 minutes per target
 #   scripts/fuzz.sh 3600       # an hour per target (CI runs 20 s: make test-fuzz)

@@ -705,7 +705,11 @@ absl::StatusOr<Plan> MakePlan(const ConversionSpec& spec, absl::Span<const int64
       break;
     }
   }
-  plan.output_bytes = static_cast<uint64_t>(c.num_matrices * g.out_matrix_bytes);
+  // Checked: an empty matrix leaves num_matrices bounded only by 2^60, and a layout may
+  // pad even an empty matrix.
+  WPREP_ASSIGN_OR_RETURN(const int64_t output_bytes,
+                         Mul(c.num_matrices, g.out_matrix_bytes, "output size", shape));
+  plan.output_bytes = static_cast<uint64_t>(output_bytes);
 
   // The engines index inside one matrix with 32-bit arithmetic.
   for (int64_t extent :

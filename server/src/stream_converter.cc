@@ -1,31 +1,77 @@
 #include "stream_converter.h"
 
 #include <algorithm>
+#include <optional>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "device_run.h"
 #include "wprep/kernels/cpu_engine.h"
+#include "wprep/spec/checked_math.h"
 #include "wprep/spec/status_macros.h"
 
 namespace wprep::server {
+namespace {
+
+// True when a slice of one matrix is laid out like a matrix of a slice of two (and so of
+// the whole tensor): the same strides of the last two dims on both sides.
+bool OneMatrixSlicesAgree(const ConversionSpec& spec, const Plan& one) {
+  const std::vector<int64_t>& s = one.logical_shape;
+  absl::StatusOr<Plan> two = MakePlan(spec, std::vector<int64_t>{2, s[s.size() - 2], s[s.size() - 1]});
+  if (!two.ok()) return false;
+  auto inner = [](const std::vector<int64_t>& strides) {
+    return strides.size() < 2 ? strides : std::vector<int64_t>(strides.end() - 2, strides.end());
+  };
+  return inner(one.output_strides) == inner(two->output_strides) &&
+         inner(one.input_strides) == inner(two->input_strides);
+}
+
+// The most matrices per slice, at most `per` and at least 2, that leaves no last slice of
+// exactly one matrix out of `e`; `e` (one slice) when there is none.
+uint64_t SlicesOfTwoOrMore(uint64_t e, uint64_t per) {
+  for (uint64_t p = std::min(std::max<uint64_t>(per, 2), e); p >= 2; --p) {
+    if (e % p != 1) return p;
+  }
+  return e;
+}
+
+}  // namespace
 
 StreamConverter::StreamConverter(const Plan& plan, uint64_t target_slice_bytes, std::string engine,
                                  DeviceMetrics* metrics)
     : plan_(plan), engine_(std::move(engine)), engine_metrics_(metrics) {
   const auto& s = plan.logical_shape;
-  uint64_t e = 1;
-  for (size_t i = 0; i + 2 < s.size(); ++i) e *= static_cast<uint64_t>(s[i]);
+  // Checked, though MakePlan bounds the matrices of a valid plan: a wrapped count here
+  // would slice a tensor by the wrong matrix size. Any doubt converts it whole.
+  const std::optional<uint64_t> e =
+      s.size() < 2 ? std::nullopt : CheckedProduct(absl::MakeConstSpan(s.data(), s.size() - 2));
   absl::StatusOr<Plan> one = absl::InvalidArgumentError("no matrices");
-  if (e > 0) one = MakePlan(plan.spec, std::vector<int64_t>{1, s[s.size() - 2], s[s.size() - 1]});
-  if (one.ok() && one->input_bytes > 0 && one->input_bytes * e == plan.input_bytes &&
-      one->output_bytes * e == plan.output_bytes) {
+  if (e && *e > 0) one = MakePlan(plan.spec, std::vector<int64_t>{1, s[s.size() - 2], s[s.size() - 1]});
+  if (one.ok() && one->input_bytes > 0 && CheckedMul(one->input_bytes, *e) == plan.input_bytes &&
+      CheckedMul(one->output_bytes, *e) == plan.output_bytes) {
     matrix_in_ = one->input_bytes;
     matrix_out_ = one->output_bytes;
     // Sized by the larger side: a padded layout's output can be many times its input.
-    const uint64_t per = std::max<uint64_t>(1, target_slice_bytes / std::max(matrix_in_, matrix_out_));
-    slice_in_ = std::min<uint64_t>(per, e) * matrix_in_;
+    uint64_t per = std::min<uint64_t>(std::max<uint64_t>(1, target_slice_bytes / std::max(matrix_in_, matrix_out_)), *e);
+    if (*e >= 2 && !OneMatrixSlicesAgree(plan.spec, *one)) {
+      // The planner follows torch: a leading dim of 1 does not count towards a view's
+      // density, so a slice of one matrix may be laid out (transposed or not) unlike the
+      // same matrix in the whole tensor (hopper_scale unswizzle, mx_axis -2, padded rows;
+      // found by wprep_fuzz_stream). Every slice then holds at least two matrices, the
+      // last one too; when no slice size allows that, the tensor goes whole.
+      per = SlicesOfTwoOrMore(*e, per);
+      min_matrices_ = 2;
+    }
+    if (per == *e && min_matrices_ > 1) {
+      whole_ = true;
+      matrix_in_ = plan.input_bytes;
+      matrix_out_ = plan.output_bytes;
+      min_matrices_ = 1;
+      slice_in_ = plan.input_bytes;
+      return;
+    }
+    slice_in_ = per * matrix_in_;
     slice_plans_.emplace(1, *std::move(one));
   } else {
     whole_ = true;
@@ -35,7 +81,7 @@ StreamConverter::StreamConverter(const Plan& plan, uint64_t target_slice_bytes, 
   }
 }
 
-uint64_t StreamConverter::MatrixBytes() const { return std::max(matrix_in_, matrix_out_); }
+uint64_t StreamConverter::MatrixBytes() const { return std::max(matrix_in_, matrix_out_) * min_matrices_; }
 
 uint64_t StreamConverter::SliceOutputBytes(uint64_t input_bytes) const {
   if (whole_ || matrix_in_ == 0) return plan_.output_bytes;

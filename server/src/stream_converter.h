@@ -39,6 +39,11 @@ class StreamConverter {
   // the next call.
   absl::StatusOr<absl::Span<const uint8_t>> ConvertSlice(absl::Span<const uint8_t> in);
 
+  // The plan of a slice of `in_bytes` (a full slice, or the last, shorter one): what
+  // ConvertSlice runs. Public so that the stream fuzzer checks every slice size of a
+  // tensor too large to convert there.
+  absl::StatusOr<const Plan*> SlicePlan(uint64_t in_bytes);
+
   // Totals over the slices so far.
   std::optional<double> kernel_seconds() const { return kernel_seconds_; }
   virtual uint64_t peak_extra_device_bytes() const { return 0; }
@@ -55,8 +60,6 @@ class StreamConverter {
                                                         std::optional<double>* seconds) = 0;
 
  private:
-  absl::StatusOr<const Plan*> SlicePlan(uint64_t in_bytes);
-
   const Plan plan_;
   const std::string engine_;
   DeviceMetrics* const engine_metrics_;
@@ -64,6 +67,7 @@ class StreamConverter {
   uint64_t matrix_in_ = 0;   // input bytes of one matrix
   uint64_t matrix_out_ = 0;  // output bytes of one matrix
   uint64_t slice_in_ = 0;
+  uint64_t min_matrices_ = 1;  // the fewest matrices a slice holds (2 where one would differ)
   std::map<int64_t, Plan> slice_plans_;  // by matrices per slice (a stream needs two)
   std::optional<double> kernel_seconds_;
 };

@@ -21,6 +21,7 @@
 #include <cstring>
 #include <map>
 #include <memory>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -31,6 +32,7 @@
 #include "fuzz_support.h"
 #include "ipc_cache.h"
 #include "metrics.h"
+#include "proto_mutator.h"
 #include "proto_translate.h"
 #include "wprep/kernels/cpu_engine.h"
 #include "wprep/proto/spec_codec.h"
@@ -180,4 +182,21 @@ int wprep::fuzz::FuzzBatch(const uint8_t* data, size_t size) {
 
 #ifndef WPREP_FUZZ_REPLAY
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) { return wprep::fuzz::FuzzBatch(data, size); }
+
+extern "C" size_t LLVMFuzzerMutate(uint8_t* data, size_t size, size_t max_size);
+
+// Structure-aware: three times in four the batch is parsed, edited field by field
+// (proto_mutator.h: item count, each item's spec, shape, strides, sources) and written
+// back; otherwise libFuzzer's byte mutations.
+extern "C" size_t LLVMFuzzerCustomMutator(uint8_t* data, size_t size, size_t max_size, unsigned int seed) {
+  std::minstd_rand rng(seed);
+  if (rng() % 4 == 0) return LLVMFuzzerMutate(data, size, max_size);
+  v1::ConvertBatchRequest req;
+  if (!req.ParseFromArray(data, static_cast<int>(std::min<size_t>(size, 1 << 30)))) req.Clear();
+  wprep::fuzz::MutateMessage(&req, rng);
+  const std::string wire = req.SerializeAsString();
+  if (wire.size() > max_size) return LLVMFuzzerMutate(data, size, max_size);
+  std::memcpy(data, wire.data(), wire.size());
+  return wire.size();
+}
 #endif

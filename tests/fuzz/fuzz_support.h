@@ -71,6 +71,7 @@ class ByteReader {
  public:
   ByteReader(const uint8_t* data, size_t size) : p_(data), end_(data + size) {}
   bool empty() const { return p_ == end_; }
+  size_t remaining() const { return static_cast<size_t>(end_ - p_); }
   uint8_t Byte() { return p_ == end_ ? 0 : *p_++; }
   uint64_t Varint() {
     uint64_t v = 0;
@@ -92,6 +93,15 @@ class ByteReader {
   const uint8_t* p_;
   const uint8_t* const end_;
 };
+
+// Appends `v` as a LEB128 varint (ByteReader::Varint reads it back).
+inline void PutVarint(std::string* out, uint64_t v) {
+  while (v >= 0x80) {
+    out->push_back(static_cast<char>((v & 0x7f) | 0x80));
+    v >>= 7;
+  }
+  out->push_back(static_cast<char>(v));
+}
 
 }  // namespace wprep::fuzz
 

@@ -14,9 +14,12 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
+#include <random>
 #include <string>
 
 #include "fuzz_support.h"
+#include "proto_mutator.h"
 #include "proto_translate.h"
 #include "wprep/proto/spec_codec.h"
 
@@ -151,4 +154,28 @@ int wprep::fuzz::FuzzRequest(const uint8_t* data, size_t size) {
 
 #ifndef WPREP_FUZZ_REPLAY
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) { return wprep::fuzz::FuzzRequest(data, size); }
+
+extern "C" size_t LLVMFuzzerMutate(uint8_t* data, size_t size, size_t max_size);
+
+// Structure-aware: three times in four the input is parsed as its message, edited field
+// by field (proto_mutator.h) and written back; otherwise libFuzzer's byte mutations.
+extern "C" size_t LLVMFuzzerCustomMutator(uint8_t* data, size_t size, size_t max_size, unsigned int seed) {
+  std::minstd_rand rng(seed);
+  if (rng() % 4 == 0 || max_size < 2) return LLVMFuzzerMutate(data, size, max_size);
+  uint8_t kind = size > 0 ? data[0] % 3 : static_cast<uint8_t>(rng() % 3);
+  if (rng() % 16 == 0) kind = static_cast<uint8_t>(rng() % 3);  // the same fields as another message
+  v1::ConvertRequest convert;
+  v1::PlanRequest plan;
+  v1::StreamRequestHeader header;
+  google::protobuf::Message* m = kind == 0 ? static_cast<google::protobuf::Message*>(&convert)
+                                 : kind == 1 ? static_cast<google::protobuf::Message*>(&plan)
+                                             : static_cast<google::protobuf::Message*>(&header);
+  if (size > 1 && !m->ParseFromArray(data + 1, static_cast<int>(std::min<size_t>(size - 1, 1 << 30)))) m->Clear();
+  wprep::fuzz::MutateMessage(m, rng);
+  const std::string wire = m->SerializeAsString();
+  if (wire.size() + 1 > max_size) return LLVMFuzzerMutate(data, size, max_size);
+  data[0] = kind;
+  std::memcpy(data + 1, wire.data(), wire.size());
+  return wire.size() + 1;
+}
 #endif

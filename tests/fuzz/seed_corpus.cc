@@ -5,6 +5,7 @@
 // valid but unusual ones (strided views, IPC buffers, empty tensors, batches).
 #include <algorithm>
 #include <cctype>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -253,6 +254,73 @@ int main(int argc, char** argv) {
     Varint(&fail, 2);  // the second push fails
     fail += "\x01\x64\x06";
     ok = Write(str + "bare_second_push_fails", fail) && ok;
+  }
+
+  // Extreme values, each refused (issue 26: the first one's header killed the daemon with
+  // SIGFPE): dims 2^31, 2^32, 2^32 + 1, 2^63 - 1 and zero around them, blocks of 1 and 4
+  // with block_k unset, negative dims, rank 9, an unknown layout.
+  {
+    v1::ConversionSpec crash;
+    crash.set_layout(v1::LAYOUT_BLACKWELL_SHUFFLED_VALUE);
+    crash.set_direction(v1::DIRECTION_SWIZZLE);
+    crash.mutable_blackwell()->set_block_n(4);
+    v1::ConversionSpec hopper = crash;
+    hopper.set_layout(v1::LAYOUT_HOPPER_VALUE);
+    hopper.clear_blackwell();
+    v1::ConversionSpec scale;
+    scale.set_layout(v1::LAYOUT_BLACKWELL_SCALE);
+    scale.set_direction(v1::DIRECTION_UNSWIZZLE);
+    v1::ConversionSpec unknown = crash;
+    unknown.set_layout(static_cast<v1::Layout>(6));
+    v1::ConversionSpec block1 = crash;
+    block1.mutable_blackwell()->set_block_k(2);
+    block1.mutable_blackwell()->set_block_n(1);
+    const int64_t k31 = int64_t{1} << 31, k32 = int64_t{1} << 32, kMax = INT64_MAX;
+    const struct {
+      const char* name;
+      const v1::ConversionSpec& spec;
+      std::vector<int64_t> shape;
+    } extremes[] = {
+        {"issue26_crash_65536x2p32", crash, {65536, k32}},
+        {"block1_2p31x64", block1, {k31, 64}},
+        {"hopper_64x2p32p1", hopper, {64, k32 + 1}},
+        {"hopper_2p63m1x0x64", hopper, {kMax, 0, 64}},
+        {"hopper_0x2p31x64x64", hopper, {0, k31, 64, 64}},
+        {"scale_2p32x2p32x2x2", scale, {k32, k32, 2, 2}},
+        {"scale_negative_dim", scale, {64, -1}},
+        {"rank9", crash, {1, 1, 1, 1, 1, 1, 1, 64, 64}},
+        {"unknown_layout_64x2p32", unknown, {64, k32}},
+    };
+    for (const auto& e : extremes) {
+      v1::PlanRequest plan;
+      *plan.mutable_spec() = e.spec;
+      for (int64_t d : e.shape) plan.add_logical_shape(d);
+      request(std::string("extreme_plan_") + e.name, 1, plan);
+      v1::ConvertRequest convert;
+      *convert.mutable_spec() = e.spec;
+      *convert.mutable_logical_shape() = plan.logical_shape();
+      convert.set_source_bytes(std::string(64, '\x11'));
+      request(std::string("extreme_convert_") + e.name, 0, convert);
+      v1::StreamRequestHeader header;
+      *header.mutable_spec() = e.spec;
+      *header.mutable_logical_shape() = plan.logical_shape();
+      request(std::string("extreme_header_") + e.name, 2, header);
+      // The header alone on a stream, with the daemon's slice target (0 reads as 4 MiB).
+      std::string st(1, '\x01');
+      const std::string wire = header.SerializeAsString();
+      Varint(&st, wire.size());
+      st += wire;
+      Varint(&st, 0);
+      Varint(&st, 0);
+      st.push_back('\x06');
+      ok = Write(str + "extreme_" + e.name, st) && ok;
+      v1::ConvertBatchRequest batch;
+      v1::ConvertItem* item = batch.add_items()->mutable_convert();
+      *item->mutable_spec() = e.spec;
+      *item->mutable_logical_shape() = plan.logical_shape();
+      item->mutable_source()->set_inline_bytes(std::string(64, '\x11'));
+      ok = Write(bat + "extreme_" + e.name, batch.SerializeAsString()) && ok;
+    }
   }
   return ok ? 0 : 1;
 }

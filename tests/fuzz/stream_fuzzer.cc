@@ -20,16 +20,24 @@
 // - Finish succeeds exactly when all expected bytes came, and then the slices hold
 //   exactly the data sent (one empty slice for an empty tensor);
 // - with a planned header, the slices converted one by one by the stream converter give
-//   the bytes the CPU engine gives for the whole tensor at once.
+//   the bytes the CPU engine gives for the whole tensor at once;
+// - a planned header too large to convert here (above 256 KiB) is still sliced as the
+//   daemon slices it (its slice target from the input, 0 for the daemon's 4 MiB): the
+//   converter is built or refused RESOURCE_EXHAUSTED, its slices cover the input, their
+//   outputs add up to the plan's (in 128-bit arithmetic), and a full and the last slice
+//   each plan to their own sizes (issue 26's SIGFPE was one such header).
+// The custom mutator (below) edits the header as a message (proto_mutator.h).
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <memory>
 #include <optional>
+#include <random>
 #include <string>
 #include <vector>
 
 #include "fuzz_support.h"
+#include "proto_mutator.h"
 #include "proto_translate.h"
 #include "stream_converter.h"
 #include "stream_pipeline.h"
@@ -101,6 +109,42 @@ class RecordingSink final : public wprep::server::SliceSink {
   std::string output_;  // their conversions, concatenated
 };
 
+// A stream too large to convert here: the converter the daemon would build for it (any
+// slice target, the daemon's 4 MiB or one from the input), its slice sizes and the plans
+// of a full and of the last slice, checked without running them. The sizes are checked
+// in 128-bit arithmetic, so a wrapped product in the converter shows.
+void CheckSlicing(const wprep::Plan& plan, uint64_t target) {
+  if (target == 0) target = 4ull << 20;  // the daemon's default (StreamSlicing)
+  absl::StatusOr<std::unique_ptr<wprep::server::StreamConverter>> c =
+      wprep::server::NewCpuStreamConverter(plan, {target, 256ull << 20}, 1, nullptr);
+  if (!c.ok()) {
+    WPREP_FUZZ_CHECK(c.status().code() == absl::StatusCode::kResourceExhausted, "stream converter refused with %s",
+                     c.status().ToString().c_str());
+    return;
+  }
+  wprep::server::StreamConverter& conv = **c;
+  const uint64_t slice = conv.slice_input_bytes();
+  const uint64_t total = plan.input_bytes;
+  WPREP_FUZZ_CHECK((slice == 0) == (total == 0) && slice <= total, "slice %llu for %llu input bytes",
+                   static_cast<unsigned long long>(slice), static_cast<unsigned long long>(total));
+  if (slice == 0) return;
+  const uint64_t full = total / slice, last = total % slice;
+  unsigned __int128 out = static_cast<unsigned __int128>(conv.SliceOutputBytes(slice)) * full;
+  if (last > 0) out += conv.SliceOutputBytes(last);
+  WPREP_FUZZ_CHECK(out == plan.output_bytes, "slices give %llu output bytes, the plan %llu",
+                   static_cast<unsigned long long>(out), static_cast<unsigned long long>(plan.output_bytes));
+  for (uint64_t bytes : {slice, last}) {
+    if (bytes == 0) continue;
+    absl::StatusOr<const wprep::Plan*> p = conv.SlicePlan(bytes);
+    WPREP_FUZZ_CHECK(p.ok(), "no plan for a slice of %llu bytes: %s", static_cast<unsigned long long>(bytes),
+                     p.status().ToString().c_str());
+    WPREP_FUZZ_CHECK((*p)->input_bytes == bytes && (*p)->output_bytes == conv.SliceOutputBytes(bytes),
+                     "a slice of %llu bytes planned as %llu in, %llu out", static_cast<unsigned long long>(bytes),
+                     static_cast<unsigned long long>((*p)->input_bytes),
+                     static_cast<unsigned long long>((*p)->output_bytes));
+  }
+}
+
 }  // namespace
 
 int wprep::fuzz::FuzzStream(const uint8_t* bytes, size_t size) {
@@ -114,7 +158,10 @@ int wprep::fuzz::FuzzStream(const uint8_t* bytes, size_t size) {
     absl::StatusOr<wprep::ConversionSpec> spec = wprep::SpecFromProto(h.spec(), "header.spec");
     if (!spec.ok()) return 0;
     absl::StatusOr<wprep::server::StreamStart> start = wprep::server::StreamStartFromProto(h, *spec);
-    if (!start.ok() || start->plan.input_bytes > kMaxStreamBytes || start->plan.output_bytes > kMaxStreamBytes) {
+    if (!start.ok()) return 0;
+    if (start->plan.input_bytes > kMaxStreamBytes || start->plan.output_bytes > kMaxStreamBytes) {
+      // Too large to convert here: sliced as the daemon slices it, with its own target.
+      CheckSlicing(start->plan, in.Varint());
       return 0;
     }
     const uint64_t target = 1 + in.Varint() % (64 << 10);
@@ -224,4 +271,40 @@ int wprep::fuzz::FuzzStream(const uint8_t* bytes, size_t size) {
 
 #ifndef WPREP_FUZZ_REPLAY
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) { return wprep::fuzz::FuzzStream(data, size); }
+
+extern "C" size_t LLVMFuzzerMutate(uint8_t* data, size_t size, size_t max_size);
+
+// Structure-aware, half the time: the header is parsed, edited field by field
+// (proto_mutator.h) or its slice target set to an edge value, and the input written back
+// with its operations unchanged; otherwise libFuzzer's byte mutations.
+extern "C" size_t LLVMFuzzerCustomMutator(uint8_t* data, size_t size, size_t max_size, unsigned int seed) {
+  std::minstd_rand rng(seed);
+  if (rng() % 2 == 0) return LLVMFuzzerMutate(data, size, max_size);
+  wprep::fuzz::ByteReader in(data, size);
+  uint8_t mode = in.Byte();
+  v1::StreamRequestHeader h;
+  uint64_t target = 0;
+  if (mode & 1) {
+    if (!h.ParseFromString(in.Bytes(in.Varint()))) h.Clear();
+    target = in.Varint();
+  } else {
+    mode |= 1;  // a bare stream becomes a planned one
+    target = rng() % (64 << 10);
+  }
+  const std::string rest = in.Bytes(in.remaining());
+  if (rng() % 4 == 0) {
+    target = static_cast<uint64_t>(wprep::fuzz::ExtremeInt(rng));
+  } else {
+    wprep::fuzz::MutateMessage(&h, rng);
+  }
+  std::string out(1, static_cast<char>(mode));
+  const std::string wire = h.SerializeAsString();
+  wprep::fuzz::PutVarint(&out, wire.size());
+  out += wire;
+  wprep::fuzz::PutVarint(&out, target);
+  out += rest;
+  if (out.size() > max_size) return LLVMFuzzerMutate(data, size, max_size);
+  std::memcpy(data, out.data(), out.size());
+  return out.size();
+}
 #endif

@@ -61,8 +61,13 @@ std::vector<BadCase> BadCases() {
          return s;
        }(),
        {256, 256}, {}, "retile target block_n"},
-      {"shape overflow", Hopper(-1, 3), {big, big, 2}, {}, "overflows"},
-      {"matrix overflow", Blackwell(128, 256), {big, big}, {}, "overflows"},
+      // Leading dims that overflow (the last two dims stay below 2^31: MakePlan refuses
+      // bigger ones first, below).
+      {"shape overflow", Hopper(-1, 3), {big, big, 2, 2}, {}, "product of leading dims overflows"},
+      {"matrix overflow", Blackwell(128, 256), {(int64_t{1} << 31) - 2, (int64_t{1} << 31) - 2}, {}, "canonical matrix size overflows"},
+      // Issue 26: a last dim of 2^32 was a zero 32-bit divisor (SIGFPE).
+      {"a last dim of 2^32", Blackwell(128, 4), {65536, int64_t{1} << 32}, {}, "the last two dims must stay below 2^31, got 4294967296"},
+      {"a dim -2 of 2^31", Hopper(-1, 3), {int64_t{1} << 31, 64}, {}, "the last two dims must stay below 2^31, got 2147483648"},
       {"buffer too small", Hopper(-1, 3), {256, 256}, {{}, 100}, "input holds 100 bytes but input shape [256, 128] needs exactly 32768"},
       {"buffer too large", Blackwell(128, 256), {256, 256}, {{}, 32769}, "needs exactly 32768 bytes"},
       {"stride count", Hopper(-1, 3), {256, 256}, {{128}, {}}, "have 1 entries"},
@@ -184,7 +189,7 @@ std::vector<BadCase> NewBadCases() {
       {"odd N for blackwell_value", BlackwellValue(), {64, 5}, {}, "dimension -1 must have an even size, got 5"},
       {"odd K for blackwell_value", BlackwellValue(), {5, 64}, {}, "dimension -2 must have an even size"},
       {"odd K, N 0", BlackwellValue(Direction::kSwizzle, -2), {3, 0}, {}, "dimension -2 must have an even size"},
-      {"scale overflow", Scale(Layout::kBlackwellScale), {big, big, 2}, {}, "overflows"},
+      {"scale overflow", Scale(Layout::kBlackwellScale), {big, big, 2, 2}, {}, "product of leading dims overflows"},
       {"scale negative stride", Scale(Layout::kHopperScale), {4, 64, 8}, {{512, -8, 1}, {}}, "stride of dim 1 must be >= 0, got -8"},
       {"scale view outside buffer", Scale(Layout::kHopperScale), {4, 64, 8}, {{512, 1, 64}, 2047}, "outside the 2047-byte input buffer"},
       {"scale storage keeps its contiguous dim", Scale(Layout::kBlackwellScale, -2, 8, Direction::kUnswizzle), {8, 128}, {{1024, 1024, 512, 256, 2}, {}}, "dim 4 must be contiguous"},
@@ -334,6 +339,64 @@ TEST(KernelVariants, ReachBothHopperScaleTilesEachWay) {
     EXPECT_TRUE(reached.count({op, ScaleAccess::kRows})) << static_cast<int>(op);
     EXPECT_TRUE(reached.count({op, ScaleAccess::kColumns})) << static_cast<int>(op);
   }
+}
+
+// Issue 26: logical_shape [65536, 2^32] with blackwell_shuffled_value, block_n 4 (block_k
+// at its default) divided by a 32-bit zero (SIGFPE) inside MakePlan. Every layout and
+// direction, block sizes 1, 2, 4 and the default, ranks 2 to 5, a dim of 2^31, 2^32,
+// 2^32 + 1 or 2^63 - 1 in each position beside dims of 64 or 0: each plan is refused with
+// InvalidArgument and a message, or (an empty tensor whose last two dims are ordinary)
+// planned with 0 bytes in and out.
+TEST(PlanErrors, ExtremeDimsAreRefusedOrEmptyNeverDivideByZero) {
+  std::vector<ConversionSpec> specs;
+  for (Direction d : {Direction::kSwizzle, Direction::kUnswizzle, Direction::kRetile}) {
+    for (int64_t bk : {2, 4, 256}) {
+      for (int64_t bn : {1, 2, 4, 128}) {
+        ConversionSpec s = Blackwell(bk, bn, d);
+        specs.push_back(s);
+        s.blackwell_to = {bk, bn};
+        specs.push_back(s);
+      }
+    }
+    for (int mx : {-1, -2}) specs.push_back(Hopper(mx, 3, d));
+    for (Layout l : {Layout::kBlackwellValue, Layout::kBlackwellScale, Layout::kHopperScale}) {
+      ConversionSpec s;
+      s.layout = l;
+      s.direction = d;
+      specs.push_back(s);
+    }
+  }
+  const int64_t huge[] = {int64_t{1} << 31, int64_t{1} << 32, (int64_t{1} << 32) + 1, INT64_MAX};
+  std::vector<std::vector<int64_t>> shapes = {{65536, int64_t{1} << 32}};
+  for (size_t rank = 2; rank <= 5; ++rank) {
+    for (size_t pos = 0; pos < rank; ++pos) {
+      for (int64_t h : huge) {
+        for (int64_t other : {int64_t{64}, int64_t{0}}) {
+          std::vector<int64_t> shape(rank, other);
+          shape[pos] = h;
+          shapes.push_back(shape);
+        }
+      }
+    }
+  }
+  int refused = 0;
+  for (const ConversionSpec& spec : specs) {
+    for (const std::vector<int64_t>& shape : shapes) {
+      const std::string what = Describe(spec) + " " + ::testing::PrintToString(shape);
+      absl::StatusOr<Plan> p = MakePlan(spec, shape);
+      if (p.ok()) {
+        const size_t r = shape.size();
+        EXPECT_TRUE(shape[r - 1] < (int64_t{1} << 31) && shape[r - 2] < (int64_t{1} << 31)) << what;
+        EXPECT_EQ(p->input_bytes, 0u) << what;
+        EXPECT_EQ(p->output_bytes, 0u) << what;
+        continue;
+      }
+      ++refused;
+      EXPECT_EQ(p.status().code(), absl::StatusCode::kInvalidArgument) << what << ": " << p.status();
+      EXPECT_FALSE(p.status().message().empty()) << what;
+    }
+  }
+  EXPECT_GT(refused, static_cast<int>(specs.size() * shapes.size() / 2));
 }
 
 }  // namespace
