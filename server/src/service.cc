@@ -266,7 +266,8 @@ absl::Status WeightPrepService::DoConvert(grpc::ServerContext* ctx, const v1::Co
   const uint64_t inline_bytes = (job.source_ipc ? 0 : job.plan.input_bytes) +
                                 (job.destination_ipc ? 0 : 2 * job.plan.output_bytes);
   if (inline_bytes > 0) {
-    WPREP_ASSIGN_OR_RETURN(HostBudget::Charge charge, buffers_->Take(inline_bytes, "this Convert's inline data"));
+    WPREP_ASSIGN_OR_RETURN(HostBudget::Charge charge, buffers_->Take(inline_bytes, "this Convert's inline data", report.deadline(),
+                                                                      [ctx] { return ctx->IsCancelled(); }));
     buffers_->HoldUntilCallEnds(ctx, std::move(charge));
   }
   WPREP_RETURN_IF_ERROR(report.CheckLive());
@@ -312,9 +313,11 @@ absl::Status WeightPrepService::DoConvertStream(
                          executor_->StartStream(start.plan, start.gpu, report.deadline()));
   const wprep::Plan& plan = conv->plan();
   const uint64_t slice = conv->slice_input_bytes();
+  // By need: a small tensor's stream reserves its few buffers, not a full slice pipeline.
   WPREP_ASSIGN_OR_RETURN(
       HostBudget::Charge buffers,
-      buffers_->Take(StreamPipeline::HostBytes(slice) + conv->SliceOutputBytes(slice), "this ConvertStream's buffers"));
+      buffers_->Take(StreamPipeline::HostBytes(plan.input_bytes, slice, conv->SliceOutputBytes(slice)),
+                     "this ConvertStream's buffers", report.deadline(), [ctx] { return ctx->IsCancelled(); }));
   {
     v1::ConvertStreamResponse r;
     v1::StreamResponseHeader* rh = r.mutable_header();
@@ -437,7 +440,8 @@ absl::Status WeightPrepService::DoConvertBatch(grpc::ServerContext* ctx, const v
     bytes_out += jobs[i].plan.output_bytes;
   }
   if (inline_bytes > 0) {
-    WPREP_ASSIGN_OR_RETURN(HostBudget::Charge charge, buffers_->Take(inline_bytes, "this ConvertBatch's inline data"));
+    WPREP_ASSIGN_OR_RETURN(HostBudget::Charge charge, buffers_->Take(inline_bytes, "this ConvertBatch's inline data", report.deadline(),
+                                                                      [ctx] { return ctx->IsCancelled(); }));
     if (inline_charge != nullptr) {
       *inline_charge = std::move(charge);
     } else {
