@@ -147,7 +147,8 @@ absl::StatusOr<HostBudget::Charge> HostBudget::Take(uint64_t bytes, const char* 
   return absl::ResourceExhaustedError(absl::StrCat(
       what, " waited ", absl::FormatDuration(absl::Trunc(absl::Now() - start, absl::Milliseconds(1))), " for ",
       bytes, " bytes of host memory, until ",
-      by_deadline ? "the call's deadline was near" : absl::StrCat("--max-queue-wait=", absl::FormatDuration(queue_limits_.max_wait)),
+      by_deadline ? std::string("the call's deadline was near")
+                  : absl::StrCat("--max-queue-wait=", absl::FormatDuration(queue_limits_.max_wait)),
       ", while ", held, " of the daemon's ", limit_,
       " (--max-buffered-bytes) stayed held by calls in flight or answers not yet read; retry later, read "
       "earlier answers, or send the tensor as CUDA IPC buffers"));

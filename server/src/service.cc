@@ -266,8 +266,9 @@ absl::Status WeightPrepService::DoConvert(grpc::ServerContext* ctx, const v1::Co
   const uint64_t inline_bytes = (job.source_ipc ? 0 : job.plan.input_bytes) +
                                 (job.destination_ipc ? 0 : 2 * job.plan.output_bytes);
   if (inline_bytes > 0) {
-    WPREP_ASSIGN_OR_RETURN(HostBudget::Charge charge, buffers_->Take(inline_bytes, "this Convert's inline data", report.deadline(),
-                                                                      [ctx] { return ctx->IsCancelled(); }));
+    WPREP_ASSIGN_OR_RETURN(HostBudget::Charge charge,
+                           buffers_->Take(inline_bytes, "this Convert's inline data", report.deadline(),
+                                          [ctx] { return ctx->IsCancelled(); }));
     buffers_->HoldUntilCallEnds(ctx, std::move(charge));
   }
   WPREP_RETURN_IF_ERROR(report.CheckLive());
@@ -440,8 +441,9 @@ absl::Status WeightPrepService::DoConvertBatch(grpc::ServerContext* ctx, const v
     bytes_out += jobs[i].plan.output_bytes;
   }
   if (inline_bytes > 0) {
-    WPREP_ASSIGN_OR_RETURN(HostBudget::Charge charge, buffers_->Take(inline_bytes, "this ConvertBatch's inline data", report.deadline(),
-                                                                      [ctx] { return ctx->IsCancelled(); }));
+    WPREP_ASSIGN_OR_RETURN(HostBudget::Charge charge,
+                           buffers_->Take(inline_bytes, "this ConvertBatch's inline data", report.deadline(),
+                                          [ctx] { return ctx->IsCancelled(); }));
     if (inline_charge != nullptr) {
       *inline_charge = std::move(charge);
     } else {

@@ -16,7 +16,9 @@
 #include "absl/time/clock.h"
 #include "daemon_harness.h"
 #include "golden_rpc.h"
+#include "grpc/grpc.h"
 #include "grpcpp/create_channel.h"
+#include "grpcpp/security/credentials.h"
 #include "gtest/gtest.h"
 #include "wprep/client/client.h"
 
@@ -71,16 +73,24 @@ uint64_t InlineCharge(const std::vector<int64_t>& shape) {
 // memory), then on Go() sends its input and checks every output byte.
 class Stream {
  public:
-  Stream(Client& c, int matrices, uint64_t seed)
-      : shape_({matrices, kRows, kCols}),
+  // `hold_reads`: after sending its input, read nothing until ReadOn().
+  Stream(Client& c, int matrices, uint64_t seed, bool hold_reads = false)
+      : hold_reads_(hold_reads),
+        shape_({matrices, kRows, kCols}),
         input_(RandomBytes(static_cast<size_t>(matrices) * kRows * kCols / 2, seed)),
         expected_(CpuReference(Spec(), shape_, input_)),
         thread_([this, &c] { Run(c); }) {}
   ~Stream() {
     Cancel();
     Go();
+    ReadOn();
     thread_.join();
   }
+  void ReadOn() {  // the test's thread only
+    if (!read_on_.HasBeenNotified()) read_on_.Notify();
+  }
+  // The input is sent (with hold_reads, nothing read yet).
+  bool sent() const { return sent_.HasBeenNotified(); }
   bool granted() const { return granted_.HasBeenNotified(); }
   bool done() const { return done_.HasBeenNotified(); }
   void Go() {  // the test's thread only
@@ -117,6 +127,8 @@ class Stream {
         ok = stream->Write(ch);
       }
       stream->WritesDone();
+      sent_.Notify();
+      if (hold_reads_) read_on_.WaitForNotification();
       while (stream->Read(&r)) output_ += r.chunk().data();
     } else {
       stream->WritesDone();
@@ -125,13 +137,14 @@ class Stream {
     done_.Notify();
   }
 
+  const bool hold_reads_;
   const std::vector<int64_t> shape_;
   const std::vector<uint8_t> input_;
   const std::string expected_;
   grpc::ClientContext ctx_;
   std::string output_;
   grpc::Status status_;
-  absl::Notification granted_, go_, done_;
+  absl::Notification granted_, go_, sent_, read_on_, done_;
   std::thread thread_;
 };
 
@@ -151,7 +164,9 @@ class Unary {
     done_.WaitForNotification();
     return *result_;
   }
-  bool exact() { return result().ok() && result()->output_bytes_inline() == CpuReference(Spec(), {kRows, kCols}, input_); }
+  bool exact() {
+    return result().ok() && result()->output_bytes_inline() == CpuReference(Spec(), {kRows, kCols}, input_);
+  }
 
  private:
   const std::vector<uint8_t> input_;
@@ -279,6 +294,49 @@ TEST(Admission, ACancelledWaiterLeavesTheQueueAndTheDaemonServesOn) {
   holder.Go();
   ASSERT_TRUE(holder.status().ok()) << holder.status().error_message();
   EXPECT_EQ(Refused(*d, "timeout"), 0);
+}
+
+// Every waiter holds a gRPC thread (the sync server has no thread bound: it adds pollers
+// as its threads block). With 64 requests waiting, a stream whose client does not read
+// holds its memory; once the client reads, the stream ends, its memory comes back, and
+// every waiter is served in turn: the waiting threads do not stop gRPC from moving the
+// reader's answer and ending its call.
+TEST(Admission, AnswersAreReadAndReleasedWhileManyRequestsWait) {
+  constexpr int kWaiters = 64;
+  std::unique_ptr<Daemon> d = StartCpuDaemon(
+      {"--max-message-bytes=16M", "--max-buffered-bytes=32M", "--max-queue-wait=100s", "--max-queued-requests=100"});
+  ASSERT_NE(d, nullptr);
+  // The holder's connection takes 64 KiB at a time and never grows its window, so the
+  // daemon cannot send the stream's 8 MiB of output until the holder reads.
+  grpc::ChannelArguments slow;
+  slow.SetInt(GRPC_ARG_HTTP2_BDP_PROBE, 0);
+  slow.SetInt(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, 65536);
+  slow.SetMaxReceiveMessageSize(-1);
+  slow.SetInt("wprep.test.holder", 1);
+  Client holder_client(grpc::CreateCustomChannel(d->unix_target(), grpc::InsecureChannelCredentials(), slow));
+  Client c(MakeChannel(d->unix_target()));
+  Stream holder(holder_client, 2, 1, /*hold_reads=*/true);
+  ASSERT_TRUE(WaitFor([&] { return holder.granted(); })) << d->Log();
+  holder.Go();
+  ASSERT_TRUE(WaitFor([&] { return holder.sent(); }));
+  const uint64_t unary = InlineCharge({kRows, kCols});
+  std::vector<std::unique_ptr<Unary>> waiters;
+  for (int i = 0; i < kWaiters; ++i) waiters.push_back(std::make_unique<Unary>(c, 100 + i));
+  ASSERT_TRUE(WaitFor([&] { return Queued(*d) == kWaiters; })) << "queued: " << Queued(*d);
+  const double held = Metric(*d, "wprep_host_buffered_bytes");
+  ASSERT_GT(held + static_cast<double>(unary), 32.0 * (1 << 20)) << "the holder must leave no room for a waiter";
+  for (auto& w : waiters) EXPECT_FALSE(w->done()) << "a waiter ran while the holder held the memory";
+  holder.ReadOn();
+  ASSERT_TRUE(holder.status().ok()) << holder.status().error_message();
+  EXPECT_TRUE(holder.exact());
+  int exact = 0;
+  for (auto& w : waiters) {
+    ASSERT_TRUE(w->result().ok()) << w->result().status();
+    exact += w->exact() ? 1 : 0;
+  }
+  EXPECT_EQ(exact, kWaiters);
+  EXPECT_EQ(Queued(*d), 0);
+  EXPECT_EQ(Refused(*d, "timeout") + Refused(*d, "queue_full") + Refused(*d, "cancelled"), 0);
 }
 
 // Finding: each stream reserved 17.9 MB whatever its size, so of 2,000 concurrent streams

@@ -14,8 +14,9 @@
 // wprep_device_allocated_bytes per device and, with GPUs, each GPU's used memory from
 // cudaMemGetInfo), sends N requests from T threads, thread t through client t mod K (Plan,
 // inline Convert of 4 KiB..2 MiB over the five layouts, each direction and both packing
-// axes, a 16 MiB ConvertStream every S-th (default 250; docs/RELIABILITY.md's admission load
-// takes 10, so that many clients' streams contend for --max-buffered-bytes at once), bad requests expecting INVALID_ARGUMENT and,
+// axes, a 16 MiB ConvertStream every S-th (default 250; docs/RELIABILITY.md's admission
+// load takes 10, so that many clients' streams contend for --max-buffered-bytes at once),
+// bad requests expecting INVALID_ARGUMENT and,
 // when the daemon serves this process's GPU 0, IPC->IPC, bytes->IPC and IPC->bytes on
 // cudaMalloc'd buffers, some fresh and released with ReleaseIpcHandles before cudaFree;
 // without a GPU the IPC requests are skipped and it says so), checks every output against
