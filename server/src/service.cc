@@ -310,15 +310,24 @@ absl::Status WeightPrepService::DoConvertStream(
   WPREP_ASSIGN_OR_RETURN(StreamStart start, StreamStartFromProto(msg.header(), spec));
   WPREP_RETURN_IF_ERROR(CheckTensorBytes(start.plan, limits_.max_tensor_bytes));
   WPREP_RETURN_IF_ERROR(report.CheckLive());
+  // Host memory by need (a small tensor's stream reserves its few buffers, not a full
+  // slice pipeline), and before the engine: a unary Convert takes host memory and then
+  // waits for the GPU, so a stream holding a GPU run while it waited for host memory could
+  // stall both until one wait ran out. Every engine slices alike; this one only measures.
+  HostBudget::Charge buffers;
+  {
+    WPREP_ASSIGN_OR_RETURN(std::unique_ptr<StreamConverter> sizing,
+                           NewCpuStreamConverter(start.plan, executor_->stream_slicing(), 1, nullptr));
+    const uint64_t slice = sizing->slice_input_bytes();
+    const uint64_t need = StreamPipeline::HostBytes(start.plan.input_bytes, slice, sizing->SliceOutputBytes(slice));
+    WPREP_ASSIGN_OR_RETURN(buffers, buffers_->Take(need, "this ConvertStream's buffers", report.deadline(),
+                                                   [ctx] { return ctx->IsCancelled(); }));
+  }
+  WPREP_RETURN_IF_ERROR(report.CheckLive());
   WPREP_ASSIGN_OR_RETURN(std::unique_ptr<StreamConverter> conv,
                          executor_->StartStream(start.plan, start.gpu, report.deadline()));
   const wprep::Plan& plan = conv->plan();
   const uint64_t slice = conv->slice_input_bytes();
-  // By need: a small tensor's stream reserves its few buffers, not a full slice pipeline.
-  WPREP_ASSIGN_OR_RETURN(
-      HostBudget::Charge buffers,
-      buffers_->Take(StreamPipeline::HostBytes(plan.input_bytes, slice, conv->SliceOutputBytes(slice)),
-                     "this ConvertStream's buffers", report.deadline(), [ctx] { return ctx->IsCancelled(); }));
   {
     v1::ConvertStreamResponse r;
     v1::StreamResponseHeader* rh = r.mutable_header();
