@@ -186,7 +186,9 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const Options& options, De
   const bool any_tls = p->sockets.size() > p->plain_sockets;
   p->acceptor = std::make_unique<ConnectionAcceptor>(
       ConnectionFdLimit(any_tls ? 3 * options.max_connections : options.max_connections));
-  p->buffers = std::make_unique<HostBudget>(options.max_buffered_bytes, p->metrics.get());
+  p->buffers = std::make_unique<HostBudget>(
+      options.max_buffered_bytes, p->metrics.get(),
+      BudgetQueue{options.max_queue_wait, static_cast<size_t>(options.max_queued_requests)});
 
   WPREP_ASSIGN_OR_RETURN(p->devices, DeviceManager::Create(options, runtime, p->metrics.get()));
   p->ipc = std::make_unique<IpcCache>(runtime, options.ipc_cache_entries, options.ipc_idle_expiry,

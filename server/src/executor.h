@@ -142,6 +142,10 @@ class Executor {
   }
   const ReadyWords& ready_words() const { return ready_words_; }
 
+  // How streams are sliced, the same on every engine (a stream's host memory is sized
+  // from it before an engine is picked).
+  const StreamSlicing& stream_slicing() const { return slicing_; }
+
   // Picks the engine of a streamed conversion (dense input) and starts it.
   absl::StatusOr<std::unique_ptr<StreamConverter>> StartStream(const Plan& plan,
                                                                const std::optional<Uuid>& gpu,

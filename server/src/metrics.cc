@@ -79,6 +79,16 @@ const char* TransportName(Transport t) {
   return "none";
 }
 
+const char* BufferRefusalName(BufferRefusal why) {
+  switch (why) {
+    case BufferRefusal::kTimeout: return "timeout";
+    case BufferRefusal::kTooLarge: return "too_large";
+    case BufferRefusal::kQueueFull: return "queue_full";
+    case BufferRefusal::kCancelled: return "cancelled";
+  }
+  return "timeout";
+}
+
 Metrics::~Metrics() = default;
 
 absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(const std::string& address, bool cuda) {
@@ -162,6 +172,25 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(const std::string& addr
                                  .Help("The bound on wprep_host_buffered_bytes (--max-buffered-bytes)")
                                  .Register(reg)
                                  .Add({});
+  m->buffer_queue_ = &prometheus::BuildGauge()
+                         .Name("wprep_host_buffer_queued_requests")
+                         .Help("Requests waiting for host memory within --max-buffered-bytes (FIFO)")
+                         .Register(reg)
+                         .Add({});
+  m->buffer_wait_ = &prometheus::BuildHistogram()
+                        .Name("wprep_host_buffer_wait_seconds")
+                        .Help("How long requests waited for host memory, granted or refused (0 when it was free at once)")
+                        .Register(reg)
+                        .Add({}, SecondsBuckets());
+  auto& buffer_refused = prometheus::BuildCounter()
+                             .Name("wprep_host_buffer_refused_total")
+                             .Help("Requests refused host memory (RESOURCE_EXHAUSTED, or CANCELLED while waiting): "
+                                   "reason=timeout, too_large, queue_full or cancelled")
+                             .Register(reg);
+  for (BufferRefusal why : {BufferRefusal::kTimeout, BufferRefusal::kTooLarge, BufferRefusal::kQueueFull,
+                            BufferRefusal::kCancelled}) {
+    m->buffer_refused_[static_cast<int>(why)] = &buffer_refused.Add({{"reason", BufferRefusalName(why)}});
+  }
   m->health_serving_ = &prometheus::BuildGauge()
                             .Name("wprep_health_serving")
                             .Help("1 while grpc.health.v1 answers SERVING (warm, not draining), else 0")

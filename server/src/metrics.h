@@ -39,8 +39,15 @@ enum class Method {
 // A batch as a whole is kBatch; its items have their own transports.
 enum class Transport { kNone, kBytesToBytes, kBytesToIpc, kIpcToBytes, kIpcToIpc, kStream, kBatch };
 
+// Why a request got no host memory (HostBudget): its wait ran out (deadline or
+// --max-queue-wait, or at once with --max-queue-wait=0), it asked for more than the whole
+// budget, the waiting queue was full, or its client cancelled while it waited.
+enum class BufferRefusal { kTimeout, kTooLarge, kQueueFull, kCancelled };
+inline constexpr int kBufferRefusals = 4;
+
 const char* MethodName(Method method);
 const char* TransportName(Transport transport);
+const char* BufferRefusalName(BufferRefusal why);
 
 // Metrics of one engine instance: the CPU engine or one GPU.
 struct DeviceMetrics {
@@ -108,6 +115,11 @@ class Metrics {
   // Host bytes held for inline requests and responses and stream buffers, and the bound.
   prometheus::Gauge& buffered_bytes() { return *buffered_bytes_; }
   prometheus::Gauge& buffer_budget_bytes() { return *buffer_budget_bytes_; }
+  // Requests waiting for host memory, how long each waited (granted or not), and those
+  // refused, by why.
+  prometheus::Gauge& buffer_queue_requests() { return *buffer_queue_; }
+  prometheus::Histogram& buffer_wait_seconds() { return *buffer_wait_; }
+  prometheus::Counter& buffer_refused(BufferRefusal why) { return *buffer_refused_[static_cast<int>(why)]; }
   // 1 while grpc.health.v1 answers SERVING, else 0.
   prometheus::Gauge& health_serving() { return *health_serving_; }
   // Connections closed unserved (over the limit, or shed while descriptors ran out).
@@ -152,6 +164,9 @@ class Metrics {
   prometheus::Family<prometheus::Counter>* memory_waits_ = nullptr;
   prometheus::Gauge* buffered_bytes_ = nullptr;
   prometheus::Gauge* buffer_budget_bytes_ = nullptr;
+  prometheus::Gauge* buffer_queue_ = nullptr;
+  prometheus::Histogram* buffer_wait_ = nullptr;
+  prometheus::Counter* buffer_refused_[kBufferRefusals] = {};
   prometheus::Counter* connections_refused_ = nullptr;
   prometheus::Counter* ready_released_timeout_ = nullptr;
   prometheus::Counter* ready_released_gone_ = nullptr;

@@ -98,6 +98,13 @@ absl::StatusOr<Options> ParseOptions(const std::vector<std::string>& args) {
          return ParseBytes("max-stream-matrix-bytes", v, &o.max_stream_matrix_bytes);
        }},
       {"max-buffered-bytes", [&](const std::string& v) { return ParseBytes("max-buffered-bytes", v, &o.max_buffered_bytes); }},
+      {"max-queue-wait", [&](const std::string& v) { return ParseDuration("max-queue-wait", v, &o.max_queue_wait); }},
+      {"max-queued-requests", [&](const std::string& v) {
+         int64_t x;
+         auto s = ParseInt("max-queued-requests", v, 1, 1 << 20, &x);
+         o.max_queued_requests = static_cast<int>(x);
+         return s;
+       }},
       {"max-batch-items", [&](const std::string& v) {
          int64_t x;
          auto s = ParseInt("max-batch-items", v, 1, 1 << 20, &x);
@@ -280,6 +287,12 @@ Flags (--name=value or --name value):
                            largest matrix of a ConvertStream (default 128M; a stream
                            holds about 7 of them in --max-buffered-bytes)
   --max-buffered-bytes N   host memory for inline data and stream buffers (default 1G)
+  --max-queue-wait D       how long a request waits, in FIFO order, for --max-buffered-bytes
+                           to have room before RESOURCE_EXHAUSTED; its deadline may end
+                           the wait sooner (default 10s, as --memory-wait; 0 = refuse
+                           at once)
+  --max-queued-requests N  requests waiting for host memory at once; more are refused
+                           RESOURCE_EXHAUSTED (default 1024)
   --max-batch-items N      items of one ConvertBatch (default 4096)
   --max-connections N      open connections, all listeners together (default 1024;
                            TLS connections are also held to N by themselves)

@@ -266,7 +266,9 @@ absl::Status WeightPrepService::DoConvert(grpc::ServerContext* ctx, const v1::Co
   const uint64_t inline_bytes = (job.source_ipc ? 0 : job.plan.input_bytes) +
                                 (job.destination_ipc ? 0 : 2 * job.plan.output_bytes);
   if (inline_bytes > 0) {
-    WPREP_ASSIGN_OR_RETURN(HostBudget::Charge charge, buffers_->Take(inline_bytes, "this Convert's inline data"));
+    WPREP_ASSIGN_OR_RETURN(HostBudget::Charge charge,
+                           buffers_->Take(inline_bytes, "this Convert's inline data", report.deadline(),
+                                          [ctx] { return ctx->IsCancelled(); }));
     buffers_->HoldUntilCallEnds(ctx, std::move(charge));
   }
   WPREP_RETURN_IF_ERROR(report.CheckLive());
@@ -308,13 +310,24 @@ absl::Status WeightPrepService::DoConvertStream(
   WPREP_ASSIGN_OR_RETURN(StreamStart start, StreamStartFromProto(msg.header(), spec));
   WPREP_RETURN_IF_ERROR(CheckTensorBytes(start.plan, limits_.max_tensor_bytes));
   WPREP_RETURN_IF_ERROR(report.CheckLive());
+  // Host memory by need (a small tensor's stream reserves its few buffers, not a full
+  // slice pipeline), and before the engine: a unary Convert takes host memory and then
+  // waits for the GPU, so a stream holding a GPU run while it waited for host memory could
+  // stall both until one wait ran out. Every engine slices alike; this one only measures.
+  HostBudget::Charge buffers;
+  {
+    WPREP_ASSIGN_OR_RETURN(std::unique_ptr<StreamConverter> sizing,
+                           NewCpuStreamConverter(start.plan, executor_->stream_slicing(), 1, nullptr));
+    const uint64_t slice = sizing->slice_input_bytes();
+    const uint64_t need = StreamPipeline::HostBytes(start.plan.input_bytes, slice, sizing->SliceOutputBytes(slice));
+    WPREP_ASSIGN_OR_RETURN(buffers, buffers_->Take(need, "this ConvertStream's buffers", report.deadline(),
+                                                   [ctx] { return ctx->IsCancelled(); }));
+  }
+  WPREP_RETURN_IF_ERROR(report.CheckLive());
   WPREP_ASSIGN_OR_RETURN(std::unique_ptr<StreamConverter> conv,
                          executor_->StartStream(start.plan, start.gpu, report.deadline()));
   const wprep::Plan& plan = conv->plan();
   const uint64_t slice = conv->slice_input_bytes();
-  WPREP_ASSIGN_OR_RETURN(
-      HostBudget::Charge buffers,
-      buffers_->Take(StreamPipeline::HostBytes(slice) + conv->SliceOutputBytes(slice), "this ConvertStream's buffers"));
   {
     v1::ConvertStreamResponse r;
     v1::StreamResponseHeader* rh = r.mutable_header();
@@ -437,7 +450,9 @@ absl::Status WeightPrepService::DoConvertBatch(grpc::ServerContext* ctx, const v
     bytes_out += jobs[i].plan.output_bytes;
   }
   if (inline_bytes > 0) {
-    WPREP_ASSIGN_OR_RETURN(HostBudget::Charge charge, buffers_->Take(inline_bytes, "this ConvertBatch's inline data"));
+    WPREP_ASSIGN_OR_RETURN(HostBudget::Charge charge,
+                           buffers_->Take(inline_bytes, "this ConvertBatch's inline data", report.deadline(),
+                                          [ctx] { return ctx->IsCancelled(); }));
     if (inline_charge != nullptr) {
       *inline_charge = std::move(charge);
     } else {

@@ -69,6 +69,25 @@ absl::Status StreamInputFramer::Finish() {
   return absl::OkStatus();
 }
 
+uint64_t StreamPipeline::HostBytes(uint64_t input_bytes, uint64_t slice_input_bytes, uint64_t slice_output_bytes) {
+  auto ceil_div = [](uint64_t a, uint64_t b) { return a / b + (a % b != 0 ? 1 : 0); };
+  // An empty tensor still makes one (empty) slice (StreamInputFramer::Finish).
+  const uint64_t slices =
+      slice_input_bytes == 0 ? 1 : std::max<uint64_t>(1, ceil_div(input_bytes, slice_input_bytes));
+  // Each slice's buffer, plus the one the framer takes after the last.
+  const uint64_t in_buffers = std::min<uint64_t>(2 * kSlicesQueued + 2, slices + 1);
+  constexpr uint64_t kMaxChunks = 2 * kChunksQueued + 1;
+  const uint64_t chunks_per_slice = std::max<uint64_t>(1, ceil_div(slice_output_bytes, kOutputChunkBytes));
+  const uint64_t chunks = slices >= kMaxChunks ? kMaxChunks : std::min(kMaxChunks, slices * chunks_per_slice);
+  const uint64_t chunk = std::min(kOutputChunkBytes, slice_output_bytes);
+  uint64_t in = 0, out = 0, sum = 0;
+  if (__builtin_mul_overflow(in_buffers, slice_input_bytes, &in) || __builtin_mul_overflow(chunks, chunk, &out) ||
+      __builtin_add_overflow(in, out, &sum) || __builtin_add_overflow(sum, slice_output_bytes, &sum)) {
+    return UINT64_MAX;
+  }
+  return sum;
+}
+
 absl::StatusOr<std::unique_ptr<StreamPipeline>> StreamPipeline::Start(Convert convert, Write write) {
   std::unique_ptr<StreamPipeline> p(new StreamPipeline());
   StreamPipeline* self = p.get();

@@ -170,6 +170,13 @@ class StreamPipeline final : public SliceSink {
   static constexpr uint64_t HostBytes(uint64_t slice_input_bytes) {
     return (2 * kSlicesQueued + 2) * slice_input_bytes + (2 * kChunksQueued + 1) * kOutputChunkBytes;
   }
+  // What one stream holds at most, by need, the engine's output buffer of one slice
+  // included: a tensor of `input_bytes` cut into slices of `slice_input_bytes`, each
+  // converting into `slice_output_bytes`, fills only as many input buffers and output
+  // chunks as it has slices and chunks, and a chunk no larger than a slice's output. So an
+  // 8 KiB tensor reserves tens of KiB, not HostBytes(slice)'s 17 MiB of 1 MiB chunks.
+  // UINT64_MAX when the sum would overflow (so the budget refuses it as too large).
+  static uint64_t HostBytes(uint64_t input_bytes, uint64_t slice_input_bytes, uint64_t slice_output_bytes);
   // Converts one input slice; its output stays valid until the next call.
   using Convert = std::function<absl::StatusOr<absl::Span<const uint8_t>>(const std::string& in)>;
   // Writes one response message to the client; false when the client went away.

@@ -273,6 +273,16 @@ def check_panel(lv, title, legend, res):
             assert v == lv.max_buffered_bytes, (v, lv.max_buffered_bytes)
         else:
             assert v == 0, "every call has ended, so nothing stays buffered"
+    elif title == "Host memory queue":
+        if "waiting" in legend:
+            assert [v for _, v in res] == [0.0], "the traffic has finished, so nothing waits"
+        else:
+            assert {m["reason"] for m, _ in res} == {"timeout", "too_large", "queue_full", "cancelled"}
+            assert all(v == 0 for _, v in res), "the light traffic never waited past its bound"
+    elif title == "Host memory wait p50 / p99":
+        # The traffic's calls found host memory free (0 s) or waited less than a request took;
+        # NaN once no call came within the rate window.
+        assert all(math.isnan(v) or 0 <= v <= max(lv.seconds) for _, v in res), res
     elif title == "Refused connections":
         assert [v for _, v in res] == [0.0]
     elif title == "IPC cache":

@@ -36,5 +36,6 @@ def test_every_alert_has_a_unit_test():
               if t.get("exp_alerts")}
     assert alerts == tested, f"alerts without a firing unit test: {sorted(alerts - tested)}"
     wanted = {"WprepdDown", "WprepdNotServing", "WprepdHighErrorRatio", "WprepdHighLatencyP99",
-              "WprepdPeakDeviceBytesNearBudget", "WprepdIpcCacheThrash", "WprepdRequestsWaitingForMemory"}
+              "WprepdPeakDeviceBytesNearBudget", "WprepdIpcCacheThrash", "WprepdRequestsWaitingForMemory",
+              "WprepdHostMemoryRefusals"}
     assert wanted <= alerts, sorted(wanted - alerts)

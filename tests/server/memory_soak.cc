@@ -3,8 +3,8 @@
 // level afterwards? (a program: `make soak-memory`, scripts/soak.sh, and in CI the ctest
 // load_cpu_10k).
 //
-//   wprep_memory_soak [--requests=N] [--threads=T] [--clients=K] [--tolerance-mib=H]
-//       [--cuda-tolerance-mib=C] [--target=ADDR [--pid=PID] [--metrics=HOST:PORT]]
+//   wprep_memory_soak [--requests=N] [--threads=T] [--clients=K] [--stream-every=S]
+//       [--tolerance-mib=H] [--cuda-tolerance-mib=C] [--target=ADDR [--pid=PID] [--metrics=HOST:PORT]]
 //       [-- wprepd flags]
 //
 // Without --target it starts wprepd itself (daemon_harness.h). K clients (default 2), each
@@ -14,7 +14,9 @@
 // wprep_device_allocated_bytes per device and, with GPUs, each GPU's used memory from
 // cudaMemGetInfo), sends N requests from T threads, thread t through client t mod K (Plan,
 // inline Convert of 4 KiB..2 MiB over the five layouts, each direction and both packing
-// axes, a 16 MiB ConvertStream every 250th, bad requests expecting INVALID_ARGUMENT and,
+// axes, a 16 MiB ConvertStream every S-th (default 250; docs/RELIABILITY.md's admission
+// load takes 10, so that many clients' streams contend for --max-buffered-bytes at once),
+// bad requests expecting INVALID_ARGUMENT and,
 // when the daemon serves this process's GPU 0, IPC->IPC, bytes->IPC and IPC->bytes on
 // cudaMalloc'd buffers, some fresh and released with ReleaseIpcHandles before cudaFree;
 // without a GPU the IPC requests are skipped and it says so), checks every output against
@@ -57,13 +59,13 @@ namespace {
 namespace v1 = wprep::v1;
 using Clock = std::chrono::steady_clock;
 constexpr double kMiB = 1024.0 * 1024.0;
-constexpr int kStreamEvery = 250;  // every 250th request is a 16 MiB ConvertStream
 constexpr double kConnectionMiB = 5;  // what one open connection may keep after the load
 
 struct Args {
   std::string target, metrics = "127.0.0.1:9464";  // metrics: with --target only
   pid_t pid = -1;
   int requests = 10000, threads = 8, clients = 2;
+  int stream_every = 250;  // every stream_every-th request is a 16 MiB ConvertStream
   double tolerance_mib = 8, cuda_tolerance_mib = 16;
   std::vector<std::string> daemon_args;
 };
@@ -278,9 +280,9 @@ class Soak {
       const Case& c = cases_[static_cast<size_t>(i) * 7919 % cases_.size()];
       const char* kind = "convert inline";
       std::string why;  // empty: the expected outcome
-      if (i % kStreamEvery == 0) {
+      if (i % a_.stream_every == 0) {
         kind = "stream 16 MiB";
-        const Case& s = big_[static_cast<size_t>(i / kStreamEvery) % big_.size()];
+        const Case& s = big_[static_cast<size_t>(i / a_.stream_every) % big_.size()];
         std::string out;
         absl::StatusOr<v1::StreamResponseHeader> r =
             client.ConvertStream(For<v1::StreamRequestHeader>(s.spec, s.shape), s.input, &out);
@@ -447,11 +449,12 @@ int main(int argc, char** argv) {
     else if (const char* v = val("--requests=")) a.requests = std::max(1, std::atoi(v));
     else if (const char* v = val("--threads=")) a.threads = std::max(1, std::atoi(v));
     else if (const char* v = val("--clients=")) a.clients = std::max(1, std::atoi(v));
+    else if (const char* v = val("--stream-every=")) a.stream_every = std::max(1, std::atoi(v));
     else if (const char* v = val("--tolerance-mib=")) a.tolerance_mib = std::atof(v);
     else if (const char* v = val("--cuda-tolerance-mib=")) a.cuda_tolerance_mib = std::atof(v);
     else {
-      std::fprintf(stderr, "usage: wprep_memory_soak [--requests=N] [--threads=T] [--clients=K] [--tolerance-mib=H]\n"
-                           "  [--cuda-tolerance-mib=C] [--target=ADDR [--pid=PID] [--metrics=HOST:PORT]]\n"
+      std::fprintf(stderr, "usage: wprep_memory_soak [--requests=N] [--threads=T] [--clients=K] [--stream-every=S]\n"
+                           "  [--tolerance-mib=H] [--cuda-tolerance-mib=C] [--target=ADDR [--pid=PID] [--metrics=HOST:PORT]]\n"
                            "  [-- wprepd flags]\n");
       return 2;
     }
@@ -572,6 +575,21 @@ int main(int argc, char** argv) {
 #endif
   const bool back = back_open && back_closed;
   const bool pass = outcomes_ok && back;
+  {
+    // How the load met --max-buffered-bytes: calls timed at the budget (waited or not),
+    // their total wait, and those refused (RESOURCE_EXHAUSTED counts as errors above too).
+    const std::string text = wprep::testing::HttpGet(probe.metrics, "/metrics");
+    auto m = [&](const char* name, std::map<std::string, std::string> labels = {}) {
+      return wprep::testing::MetricValue(text, name, labels).value_or(-1);
+    };
+    std::printf("host budget: %.0f calls timed, %.1f s waited in all, refused timeout=%.0f queue_full=%.0f "
+                "too_large=%.0f cancelled=%.0f\n",
+                m("wprep_host_buffer_wait_seconds_count"), m("wprep_host_buffer_wait_seconds_sum"),
+                m("wprep_host_buffer_refused_total", {{"reason", "timeout"}}),
+                m("wprep_host_buffer_refused_total", {{"reason", "queue_full"}}),
+                m("wprep_host_buffer_refused_total", {{"reason", "too_large"}}),
+                m("wprep_host_buffer_refused_total", {{"reason", "cancelled"}}));
+  }
   // One line with the figures, for docs/RELIABILITY.md.
   std::printf("summary requests=%d clients=%d threads=%d seconds=%.1f requests_per_second=%.0f p50_ms=%.2f "
               "p99_ms=%.2f errors=%d peak_rss_mib=%.1f peak_buffered_mib=%.1f\n",

@@ -57,6 +57,11 @@ struct Options {
   // Bound on host memory held for inline requests and responses (until each response
   // has been sent, which a client that does not read delays) and for stream buffers.
   uint64_t max_buffered_bytes = 1ull << 30;
+  // How long a request that does not fit in max_buffered_bytes now waits for it (FIFO),
+  // before RESOURCE_EXHAUSTED; zero refuses at once. Its deadline may end the wait sooner.
+  absl::Duration max_queue_wait = absl::Seconds(10);
+  // The most requests waiting for host memory at once (each holds a gRPC thread).
+  int max_queued_requests = 1024;
   // Items of one ConvertBatch.
   uint64_t max_batch_items = 4096;
   // Open connections over all listeners (also kept under RLIMIT_NOFILE), and concurrent
