@@ -1,0 +1,154 @@
+// RunMoeCpu: each output tensor in one pass over its rows (or 128x4 groups), with the
+// index math of moe_math.h. Rows move with memcpy: a row's bytes are contiguous runs.
+#include <algorithm>
+#include <cstring>
+#include <system_error>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "moe_geometry.h"
+#include "wprep/kernels/moe.h"
+
+namespace wprep {
+namespace {
+
+using moe::InterleavePass;
+using moe::OutputPass;
+using moe::RowsPass;
+
+// Below this many output bytes a pass runs on the calling thread.
+constexpr uint64_t kParallelThreshold = 1 << 20;
+
+void RowsRange(const RowsPass& p, const uint8_t* in, uint8_t* out, int64_t begin, int64_t end) {
+  for (int64_t g = begin; g < end; ++g) {
+    const int64_t e = g / p.rows_out, n = g - e * p.rows_out;
+    const int64_t src = moe::RowsSrcRowOffset(p, e, n);
+    const uint8_t* row = src < 0 ? nullptr : in + src;
+    if (p.elem == moe::kElemCopy) {
+      // Contiguous runs: the whole row, or each BlockMajorK chunk of it.
+      const int64_t run = p.block_bytes ? p.block_bytes : p.out_row_bytes;
+      for (int64_t x = 0; x < p.out_row_bytes; x += run) {
+        uint8_t* dst = out + moe::RowsOutOffset(p, e, n, x);
+        const int64_t have =
+            row == nullptr ? 0 : std::clamp<int64_t>(p.in_row_bytes - x, 0, run);
+        if (have > 0) std::memcpy(dst, row + x, have);
+        if (have < run) std::memset(dst + have, 0, run - have);
+      }
+      continue;
+    }
+    for (int64_t x = 0; x < p.out_row_bytes; x += 4) {
+      const int64_t s = row == nullptr ? -1 : moe::RowsSrcByte(p, x);
+      uint32_t word = 0;
+      if (s >= 0 && p.elem == moe::kElemWidenBf16) {
+        uint16_t h;
+        std::memcpy(&h, row + s, 2);
+        word = static_cast<uint32_t>(h) << 16;
+      } else if (s >= 0) {
+        std::memcpy(&word, row + s, 4);
+        word = moe::ClampBlockScale(word);
+      }
+      std::memcpy(out + moe::RowsOutOffset(p, e, n, x), &word, 4);
+    }
+  }
+}
+
+// Groups of 4 output elements (4 columns of one row, moe_math.h SfSource).
+void InterleaveRange(const InterleavePass& p, const uint8_t* in, uint8_t* out, int64_t begin,
+                     int64_t end) {
+  const int64_t groups_per_expert = p.rows_p * p.cols_p / 4;
+  const int es = p.elem_bytes;
+  for (int64_t g = begin; g < end; ++g) {
+    const int64_t e = g / groups_per_expert, o = 4 * (g - e * groups_per_expert);
+    uint8_t* dst = out + (e * p.rows_p * p.cols_p + o) * es;
+    for (int k = 0; k < 4; ++k) {
+      const int64_t s = moe::InterleaveSrc(p, e, o + k);
+      if (s < 0) {
+        std::memset(dst + k * es, 0, es);
+      } else {
+        std::memcpy(dst + k * es, in + s * es, es);
+      }
+    }
+  }
+}
+
+template <class Fn>
+void Parallel(int64_t units, uint64_t bytes, int threads, const Fn& fn) {
+  if (threads <= 0) threads = static_cast<int>(std::thread::hardware_concurrency());
+  if (threads < 1 || bytes < kParallelThreshold) threads = 1;
+  threads = static_cast<int>(std::min<int64_t>(threads, std::max<int64_t>(units, 1)));
+  if (threads == 1) {
+    fn(0, units);
+    return;
+  }
+  const int64_t per = (units + threads - 1) / threads;
+  std::vector<std::thread> workers;
+  int64_t unstarted = units;
+  for (int i = 1; i < threads; ++i) {
+    const int64_t begin = std::min(units, i * per), end = std::min(units, begin + per);
+    try {
+      workers.emplace_back(fn, begin, end);
+    } catch (const std::system_error&) {
+      unstarted = begin;  // no thread to be had: this thread runs the rest
+      break;
+    }
+  }
+  fn(0, std::min(units, per));
+  if (unstarted < units) fn(unstarted, units);
+  for (auto& w : workers) w.join();
+}
+
+bool Overlap(const uint8_t* a, size_t an, const uint8_t* b, size_t bn) {
+  return an > 0 && bn > 0 && a < b + bn && b < a + an;
+}
+
+}  // namespace
+
+absl::Status RunMoeCpu(const MoePlan& plan, absl::Span<const absl::Span<const uint8_t>> inputs,
+                       absl::Span<const absl::Span<uint8_t>> outputs, int threads) {
+  if (inputs.size() != plan.inputs.size() || outputs.size() != plan.outputs.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the plan takes ", plan.inputs.size(), " inputs and ", plan.outputs.size(),
+                     " outputs; got ", inputs.size(), " and ", outputs.size()));
+  }
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    if (inputs[i].size() != plan.input_bytes[i]) {
+      return absl::InvalidArgumentError(absl::StrCat(plan.inputs[i].name, ": buffer holds ",
+                                                     inputs[i].size(), " bytes; the plan needs ",
+                                                     plan.input_bytes[i]));
+    }
+  }
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    if (outputs[i].size() != plan.output_bytes[i]) {
+      return absl::InvalidArgumentError(absl::StrCat(plan.outputs[i].name, ": buffer holds ",
+                                                     outputs[i].size(), " bytes; the plan needs ",
+                                                     plan.output_bytes[i]));
+    }
+    for (size_t j = 0; j < inputs.size(); ++j) {
+      if (Overlap(outputs[i].data(), outputs[i].size(), inputs[j].data(), inputs[j].size())) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            plan.outputs[i].name, ": output buffer overlaps input ", plan.inputs[j].name));
+      }
+    }
+  }
+  auto geo = moe::GeometryOf(plan);
+  if (!geo.ok()) return geo.status();
+  for (int i = 0; i < geo->num_outputs; ++i) {
+    const OutputPass& pass = geo->outputs[i];
+    const uint8_t* in = inputs[pass.input].data();
+    uint8_t* out = outputs[i].data();
+    if (plan.output_bytes[i] == 0) continue;
+    if (pass.interleave) {
+      const InterleavePass p = pass.il;
+      Parallel(p.experts * p.rows_p * p.cols_p / 4, plan.output_bytes[i], threads,
+               [&](int64_t b, int64_t e) { InterleaveRange(p, in, out, b, e); });
+    } else {
+      const RowsPass p = pass.rows;
+      Parallel(p.experts * p.rows_out, plan.output_bytes[i], threads,
+               [&](int64_t b, int64_t e) { RowsRange(p, in, out, b, e); });
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace wprep

@@ -1,0 +1,36 @@
+// What the MoE engines consume: one pass per output tensor (moe_math.h), derived from a
+// MoePlan by the same code that validated it, so the engines never trust a hand-built
+// geometry.
+#ifndef WPREP_KERNELS_SRC_MOE_GEOMETRY_H_
+#define WPREP_KERNELS_SRC_MOE_GEOMETRY_H_
+
+#include "absl/status/statusor.h"
+#include "moe_math.h"
+#include "wprep/kernels/moe.h"
+
+namespace wprep {
+namespace moe {
+
+struct OutputPass {
+  bool interleave = false;  // InterleavePass, else RowsPass
+  int input = 0;            // index into the plan's inputs
+  RowsPass rows;
+  InterleavePass il;
+};
+
+struct Geometry {
+  int num_outputs = 0;
+  OutputPass outputs[3];
+};
+
+// The plan (validated by PlanMoe) and its geometry; PlanMoe is this without the geometry.
+absl::StatusOr<MoePlan> PlanWithGeometry(MoeOp op, const MoeParams& params,
+                                         std::vector<MoeTensorDesc> inputs, Geometry* geometry);
+
+// The geometry of a plan PlanMoe returned; Internal if the plan was altered since.
+absl::StatusOr<Geometry> GeometryOf(const MoePlan& plan);
+
+}  // namespace moe
+}  // namespace wprep
+
+#endif  // WPREP_KERNELS_SRC_MOE_GEOMETRY_H_
