@@ -1,0 +1,324 @@
+#include "moe_item.h"
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+
+namespace wprep::server {
+
+namespace v1 = wprep::v1;
+
+namespace {
+
+absl::Status Bad(const std::string& msg) { return absl::InvalidArgumentError(msg); }
+
+absl::StatusOr<MoeDType> DTypeFromProto(v1::MoeDType d, const std::string& field) {
+  switch (d) {
+    case v1::MOE_DTYPE_UINT8:
+      return MoeDType::kUint8;
+    case v1::MOE_DTYPE_FLOAT32:
+      return MoeDType::kFloat32;
+    case v1::MOE_DTYPE_BFLOAT16:
+      return MoeDType::kBfloat16;
+    default:
+      return Bad(absl::StrCat(field, " must be MOE_DTYPE_UINT8, MOE_DTYPE_FLOAT32 or MOE_DTYPE_BFLOAT16, got ",
+                              static_cast<int>(d)));
+  }
+}
+
+v1::MoeDType DTypeToProto(MoeDType d) {
+  switch (d) {
+    case MoeDType::kUint8:
+      return v1::MOE_DTYPE_UINT8;
+    case MoeDType::kFloat32:
+      return v1::MOE_DTYPE_FLOAT32;
+    case MoeDType::kBfloat16:
+      return v1::MOE_DTYPE_BFLOAT16;
+  }
+  return v1::MOE_DTYPE_UNSPECIFIED;
+}
+
+// The typed wire params -> the engine's, marking each one given (the engine checks which
+// an op takes, and their ranges). Errors name `field`.
+absl::StatusOr<MoeParams> ParamsFromProto(const v1::MoeParams& p, const std::string& field) {
+  MoeParams out;
+  if (p.has_format()) {
+    absl::StatusOr<MoeFormat> f = ParseMoeFormat(p.format());
+    if (!f.ok()) return Bad(absl::StrCat(field, ".format: ", f.status().message()));
+    out.format = *f;
+    out.given |= kMoeParamFormat;
+  }
+  auto set = [&](bool has, int64_t value, int64_t* dst, uint32_t bit) {
+    if (!has) return;
+    *dst = value;
+    out.given |= bit;
+  };
+  if (p.has_gated()) {
+    out.gated = p.gated();
+    out.given |= kMoeParamGated;
+  }
+  set(p.has_align(), p.align(), &out.align, kMoeParamAlign);
+  set(p.has_align_h(), p.align_h(), &out.align_h, kMoeParamAlignH);
+  set(p.has_align_i(), p.align_i(), &out.align_i, kMoeParamAlignI);
+  set(p.has_block_k(), p.block_k(), &out.block_k, kMoeParamBlockK);
+  set(p.has_axis(), p.axis(), &out.axis, kMoeParamAxis);
+  set(p.has_epilogue_tile_m(), p.epilogue_tile_m(), &out.epilogue_tile_m, kMoeParamEpilogueTileM);
+  set(p.has_num_elts_per_sf(), p.num_elts_per_sf(), &out.num_elts_per_sf, kMoeParamNumEltsPerSf);
+  return out;
+}
+
+// The params that shape an op's bytes, as it used them (defaults filled in).
+void IdentityParams(const MoePlan& plan, v1::MoeParams* out) {
+  const MoeParams& p = plan.params;
+  switch (plan.op) {
+    case MoeOp::kSwapPairs:
+    case MoeOp::kSwapHalves:
+      out->set_axis(p.axis);
+      return;
+    case MoeOp::kRowShuffle:
+    case MoeOp::kBiasShuffle:
+      out->set_epilogue_tile_m(p.epilogue_tile_m);
+      return;
+    case MoeOp::kScaleRowShuffle:
+    case MoeOp::kShuffleSfA:
+      out->set_epilogue_tile_m(p.epilogue_tile_m);
+      out->set_num_elts_per_sf(p.num_elts_per_sf);
+      return;
+    case MoeOp::kBlockLayout:
+      out->set_block_k(p.block_k);
+      return;
+    case MoeOp::kGatedActReorder:
+    case MoeOp::kBlockScaleInterleave:
+      return;
+    case MoeOp::kPrepareW13:
+    case MoeOp::kPrepareW2:
+      break;
+  }
+  out->set_format(std::string(MoeFormatName(p.format)));
+  if (p.format == MoeFormat::kMxfp4) {
+    out->set_align(p.align);
+    return;
+  }
+  if (plan.op == MoeOp::kPrepareW13) out->set_gated(p.gated);
+  if (p.format == MoeFormat::kNvfp4) out->set_align_h(p.align_h);
+  if (p.format == MoeFormat::kNvfp4 || p.format == MoeFormat::kFp8 || p.format == MoeFormat::kBf16) {
+    out->set_align_i(p.align_i);
+  }
+}
+
+// The engine names the operand first ("scales: ..."); on the wire it is a field of the
+// item: "items[3].moe.scales: ...".
+absl::Status NameInItem(const absl::Status& s, const std::string& item) {
+  const absl::string_view m = s.message();
+  for (absl::string_view name : {"x", "y", "values", "scales", "bias"}) {
+    if (m.size() > name.size() && m.substr(0, name.size()) == name &&
+        (m[name.size()] == ':' || m[name.size()] == ' ' || m[name.size()] == '.')) {
+      return absl::Status(s.code(), absl::StrCat(item, ".", m));
+    }
+  }
+  return absl::Status(s.code(), absl::StrCat(item, ": ", m));
+}
+
+absl::StatusOr<MoeJob> JobFromProto(const v1::MoeItem& item, const std::string& prefix, const MoeLimits& limits) {
+  if (item.op().empty()) return Bad(absl::StrCat(prefix, ".op is empty: give a trtllm-gen op, e.g. prepare_w13"));
+  absl::StatusOr<MoeOp> op = ParseMoeOp(item.op());
+  if (!op.ok()) return Bad(absl::StrCat(prefix, ".op: ", op.status().message()));
+  absl::StatusOr<MoeParams> params = ParamsFromProto(item.params(), prefix + ".params");
+  if (!params.ok()) return params.status();
+  if (item.inputs_size() == 0 || item.inputs_size() > 3) {
+    return Bad(absl::StrCat(prefix, ".inputs has ", item.inputs_size(),
+                            " entries: give one (x) or up to three (values, scales, bias)"));
+  }
+  if (item.outputs_size() > 3) {
+    return Bad(absl::StrCat(prefix, ".outputs has ", item.outputs_size(), " entries, at most three"));
+  }
+  std::vector<MoeTensorDesc> descs;
+  for (int k = 0; k < item.inputs_size(); ++k) {
+    const v1::MoeInput& in = item.inputs(k);
+    const std::string field = absl::StrCat(prefix, ".inputs[", k, "]");
+    if (in.name().empty()) return Bad(absl::StrCat(field, ".name is empty: give x, values, scales or bias"));
+    for (int j = 0; j < k; ++j) {
+      if (item.inputs(j).name() == in.name()) {
+        return Bad(absl::StrCat(field, ".name: '", in.name(), "' is also inputs[", j, "]"));
+      }
+    }
+    MoeTensorDesc d;
+    d.name = in.name();
+    absl::StatusOr<MoeDType> dtype = DTypeFromProto(in.dtype(), field + ".dtype");
+    if (!dtype.ok()) return dtype.status();
+    d.dtype = *dtype;
+    for (int64_t x : in.shape()) {
+      if (x < 0) return Bad(absl::StrCat(prefix, ".", in.name(), ".shape has a negative dim ", x));
+      d.shape.push_back(x);
+    }
+    switch (in.source().kind_case()) {
+      case v1::TensorSource::kInlineBytes:
+        break;
+      case v1::TensorSource::kIpc:
+        return absl::UnimplementedError(absl::StrCat(prefix, ".", in.name(),
+                                                     ".source.ipc: this daemon takes MoE operands as inline bytes "
+                                                     "only; CUDA IPC for MoE items is not served yet"));
+      default:
+        return Bad(absl::StrCat(prefix, ".", in.name(), ".source is not set: give inline_bytes"));
+    }
+    if (in.source().inline_strides_size() != 0) {
+      return Bad(absl::StrCat(prefix, ".", in.name(),
+                              ".source.inline_strides must be empty: MoE operands are dense, row-major"));
+    }
+    descs.push_back(std::move(d));
+  }
+  absl::StatusOr<MoePlan> plan = PlanMoe(*op, *params, std::move(descs));
+  if (!plan.ok()) return NameInItem(plan.status(), prefix);
+  MoeJob job;
+  job.plan = *std::move(plan);
+  // The requested destinations: each names one of the op's outputs, once.
+  std::vector<std::string> out_names;
+  for (const MoeTensorDesc& d : job.plan.outputs) out_names.push_back(d.name);
+  for (int k = 0; k < item.outputs_size(); ++k) {
+    const v1::MoeOutput& o = item.outputs(k);
+    const std::string field = absl::StrCat(prefix, ".outputs[", k, "]");
+    bool known = false;
+    for (const std::string& n : out_names) known = known || n == o.name();
+    if (!known) {
+      return Bad(absl::StrCat(field, ".name: ", item.op(), " with these inputs writes ", absl::StrJoin(out_names, ", "),
+                              "; no output is named '", o.name(), "'"));
+    }
+    for (int j = 0; j < k; ++j) {
+      if (item.outputs(j).name() == o.name()) {
+        return Bad(absl::StrCat(field, ".name: '", o.name(), "' is also outputs[", j, "]"));
+      }
+    }
+    if (o.destination().has_ipc()) {
+      return absl::UnimplementedError(absl::StrCat(prefix, ".", o.name(),
+                                                   ".destination.ipc: this daemon returns MoE outputs inline only; "
+                                                   "CUDA IPC for MoE items is not served yet"));
+    }
+  }
+  // The inline bytes, in the plan's order, each exactly its dense size.
+  for (size_t i = 0; i < job.plan.inputs.size(); ++i) {
+    const MoeTensorDesc& d = job.plan.inputs[i];
+    const v1::MoeInput* in = nullptr;
+    for (const v1::MoeInput& x : item.inputs()) {
+      if (x.name() == d.name) in = &x;
+    }
+    if (in == nullptr) return absl::InternalError(absl::StrCat(prefix, ": the plan's input ", d.name, " is not given"));
+    const std::string& bytes = in->source().inline_bytes();
+    if (bytes.size() != job.plan.input_bytes[i]) {
+      return Bad(absl::StrCat(prefix, ".", d.name, ".source.inline_bytes has ", bytes.size(), " bytes; ",
+                              std::string(MoeDTypeName(d.dtype)), " [", absl::StrJoin(d.shape, ","), "] needs ",
+                              job.plan.input_bytes[i]));
+    }
+    if (job.plan.input_bytes[i] > limits.max_tensor_bytes) {
+      return absl::ResourceExhaustedError(absl::StrCat(prefix, ".", d.name, " has ", job.plan.input_bytes[i],
+                                                       " bytes, more than --max-tensor-bytes=",
+                                                       limits.max_tensor_bytes));
+    }
+    job.inputs.emplace_back(bytes);
+    job.input_bytes += bytes.size();
+  }
+  for (size_t j = 0; j < job.plan.outputs.size(); ++j) {
+    if (job.plan.output_bytes[j] > limits.max_tensor_bytes) {
+      return absl::ResourceExhaustedError(absl::StrCat(prefix, ".", job.plan.outputs[j].name, " has ",
+                                                       job.plan.output_bytes[j],
+                                                       " bytes, more than --max-tensor-bytes=", limits.max_tensor_bytes));
+    }
+    job.output_bytes += job.plan.output_bytes[j];
+  }
+  return job;
+}
+
+}  // namespace
+
+bool HasMoeItems(const v1::ConvertBatchRequest& req) {
+  for (const v1::BatchItem& item : req.items()) {
+    if (item.has_moe()) return true;
+  }
+  return false;
+}
+
+absl::StatusOr<std::vector<MoeJob>> MoeJobsFromProto(const v1::ConvertBatchRequest& req, const MoeLimits& limits) {
+  if (static_cast<uint64_t>(req.items_size()) > limits.max_items) {
+    return absl::ResourceExhaustedError(absl::StrCat("the batch has ", req.items_size(),
+                                                     " items, more than --max-batch-items=", limits.max_items,
+                                                     "; split it into several batches"));
+  }
+  if (const uint64_t n = req.ByteSizeLong(); n > limits.max_message_bytes) {
+    return absl::ResourceExhaustedError(absl::StrCat("ConvertBatch request of ", n,
+                                                     " bytes exceeds --max-message-bytes=", limits.max_message_bytes));
+  }
+  const std::pair<const char*, bool> events[] = {{"completion_event", req.has_completion_event()},
+                                                 {"completion_flag", req.has_completion_flag()},
+                                                 {"ready_event", req.has_ready_event()},
+                                                 {"ready_flag", req.has_ready_flag()}};
+  for (const auto& [field, set] : events) {
+    if (!set) continue;
+    return absl::UnimplementedError(absl::StrCat(
+        field, ": a batch of MoE items runs on the daemon's CPU engine with inline bytes, and answers when done; "
+               "leave ", field, " unset"));
+  }
+  std::vector<MoeJob> jobs;
+  uint64_t inline_out = 0;
+  for (int i = 0; i < req.items_size(); ++i) {
+    const v1::BatchItem& item = req.items(i);
+    const std::string prefix = absl::StrCat("items[", i, "].moe");
+    if (!item.has_moe()) {
+      return Bad(absl::StrCat("items[", i, "]: a batch holds convert items or moe items, not both; send the ",
+                              item.has_convert() ? "convert" : "unset", " item in another batch"));
+    }
+    absl::StatusOr<MoeJob> job = JobFromProto(item.moe(), prefix, limits);
+    if (!job.ok()) return job.status();
+    inline_out += job->output_bytes;
+    if (inline_out > limits.max_message_bytes) {
+      return absl::ResourceExhaustedError(absl::StrCat("the inline outputs reach ", inline_out, " bytes at items[", i,
+                                                       "], more than --max-message-bytes=", limits.max_message_bytes,
+                                                       " allows in one answer; split the batch"));
+    }
+    jobs.push_back(*std::move(job));
+  }
+  return jobs;
+}
+
+absl::Status RunMoeJobs(const std::vector<MoeJob>& jobs, int threads, v1::ConvertBatchResponse* resp) {
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    const MoePlan& plan = jobs[i].plan;
+    v1::BatchItemResult* item = resp->add_items();
+    std::vector<absl::Span<const uint8_t>> ins;
+    for (absl::string_view b : jobs[i].inputs) ins.emplace_back(reinterpret_cast<const uint8_t*>(b.data()), b.size());
+    std::vector<absl::Span<uint8_t>> outs;
+    v1::MoeIdentity identity;
+    identity.set_format(plan.op == MoeOp::kPrepareW13 || plan.op == MoeOp::kPrepareW2
+                            ? std::string(MoeFormatName(plan.params.format))
+                            : "");
+    identity.set_op(std::string(MoeOpName(plan.op)));
+    IdentityParams(plan, identity.mutable_params());
+    identity.set_contract_version(kMoeContractVersion);
+    identity.set_description(plan.identity);
+    for (size_t j = 0; j < plan.outputs.size(); ++j) {
+      v1::TensorResult* t = item->add_outputs();
+      t->set_name(plan.outputs[j].name);
+      t->set_dtype(DTypeToProto(plan.outputs[j].dtype));
+      for (int64_t d : plan.outputs[j].shape) t->add_shape(d);
+      for (int64_t s : plan.output_strides[j]) t->add_strides(s);
+      t->set_bytes(plan.output_bytes[j]);
+      *t->mutable_moe_identity() = identity;
+      std::string* bytes = t->mutable_inline_bytes();
+      bytes->resize(plan.output_bytes[j]);
+      outs.emplace_back(reinterpret_cast<uint8_t*>(bytes->data()), bytes->size());
+    }
+    const absl::Time start = absl::Now();
+    if (absl::Status s = RunMoeCpu(plan, ins, outs, threads); !s.ok()) {
+      return absl::Status(s.code(), absl::StrCat("items[", i, "].moe: ", s.message()));
+    }
+    item->set_engine("cpu");
+    item->set_kernel_seconds(absl::ToDoubleSeconds(absl::Now() - start));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace wprep::server
