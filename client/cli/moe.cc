@@ -308,7 +308,7 @@ absl::StatusOr<MoeArgs> ParseMoeArgs(const std::vector<std::string>& args) {
     if (!is_switch) {
       if (const size_t eq = flag.find('='); flag.rfind("--", 0) == 0 && eq != std::string::npos) {
         value = flag.substr(eq + 1);
-        flag = flag.substr(0, eq);
+        flag.resize(eq);
       } else if (i + 1 < args.size()) {
         value = args[++i];
       } else {
