@@ -128,6 +128,7 @@ class PendingOutputs {
 absl::StatusOr<std::vector<int>> MatchOutputs(const MoeArgs& args, const std::vector<MoeTensorDesc>& outputs) {
   std::vector<int> of(outputs.size(), -1);
   std::vector<std::string> names;
+  names.reserve(outputs.size());
   for (const MoeTensorDesc& d : outputs) names.push_back(d.name);
   for (size_t k = 0; k < args.outputs.size(); ++k) {
     size_t j = 0;
@@ -177,8 +178,10 @@ absl::StatusOr<MoeResult> RunLocal(const MoeArgs& args) {
   std::vector<std::vector<uint8_t>> outputs;
   for (uint64_t n : plan->output_bytes) outputs.emplace_back(n);
   std::vector<absl::Span<const uint8_t>> in_spans;
+  in_spans.reserve(inputs.size());
   for (const auto& v : inputs) in_spans.emplace_back(v.data(), v.size());
   std::vector<absl::Span<uint8_t>> out_spans;
+  out_spans.reserve(outputs.size());
   for (auto& v : outputs) out_spans.emplace_back(v.data(), v.size());
   absl::Status s = *device < 0 ? RunMoeCpu(*plan, in_spans, out_spans, args.threads)
                                : RunMoeHostBuffersOnCuda(*plan, in_spans, out_spans, *device);
