@@ -9,6 +9,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "proto_translate.h"
 
 namespace wprep::server {
 
@@ -42,6 +43,22 @@ v1::MoeDType DTypeToProto(MoeDType d) {
       return v1::MOE_DTYPE_BFLOAT16;
   }
   return v1::MOE_DTYPE_UNSPECIFIED;
+}
+
+// A CUDA IPC buffer of a MoE operand: its handle and GPU, dense (no strides), at least
+// `bytes` long. Errors name `field`.
+absl::StatusOr<IpcRegion> RegionFromProto(const v1::CudaIpcBuffer& b, uint64_t bytes, const std::string& field) {
+  if (b.handle().size() != kIpcHandleBytes) {
+    return Bad(absl::StrCat(field, ".handle must be the ", kIpcHandleBytes, " bytes of a cudaIpcMemHandle_t, got ",
+                            b.handle().size(), " bytes"));
+  }
+  if (b.strides_size() != 0) return Bad(absl::StrCat(field, ".strides must be empty: MoE operands are dense"));
+  if (b.size() < bytes) {
+    return Bad(absl::StrCat(field, ".size is ", b.size(), " bytes; the operand needs ", bytes));
+  }
+  absl::StatusOr<Uuid> gpu = UuidFromWire(b.device_uuid(), field + ".device_uuid");
+  if (!gpu.ok()) return gpu.status();
+  return IpcRegion{b.handle(), b.offset(), b.size(), *gpu};
 }
 
 // The typed wire params -> the engine's, marking each one given (the engine checks which
@@ -161,11 +178,9 @@ absl::StatusOr<MoeJob> JobFromProto(const v1::MoeItem& item, const std::string& 
       case v1::TensorSource::kInlineBytes:
         break;
       case v1::TensorSource::kIpc:
-        return absl::UnimplementedError(absl::StrCat(prefix, ".", in.name(),
-                                                     ".source.ipc: this daemon takes MoE operands as inline bytes "
-                                                     "only; CUDA IPC for MoE items is not served yet"));
+        break;
       default:
-        return Bad(absl::StrCat(prefix, ".", in.name(), ".source is not set: give inline_bytes"));
+        return Bad(absl::StrCat(prefix, ".", in.name(), ".source is not set: give inline_bytes or ipc"));
     }
     if (in.source().inline_strides_size() != 0) {
       return Bad(absl::StrCat(prefix, ".", in.name(),
@@ -194,12 +209,8 @@ absl::StatusOr<MoeJob> JobFromProto(const v1::MoeItem& item, const std::string& 
         return Bad(absl::StrCat(field, ".name: '", o.name(), "' is also outputs[", j, "]"));
       }
     }
-    if (o.destination().has_ipc()) {
-      return absl::UnimplementedError(absl::StrCat(prefix, ".", o.name(),
-                                                   ".destination.ipc: this daemon returns MoE outputs inline only; "
-                                                   "CUDA IPC for MoE items is not served yet"));
-    }
   }
+  const bool ipc = item.inputs(0).source().has_ipc();
   // The inline bytes, in the plan's order, each exactly its dense size.
   for (size_t i = 0; i < job.plan.inputs.size(); ++i) {
     const MoeTensorDesc& d = job.plan.inputs[i];
@@ -208,6 +219,22 @@ absl::StatusOr<MoeJob> JobFromProto(const v1::MoeItem& item, const std::string& 
       if (x.name() == d.name) in = &x;
     }
     if (in == nullptr) return absl::InternalError(absl::StrCat(prefix, ": the plan's input ", d.name, " is not given"));
+    if (in->source().has_ipc() != ipc) {
+      return Bad(absl::StrCat(prefix, ".", d.name, ".source: an item's inputs are all inline bytes or all CUDA IPC; ",
+                              item.inputs(0).name(), " is ", ipc ? "IPC" : "inline"));
+    }
+    if (ipc) {
+      absl::StatusOr<IpcRegion> r =
+          RegionFromProto(in->source().ipc(), job.plan.input_bytes[i], absl::StrCat(prefix, ".", d.name, ".source.ipc"));
+      if (!r.ok()) return r.status();
+      if (!job.input_ipc.empty() && r->gpu != job.input_ipc[0].gpu) {
+        return Bad(absl::StrCat(prefix, ".", d.name, ".source.ipc.device_uuid: every operand of an item must be on one "
+                                "GPU, and ", job.plan.inputs[0].name, " is on another"));
+      }
+      job.input_ipc.push_back(*std::move(r));
+      job.input_bytes += job.plan.input_bytes[i];
+      continue;
+    }
     const std::string& bytes = in->source().inline_bytes();
     if (bytes.size() != job.plan.input_bytes[i]) {
       return Bad(absl::StrCat(prefix, ".", d.name, ".source.inline_bytes has ", bytes.size(), " bytes; ",
@@ -229,6 +256,26 @@ absl::StatusOr<MoeJob> JobFromProto(const v1::MoeItem& item, const std::string& 
                                                        " bytes, more than --max-tensor-bytes=", limits.max_tensor_bytes));
     }
     job.output_bytes += job.plan.output_bytes[j];
+    // The destination: IPC memory on the inputs' GPU for an IPC item, inline otherwise.
+    const v1::MoeOutput* o = nullptr;
+    for (const v1::MoeOutput& x : item.outputs()) {
+      if (x.name() == job.plan.outputs[j].name) o = &x;
+    }
+    const std::string field = absl::StrCat(prefix, ".", job.plan.outputs[j].name, ".destination");
+    const bool has_ipc = o != nullptr && o->destination().has_ipc();
+    if (has_ipc != ipc) {
+      return Bad(ipc ? absl::StrCat(field, ".ipc is not set: an item with IPC inputs writes every output to IPC "
+                                           "memory on their GPU; list ", job.plan.outputs[j].name, " in outputs")
+                     : absl::StrCat(field, ".ipc: an item with inline inputs returns its outputs inline"));
+    }
+    if (!ipc) continue;
+    absl::StatusOr<IpcRegion> r = RegionFromProto(o->destination().ipc(), job.plan.output_bytes[j], field + ".ipc");
+    if (!r.ok()) return r.status();
+    if (r->gpu != job.input_ipc[0].gpu) {
+      return Bad(absl::StrCat(field, ".ipc.device_uuid: every operand of an item must be on one GPU, and ",
+                              job.plan.inputs[0].name, " is on another"));
+    }
+    job.output_ipc.push_back(*std::move(r));
   }
   return job;
 }
@@ -259,8 +306,8 @@ absl::StatusOr<std::vector<MoeJob>> MoeJobsFromProto(const v1::ConvertBatchReque
   for (const auto& [field, set] : events) {
     if (!set) continue;
     return absl::UnimplementedError(absl::StrCat(
-        field, ": a batch of MoE items runs on the daemon's CPU engine with inline bytes, and answers when done; "
-               "leave ", field, " unset"));
+        field, ": a batch of MoE items answers once its work is done; events and flags are not served for "
+               "MoE items yet; leave ", field, " unset"));
   }
   std::vector<MoeJob> jobs;
   uint64_t inline_out = 0;
@@ -273,7 +320,7 @@ absl::StatusOr<std::vector<MoeJob>> MoeJobsFromProto(const v1::ConvertBatchReque
     }
     absl::StatusOr<MoeJob> job = JobFromProto(item.moe(), prefix, limits);
     if (!job.ok()) return job.status();
-    inline_out += job->output_bytes;
+    if (!job->ipc()) inline_out += job->output_bytes;
     if (inline_out > limits.max_message_bytes) {
       return absl::ResourceExhaustedError(absl::StrCat("the inline outputs reach ", inline_out, " bytes at items[", i,
                                                        "], more than --max-message-bytes=", limits.max_message_bytes,
@@ -284,21 +331,90 @@ absl::StatusOr<std::vector<MoeJob>> MoeJobsFromProto(const v1::ConvertBatchReque
   return jobs;
 }
 
-absl::Status RunMoeJobs(const std::vector<MoeJob>& jobs, int threads, v1::ConvertBatchResponse* resp) {
+namespace {
+
+// The identity every output of `plan` reports.
+v1::MoeIdentity IdentityOf(const MoePlan& plan) {
+  v1::MoeIdentity identity;
+  identity.set_format(plan.op == MoeOp::kPrepareW13 || plan.op == MoeOp::kPrepareW2
+                          ? std::string(MoeFormatName(plan.params.format))
+                          : "");
+  identity.set_op(std::string(MoeOpName(plan.op)));
+  IdentityParams(plan, identity.mutable_params());
+  identity.set_contract_version(kMoeContractVersion);
+  identity.set_description(plan.identity);
+  return identity;
+}
+
+// An IPC job's GPU and mapped regions (leases held until the work is done).
+struct MappedJob {
+  Gpu* gpu = nullptr;
+  std::vector<IpcCache::Lease> inputs, outputs;
+};
+
+absl::StatusOr<MappedJob> MapJob(const MoeJob& job, size_t index, const MoeEngines& engines) {
+  const std::string prefix = absl::StrCat("items[", index, "].moe.");
+  MappedJob m;
+  absl::StatusOr<Gpu*> gpu = engines.devices->FindByUuid(job.input_ipc[0].gpu);
+  if (!gpu.ok()) {
+    return absl::Status(gpu.status().code(), absl::StrCat(prefix, job.plan.inputs[0].name,
+                                                          ".source.ipc.device_uuid: ", gpu.status().message()));
+  }
+  m.gpu = *gpu;
+  auto map = [&](const IpcRegion& r, const std::string& field) -> absl::StatusOr<IpcCache::Lease> {
+    absl::StatusOr<IpcCache::Lease> l = engines.ipc->Acquire(m.gpu->ordinal(), r.handle, r.offset, r.size);
+    if (!l.ok()) return absl::Status(l.status().code(), absl::StrCat(prefix, field, ": ", l.status().message()));
+    return l;
+  };
+  for (size_t i = 0; i < job.input_ipc.size(); ++i) {
+    absl::StatusOr<IpcCache::Lease> l = map(job.input_ipc[i], job.plan.inputs[i].name + ".source.ipc");
+    if (!l.ok()) return l.status();
+    m.inputs.push_back(*std::move(l));
+  }
+  for (size_t j = 0; j < job.output_ipc.size(); ++j) {
+    absl::StatusOr<IpcCache::Lease> l = map(job.output_ipc[j], job.plan.outputs[j].name + ".destination.ipc");
+    if (!l.ok()) return l.status();
+    m.outputs.push_back(*std::move(l));
+  }
+  return m;
+}
+
+absl::Status RunOnGpu(const MoeJob& job, const MappedJob& m, absl::Time deadline, v1::BatchItemResult* item) {
+  std::vector<const void*> ins;
+  std::vector<void*> outs;
+  ins.reserve(m.inputs.size());
+  outs.reserve(m.outputs.size());
+  for (const IpcCache::Lease& l : m.inputs) ins.push_back(l.ptr());
+  for (const IpcCache::Lease& l : m.outputs) outs.push_back(l.ptr());
+  absl::StatusOr<Gpu::StreamLease> stream = m.gpu->AcquireStream(deadline);
+  if (!stream.ok()) return stream.status();
+  const absl::Time start = absl::Now();
+  DeviceRuntime& rt = m.gpu->runtime();
+  if (absl::Status s = rt.ConvertMoe(m.gpu->ordinal(), job.plan, ins, outs, stream->stream()); !s.ok()) return s;
+  if (absl::Status s = rt.Synchronize(m.gpu->ordinal(), stream->stream()); !s.ok()) return s;
+  item->set_engine(m.gpu->engine_name());
+  item->set_kernel_seconds(absl::ToDoubleSeconds(absl::Now() - start));
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status RunMoeJobs(const std::vector<MoeJob>& jobs, const MoeEngines& engines, absl::Time deadline,
+                        v1::ConvertBatchResponse* resp) {
+  // Every IPC job's GPU and memory first: a bad one fails the batch before any work.
+  std::vector<MappedJob> mapped(jobs.size());
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    if (!jobs[i].ipc()) continue;
+    absl::StatusOr<MappedJob> m = MapJob(jobs[i], i, engines);
+    if (!m.ok()) return m.status();
+    mapped[i] = *std::move(m);
+  }
   for (size_t i = 0; i < jobs.size(); ++i) {
     const MoePlan& plan = jobs[i].plan;
     v1::BatchItemResult* item = resp->add_items();
-    std::vector<absl::Span<const uint8_t>> ins;
-    for (absl::string_view b : jobs[i].inputs) ins.emplace_back(reinterpret_cast<const uint8_t*>(b.data()), b.size());
+    const v1::MoeIdentity identity = IdentityOf(plan);
     std::vector<absl::Span<uint8_t>> outs;
-    v1::MoeIdentity identity;
-    identity.set_format(plan.op == MoeOp::kPrepareW13 || plan.op == MoeOp::kPrepareW2
-                            ? std::string(MoeFormatName(plan.params.format))
-                            : "");
-    identity.set_op(std::string(MoeOpName(plan.op)));
-    IdentityParams(plan, identity.mutable_params());
-    identity.set_contract_version(kMoeContractVersion);
-    identity.set_description(plan.identity);
+    outs.reserve(plan.outputs.size());
     for (size_t j = 0; j < plan.outputs.size(); ++j) {
       v1::TensorResult* t = item->add_outputs();
       t->set_name(plan.outputs[j].name);
@@ -307,16 +423,24 @@ absl::Status RunMoeJobs(const std::vector<MoeJob>& jobs, int threads, v1::Conver
       for (int64_t s : plan.output_strides[j]) t->add_strides(s);
       t->set_bytes(plan.output_bytes[j]);
       *t->mutable_moe_identity() = identity;
+      if (jobs[i].ipc()) continue;
       std::string* bytes = t->mutable_inline_bytes();
       bytes->resize(plan.output_bytes[j]);
       outs.emplace_back(reinterpret_cast<uint8_t*>(bytes->data()), bytes->size());
     }
-    const absl::Time start = absl::Now();
-    if (absl::Status s = RunMoeCpu(plan, ins, outs, threads); !s.ok()) {
-      return absl::Status(s.code(), absl::StrCat("items[", i, "].moe: ", s.message()));
+    absl::Status s;
+    if (jobs[i].ipc()) {
+      s = RunOnGpu(jobs[i], mapped[i], deadline, item);
+    } else {
+      std::vector<absl::Span<const uint8_t>> ins;
+      ins.reserve(jobs[i].inputs.size());
+      for (absl::string_view b : jobs[i].inputs) ins.emplace_back(reinterpret_cast<const uint8_t*>(b.data()), b.size());
+      const absl::Time start = absl::Now();
+      s = RunMoeCpu(plan, ins, outs, engines.cpu_threads);
+      item->set_engine("cpu");
+      item->set_kernel_seconds(absl::ToDoubleSeconds(absl::Now() - start));
     }
-    item->set_engine("cpu");
-    item->set_kernel_seconds(absl::ToDoubleSeconds(absl::Now() - start));
+    if (!s.ok()) return absl::Status(s.code(), absl::StrCat("items[", i, "].moe: ", s.message()));
   }
   return absl::OkStatus();
 }

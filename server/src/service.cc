@@ -471,22 +471,25 @@ absl::Status WeightPrepService::DoMoeBatch(grpc::ServerContext* ctx, const v1::C
   WPREP_ASSIGN_OR_RETURN(std::vector<MoeJob> jobs,
                          MoeJobsFromProto(req, MoeLimits{static_cast<uint64_t>(limits_.max_message_bytes),
                                                          limits_.max_tensor_bytes, limits_.max_batch_items}));
-  uint64_t bytes_in = 0, bytes_out = 0;
+  uint64_t bytes_in = 0, bytes_out = 0, inline_bytes = 0;
   for (const MoeJob& job : jobs) {
     bytes_in += job.input_bytes;
     bytes_out += job.output_bytes;
+    // The inline inputs, and each inline output twice (built, then serialized), as for convert items.
+    if (!job.ipc()) inline_bytes += job.input_bytes + 2 * job.output_bytes;
   }
-  // The inputs, and each output twice (built, then serialized), as for convert items.
-  WPREP_ASSIGN_OR_RETURN(HostBudget::Charge charge,
-                         buffers_->Take(bytes_in + 2 * bytes_out, "this ConvertBatch's inline data"));
+  WPREP_ASSIGN_OR_RETURN(HostBudget::Charge charge, buffers_->Take(inline_bytes, "this ConvertBatch's inline data"));
   if (inline_charge != nullptr) {
     *inline_charge = std::move(charge);
   } else {
     buffers_->HoldUntilCallEnds(ctx, std::move(charge));
   }
   WPREP_RETURN_IF_ERROR(report.CheckLive());
-  WPREP_RETURN_IF_ERROR(RunMoeJobs(jobs, devices_->cpu_threads(), resp));
-  report.SetConversion(bytes_in, bytes_out, "cpu", nullptr, std::nullopt, 0);
+  WPREP_RETURN_IF_ERROR(
+      RunMoeJobs(jobs, MoeEngines{devices_->cpu_threads(), devices_, ipc_}, report.deadline(), resp));
+  // IPC -> IPC in place: no device memory of the daemon's.
+  report.SetConversion(bytes_in, bytes_out, jobs.size() == 1 ? resp->items(0).engine() : "batch", nullptr,
+                       std::nullopt, 0);
   return absl::OkStatus();
 }
 

@@ -2,6 +2,7 @@
 // trtllm-gen reference case byte for byte in ConvertBatch and ConvertBatches, each output's
 // name, shape, strides and identity, and every malformed item INVALID_ARGUMENT (or
 // UNIMPLEMENTED for what is not served yet) naming its operand, the daemon serving on.
+// (IPC operands: moe_ipc_test, on fake GPUs.)
 #include <gtest/gtest.h>
 
 #include <memory>
@@ -229,16 +230,16 @@ TEST_F(MoeItemTest, MalformedItemsNameTheirOperandAndTheDaemonServesOn) {
        "items[1].moe.inputs"},
       {"unknown output", [&](auto& r) { moe(r)->add_outputs()->set_name("y"); }, grpc::StatusCode::INVALID_ARGUMENT,
        "items[1].moe.outputs[0].name"},
-      {"IPC source",
+      {"IPC source without a handle",
        [&](auto& r) { moe(r)->mutable_inputs(0)->mutable_source()->mutable_ipc()->set_size(1); },
-       grpc::StatusCode::UNIMPLEMENTED, "items[1].moe.values.source.ipc"},
-      {"IPC destination",
+       grpc::StatusCode::INVALID_ARGUMENT, "items[1].moe.values.source.ipc.handle"},
+      {"IPC destination of an inline item",
        [&](auto& r) {
          v1::MoeOutput* o = moe(r)->add_outputs();
          o->set_name("bias");
          o->mutable_destination()->mutable_ipc()->set_size(4096);
        },
-       grpc::StatusCode::UNIMPLEMENTED, "items[1].moe.bias.destination.ipc"},
+       grpc::StatusCode::INVALID_ARGUMENT, "items[1].moe.bias.destination.ipc"},
       {"mixed with a convert item", [&](auto& r) { r.mutable_items(1)->mutable_convert(); },
        grpc::StatusCode::INVALID_ARGUMENT, "items[1]: a batch holds convert items or moe items"},
       {"completion event", [&](auto& r) { r.mutable_completion_event(); }, grpc::StatusCode::UNIMPLEMENTED,

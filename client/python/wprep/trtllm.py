@@ -12,7 +12,8 @@ Inputs are in checkpoint order, as the contract (TRTLLM_GEN.md) says: numpy arra
 (uint8, float32; bfloat16 as uint16 bit patterns) or torch tensors (uint8, float32,
 bfloat16 and the fp8 dtypes, as their bytes). The bytes travel inline and the daemon's CPU
 engine prepares them. CUDA tensors are accepted and copied through the host (the daemon
-does not map MoE operands by CUDA IPC yet), so they work, but not at device bandwidth.
+takes MoE operands by CUDA IPC, but this module does not export them yet), so they work,
+but not at device bandwidth.
 
 `out=`: the outputs in the op's order (values, scales, bias, whichever the format has),
 existing numpy arrays or tensors of exactly the output's bytes, written in place: their
