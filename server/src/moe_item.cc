@@ -174,13 +174,8 @@ absl::StatusOr<MoeJob> JobFromProto(const v1::MoeItem& item, const std::string& 
       if (x < 0) return Bad(absl::StrCat(prefix, ".", in.name(), ".shape has a negative dim ", x));
       d.shape.push_back(x);
     }
-    switch (in.source().kind_case()) {
-      case v1::TensorSource::kInlineBytes:
-        break;
-      case v1::TensorSource::kIpc:
-        break;
-      default:
-        return Bad(absl::StrCat(prefix, ".", in.name(), ".source is not set: give inline_bytes or ipc"));
+    if (in.source().kind_case() == v1::TensorSource::KIND_NOT_SET) {
+      return Bad(absl::StrCat(prefix, ".", in.name(), ".source is not set: give inline_bytes or ipc"));
     }
     if (in.source().inline_strides_size() != 0) {
       return Bad(absl::StrCat(prefix, ".", in.name(),

@@ -233,6 +233,22 @@ TEST_F(MoeItemTest, MalformedItemsNameTheirOperandAndTheDaemonServesOn) {
       {"IPC source without a handle",
        [&](auto& r) { moe(r)->mutable_inputs(0)->mutable_source()->mutable_ipc()->set_size(1); },
        grpc::StatusCode::INVALID_ARGUMENT, "items[1].moe.values.source.ipc.handle"},
+      {"IPC operands on a daemon serving no GPU",
+       [&](auto& r) {
+         v1::MoeItem* m = moe(r);
+         auto fill = [](v1::CudaIpcBuffer* b, uint64_t size) {
+           b->set_handle(std::string(64, '\x01'));
+           b->set_size(size);
+           b->set_device_uuid(std::string(16, '\x02'));
+         };
+         for (auto& in : *m->mutable_inputs()) fill(in.mutable_source()->mutable_ipc(), 1 << 20);
+         for (const char* name : {"values", "scales", "bias"}) {
+           v1::MoeOutput* o = m->add_outputs();
+           o->set_name(name);
+           fill(o->mutable_destination()->mutable_ipc(), 1 << 20);
+         }
+       },
+       grpc::StatusCode::INVALID_ARGUMENT, "items[1].moe.values.source.ipc.device_uuid"},
       {"IPC destination of an inline item",
        [&](auto& r) {
          v1::MoeOutput* o = moe(r)->add_outputs();
