@@ -15,6 +15,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/flags/declare.h"
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/strings/str_format.h"
@@ -282,9 +283,15 @@ void TimeCpu(const std::vector<int64_t>& shape, const std::string& shape_name,
 }  // namespace
 }  // namespace wprep
 
+ABSL_DECLARE_FLAG(bool, moe);
+namespace wprep {
+int RunMoeBench();  // bench/moe_bench.cc
+}  // namespace wprep
+
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
   using namespace wprep;
+  if (absl::GetFlag(FLAGS_moe)) return RunMoeBench();
   std::vector<Row> rows;
   if (absl::GetFlag(FLAGS_gpu)) {
 #if defined(WPREP_HAVE_CUDA)

@@ -53,6 +53,23 @@ void RowsRange(const RowsPass& p, const uint8_t* in, uint8_t* out, int64_t begin
   }
 }
 
+// uint8 scales: 16 output bytes per step (moe_math.h InterleaveSrcWord, as the GPU).
+void Interleave16Range(const InterleavePass& p, const uint8_t* in, uint8_t* out, int64_t begin,
+                       int64_t end) {
+  const int64_t words_per_expert = p.rows_p * p.cols_p / 16;
+  for (int64_t g = begin; g < end; ++g) {
+    const int64_t e = g / words_per_expert, o = 16 * (g - e * words_per_expert);
+    int64_t src[4];
+    int valid[4];
+    moe::InterleaveSrcWord(p, e, o, src, valid);
+    uint8_t* dst = out + e * p.rows_p * p.cols_p + o;
+    for (int i = 0; i < 4; ++i) {
+      if (valid[i] > 0) std::memcpy(dst + 4 * i, in + src[i], valid[i]);
+      if (valid[i] < 4) std::memset(dst + 4 * i + valid[i], 0, 4 - valid[i]);
+    }
+  }
+}
+
 // Groups of 4 output elements (4 columns of one row, moe_math.h SfSource).
 void InterleaveRange(const InterleavePass& p, const uint8_t* in, uint8_t* out, int64_t begin,
                      int64_t end) {
@@ -61,14 +78,11 @@ void InterleaveRange(const InterleavePass& p, const uint8_t* in, uint8_t* out, i
   for (int64_t g = begin; g < end; ++g) {
     const int64_t e = g / groups_per_expert, o = 4 * (g - e * groups_per_expert);
     uint8_t* dst = out + (e * p.rows_p * p.cols_p + o) * es;
-    for (int k = 0; k < 4; ++k) {
-      const int64_t s = moe::InterleaveSrc(p, e, o + k);
-      if (s < 0) {
-        std::memset(dst + k * es, 0, es);
-      } else {
-        std::memcpy(dst + k * es, in + s * es, es);
-      }
-    }
+    int64_t src = 0;
+    int valid = 0;
+    moe::InterleaveSrcGroup(p, e, o, &src, &valid);
+    if (valid > 0) std::memcpy(dst, in + src * es, valid * es);
+    if (valid < 4) std::memset(dst + valid * es, 0, (4 - valid) * es);
   }
 }
 
@@ -140,8 +154,13 @@ absl::Status RunMoeCpu(const MoePlan& plan, absl::Span<const absl::Span<const ui
     if (plan.output_bytes[i] == 0) continue;
     if (pass.interleave) {
       const InterleavePass p = pass.il;
-      Parallel(p.experts * p.rows_p * p.cols_p / 4, plan.output_bytes[i], threads,
-               [&](int64_t b, int64_t e) { InterleaveRange(p, in, out, b, e); });
+      if (p.elem_bytes == 1) {
+        Parallel(p.experts * p.rows_p * p.cols_p / 16, plan.output_bytes[i], threads,
+                 [&](int64_t b, int64_t e) { Interleave16Range(p, in, out, b, e); });
+      } else {
+        Parallel(p.experts * p.rows_p * p.cols_p / 4, plan.output_bytes[i], threads,
+                 [&](int64_t b, int64_t e) { InterleaveRange(p, in, out, b, e); });
+      }
     } else {
       const RowsPass p = pass.rows;
       Parallel(p.experts * p.rows_out, plan.output_bytes[i], threads,

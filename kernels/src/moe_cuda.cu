@@ -60,9 +60,19 @@ __global__ void __launch_bounds__(kThreads) RowsCopyKernel(RowsPass p, const uin
   const int64_t warps = static_cast<int64_t>(gridDim.x) * kWarpsPerBlock;
   const int64_t total = p.experts * p.rows_out;
   const int64_t words = p.out_row_bytes / U;
-  for (int64_t g = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32; g < total;
-       g += warps) {
-    const int64_t e = g / p.rows_out, n = g - e * p.rows_out;
+  // (e, n) of row g, advanced by the grid stride without dividing per row.
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
+  int64_t e = moe::Div(first, p.rows_out), n = first - e * p.rows_out;
+  const int64_t step_e = moe::Div(warps, p.rows_out), step_n = warps - step_e * p.rows_out;
+  for (int64_t g = first; g < total; g += warps) {
+    if (g != first) {
+      e += step_e;
+      n += step_n;
+      if (n >= p.rows_out) {
+        n -= p.rows_out;
+        ++e;
+      }
+    }
     const int64_t src = moe::RowsSrcRowOffset(p, e, n);
     const uint8_t* row = src < 0 ? nullptr : in + src;
     for (int64_t w0 = lane; w0 < words; w0 += 32 * kUnroll) {
@@ -140,16 +150,18 @@ __global__ void __launch_bounds__(kThreads) InterleaveKernel(InterleavePass p,
   const int64_t stride = static_cast<int64_t>(gridDim.x) * kThreads;
   for (int64_t g = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; g < total; g += stride) {
     const int64_t e = g / per_expert, o = 4 * (g - e * per_expert);
+    int64_t s = 0;
+    int valid = 0;
+    moe::InterleaveSrcGroup(p, e, o, &s, &valid);
     T v[4];
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
-      const int64_t s = moe::InterleaveSrc(p, e, o + k);
-      if (s < 0) {
+      if (k >= valid) {
         v[k] = T(0);
       } else if constexpr (ES == 1) {
-        v[k] = in[s];
+        v[k] = in[s + k];
       } else {
-        v[k] = static_cast<T>(in[2 * s] | in[2 * s + 1] << 8);
+        v[k] = static_cast<T>(in[2 * (s + k)] | in[2 * (s + k) + 1] << 8);
       }
     }
     if constexpr (kVector) {
@@ -160,6 +172,38 @@ __global__ void __launch_bounds__(kThreads) InterleaveKernel(InterleavePass p,
         out[g * 4 * ES + k] = static_cast<uint8_t>(v[k / ES] >> (8 * (k % ES)));
       }
     }
+  }
+}
+
+// uint8 scales, 16 output bytes (4 rows x 4 columns of the 128x4 layout) per thread, one
+// 16-byte store; `out` 16-byte aligned.
+__global__ void __launch_bounds__(kThreads) Interleave16Kernel(InterleavePass p,
+                                                               const uint8_t* __restrict__ in,
+                                                               uint8_t* __restrict__ out) {
+  const int64_t per_expert = p.rows_p * p.cols_p / 16;
+  const int64_t total = p.experts * per_expert;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * kThreads;
+  for (int64_t g = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; g < total; g += stride) {
+    const int64_t e = moe::Div(g, per_expert), o = 16 * (g - e * per_expert);
+    int64_t src[4];
+    int valid[4];
+    moe::InterleaveSrcWord(p, e, o, src, valid);
+    uint32_t w[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      uint32_t v = 0;
+      const uint8_t* from = in + src[i];
+      if (valid[i] == 4 && reinterpret_cast<uintptr_t>(from) % 4 == 0) {
+        v = __ldg(reinterpret_cast<const uint32_t*>(from));  // rows of 4k columns: one load
+      } else {
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+          if (k < valid[i]) v |= static_cast<uint32_t>(__ldg(from + k)) << (8 * k);
+        }
+      }
+      w[i] = v;
+    }
+    reinterpret_cast<uint4*>(out)[g] = make_uint4(w[0], w[1], w[2], w[3]);
   }
 }
 
@@ -231,6 +275,18 @@ absl::Status RunMoeCuda(const MoePlan& plan, absl::Span<const void* const> input
       return absl::InvalidArgumentError(absl::StrCat(plan.inputs[i].name, ": null device pointer"));
     }
   }
+  // The passes gather: an output overlapping an input would read bytes already moved.
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    const auto o = reinterpret_cast<uintptr_t>(outputs[i]);
+    for (size_t j = 0; j < inputs.size(); ++j) {
+      const auto in = reinterpret_cast<uintptr_t>(inputs[j]);
+      if (plan.output_bytes[i] > 0 && plan.input_bytes[j] > 0 && o < in + plan.input_bytes[j] &&
+          in < o + plan.output_bytes[i]) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            plan.outputs[i].name, ": output buffer overlaps input ", plan.inputs[j].name));
+      }
+    }
+  }
   auto geo = moe::GeometryOf(plan);
   if (!geo.ok()) return geo.status();
   cudaStream_t stream = static_cast<cudaStream_t>(cuda_stream);
@@ -244,7 +300,7 @@ absl::Status RunMoeCuda(const MoePlan& plan, absl::Span<const void* const> input
       if (plan.output_bytes[i] == 0) continue;
       cudaPointerAttributes attr{};
       if (cudaPointerGetAttributes(&attr, outputs[i]) != cudaSuccess ||
-          attr.type != cudaMemoryTypeDevice) {
+          (attr.type != cudaMemoryTypeDevice && attr.type != cudaMemoryTypeManaged)) {
         cudaGetLastError();
         return absl::InvalidArgumentError(
             absl::StrCat(plan.outputs[i].name, ": not a CUDA device pointer"));
@@ -283,6 +339,9 @@ absl::Status Launch(const MoePlan& plan, const moe::Geometry& geo_ref,
         } else {
           InterleaveKernel<2, false><<<blocks, kThreads, 0, stream>>>(p, in, out);
         }
+      } else if (reinterpret_cast<uintptr_t>(out) % 16 == 0) {
+        Interleave16Kernel<<<Blocks(p.experts * p.rows_p * p.cols_p / 16, kThreads), kThreads, 0,
+                             stream>>>(p, in, out);
       } else if (vector) {
         InterleaveKernel<1, true><<<blocks, kThreads, 0, stream>>>(p, in, out);
       } else {

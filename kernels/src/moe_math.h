@@ -36,9 +36,17 @@ struct RowMap {
   int64_t limit = 0;
 };
 
-// S3: src(n) = B*(n//B) + (B/8)*(n%8) + (n%B)//8.
+// a / b for a >= 0, b > 0: in 32 bits when both fit (a 64-bit division costs a GPU
+// about four times as many instructions, and kernels divide once per row or word).
+WPREP_HD int64_t Div(int64_t a, int64_t b) {
+  if (((a | b) >> 32) == 0) return static_cast<uint32_t>(a) / static_cast<uint32_t>(b);
+  return a / b;
+}
+
+// S3: src(n) = B*(n//B) + (B/8)*(n%8) + (n%B)//8, for B = 16 or 32 (shifts, no division).
 WPREP_HD int64_t ShuffleSrc(int64_t n, int64_t b) {
-  return b * (n / b) + (b / 8) * (n % 8) + (n % b) / 8;
+  const int64_t lb = b == 32 ? 5 : 4;
+  return ((n >> lb) << lb) + (b >> 3) * (n & 7) + ((n & (b - 1)) >> 3);
 }
 
 // The input row that output row `n` copies, or -1 for a zero row.
@@ -87,13 +95,15 @@ struct RowsPass {
   int64_t block_bytes = 0;  // 0: rows stored whole
   int32_t elem = kElemCopy;
   RowMap map;
+  int32_t block_shift = -1;  // log2(block_bytes) when a power of two: no division per word
 };
 
 // Byte offset in the output of byte `x` of output row `n` of expert `e`.
 WPREP_HD int64_t RowsOutOffset(const RowsPass& p, int64_t e, int64_t n, int64_t x) {
   const int64_t expert = e * p.rows_out * p.out_row_bytes;
   if (p.block_bytes == 0) return expert + n * p.out_row_bytes + x;
-  const int64_t b = x / p.block_bytes, t = x - b * p.block_bytes;
+  const int64_t b = p.block_shift >= 0 ? x >> p.block_shift : Div(x, p.block_bytes);
+  const int64_t t = x - b * p.block_bytes;
   return expert + b * p.rows_out * p.block_bytes + n * p.block_bytes + t;
 }
 
@@ -127,8 +137,8 @@ WPREP_HD uint32_t ClampBlockScale(uint32_t bits) {
 // ((m%128)/32)*4 + c%4. Inverted here, output-driven: offset `o` -> (m, c).
 WPREP_HD void SfSource(int64_t o, int64_t cols_p, int64_t* m, int64_t* c) {
   const int64_t row_tile = (cols_p / 4) * 512;
-  const int64_t mt = o / row_tile, rem = o - mt * row_tile;
-  const int64_t ct = rem / 512, q = rem - ct * 512;
+  const int64_t mt = Div(o, row_tile), rem = o - mt * row_tile;
+  const int64_t ct = rem >> 9, q = rem & 511;
   *m = 128 * mt + 32 * ((q % 16) / 4) + q / 16;
   *c = 4 * ct + q % 4;
 }
@@ -152,14 +162,34 @@ struct InterleavePass {
   RowMap map;
 };
 
-// Element offset in the input of output element `o` of expert `e`, or -1 for a zero.
-// `o` is the offset inside the expert's block.
-WPREP_HD int64_t InterleaveSrc(const InterleavePass& p, int64_t e, int64_t o) {
+// The 4 output elements [o, o + 4) of expert `e` (o % 4 == 0) are 4 consecutive columns
+// of one row: their source is input elements [*src, *src + valid) followed by zeros.
+// One SfSource and one SrcRow per 4 elements.
+WPREP_HD void InterleaveSrcGroup(const InterleavePass& p, int64_t e, int64_t o, int64_t* src,
+                                 int* valid) {
   int64_t m = 0, c = 0;
   SfSource(o, p.cols_p, &m, &c);
-  if (c >= p.cols_in) return -1;
   const int64_t r = SrcRow(p.map, m);
-  return r < 0 ? -1 : (e * p.rows_in + r) * p.cols_in + c;
+  const int64_t left = p.cols_in - c;
+  *valid = r < 0 || left <= 0 ? 0 : (left < 4 ? static_cast<int>(left) : 4);
+  *src = *valid ? (e * p.rows_in + r) * p.cols_in + c : 0;
+}
+
+// The 16 output bytes [o, o + 16) of expert `e` (uint8 elements, o % 16 == 0) are 4
+// rows (m, m + 32, m + 64, m + 96) x the same 4 columns: group i is InterleaveSrcGroup
+// at o + 4i, with one SfSource for all four.
+WPREP_HD void InterleaveSrcWord(const InterleavePass& p, int64_t e, int64_t o, int64_t src[4],
+                                int valid[4]) {
+  int64_t m = 0, c = 0;
+  SfSource(o, p.cols_p, &m, &c);
+  const int64_t left = p.cols_in - c;
+  const int cols = left <= 0 ? 0 : (left < 4 ? static_cast<int>(left) : 4);
+  WPREP_UNROLL
+  for (int i = 0; i < 4; ++i) {
+    const int64_t r = SrcRow(p.map, m + 32 * i);
+    valid[i] = r < 0 ? 0 : cols;
+    src[i] = valid[i] ? (e * p.rows_in + r) * p.cols_in + c : 0;
+  }
 }
 
 }  // namespace moe

@@ -14,10 +14,8 @@ namespace wprep {
 namespace {
 
 using moe::Geometry;
-using moe::InterleavePass;
 using moe::OutputPass;
 using moe::RowMap;
-using moe::RowsPass;
 
 // Byte counts and offsets stay far below int64 overflow so that kernels can form any
 // offset of a planned tensor in 64 bits without checking.
@@ -165,6 +163,10 @@ struct Builder {
     std::vector<int64_t> strides(shape.size(), 1);
     for (int i = static_cast<int>(shape.size()) - 2; i >= 0; --i) {
       strides[i] = strides[i + 1] * std::max<int64_t>(shape[i + 1], 1);
+    }
+    if (!pass.interleave && pass.rows.block_bytes > 0 &&
+        (pass.rows.block_bytes & (pass.rows.block_bytes - 1)) == 0) {
+      pass.rows.block_shift = __builtin_ctzll(static_cast<uint64_t>(pass.rows.block_bytes));
     }
     plan.outputs.push_back({std::move(name), dtype, std::move(shape)});
     plan.output_strides.push_back(std::move(strides));

@@ -203,14 +203,19 @@ TEST_F(MoeGpu, DeepSeekV3LayerFp8BlockEqualsCpu) {
                    {{"values", kU8, {kDsE, kDsH, kDsI}}, {"scales", kF32, {kDsE, kDsH / 128, kDsI / 128}}});
 }
 
-TEST_F(MoeGpu, RejectsWrongBufferCountsAndHostPointers) {
+TEST_F(MoeGpu, RejectsWrongBufferCountsHostPointersAndOverlap) {
   MoeParams p;
   auto plan = PlanMoe(MoeOp::kRowShuffle, p, {{"x", kU8, {32, 4}}});
   ASSERT_TRUE(plan.ok());
   EXPECT_EQ(RunMoeCuda(*plan, {}, {}, nullptr).code(), absl::StatusCode::kInvalidArgument);
-  std::vector<uint8_t> host(128);
-  EXPECT_EQ(RunMoeCuda(*plan, {host.data()}, {host.data()}, nullptr).code(),
+  std::vector<uint8_t> host(256);
+  EXPECT_EQ(RunMoeCuda(*plan, {host.data()}, {host.data() + 128}, nullptr).code(),
             absl::StatusCode::kInvalidArgument);
+  DeviceBuffer d(256);
+  EXPECT_EQ(RunMoeCuda(*plan, {d.get()}, {d.get() + 64}, nullptr).code(),
+            absl::StatusCode::kInvalidArgument);  // overlapping: the gather would read moved bytes
+  EXPECT_TRUE(RunMoeCuda(*plan, {d.get()}, {d.get() + 128}, nullptr).ok());
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
 }
 
 #endif  // WPREP_HAVE_CUDA
