@@ -478,11 +478,13 @@ absl::Status WeightPrepService::DoMoeBatch(grpc::ServerContext* ctx, const v1::C
     // The inline inputs, and each inline output twice (built, then serialized), as for convert items.
     if (!job.ipc()) inline_bytes += job.input_bytes + 2 * job.output_bytes;
   }
-  WPREP_ASSIGN_OR_RETURN(HostBudget::Charge charge, buffers_->Take(inline_bytes, "this ConvertBatch's inline data"));
-  if (inline_charge != nullptr) {
-    *inline_charge = std::move(charge);
-  } else {
-    buffers_->HoldUntilCallEnds(ctx, std::move(charge));
+  if (inline_bytes > 0) {
+    WPREP_ASSIGN_OR_RETURN(HostBudget::Charge charge, buffers_->Take(inline_bytes, "this ConvertBatch's inline data"));
+    if (inline_charge != nullptr) {
+      *inline_charge = std::move(charge);
+    } else {
+      buffers_->HoldUntilCallEnds(ctx, std::move(charge));
+    }
   }
   WPREP_RETURN_IF_ERROR(report.CheckLive());
   WPREP_RETURN_IF_ERROR(
