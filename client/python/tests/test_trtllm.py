@@ -1,7 +1,7 @@
 """wprep.trtllm against the CPU daemon (numpy, inline bytes): every trtllm-gen reference
 case byte for byte, out= in place, one-round-trip layers and the errors; and, with torch and
-a GPU (skipped otherwise), CUDA tensors in place: data_ptr() kept, bytes equal the CPU
-engine's."""
+a GPU (skipped otherwise), CUDA tensors in place through IPC on a GPU daemon: data_ptr()
+kept, bytes equal the CPU engine's and the reference."""
 
 import json
 
@@ -130,18 +130,47 @@ def _torch_cuda():
     return torch
 
 
-def test_cuda_out_keeps_data_ptr_and_equals_the_cpu_engine(client):
+@pytest.fixture(scope="module")
+def gpu_client():
+    """A daemon serving the GPUs (the session's `client` is pinned to the CPU engine)."""
+    _torch_cuda()
+    from conftest import wprepd_path
+    from wprep import Client
+    from wprep.testing import LocalDaemon
+
+    with LocalDaemon(wprepd_path(), []) as d:
+        with Client(d.target, timeout=120) as c:
+            yield c
+
+
+def _cuda(torch, a):
+    a = np.ascontiguousarray(a).copy()
+    if a.dtype == np.uint16:  # bfloat16 bits: int16 has the same bytes, and every torch has it
+        return torch.from_numpy(a.view(np.int16)).cuda().view(torch.bfloat16)
+    return torch.from_numpy(a).cuda()
+
+
+@pytest.mark.parametrize("name", ["prepare_w13_e2_i96_h160", "prepare_w2_nvfp4_e2_h160_i48_pad",
+                                  "prepare_w13_bf16_e2_i32_h64", "row_shuffle_t128_3x96x40"])
+def test_cuda_out_is_written_in_place_by_ipc_and_equals_the_cpu_engine(client, gpu_client, name):
     torch = _torch_cuda()
-    case = next(c for c in GOOD if c["name"] == "prepare_w13_e2_i96_h160")
+    case = next(c for c in GOOD if c["name"] == name)
     x = _inputs(case)
     cpu = _run(case, client)
-    values = torch.from_numpy(x["values"].copy()).cuda()
-    scales = torch.from_numpy(x["scales"].copy()).cuda()
-    bias = torch.from_numpy(x["bias"].copy()).cuda()
-    out = [torch.empty(o["shape"], dtype=torch.uint8 if o["dtype"] == "uint8" else torch.float32, device="cuda")
-           for o in case["outputs"]]
+    dt = {"uint8": torch.uint8, "float32": torch.float32, "bfloat16": torch.bfloat16}
+    out = [torch.full(o["shape"], 0, dtype=dt[o["dtype"]], device="cuda") for o in case["outputs"]]
     ptrs = [t.data_ptr() for t in out]
-    tg.prepare_w13(values, scales, bias, out=out, client=client, **case["params"])
-    for t, p, o in zip(out, ptrs, case["outputs"]):
-        assert t.data_ptr() == p
-        assert t.cpu().numpy().tobytes() == cpu.outputs[o["name"]].tobytes(), o["name"]
+    ins = {k: _cuda(torch, v) for k, v in x.items()}
+    p = dict(case["params"])
+    if case["op"] == "prepare_w13":
+        r = tg.prepare_w13(ins["values"], ins.get("scales"), ins.get("bias"), out=out, client=gpu_client, **p)
+    elif case["op"] == "prepare_w2":
+        r = tg.prepare_w2(ins["values"], ins.get("scales"), ins.get("bias"), out=out, client=gpu_client, **p)
+    else:
+        r = tg.run_op(case["op"], ins["x"], out=out[0], client=gpu_client, **p)
+    assert r.engine.startswith("cuda:"), r.engine  # in place on the GPU, not through the host
+    for t, ptr, o in zip(out, ptrs, case["outputs"]):
+        assert t.data_ptr() == ptr
+        got = t.cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes()
+        assert got == cpu.outputs[o["name"]].tobytes(), o["name"]
+        assert sha256(got) == o["sha256"], o["name"]

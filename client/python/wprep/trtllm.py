@@ -10,10 +10,12 @@
 
 Inputs are in checkpoint order, as the contract (TRTLLM_GEN.md) says: numpy arrays
 (uint8, float32; bfloat16 as uint16 bit patterns) or torch tensors (uint8, float32,
-bfloat16 and the fp8 dtypes, as their bytes). The bytes travel inline and the daemon's CPU
-engine prepares them. CUDA tensors are accepted and copied through the host (the daemon
-takes MoE operands by CUDA IPC, but this module does not export them yet), so they work,
-but not at device bandwidth.
+bfloat16 and the fp8 dtypes, as their bytes). numpy arrays and CPU tensors travel inline
+and the daemon's CPU engine prepares them. When every input is a contiguous CUDA tensor and
+`out=` gives every output as a contiguous CUDA tensor on the same GPU, the daemon reads and
+writes them in place through CUDA IPC on that GPU (no copies, no device memory of its own);
+the client synchronizes the inputs' current stream first, and the outputs are complete when
+the call returns. CUDA tensors without `out=` are copied through the host.
 
 `out=`: the outputs in the op's order (values, scales, bias, whichever the format has),
 existing numpy arrays or tensors of exactly the output's bytes, written in place: their
@@ -29,6 +31,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import grpc
 import numpy as np
 
+from . import _torch
 from ._errors import WprepError
 from .v1 import wprep_pb2 as pb
 
@@ -109,6 +112,57 @@ def _as_input(name: str, x: Any) -> "pb.MoeInput":
     return m
 
 
+def _dtype_of_tensor(name: str, t: Any) -> int:
+    import torch
+
+    if t.dtype == torch.float32:
+        return pb.MOE_DTYPE_FLOAT32
+    if t.dtype == torch.bfloat16:
+        return pb.MOE_DTYPE_BFLOAT16
+    if t.element_size() == 1:
+        return pb.MOE_DTYPE_UINT8
+    raise _bad(f"{name}: dtype {t.dtype} is not one the contract takes (uint8/fp8, float32, bfloat16)")
+
+
+def _byte_view(name: str, t: Any) -> Any:
+    """The bytes of a contiguous CUDA tensor as a flat uint8 view of the same memory."""
+    import torch
+
+    if not t.is_contiguous():
+        raise _bad(f"{name}: a CUDA tensor read or written in place must be contiguous")
+    return t.detach().reshape(-1).view(torch.uint8)
+
+
+def _ipc_eligible(inputs: Sequence[Tuple[str, Any]], out: Optional[Sequence[Any]]) -> bool:
+    """Every input and every out= a CUDA tensor of one GPU: the in-place IPC path."""
+    given = [x for _, x in inputs if x is not None]
+    if out is None or not given or not all(_torch.is_cuda_tensor(x) for x in list(given) + list(out)):
+        return False
+    return len({x.device.index for x in list(given) + list(out)}) == 1
+
+
+def _ipc_item(op: str, inputs: Sequence[Tuple[str, Any]], params: Dict[str, Any], out: Sequence[Any],
+              registry: Any) -> "pb.MoeItem":
+    """A MoE item whose operands are the tensors themselves, by CUDA IPC. The outputs are
+    named as the op names them: y for a single step, else those of the given inputs."""
+    item = _item(op, [], params)
+    names = []
+    for name, x in inputs:
+        if x is None:
+            continue
+        names.append(name)
+        m = item.inputs.add(name=name, dtype=_dtype_of_tensor(name, x))
+        m.shape.extend(x.shape)
+        _torch.source_view(_byte_view(name, x), registry).fill(m.source.ipc)
+    out_names = ["y"] if names == ["x"] else names
+    if len(out) != len(out_names):
+        raise _bad(f"out has {len(out)} tensors; {op} with these inputs writes {len(out_names)} ({', '.join(out_names)})")
+    for name, t in zip(out_names, out):
+        o = item.outputs.add(name=name)
+        _torch.destination_view(_byte_view(f"out {name}", t), registry).fill(o.destination.ipc)
+    return item
+
+
 def _item(op: str, inputs: Sequence[Tuple[str, Any]], params: Dict[str, Any]) -> "pb.MoeItem":
     item = pb.MoeItem(op=op)
     for k, v in params.items():
@@ -165,19 +219,30 @@ def _result(item: "pb.BatchItemResult", out: Optional[Sequence[Any]]) -> MoeResu
     )
 
 
-def _call(items: List["pb.MoeItem"], outs: List[Optional[Sequence[Any]]], client: Any,
-          timeout: Optional[float]) -> List[MoeResult]:
+def _call(specs: List[Tuple[str, List[Tuple[str, Any]], Dict[str, Any]]], outs: List[Optional[Sequence[Any]]],
+          client: Any, timeout: Optional[float]) -> List[MoeResult]:
+    """One ConvertBatch of the items `specs` (op, named inputs, params), out= per item."""
     if client is None:
         from ._mxfp4 import default_client
 
         client = default_client()
     req = pb.ConvertBatchRequest()
-    for it in items:
-        req.items.add().moe.CopyFrom(it)
+    in_place = []
+    devices = set()
+    for (op, inputs, params), out in zip(specs, outs):
+        ipc = _ipc_eligible(inputs, out)
+        in_place.append(ipc)
+        if ipc:
+            req.items.add().moe.CopyFrom(_ipc_item(op, inputs, params, out, client._registry))
+            devices.update(x.device.index for _, x in inputs if x is not None)
+        else:
+            req.items.add().moe.CopyFrom(_item(op, inputs, params))
+    if devices:
+        _torch.synchronize(devices)  # the producers' writes land before the daemon reads
     resp = client._unary("ConvertBatch", req, timeout)
-    # Every out= is checked against its output's size before any is written.
-    for item, out in zip(resp.items, outs):
-        if out is None:
+    # Every inline out= is checked against its output's size before any is written.
+    for item, out, ipc in zip(resp.items, outs, in_place):
+        if out is None or ipc:
             continue
         if len(out) != len(item.outputs):
             names = ", ".join(t.name for t in item.outputs)
@@ -186,11 +251,23 @@ def _call(items: List["pb.MoeItem"], outs: List[Optional[Sequence[Any]]], client
             n = dst.numel() * dst.element_size() if _is_torch(dst) else getattr(dst, "nbytes", -1)
             if n != len(t.inline_bytes):
                 raise _bad(f"out {t.name}: needs {len(t.inline_bytes)} bytes, got {n}")
-    return [_result(item, out) for item, out in zip(resp.items, outs)]
+    results = []
+    for item, out, ipc in zip(resp.items, outs, in_place):
+        if ipc:  # written in place already
+            ident = item.outputs[0].moe_identity
+            results.append(MoeResult(
+                {t.name: dst for t, dst in zip(item.outputs, out)},
+                MoeIdentity(ident.format, ident.op, _params_dict(ident.params), ident.contract_version,
+                            ident.description),
+                item.engine, {t.name: tuple(t.shape) for t in item.outputs}))
+        else:
+            results.append(_result(item, out))
+    return results
 
 
-def _prepare_item(op: str, values: Any, scales: Any, bias: Any, params: Dict[str, Any]) -> "pb.MoeItem":
-    return _item(op, [("values", values), ("scales", scales), ("bias", bias)], params)
+def _prepare_spec(op: str, values: Any, scales: Any, bias: Any,
+                  params: Dict[str, Any]) -> Tuple[str, List[Tuple[str, Any]], Dict[str, Any]]:
+    return op, [("values", values), ("scales", scales), ("bias", bias)], params
 
 
 def prepare_w13(values: Any, scales: Any = None, bias: Any = None, *, format: Optional[str] = None,
@@ -202,7 +279,7 @@ def prepare_w13(values: Any, scales: Any = None, bias: Any = None, *, format: Op
     align_i; mxfp8, fp8_block: gated; fp8, bf16: gated, align_i). Raises WprepError
     (INVALID_ARGUMENT naming the operand) on bad input."""
     params = dict(format=format, gated=gated, align=align, align_h=align_h, align_i=align_i)
-    return _call([_prepare_item("prepare_w13", values, scales, bias, params)], [out], client, timeout)[0]
+    return _call([_prepare_spec("prepare_w13", values, scales, bias, params)], [out], client, timeout)[0]
 
 
 def prepare_w2(values: Any, scales: Any = None, bias: Any = None, *, format: Optional[str] = None,
@@ -211,7 +288,7 @@ def prepare_w2(values: Any, scales: Any = None, bias: Any = None, *, format: Opt
                timeout: Optional[float] = None) -> MoeResult:
     """w2 (down projection) of every expert into the trtllm-gen layout (prepare_w2)."""
     params = dict(format=format, align=align, align_h=align_h, align_i=align_i)
-    return _call([_prepare_item("prepare_w2", values, scales, bias, params)], [out], client, timeout)[0]
+    return _call([_prepare_spec("prepare_w2", values, scales, bias, params)], [out], client, timeout)[0]
 
 
 def prepare_layer(w13: Sequence[Any], w2: Sequence[Any], *, format: Optional[str] = None,
@@ -229,7 +306,7 @@ def prepare_layer(w13: Sequence[Any], w2: Sequence[Any], *, format: Optional[str
     v2, s2, b2 = pad(w2)
     p13 = dict(format=format, gated=gated, align=align, align_h=align_h, align_i=align_i)
     p2 = dict(format=format, align=align, align_h=align_h, align_i=align_i)
-    r = _call([_prepare_item("prepare_w13", v13, s13, b13, p13), _prepare_item("prepare_w2", v2, s2, b2, p2)],
+    r = _call([_prepare_spec("prepare_w13", v13, s13, b13, p13), _prepare_spec("prepare_w2", v2, s2, b2, p2)],
               [out13, out2], client, timeout)
     return r[0], r[1]
 
@@ -239,4 +316,4 @@ def run_op(op: str, x: Any, *, out: Any = None, client: Any = None, timeout: Opt
     """One single step of the contract (swap_pairs, gated_act_reorder, row_shuffle,
     swap_halves, block_layout, bias_shuffle, scale_row_shuffle, block_scale_interleave,
     shuffle_sf_a) on input `x`; its output is `y` (written into `out` when given)."""
-    return _call([_item(op, [("x", x)], params)], [None if out is None else [out]], client, timeout)[0]
+    return _call([(op, [("x", x)], params)], [None if out is None else [out]], client, timeout)[0]
