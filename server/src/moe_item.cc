@@ -270,6 +270,21 @@ absl::StatusOr<MoeJob> JobFromProto(const v1::MoeItem& item, const std::string& 
       return Bad(absl::StrCat(field, ".ipc.device_uuid: every operand of an item must be on one GPU, and ",
                               job.plan.inputs[0].name, " is on another"));
     }
+    // The engine gathers: an output over an input (or another output) would read moved bytes.
+    auto overlaps = [&](const IpcRegion& a, uint64_t a_bytes, const IpcRegion& b, uint64_t b_bytes) {
+      return a.handle == b.handle && a.offset < b.offset + b_bytes && b.offset < a.offset + a_bytes;
+    };
+    for (size_t i = 0; i < job.input_ipc.size(); ++i) {
+      if (overlaps(*r, job.plan.output_bytes[j], job.input_ipc[i], job.plan.input_bytes[i])) {
+        return Bad(absl::StrCat(field, ".ipc overlaps ", job.plan.inputs[i].name,
+                                ".source.ipc: outputs are written apart from the inputs; give another buffer"));
+      }
+    }
+    for (size_t k = 0; k < job.output_ipc.size(); ++k) {
+      if (overlaps(*r, job.plan.output_bytes[j], job.output_ipc[k], job.plan.output_bytes[k])) {
+        return Bad(absl::StrCat(field, ".ipc overlaps ", job.plan.outputs[k].name, ".destination.ipc"));
+      }
+    }
     job.output_ipc.push_back(*std::move(r));
   }
   return job;

@@ -179,6 +179,23 @@ TEST(MoeIpc, IpcProblemsNameTheirOperandAndNothingIsWritten) {
          *m.mutable_outputs(1)->mutable_destination()->mutable_ipc() = Buffer(p.runtime.ExportHandle(0, 8192), 0, 8192);
        },
        "items[1].moe.scales.destination.ipc.device_uuid", true},
+      {"an output over an input",
+       [](Parts&, v1::MoeItem& m) {
+         v1::CudaIpcBuffer* dst = m.mutable_outputs(1)->mutable_destination()->mutable_ipc();
+         const uint64_t size = dst->size();
+         *dst = m.inputs(0).source().ipc();  // values' memory (30720 bytes) for scales (8192)
+         dst->set_size(size);
+       },
+       "items[1].moe.scales.destination.ipc overlaps values.source.ipc", true},
+      {"two outputs in one place",
+       [](Parts&, v1::MoeItem& m) {
+         v1::CudaIpcBuffer* dst = m.mutable_outputs(2)->mutable_destination()->mutable_ipc();
+         const uint64_t size = dst->size();
+         *dst = m.outputs(0).destination().ipc();
+         dst->set_offset(1000);
+         dst->set_size(size);
+       },
+       "items[1].moe.bias.destination.ipc overlaps values.destination.ipc", true},
       {"a range past the allocation",
        [](Parts&, v1::MoeItem& m) { m.mutable_inputs(1)->mutable_source()->mutable_ipc()->set_offset(64); },
        "items[1].moe.scales.source.ipc", false},

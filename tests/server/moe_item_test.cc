@@ -236,8 +236,9 @@ TEST_F(MoeItemTest, MalformedItemsNameTheirOperandAndTheDaemonServesOn) {
       {"IPC operands on a daemon serving no GPU",
        [&](auto& r) {
          v1::MoeItem* m = moe(r);
-         auto fill = [](v1::CudaIpcBuffer* b, uint64_t size) {
-           b->set_handle(std::string(64, '\x01'));
+         char tag = 0;  // a handle per operand: one allocation each, none overlapping
+         auto fill = [&tag](v1::CudaIpcBuffer* b, uint64_t size) {
+           b->set_handle(std::string(64, ++tag));
            b->set_size(size);
            b->set_device_uuid(std::string(16, '\x02'));
          };
