@@ -2,6 +2,7 @@
 // byte, every error case rejected with its reason, and PlanMoe's rules one by one.
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <map>
 #include <string>
 #include <vector>
@@ -299,6 +300,29 @@ TEST(MoeCpu, ThreadsGiveTheSameBytesAsOneThread) {
   const auto one = testing::RunMoeCpuFresh(*plan, in, 1);
   const auto many = testing::RunMoeCpuFresh(*plan, in, 4);
   EXPECT_TRUE(one == many);
+}
+
+TEST(MoeCpu, Fp8BlockScaleClampFollowsTheBitRule) {
+  // Contract 10.6: below 1e-10f (0x2EDBE6FF) becomes 0x2EDBE6FF, -0, negatives, -inf and
+  // denormals included; NaNs keep their payload; the rest is unchanged. Non-gated w2
+  // leaves the scale order alone, so output word i is the clamp of input word i.
+  const std::vector<uint32_t> in = {0x00000000, 0x80000000, 0x00000001, 0xBF800000,
+                                    0xFF800000, 0x7F800000, 0x7FC00001, 0xFFC12345,
+                                    0x2EDBE6FF, 0x2EDBE6FE, 0x2EDBE700, 0x3F800000};
+  const std::vector<uint32_t> want = {0x2EDBE6FF, 0x2EDBE6FF, 0x2EDBE6FF, 0x2EDBE6FF,
+                                      0x2EDBE6FF, 0x7F800000, 0x7FC00001, 0xFFC12345,
+                                      0x2EDBE6FF, 0x2EDBE6FF, 0x2EDBE700, 0x3F800000};
+  auto plan = PlanMoe(MoeOp::kPrepareW2, Params({{"format", "fp8_block"}}),
+                      {T("values", kU8, {1, 128, 128 * 12}), T("scales", kF32, {1, 1, 12})});
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  std::vector<uint8_t> scales(4 * in.size());
+  std::memcpy(scales.data(), in.data(), scales.size());
+  const auto out = testing::RunMoeCpuFresh(
+      *plan, {std::vector<uint8_t>(plan->input_bytes[0], 0), scales});
+  ASSERT_EQ(out[1].size(), 4 * want.size());
+  std::vector<uint32_t> got(want.size());
+  std::memcpy(got.data(), out[1].data(), out[1].size());
+  EXPECT_EQ(got, want);
 }
 
 TEST(MoeCpu, RejectsWrongBufferSizesAndOverlap) {
