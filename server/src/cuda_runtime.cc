@@ -165,6 +165,11 @@ class Cuda final : public DeviceRuntime {
   absl::Status Convert(int, const Plan& plan, const void* in, void* out, Stream s) override {
     return ConvertOnCuda(plan, in, out, s);  // runs on the device owning the pointers
   }
+  absl::Status ConvertMoe(int gpu, const MoePlan& plan, absl::Span<const void* const> in, absl::Span<void* const> out,
+                          Stream s) override {
+    WPREP_CUDA_RETURN_IF_ERROR(cudaSetDevice(gpu));  // RunMoeCuda launches on the current device
+    return RunMoeCuda(plan, in, out, s);
+  }
   absl::Status Synchronize(int gpu, Stream s) override {
     WPREP_CUDA_RETURN_IF_ERROR(cudaSetDevice(gpu));
     return WPREP_CUDA_STATUS(cudaStreamSynchronize(s));

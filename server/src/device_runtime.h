@@ -18,7 +18,9 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/types/span.h"
 #include "wprep/kernels/cuda_engine.h"
+#include "wprep/kernels/moe.h"
 #include "wprep/kernels/plan.h"
 
 struct CUevent_st;
@@ -86,6 +88,13 @@ class DeviceRuntime {
   virtual absl::Status Convert(int gpu, const Plan& plan, const void* in, void* out,
                                Stream stream) = 0;
   virtual absl::Status Synchronize(int gpu, Stream stream) = 0;
+  // One trtllm-gen MoE op between device buffers of `gpu` (RunMoeCuda: one launch per
+  // output on `stream`, nothing allocated). Runtimes without a MoE engine say so.
+  virtual absl::Status ConvertMoe(int gpu, const MoePlan& plan, absl::Span<const void* const> in,
+                                  absl::Span<void* const> out, Stream stream) {
+    (void)gpu, (void)plan, (void)in, (void)out, (void)stream;
+    return absl::UnimplementedError("this device runtime has no trtllm-gen MoE engine");
+  }
   virtual std::unique_ptr<DeviceTimer> NewTimer(int gpu) = 0;
 
   // Events without timing: a fresh one of the daemon's, whose host waits sleep rather than

@@ -206,7 +206,7 @@ absl::StatusOr<std::vector<ConvertJob>> BatchJobsFromProto(const v1::ConvertBatc
     const v1::BatchItem& item = req.items(i);
     const std::string prefix = absl::StrCat("items[", i, "].");
     if (item.kind_case() != v1::BatchItem::kConvert) {
-      return absl::InvalidArgumentError(absl::StrCat(prefix, "kind is not set: give convert"));
+      return absl::InvalidArgumentError(absl::StrCat(prefix, "kind is not set: give convert or moe"));
     }
     const v1::ConvertItem& c = item.convert();
     WPREP_ASSIGN_OR_RETURN(ConversionSpec spec, SpecFromProto(c.spec(), prefix + "convert.spec"));

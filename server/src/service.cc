@@ -12,6 +12,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/clock.h"
 #include "log.h"
+#include "moe_item.h"
 #include "proto_translate.h"
 #include "rpc_warmup.h"
 #include "status.h"
@@ -422,6 +423,7 @@ absl::Status WeightPrepService::DoConvertBatch(grpc::ServerContext* ctx, const v
                                                v1::ConvertBatchResponse* resp, CallReport& report,
                                                Admission::Ticket& ticket, HostBudget::Charge* inline_charge,
                                                uint64_t stream_id) {
+  if (HasMoeItems(req)) return DoMoeBatch(ctx, req, resp, report, inline_charge);
   WPREP_ASSIGN_OR_RETURN(std::vector<ConvertJob> jobs,
                          BatchJobsFromProto(req, BatchLimits{limits_.max_message_bytes, limits_.max_batch_items}));
   EarlyAnswer early;
@@ -475,6 +477,36 @@ absl::Status WeightPrepService::DoConvertBatch(grpc::ServerContext* ctx, const v
   resp->set_peak_extra_device_bytes(outcome.peak_extra_device_bytes);
   report.SetConversion(bytes_in, bytes_out, jobs.size() == 1 ? outcome.items[0].engine : "batch", nullptr,
                        std::nullopt, outcome.peak_extra_device_bytes);
+  return absl::OkStatus();
+}
+
+absl::Status WeightPrepService::DoMoeBatch(grpc::ServerContext* ctx, const v1::ConvertBatchRequest& req,
+                                           v1::ConvertBatchResponse* resp, CallReport& report,
+                                           HostBudget::Charge* inline_charge) {
+  WPREP_ASSIGN_OR_RETURN(std::vector<MoeJob> jobs,
+                         MoeJobsFromProto(req, MoeLimits{static_cast<uint64_t>(limits_.max_message_bytes),
+                                                         limits_.max_tensor_bytes, limits_.max_batch_items}));
+  uint64_t bytes_in = 0, bytes_out = 0, inline_bytes = 0;
+  for (const MoeJob& job : jobs) {
+    bytes_in += job.input_bytes;
+    bytes_out += job.output_bytes;
+    // The inline inputs, and each inline output twice (built, then serialized), as for convert items.
+    if (!job.ipc()) inline_bytes += job.input_bytes + 2 * job.output_bytes;
+  }
+  if (inline_bytes > 0) {
+    WPREP_ASSIGN_OR_RETURN(HostBudget::Charge charge, buffers_->Take(inline_bytes, "this ConvertBatch's inline data"));
+    if (inline_charge != nullptr) {
+      *inline_charge = std::move(charge);
+    } else {
+      buffers_->HoldUntilCallEnds(ctx, std::move(charge));
+    }
+  }
+  WPREP_RETURN_IF_ERROR(report.CheckLive());
+  WPREP_RETURN_IF_ERROR(
+      RunMoeJobs(jobs, MoeEngines{devices_->cpu_threads(), devices_, ipc_}, report.deadline(), resp));
+  // IPC -> IPC in place: no device memory of the daemon's.
+  report.SetConversion(bytes_in, bytes_out, jobs.size() == 1 ? resp->items(0).engine() : "batch", nullptr,
+                       std::nullopt, 0);
   return absl::OkStatus();
 }
 

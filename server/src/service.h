@@ -93,6 +93,11 @@ class WeightPrepService final : public wprep::v1::WeightPrep::Service {
   absl::Status DoConvertBatch(grpc::ServerContext* ctx, const wprep::v1::ConvertBatchRequest& req,
                               wprep::v1::ConvertBatchResponse* resp, CallReport& report, Admission::Ticket& ticket,
                               HostBudget::Charge* inline_charge = nullptr, uint64_t stream_id = 0);
+  // DoConvertBatch's batch of MoE items (moe_item.h): inline bytes on the CPU engine, IPC
+  // memory on its GPU.
+  absl::Status DoMoeBatch(grpc::ServerContext* ctx, const wprep::v1::ConvertBatchRequest& req,
+                          wprep::v1::ConvertBatchResponse* resp, CallReport& report,
+                          HostBudget::Charge* inline_charge);
   // The daemon ordinal of the GPU an IpcHandleRef names, after checking its fields.
   absl::StatusOr<int> HandleOrdinal(const wprep::v1::IpcHandleRef& h, const std::string& field);
 

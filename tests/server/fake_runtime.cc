@@ -1,5 +1,6 @@
 #include "fake_runtime.h"
 
+#include <algorithm>
 #include <cstring>
 #include <new>
 
@@ -99,6 +100,7 @@ FakeRuntime::Counts FakeRuntime::totals() const {
     t.converts_after_value_wait += c.converts_after_value_wait;
     t.flag_writes += c.flag_writes;
     t.device_bytes_now += c.device_bytes_now;
+    t.device_bytes_peak += c.device_bytes_peak;
   }
   for (const auto& [p, b] : pinned_) t.pinned_bytes_now += b;
   return t;
@@ -144,6 +146,7 @@ absl::StatusOr<void*> FakeRuntime::AllocateAsync(int gpu, uint64_t bytes, Stream
   if (p == nullptr) return absl::ResourceExhaustedError("fake device allocation failed");
   device_[p] = {gpu, bytes};
   c.device_bytes_now += bytes;
+  c.device_bytes_peak = std::max(c.device_bytes_peak, c.device_bytes_now);
   return p;
 }
 
@@ -182,6 +185,25 @@ absl::Status FakeRuntime::Convert(int gpu, const Plan& plan, const void* in, voi
   }
   return ConvertOnCpu(plan, static_cast<const uint8_t*>(in), plan.input_bytes, static_cast<uint8_t*>(out),
                       plan.output_bytes, CpuOptions{1});
+}
+
+absl::Status FakeRuntime::ConvertMoe(int gpu, const MoePlan& plan, absl::Span<const void* const> in,
+                                     absl::Span<void* const> out, Stream) {
+  if (absl::Status s = CheckGpu(gpu); !s.ok()) return s;
+  {
+    absl::MutexLock lock(&mu_);
+    counts_[static_cast<size_t>(gpu)].converts++;
+  }
+  if (in.size() != plan.inputs.size() || out.size() != plan.outputs.size()) {
+    return absl::InvalidArgumentError("ConvertMoe: one pointer per plan input and output");
+  }
+  std::vector<absl::Span<const uint8_t>> ins;
+  std::vector<absl::Span<uint8_t>> outs;
+  ins.reserve(in.size());
+  outs.reserve(out.size());
+  for (size_t i = 0; i < in.size(); ++i) ins.emplace_back(static_cast<const uint8_t*>(in[i]), plan.input_bytes[i]);
+  for (size_t i = 0; i < out.size(); ++i) outs.emplace_back(static_cast<uint8_t*>(out[i]), plan.output_bytes[i]);
+  return RunMoeCpu(plan, ins, outs, 1);
 }
 
 absl::Status FakeRuntime::Synchronize(int gpu, Stream) { return CheckGpu(gpu); }

@@ -74,6 +74,7 @@ class FakeRuntime final : public server::DeviceRuntime {
     int value_waits = 0;               // WaitValue32 calls
     int converts_after_value_wait = 0;  // on a stream that had waited for a word
     uint64_t device_bytes_now = 0;  // allocated and not yet freed, every GPU
+    uint64_t device_bytes_peak = 0;  // the most device_bytes_now reached (totals: the GPUs' sum)
     uint64_t pinned_bytes_now = 0;
   };
   Counts counts(int gpu) const;
@@ -95,6 +96,9 @@ class FakeRuntime final : public server::DeviceRuntime {
   absl::Status CopyToHostAsync(int gpu, void* dst, const void* src, uint64_t bytes, Stream stream) override;
   absl::Status Convert(int gpu, const Plan& plan, const void* in, void* out, Stream stream) override;
   absl::Status Synchronize(int gpu, Stream stream) override;
+  // The CPU engine on the fake GPU's (host) memory; counted in Counts::converts.
+  absl::Status ConvertMoe(int gpu, const MoePlan& plan, absl::Span<const void* const> in, absl::Span<void* const> out,
+                          Stream stream) override;
   std::unique_ptr<server::DeviceTimer> NewTimer(int gpu) override;
   absl::StatusOr<void*> AllocatePinned(uint64_t bytes) override;
   void FreePinned(void* ptr) override;

@@ -15,12 +15,18 @@ LAYOUT_BLACKWELL_VALUE: Layout
 LAYOUT_HOPPER_SCALE: Layout
 LAYOUT_HOPPER_VALUE: Layout
 LAYOUT_UNSPECIFIED: Layout
+MOE_DTYPE_BFLOAT16: MoeDType
+MOE_DTYPE_FLOAT32: MoeDType
+MOE_DTYPE_UINT8: MoeDType
+MOE_DTYPE_UNSPECIFIED: MoeDType
 
 class BatchItem(_message.Message):
-    __slots__ = ["convert"]
+    __slots__ = ["convert", "moe"]
     CONVERT_FIELD_NUMBER: _ClassVar[int]
+    MOE_FIELD_NUMBER: _ClassVar[int]
     convert: ConvertItem
-    def __init__(self, convert: _Optional[_Union[ConvertItem, _Mapping]] = ...) -> None: ...
+    moe: MoeItem
+    def __init__(self, convert: _Optional[_Union[ConvertItem, _Mapping]] = ..., moe: _Optional[_Union[MoeItem, _Mapping]] = ...) -> None: ...
 
 class BatchItemResult(_message.Message):
     __slots__ = ["engine", "kernel_seconds", "outputs"]
@@ -272,6 +278,74 @@ class ListDevicesResponse(_message.Message):
     devices: _containers.RepeatedCompositeFieldContainer[DeviceInfo]
     def __init__(self, devices: _Optional[_Iterable[_Union[DeviceInfo, _Mapping]]] = ..., cpu_engine: bool = ..., cpu_threads: _Optional[int] = ...) -> None: ...
 
+class MoeIdentity(_message.Message):
+    __slots__ = ["contract_version", "description", "format", "op", "params"]
+    CONTRACT_VERSION_FIELD_NUMBER: _ClassVar[int]
+    DESCRIPTION_FIELD_NUMBER: _ClassVar[int]
+    FORMAT_FIELD_NUMBER: _ClassVar[int]
+    OP_FIELD_NUMBER: _ClassVar[int]
+    PARAMS_FIELD_NUMBER: _ClassVar[int]
+    contract_version: int
+    description: str
+    format: str
+    op: str
+    params: MoeParams
+    def __init__(self, format: _Optional[str] = ..., op: _Optional[str] = ..., params: _Optional[_Union[MoeParams, _Mapping]] = ..., contract_version: _Optional[int] = ..., description: _Optional[str] = ...) -> None: ...
+
+class MoeInput(_message.Message):
+    __slots__ = ["dtype", "name", "shape", "source"]
+    DTYPE_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    SHAPE_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    dtype: MoeDType
+    name: str
+    shape: _containers.RepeatedScalarFieldContainer[int]
+    source: TensorSource
+    def __init__(self, name: _Optional[str] = ..., dtype: _Optional[_Union[MoeDType, str]] = ..., shape: _Optional[_Iterable[int]] = ..., source: _Optional[_Union[TensorSource, _Mapping]] = ...) -> None: ...
+
+class MoeItem(_message.Message):
+    __slots__ = ["inputs", "op", "outputs", "params"]
+    INPUTS_FIELD_NUMBER: _ClassVar[int]
+    OP_FIELD_NUMBER: _ClassVar[int]
+    OUTPUTS_FIELD_NUMBER: _ClassVar[int]
+    PARAMS_FIELD_NUMBER: _ClassVar[int]
+    inputs: _containers.RepeatedCompositeFieldContainer[MoeInput]
+    op: str
+    outputs: _containers.RepeatedCompositeFieldContainer[MoeOutput]
+    params: MoeParams
+    def __init__(self, op: _Optional[str] = ..., params: _Optional[_Union[MoeParams, _Mapping]] = ..., inputs: _Optional[_Iterable[_Union[MoeInput, _Mapping]]] = ..., outputs: _Optional[_Iterable[_Union[MoeOutput, _Mapping]]] = ...) -> None: ...
+
+class MoeOutput(_message.Message):
+    __slots__ = ["destination", "name"]
+    DESTINATION_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    destination: TensorDestination
+    name: str
+    def __init__(self, name: _Optional[str] = ..., destination: _Optional[_Union[TensorDestination, _Mapping]] = ...) -> None: ...
+
+class MoeParams(_message.Message):
+    __slots__ = ["align", "align_h", "align_i", "axis", "block_k", "epilogue_tile_m", "format", "gated", "num_elts_per_sf"]
+    ALIGN_FIELD_NUMBER: _ClassVar[int]
+    ALIGN_H_FIELD_NUMBER: _ClassVar[int]
+    ALIGN_I_FIELD_NUMBER: _ClassVar[int]
+    AXIS_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_K_FIELD_NUMBER: _ClassVar[int]
+    EPILOGUE_TILE_M_FIELD_NUMBER: _ClassVar[int]
+    FORMAT_FIELD_NUMBER: _ClassVar[int]
+    GATED_FIELD_NUMBER: _ClassVar[int]
+    NUM_ELTS_PER_SF_FIELD_NUMBER: _ClassVar[int]
+    align: int
+    align_h: int
+    align_i: int
+    axis: int
+    block_k: int
+    epilogue_tile_m: int
+    format: str
+    gated: bool
+    num_elts_per_sf: int
+    def __init__(self, format: _Optional[str] = ..., gated: bool = ..., align_h: _Optional[int] = ..., align_i: _Optional[int] = ..., block_k: _Optional[int] = ..., axis: _Optional[int] = ..., epilogue_tile_m: _Optional[int] = ..., num_elts_per_sf: _Optional[int] = ..., align: _Optional[int] = ...) -> None: ...
+
 class PlanRequest(_message.Message):
     __slots__ = ["input_buffer_bytes", "input_strides", "logical_shape", "spec"]
     INPUT_BUFFER_BYTES_FIELD_NUMBER: _ClassVar[int]
@@ -373,18 +447,24 @@ class TensorDestination(_message.Message):
     def __init__(self, ipc: _Optional[_Union[CudaIpcBuffer, _Mapping]] = ...) -> None: ...
 
 class TensorResult(_message.Message):
-    __slots__ = ["bytes", "identity", "inline_bytes", "shape", "strides"]
+    __slots__ = ["bytes", "dtype", "identity", "inline_bytes", "moe_identity", "name", "shape", "strides"]
     BYTES_FIELD_NUMBER: _ClassVar[int]
+    DTYPE_FIELD_NUMBER: _ClassVar[int]
     IDENTITY_FIELD_NUMBER: _ClassVar[int]
     INLINE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MOE_IDENTITY_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
     SHAPE_FIELD_NUMBER: _ClassVar[int]
     STRIDES_FIELD_NUMBER: _ClassVar[int]
     bytes: int
+    dtype: MoeDType
     identity: LayoutIdentity
     inline_bytes: bytes
+    moe_identity: MoeIdentity
+    name: str
     shape: _containers.RepeatedScalarFieldContainer[int]
     strides: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, shape: _Optional[_Iterable[int]] = ..., strides: _Optional[_Iterable[int]] = ..., bytes: _Optional[int] = ..., inline_bytes: _Optional[bytes] = ..., identity: _Optional[_Union[LayoutIdentity, _Mapping]] = ...) -> None: ...
+    def __init__(self, shape: _Optional[_Iterable[int]] = ..., strides: _Optional[_Iterable[int]] = ..., bytes: _Optional[int] = ..., inline_bytes: _Optional[bytes] = ..., identity: _Optional[_Union[LayoutIdentity, _Mapping]] = ..., name: _Optional[str] = ..., moe_identity: _Optional[_Union[MoeIdentity, _Mapping]] = ..., dtype: _Optional[_Union[MoeDType, str]] = ...) -> None: ...
 
 class TensorSource(_message.Message):
     __slots__ = ["inline_bytes", "inline_strides", "ipc"]
@@ -400,4 +480,7 @@ class Layout(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = []
 
 class Direction(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = []
+
+class MoeDType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = []

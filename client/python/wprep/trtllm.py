@@ -1,0 +1,319 @@
+"""trtllm-gen MoE weight preparation (FlashInfer's Blackwell fused MoE) through wprepd.
+
+    import wprep.trtllm as tg
+    w13 = tg.prepare_w13(values, scales, bias)                  # mxfp4, align 256
+    w13.values, w13.scales, w13.bias, w13.identity.description
+    w13, w2 = tg.prepare_layer((v13, s13, b13), (v2, s2, b2))   # one round trip
+    tg.prepare_w13(values, scales, format="nvfp4", gated=True, align_h=256, align_i=64,
+                   out=(param_values, param_scales))            # in place, addresses kept
+    tg.run_op("row_shuffle", x, epilogue_tile_m=128)            # a single step
+
+Inputs are in checkpoint order, as the contract (TRTLLM_GEN.md) says: numpy arrays
+(uint8, float32; bfloat16 as uint16 bit patterns) or torch tensors (uint8, float32,
+bfloat16 and the fp8 dtypes, as their bytes). numpy arrays and CPU tensors travel inline
+and the daemon's CPU engine prepares them. When every input is a contiguous CUDA tensor and
+`out=` gives every output as a contiguous CUDA tensor on the same GPU, the daemon reads and
+writes them in place through CUDA IPC on that GPU (no copies, no device memory of its own);
+the client synchronizes the inputs' current stream first, and the outputs are complete when
+the call returns. CUDA tensors without `out=` are copied through the host.
+
+`out=`: the outputs in the op's order (values, scales, bias, whichever the format has),
+existing numpy arrays or tensors of exactly the output's bytes, written in place: their
+addresses (ndarray.ctypes.data, tensor.data_ptr()) do not change. Without `out=` the
+results are new numpy arrays.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import grpc
+import numpy as np
+
+from . import _torch
+from ._errors import WprepError
+from .v1 import wprep_pb2 as pb
+
+CONTRACT_VERSION = 1
+
+_NP_DTYPE = {pb.MOE_DTYPE_UINT8: np.uint8, pb.MOE_DTYPE_FLOAT32: np.float32, pb.MOE_DTYPE_BFLOAT16: np.uint16}
+_PARAMS = ("format", "gated", "align", "align_h", "align_i", "block_k", "axis", "epilogue_tile_m", "num_elts_per_sf")
+
+
+@dataclass(frozen=True)
+class MoeIdentity:
+    """What produced an output: the format ("" for a single step), op, params as used and
+    the contract version."""
+
+    format: str
+    op: str
+    params: Dict[str, Any]
+    contract_version: int
+    description: str
+
+
+@dataclass
+class MoeResult:
+    """The outputs of one op, by name (values/scales/bias, or y), in the op's order."""
+
+    outputs: Dict[str, Any]
+    identity: MoeIdentity
+    engine: str = ""
+    shapes: Dict[str, Tuple[int, ...]] = field(default_factory=dict)
+
+    def __getattr__(self, name: str) -> Any:
+        outputs = self.__dict__.get("outputs", {})
+        if name in ("values", "scales", "bias", "y"):
+            return outputs.get(name)
+        raise AttributeError(name)
+
+
+def _bad(msg: str) -> WprepError:
+    return WprepError(grpc.StatusCode.INVALID_ARGUMENT, msg)
+
+
+def _is_torch(x: Any) -> bool:
+    return type(x).__module__.startswith("torch")
+
+
+def _as_input(name: str, x: Any) -> "pb.MoeInput":
+    """A numpy array or torch tensor -> a MoeInput of its dense bytes."""
+    m = pb.MoeInput(name=name)
+    if _is_torch(x):
+        import torch
+
+        t = x.detach()
+        if t.dtype == torch.float32:
+            m.dtype = pb.MOE_DTYPE_FLOAT32
+        elif t.dtype == torch.bfloat16:
+            m.dtype = pb.MOE_DTYPE_BFLOAT16
+        elif t.element_size() == 1:  # uint8, int8, the fp8 dtypes: their bytes
+            m.dtype = pb.MOE_DTYPE_UINT8
+        else:
+            raise _bad(f"{name}: dtype {t.dtype} is not one the contract takes (uint8/fp8, float32, bfloat16)")
+        m.shape.extend(t.shape)
+        flat = t.contiguous().reshape(-1)
+        if flat.is_cuda:
+            flat = flat.cpu()
+        m.source.inline_bytes = flat.view(torch.uint8).numpy().tobytes()
+        return m
+    a = np.asarray(x)
+    if a.dtype == np.uint8 or a.dtype == np.int8:
+        m.dtype = pb.MOE_DTYPE_UINT8
+    elif a.dtype == np.float32:
+        m.dtype = pb.MOE_DTYPE_FLOAT32
+    elif a.dtype == np.uint16:
+        m.dtype = pb.MOE_DTYPE_BFLOAT16  # bfloat16 bit patterns
+    else:
+        raise _bad(f"{name}: numpy dtype {a.dtype} is not uint8, float32 or uint16 (bfloat16 bits)")
+    m.shape.extend(a.shape)
+    m.source.inline_bytes = np.ascontiguousarray(a).astype(a.dtype.newbyteorder("<"), copy=False).tobytes()
+    return m
+
+
+def _dtype_of_tensor(name: str, t: Any) -> int:
+    import torch
+
+    if t.dtype == torch.float32:
+        return pb.MOE_DTYPE_FLOAT32
+    if t.dtype == torch.bfloat16:
+        return pb.MOE_DTYPE_BFLOAT16
+    if t.element_size() == 1:
+        return pb.MOE_DTYPE_UINT8
+    raise _bad(f"{name}: dtype {t.dtype} is not one the contract takes (uint8/fp8, float32, bfloat16)")
+
+
+def _byte_view(name: str, t: Any) -> Any:
+    """The bytes of a contiguous CUDA tensor as a flat uint8 view of the same memory."""
+    import torch
+
+    if not t.is_contiguous():
+        raise _bad(f"{name}: a CUDA tensor read or written in place must be contiguous")
+    return t.detach().reshape(-1).view(torch.uint8)
+
+
+def _ipc_eligible(inputs: Sequence[Tuple[str, Any]], out: Optional[Sequence[Any]]) -> bool:
+    """Every input and every out= a CUDA tensor of one GPU: the in-place IPC path."""
+    given = [x for _, x in inputs if x is not None]
+    if out is None or not given or not all(_torch.is_cuda_tensor(x) for x in list(given) + list(out)):
+        return False
+    return len({x.device.index for x in list(given) + list(out)}) == 1
+
+
+def _ipc_item(op: str, inputs: Sequence[Tuple[str, Any]], params: Dict[str, Any], out: Sequence[Any],
+              registry: Any) -> "pb.MoeItem":
+    """A MoE item whose operands are the tensors themselves, by CUDA IPC. The outputs are
+    named as the op names them: y for a single step, else those of the given inputs."""
+    item = _item(op, [], params)
+    names = []
+    for name, x in inputs:
+        if x is None:
+            continue
+        names.append(name)
+        m = item.inputs.add(name=name, dtype=_dtype_of_tensor(name, x))
+        m.shape.extend(x.shape)
+        _torch.source_view(_byte_view(name, x), registry).fill(m.source.ipc)
+    out_names = ["y"] if names == ["x"] else names
+    if len(out) != len(out_names):
+        raise _bad(f"out has {len(out)} tensors; {op} with these inputs writes {len(out_names)} ({', '.join(out_names)})")
+    for name, t in zip(out_names, out):
+        o = item.outputs.add(name=name)
+        _torch.destination_view(_byte_view(f"out {name}", t), registry).fill(o.destination.ipc)
+    return item
+
+
+def _item(op: str, inputs: Sequence[Tuple[str, Any]], params: Dict[str, Any]) -> "pb.MoeItem":
+    item = pb.MoeItem(op=op)
+    for k, v in params.items():
+        if v is None:
+            continue
+        if k not in _PARAMS:
+            raise _bad(f"unknown param {k!r}; the params are {', '.join(_PARAMS)}")
+        setattr(item.params, k, v)
+    for name, x in inputs:
+        if x is not None:
+            item.inputs.append(_as_input(name, x))
+    return item
+
+
+def _params_dict(p: "pb.MoeParams") -> Dict[str, Any]:
+    return {k: getattr(p, k) for k in _PARAMS if p.HasField(k)}
+
+
+def _write_out(name: str, data: bytes, dst: Any) -> None:
+    """Copies `data` into the existing array or tensor `dst` in place."""
+    if _is_torch(dst):
+        import torch
+
+        if not dst.is_contiguous() or dst.numel() * dst.element_size() != len(data):
+            raise _bad(f"out {name}: needs a contiguous tensor of {len(data)} bytes, got {tuple(dst.shape)} "
+                       f"{dst.dtype}")
+        src = torch.frombuffer(bytearray(data), dtype=torch.uint8) if data else torch.empty(0, dtype=torch.uint8)
+        dst.view(-1).view(torch.uint8).copy_(src)
+        return
+    if not isinstance(dst, np.ndarray) or not dst.flags.c_contiguous or dst.nbytes != len(data):
+        raise _bad(f"out {name}: needs a C-contiguous numpy array of {len(data)} bytes")
+    dst.reshape(-1).view(np.uint8)[:] = np.frombuffer(data, dtype=np.uint8)
+
+
+def _result(item: "pb.BatchItemResult", out: Optional[Sequence[Any]]) -> MoeResult:
+    outs: Dict[str, Any] = {}
+    shapes: Dict[str, Tuple[int, ...]] = {}
+    if out is not None and len(out) != len(item.outputs):
+        names = ", ".join(t.name for t in item.outputs)
+        raise _bad(f"out has {len(out)} tensors; this op writes {len(item.outputs)} ({names})")
+    for j, t in enumerate(item.outputs):
+        shapes[t.name] = tuple(t.shape)
+        if out is not None:
+            _write_out(t.name, t.inline_bytes, out[j])
+            outs[t.name] = out[j]
+        else:
+            outs[t.name] = np.frombuffer(t.inline_bytes, dtype=_NP_DTYPE[t.dtype]).reshape(tuple(t.shape)).copy()
+    ident = item.outputs[0].moe_identity if len(item.outputs) else pb.MoeIdentity()
+    return MoeResult(
+        outs,
+        MoeIdentity(ident.format, ident.op, _params_dict(ident.params), ident.contract_version, ident.description),
+        item.engine,
+        shapes,
+    )
+
+
+def _call(specs: List[Tuple[str, List[Tuple[str, Any]], Dict[str, Any]]], outs: List[Optional[Sequence[Any]]],
+          client: Any, timeout: Optional[float]) -> List[MoeResult]:
+    """One ConvertBatch of the items `specs` (op, named inputs, params), out= per item."""
+    if client is None:
+        from ._mxfp4 import default_client
+
+        client = default_client()
+    req = pb.ConvertBatchRequest()
+    in_place = []
+    devices = set()
+    for (op, inputs, params), out in zip(specs, outs):
+        ipc = _ipc_eligible(inputs, out)
+        in_place.append(ipc)
+        if ipc:
+            req.items.add().moe.CopyFrom(_ipc_item(op, inputs, params, out, client._registry))
+            devices.update(x.device.index for _, x in inputs if x is not None)
+        else:
+            req.items.add().moe.CopyFrom(_item(op, inputs, params))
+    if devices:
+        _torch.synchronize(devices)  # the producers' writes land before the daemon reads
+    resp = client._unary("ConvertBatch", req, timeout)
+    # Every inline out= is checked against its output's size before any is written.
+    for item, out, ipc in zip(resp.items, outs, in_place):
+        if out is None or ipc:
+            continue
+        if len(out) != len(item.outputs):
+            names = ", ".join(t.name for t in item.outputs)
+            raise _bad(f"out has {len(out)} tensors; this op writes {len(item.outputs)} ({names})")
+        for t, dst in zip(item.outputs, out):
+            n = dst.numel() * dst.element_size() if _is_torch(dst) else getattr(dst, "nbytes", -1)
+            if n != len(t.inline_bytes):
+                raise _bad(f"out {t.name}: needs {len(t.inline_bytes)} bytes, got {n}")
+    results = []
+    for item, out, ipc in zip(resp.items, outs, in_place):
+        if ipc:  # written in place already
+            ident = item.outputs[0].moe_identity
+            results.append(MoeResult(
+                {t.name: dst for t, dst in zip(item.outputs, out)},
+                MoeIdentity(ident.format, ident.op, _params_dict(ident.params), ident.contract_version,
+                            ident.description),
+                item.engine, {t.name: tuple(t.shape) for t in item.outputs}))
+        else:
+            results.append(_result(item, out))
+    return results
+
+
+def _prepare_spec(op: str, values: Any, scales: Any, bias: Any,
+                  params: Dict[str, Any]) -> Tuple[str, List[Tuple[str, Any]], Dict[str, Any]]:
+    return op, [("values", values), ("scales", scales), ("bias", bias)], params
+
+
+def prepare_w13(values: Any, scales: Any = None, bias: Any = None, *, format: Optional[str] = None,
+                gated: Optional[bool] = None, align: Optional[int] = None, align_h: Optional[int] = None,
+                align_i: Optional[int] = None, out: Optional[Sequence[Any]] = None, client: Any = None,
+                timeout: Optional[float] = None) -> MoeResult:
+    """w13 (gate and up projections) of every expert into the trtllm-gen layout: the
+    contract's prepare_w13 for `format` (mxfp4 when None: align; nvfp4: gated, align_h,
+    align_i; mxfp8, fp8_block: gated; fp8, bf16: gated, align_i). Raises WprepError
+    (INVALID_ARGUMENT naming the operand) on bad input."""
+    params = dict(format=format, gated=gated, align=align, align_h=align_h, align_i=align_i)
+    return _call([_prepare_spec("prepare_w13", values, scales, bias, params)], [out], client, timeout)[0]
+
+
+def prepare_w2(values: Any, scales: Any = None, bias: Any = None, *, format: Optional[str] = None,
+               align: Optional[int] = None, align_h: Optional[int] = None, align_i: Optional[int] = None,
+               out: Optional[Sequence[Any]] = None, client: Any = None,
+               timeout: Optional[float] = None) -> MoeResult:
+    """w2 (down projection) of every expert into the trtllm-gen layout (prepare_w2)."""
+    params = dict(format=format, align=align, align_h=align_h, align_i=align_i)
+    return _call([_prepare_spec("prepare_w2", values, scales, bias, params)], [out], client, timeout)[0]
+
+
+def prepare_layer(w13: Sequence[Any], w2: Sequence[Any], *, format: Optional[str] = None,
+                  gated: Optional[bool] = None, align: Optional[int] = None, align_h: Optional[int] = None,
+                  align_i: Optional[int] = None, out13: Optional[Sequence[Any]] = None,
+                  out2: Optional[Sequence[Any]] = None, client: Any = None,
+                  timeout: Optional[float] = None) -> Tuple[MoeResult, MoeResult]:
+    """w13 and w2 of one layer in one ConvertBatch: `w13` and `w2` are (values, scales,
+    bias) tuples (shorter where the format has fewer tensors). Both are validated before
+    either runs."""
+    def pad(t: Sequence[Any]) -> List[Any]:
+        return list(t) + [None] * (3 - len(t))
+
+    v13, s13, b13 = pad(w13)
+    v2, s2, b2 = pad(w2)
+    p13 = dict(format=format, gated=gated, align=align, align_h=align_h, align_i=align_i)
+    p2 = dict(format=format, align=align, align_h=align_h, align_i=align_i)
+    r = _call([_prepare_spec("prepare_w13", v13, s13, b13, p13), _prepare_spec("prepare_w2", v2, s2, b2, p2)],
+              [out13, out2], client, timeout)
+    return r[0], r[1]
+
+
+def run_op(op: str, x: Any, *, out: Any = None, client: Any = None, timeout: Optional[float] = None,
+           **params: Any) -> MoeResult:
+    """One single step of the contract (swap_pairs, gated_act_reorder, row_shuffle,
+    swap_halves, block_layout, bias_shuffle, scale_row_shuffle, block_scale_interleave,
+    shuffle_sf_a) on input `x`; its output is `y` (written into `out` when given)."""
+    return _call([(op, [("x", x)], params)], [None if out is None else [out]], client, timeout)[0]
