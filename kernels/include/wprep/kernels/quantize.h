@@ -1,0 +1,50 @@
+// Quantization of bf16/fp16/fp32 weights to MXFP4 (canonical values + e8m0 scales), per
+// docs/LAYOUTS.md "Quantization to MXFP4". Planning validates everything before any byte is
+// touched, so a bad request never produces partial output.
+#ifndef WPREP_KERNELS_QUANTIZE_H_
+#define WPREP_KERNELS_QUANTIZE_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+
+namespace wprep {
+
+enum class QuantDtype { kBfloat16, kFloat16, kFloat32 };
+enum class ScaleRounding { kUp, kDown };
+
+// Parses "bfloat16"/"float16"/"float32" and "up"/"down"; INVALID_ARGUMENT names the operand.
+absl::StatusOr<QuantDtype> ParseQuantDtype(const std::string& name);
+absl::StatusOr<ScaleRounding> ParseScaleRounding(const std::string& name);
+int QuantDtypeBytes(QuantDtype dtype);
+
+struct QuantizePlan {
+  QuantDtype dtype = QuantDtype::kBfloat16;
+  ScaleRounding rounding = ScaleRounding::kUp;
+  std::vector<int64_t> input_shape;   // [..., Q]
+  std::vector<int64_t> values_shape;  // [..., ceil(Q/2)]
+  std::vector<int64_t> scales_shape;  // [..., ceil(Q/32)]
+  int64_t rows = 0;                   // product of the leading dims
+  int64_t q = 0;                      // last dim
+  int64_t input_bytes = 0;
+  int64_t values_bytes = 0;
+  int64_t scales_bytes = 0;
+};
+
+// Validates shape (rank >= 1, dims >= 0) and 64-bit sizes (checked products).
+absl::StatusOr<QuantizePlan> MakeQuantizePlan(QuantDtype dtype, absl::Span<const int64_t> shape,
+                                              ScaleRounding rounding = ScaleRounding::kUp);
+
+// Quantizes `in` (plan.input_bytes, row-major, little-endian) into canonical values and
+// scales, each written in full. Buffer sizes must match the plan exactly.
+absl::Status QuantizeOnCpu(const QuantizePlan& plan, const uint8_t* in, size_t in_size,
+                           uint8_t* values, size_t values_size, uint8_t* scales,
+                           size_t scales_size);
+
+}  // namespace wprep
+
+#endif  // WPREP_KERNELS_QUANTIZE_H_
