@@ -9,6 +9,7 @@
 #include "convert_args.h"
 #include "inspect.h"
 #include "local_convert.h"
+#include "quantize.h"
 #if defined(WPREP_CLI_REMOTE)
 #include "bench.h"
 #include "convert_safetensors.h"
@@ -26,7 +27,8 @@ constexpr char kUsage[] =
     "  plan      what a conversion reads and writes, without converting (wprep plan --help)\n"
     "  devices   the GPUs and engines a running wprepd uses (wprep devices --help)\n"
     "  bench     latency and throughput of a running wprepd (wprep bench --help)\n"
-    "  convert-safetensors  convert an MXFP4 checkpoint's tensors (wprep convert-safetensors --help)\n";
+    "  convert-safetensors  convert an MXFP4 checkpoint's tensors (wprep convert-safetensors --help)\n"
+    "  quantize  bf16/fp16/fp32 weights to MXFP4 values and scales (wprep quantize --help)\n";
 
 // One line, beginning with the status code name; exit status 2.
 int Fail(const absl::Status& s) {
@@ -95,6 +97,7 @@ int main(int argc, char** argv) {
   if (command == "health") return Health(args);
   if (command == "plan") return wprep::cli::PlanCommand(args);
   if (command == "devices") return wprep::cli::DevicesCommand(args);
+  if (command == "quantize") return wprep::cli::QuantizeCommand(args);
 #if defined(WPREP_CLI_REMOTE)
   if (command == "bench") return wprep::cli::BenchCommand(args);
   if (command == "convert-safetensors") return wprep::cli::ConvertSafetensorsCommand(args);

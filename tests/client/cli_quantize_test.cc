@@ -1,0 +1,98 @@
+// `wprep quantize --local` as a user runs it: the golden_quant reference vectors through
+// the binary, and refusals (exit 2, one INVALID_ARGUMENT/UNIMPLEMENTED line, no files).
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <iterator>
+#include <string>
+#include <vector>
+
+#include "cli_runner.h"
+#include "nlohmann/json.hpp"
+
+namespace wprep {
+namespace {
+
+const std::string kQuantDir = WPREP_TEST_DATA_DIR "/golden_quant/";
+
+std::vector<uint8_t> Bytes(const fs::path& p) {
+  std::ifstream f(p, std::ios::binary);
+  return std::vector<uint8_t>(std::istreambuf_iterator<char>(f), {});
+}
+
+std::string Join(const std::vector<int64_t>& v) {
+  std::string s;
+  for (size_t i = 0; i < v.size(); ++i) {
+    if (i > 0) s.push_back(',');
+    s.append(std::to_string(v[i]));
+  }
+  return s;
+}
+
+TEST_F(CliTest, QuantizeMatchesEveryGoldenCase) {
+  std::ifstream mf(kQuantDir + "manifest.json");
+  ASSERT_TRUE(mf.good());
+  const nlohmann::json manifest = nlohmann::json::parse(mf);
+  int checked = 0;
+  for (const auto& c : manifest["cases"]) {
+    SCOPED_TRACE(c["name"].get<std::string>());
+    const fs::path v = dir_ / "v.bin", s = dir_ / "s.bin";
+    const RunResult r = RunCli(
+        "quantize --local --device cpu --dtype " + c["input_dtype"].get<std::string>() +
+        " --shape " + Join(c["input_shape"].get<std::vector<int64_t>>()) + " --scale-rounding " +
+        c["params"]["scale_rounding"].get<std::string>() + " --input " + kQuantDir +
+        c["input"].get<std::string>() + " --values-output " + v.string() + " --scales-output " +
+        s.string());
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_EQ(Bytes(v), Bytes(kQuantDir + c["values"].get<std::string>()));
+    EXPECT_EQ(Bytes(s), Bytes(kQuantDir + c["scales"].get<std::string>()));
+    ++checked;
+  }
+  EXPECT_EQ(checked, 40);
+}
+
+TEST_F(CliTest, QuantizeRoundsScalesUpByDefault) {
+  const std::string c = "quant_4x256_normal_up";
+  const fs::path v = dir_ / "v.bin", s = dir_ / "s.bin";
+  const RunResult r = RunCli("quantize --local --dtype bfloat16 --shape 4,256 --input " + kQuantDir +
+                             "cases/" + c + ".in.bin --values-output " + v.string() +
+                             " --scales-output " + s.string());
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(Bytes(s), Bytes(kQuantDir + "cases/" + c + ".scales.bin"));
+  EXPECT_NE(r.out.find("values_shape [4, 128] scales_shape [4, 8]"), std::string::npos) << r.out;
+}
+
+TEST_F(CliTest, QuantizeRefusesBadRequestsWithExit2AndNoFiles) {
+  const fs::path in = Write("in.bin", std::vector<uint8_t>(2 * 4 * 64, 0));
+  const fs::path v = dir_ / "v.bin", s = dir_ / "s.bin";
+  const std::string io =
+      " --input " + in.string() + " --values-output " + v.string() + " --scales-output " + s.string();
+  struct Bad {
+    std::string flags, code, mention;
+  };
+  const std::vector<Bad> cases = {
+      {"--local --dtype bfloat16 --shape 4,65" + io, "INVALID_ARGUMENT: ", "--input"},
+      {"--local --dtype int8 --shape 4,64" + io, "INVALID_ARGUMENT: ", "dtype"},
+      {"--local --dtype bfloat16 --shape 4,64 --scale-rounding even" + io, "INVALID_ARGUMENT: ",
+       "scale_rounding"},
+      {"--local --dtype bfloat16 --shape 4,-64" + io, "INVALID_ARGUMENT: ", "shape"},
+      {"--local --dtype bfloat16" + io, "INVALID_ARGUMENT: ", "--shape"},
+      {"--local --dtype bfloat16 --shape 4,64 --device tpu:0" + io, "INVALID_ARGUMENT: ", "--device"},
+      {"--local --dtype bfloat16 --shape 4,64 --bogus 1" + io, "INVALID_ARGUMENT: ", "--bogus"},
+      {"--dtype bfloat16 --shape 4,64" + io, "INVALID_ARGUMENT: ", "--local"},
+      {"--target localhost:1 --dtype bfloat16 --shape 4,64" + io, "UNIMPLEMENTED: ", "--target"},
+  };
+  for (const Bad& b : cases) {
+    SCOPED_TRACE(b.flags);
+    const RunResult r = RunCli("quantize " + b.flags);
+    EXPECT_EQ(r.exit_code, 2);
+    EXPECT_EQ(r.err.rfind(b.code, 0), 0u) << r.err;
+    EXPECT_NE(r.err.find(b.mention), std::string::npos) << r.err;
+    EXPECT_EQ(r.err.find('\n'), r.err.size() - 1) << "one line: " << r.err;
+    EXPECT_FALSE(fs::exists(v));
+    EXPECT_FALSE(fs::exists(s));
+  }
+}
+
+}  // namespace
+}  // namespace wprep
