@@ -11,6 +11,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "wprep/kernels/cuda_engine.h"
 
 namespace wprep {
 
@@ -44,6 +45,18 @@ absl::StatusOr<QuantizePlan> MakeQuantizePlan(QuantDtype dtype, absl::Span<const
 absl::Status QuantizeOnCpu(const QuantizePlan& plan, const uint8_t* in, size_t in_size,
                            uint8_t* values, size_t values_size, uint8_t* scales,
                            size_t scales_size);
+
+// The same on the GPU: `in`, `values` and `scales` are device pointers on one GPU; one kernel
+// launch on `stream`, no allocation, no synchronization; byte-equal to QuantizeOnCpu.
+// Unimplemented in a build without CUDA.
+absl::Status QuantizeOnCuda(const QuantizePlan& plan, const void* in, void* values, void* scales,
+                            CudaStream stream);
+
+// For tools and tests: host buffers in and out through device buffers of GPU `device`
+// (allocated, freed, synchronized). Sizes must match the plan exactly.
+absl::Status QuantizeHostBuffersOnCuda(const QuantizePlan& plan, const uint8_t* in,
+                                       size_t in_size, uint8_t* values, size_t values_size,
+                                       uint8_t* scales, size_t scales_size, int device);
 
 }  // namespace wprep
 

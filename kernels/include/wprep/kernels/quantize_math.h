@@ -15,11 +15,17 @@ inline constexpr int kGroup = 32;
 
 // Bit casts through memcpy: defined behaviour on host, folded to a move on device.
 WPREP_HD uint32_t FloatBits(float f) {
+#if defined(__CUDA_ARCH__)
+  return __float_as_uint(f);
+#endif
   uint32_t u;
   memcpy(&u, &f, sizeof(u));
   return u;
 }
 WPREP_HD float BitsFloat(uint32_t u) {
+#if defined(__CUDA_ARCH__)
+  return __uint_as_float(u);
+#endif
   float f;
   memcpy(&f, &u, sizeof(f));
   return f;
