@@ -2,6 +2,7 @@
 // the binary, and refusals (exit 2, one INVALID_ARGUMENT/UNIMPLEMENTED line, no files).
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <fstream>
 #include <iterator>
 #include <string>
@@ -13,7 +14,14 @@
 namespace wprep {
 namespace {
 
-const std::string kQuantDir = WPREP_TEST_DATA_DIR "/golden_quant/";
+// The data folder: $WPREP_TEST_DATA_DIR where the build tree moved (GPU bundle), else the
+// source tree's.
+std::string QuantDataDir() {
+  const char* env = std::getenv("WPREP_TEST_DATA_DIR");
+  return std::string(env != nullptr && *env != '\0' ? env : WPREP_TEST_DATA_DIR) + "/golden_quant/";
+}
+
+const std::string kQuantDir = QuantDataDir();
 
 std::vector<uint8_t> Bytes(const fs::path& p) {
   std::ifstream f(p, std::ios::binary);

@@ -1,6 +1,7 @@
 // quantize_mxfp4 on the GPU: the reference vectors, and byte equality with the CPU engine
 // on random shapes full of the special values. Skipped where no GPU is found.
 #include <cstdint>
+#include <cstdlib>
 #include <fstream>
 #include <iterator>
 #include <random>
@@ -14,6 +15,13 @@
 
 namespace wprep {
 namespace {
+
+// The data folder: $WPREP_TEST_DATA_DIR where the build tree moved (GPU bundle), else the
+// source tree's.
+std::string QuantDataDir() {
+  const char* env = std::getenv("WPREP_TEST_DATA_DIR");
+  return std::string(env != nullptr && *env != '\0' ? env : WPREP_TEST_DATA_DIR) + "/golden_quant/";
+}
 
 std::vector<uint8_t> ReadFile(const std::string& path) {
   std::ifstream f(path, std::ios::binary);
@@ -40,7 +48,7 @@ Out Quantize(bool gpu, const QuantizePlan& plan, const std::vector<uint8_t>& in)
 
 TEST(QuantizeCuda, MatchesEveryGoldenCase) {
   if (CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
-  const std::string dir = WPREP_TEST_DATA_DIR "/golden_quant/";
+  const std::string dir = QuantDataDir();
   std::ifstream mf(dir + "manifest.json");
   ASSERT_TRUE(mf.good());
   const nlohmann::json manifest = nlohmann::json::parse(mf);

@@ -1,6 +1,7 @@
 // quantize_mxfp4 on the CPU: the reference vectors (tests/data/golden_quant, produced by
 // upstream triton_kernels' _downcast_to_mxfp), hand-derived edge cases, and validation.
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <iterator>
@@ -13,6 +14,13 @@
 
 namespace wprep {
 namespace {
+
+// The data folder: $WPREP_TEST_DATA_DIR where the build tree moved (GPU bundle), else the
+// source tree's.
+std::string QuantDataDir() {
+  const char* env = std::getenv("WPREP_TEST_DATA_DIR");
+  return std::string(env != nullptr && *env != '\0' ? env : WPREP_TEST_DATA_DIR) + "/golden_quant/";
+}
 
 std::vector<uint8_t> ReadFile(const std::string& path) {
   std::ifstream f(path, std::ios::binary);
@@ -47,7 +55,7 @@ std::vector<uint8_t> Bf16Bytes(const std::vector<uint16_t>& v) {
 }
 
 TEST(Quantize, MatchesEveryGoldenCaseByteForByte) {
-  const std::string dir = WPREP_TEST_DATA_DIR "/golden_quant/";
+  const std::string dir = QuantDataDir();
   std::ifstream mf(dir + "manifest.json");
   ASSERT_TRUE(mf.good());
   nlohmann::json manifest = nlohmann::json::parse(mf);
