@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "wprep/kernels/quantize.h"
+#include "wprep/kernels/layout_math.h"
 #include "wprep/kernels/quantize_math.h"
 
 namespace wprep {
@@ -133,6 +134,91 @@ absl::Status QuantizeOnCpu(const QuantizePlan& plan, const uint8_t* in, size_t i
         uint32_t hi = i + 1 < n ? qmath::EncodeE2m1(group[i + 1] * qs) : 0u;
         vrow[(begin + i) / 2] = static_cast<uint8_t>(lo | hi << 4);
       }
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<FusedBlackwellSizes> PlanQuantizeBlackwell(const QuantizePlan& plan) {
+  if (plan.input_shape.size() < 2) {
+    return absl::InvalidArgumentError(
+        "shape: a fused Blackwell layout needs a matrix [..., N, K] (rank >= 2)");
+  }
+  if (plan.q % 2 != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "shape: K (the last dim) is ", plan.q, "; the Blackwell value layout needs it even"));
+  }
+  const int64_t n = plan.input_shape[plan.input_shape.size() - 2];
+  const int64_t mats = n == 0 ? 0 : plan.rows / n;
+  const int64_t kpad = RoundUp(plan.q / 2, 128);
+  const BlackwellScaleTiling t = MakeBlackwellScaleTiling(CeilDiv(plan.q, qmath::kGroup), n);
+  FusedBlackwellSizes sizes;
+  int64_t per_mat = 0;
+  if (!CheckedMul(plan.rows, kpad, &sizes.values_bytes) ||
+      !CheckedMul(t.kpad, t.npad, &per_mat) || !CheckedMul(per_mat, mats, &sizes.scales_bytes)) {
+    return absl::InvalidArgumentError("shape: the Blackwell layout's byte size overflows 64 bits");
+  }
+  return sizes;
+}
+
+absl::Status QuantizeBlackwellOnCpu(const QuantizePlan& plan, const uint8_t* in, size_t in_size,
+                                    uint8_t* values, size_t values_size, uint8_t* scales,
+                                    size_t scales_size) {
+  auto sizes = PlanQuantizeBlackwell(plan);
+  if (!sizes.ok()) return sizes.status();
+  if (static_cast<int64_t>(in_size) != plan.input_bytes ||
+      static_cast<int64_t>(values_size) != sizes->values_bytes ||
+      static_cast<int64_t>(scales_size) != sizes->scales_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "buffers: ", in_size, "/", values_size, "/", scales_size, " bytes, the plan needs ",
+        plan.input_bytes, "/", sizes->values_bytes, "/", sizes->scales_bytes));
+  }
+  const int64_t n = plan.input_shape[plan.input_shape.size() - 2];
+  if (n == 0 || plan.rows == 0) return absl::OkStatus();
+  const int64_t mats = plan.rows / n;
+  const int64_t kpad = RoundUp(plan.q / 2, 128);
+  const int64_t sq = CeilDiv(plan.q, qmath::kGroup);
+  const BlackwellScaleTiling t = MakeBlackwellScaleTiling(sq, n);
+  const int64_t per_mat = t.kpad * t.npad;
+  const int esize = QuantDtypeBytes(plan.dtype);
+  const bool up = plan.rounding == ScaleRounding::kUp;
+  // Values: from packing -2, blackwell_value is the checkpoint rows padded to Kpad bytes,
+  // so row (e, n) of the input quantizes straight into row (e, n) of the output.
+  // Scales: each destination byte of a matrix asks BlackwellScaleSource for its (k, n) and
+  // takes that group's scale; the scale of group (n, k) is recomputed from the input's 32
+  // elements (cheap, and it keeps the pass free of a canonical scale buffer).
+  float group[qmath::kGroup];
+  auto quantize_group = [&](int64_t row, int64_t g, uint8_t* vdst) -> uint8_t {
+    const uint8_t* src = in + (row * plan.q + g * qmath::kGroup) * esize;
+    const int nel = static_cast<int>(plan.q - g * qmath::kGroup < qmath::kGroup
+                                         ? plan.q - g * qmath::kGroup
+                                         : qmath::kGroup);
+    float amax = 0.0f;
+    for (int i = 0; i < nel; ++i) {
+      group[i] = LoadElement(plan.dtype, src + i * esize);
+      amax = qmath::AbsMaxNum(amax, group[i]);
+    }
+    const uint32_t e = qmath::ScaleBits(amax, up);
+    if (vdst != nullptr) {
+      const float qs = qmath::ScaleMultiplier(e);
+      for (int i = 0; i < nel; i += 2) {  // K is even, so every group has whole pairs
+        vdst[i / 2] = static_cast<uint8_t>(qmath::EncodeE2m1(group[i] * qs) |
+                                           qmath::EncodeE2m1(group[i + 1] * qs) << 4);
+      }
+    }
+    return static_cast<uint8_t>(e >> 23);
+  };
+  for (int64_t row = 0; row < plan.rows; ++row) {
+    uint8_t* vrow = values + row * kpad;
+    for (int64_t g = 0; g < sq; ++g) quantize_group(row, g, vrow + g * (qmath::kGroup / 2));
+    std::memset(vrow + plan.q / 2, 0, static_cast<size_t>(kpad - plan.q / 2));
+  }
+  for (int64_t m = 0; m < mats; ++m) {
+    for (int64_t i = 0; i < per_mat; ++i) {
+      int64_t k = 0, col = 0;
+      BlackwellScaleSource(t, i, &k, &col);
+      scales[m * per_mat + i] =
+          k < sq && col < n ? quantize_group(m * n + col, k, nullptr) : uint8_t{0};
     }
   }
   return absl::OkStatus();

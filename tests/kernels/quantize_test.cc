@@ -5,11 +5,14 @@
 #include <cstring>
 #include <fstream>
 #include <iterator>
+#include <random>
 #include <string>
 #include <vector>
 
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "wprep/kernels/cpu_engine.h"
+#include "wprep/kernels/plan.h"
 #include "wprep/kernels/quantize.h"
 
 namespace wprep {
@@ -203,6 +206,83 @@ TEST(Quantize, RejectsBuffersWhoseSizeDoesNotMatchThePlan) {
   absl::Status st = QuantizeOnCpu(*plan, in.data(), in.size(), v.data(), v.size(), s.data(), 1);
   EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(st.message().find("input"), absl::string_view::npos);
+}
+
+// Random bf16 with every special class: +-0, subnormals, +-inf, NaN of both signs, whole
+// zero groups, and ordinary normals over many binades.
+std::vector<uint8_t> SpecialBf16(int64_t elems, std::mt19937_64& rng) {
+  std::vector<uint16_t> v(static_cast<size_t>(elems));
+  for (int64_t i = 0; i < elems; ++i) {
+    const uint64_t r = rng();
+    uint16_t h = static_cast<uint16_t>(r);
+    switch ((r >> 32) % 16) {
+      case 0: h &= 0x8000; break;                       // +-0
+      case 1: h &= 0x807F; break;                       // subnormal
+      case 2: h = (h & 0x8000) | 0x7F80; break;         // +-inf
+      case 3: h |= 0x7FC0; break;                       // NaN
+      default: break;
+    }
+    if ((i / 32) % 5 == 3) h = 0;  // a zero group now and then
+    v[static_cast<size_t>(i)] = h;
+  }
+  return Bf16Bytes(v);
+}
+
+// The oracle: canonical quantization, then the existing CPU engine's conversions.
+TEST(QuantizeFused, BlackwellEqualsQuantizeThenSwizzle) {
+  std::mt19937_64 rng(2828);
+  int compared = 0;
+  for (int trial = 0; trial < 24; ++trial) {
+    const ScaleRounding rounding = trial % 2 ? ScaleRounding::kDown : ScaleRounding::kUp;
+    const int64_t e = 1 + static_cast<int64_t>(rng() % 3);
+    const int64_t n = 1 + static_cast<int64_t>(rng() % 150);
+    const int64_t k = 2 * (1 + static_cast<int64_t>(rng() % 200));  // ragged last groups too
+    SCOPED_TRACE(testing::Message() << "[" << e << "," << n << "," << k << "] trial " << trial);
+    auto plan = MakeQuantizePlan(QuantDtype::kBfloat16, std::vector<int64_t>{e, n, k}, rounding);
+    ASSERT_TRUE(plan.ok());
+    const std::vector<uint8_t> in = SpecialBf16(e * n * k, rng);
+    Result canon = Quantize(QuantDtype::kBfloat16, {e, n, k}, in, rounding);
+
+    ConversionSpec vspec;
+    vspec.layout = Layout::kBlackwellValue;
+    vspec.direction = Direction::kSwizzle;
+    vspec.packing_axis = -2;
+    auto vplan = MakePlan(vspec, std::vector<int64_t>{e, k, n});
+    ASSERT_TRUE(vplan.ok()) << vplan.status();
+    std::vector<uint8_t> want_v(vplan->output_bytes);
+    ASSERT_TRUE(ConvertOnCpu(*vplan, canon.values.data(), canon.values.size(), want_v.data(),
+                             want_v.size()).ok());
+    const int64_t sq = (k + 31) / 32;
+    ConversionSpec sspec;
+    sspec.layout = Layout::kBlackwellScale;
+    sspec.direction = Direction::kSwizzle;
+    auto splan = MakePlan(sspec, std::vector<int64_t>{e, sq, n},
+                          InputBinding{{n * sq, 1, sq}, canon.scales.size()});
+    ASSERT_TRUE(splan.ok()) << splan.status();
+    std::vector<uint8_t> want_s(splan->output_bytes);
+    ASSERT_TRUE(ConvertOnCpu(*splan, canon.scales.data(), canon.scales.size(), want_s.data(),
+                             want_s.size()).ok());
+
+    auto sizes = PlanQuantizeBlackwell(*plan);
+    ASSERT_TRUE(sizes.ok()) << sizes.status();
+    std::vector<uint8_t> got_v(sizes->values_bytes, 0xAB), got_s(sizes->scales_bytes, 0xAB);
+    absl::Status st = QuantizeBlackwellOnCpu(*plan, in.data(), in.size(), got_v.data(),
+                                             got_v.size(), got_s.data(), got_s.size());
+    ASSERT_TRUE(st.ok()) << st;
+    EXPECT_EQ(got_v, want_v);
+    EXPECT_EQ(got_s, want_s);
+    ++compared;
+  }
+  EXPECT_EQ(compared, 24);
+}
+
+TEST(QuantizeFused, BlackwellRefusesOddKAndVectors) {
+  auto odd = MakeQuantizePlan(QuantDtype::kBfloat16, std::vector<int64_t>{4, 33});
+  ASSERT_TRUE(odd.ok());
+  EXPECT_EQ(PlanQuantizeBlackwell(*odd).status().code(), absl::StatusCode::kInvalidArgument);
+  auto vec = MakeQuantizePlan(QuantDtype::kBfloat16, std::vector<int64_t>{64});
+  ASSERT_TRUE(vec.ok());
+  EXPECT_EQ(PlanQuantizeBlackwell(*vec).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

@@ -46,6 +46,21 @@ absl::Status QuantizeOnCpu(const QuantizePlan& plan, const uint8_t* in, size_t i
                            uint8_t* values, size_t values_size, uint8_t* scales,
                            size_t scales_size);
 
+// Fused quantize-and-lay-out for Blackwell (blackwell_value + blackwell_scale), on the CPU:
+// a weight stored [..., N, K] quantizes along K into the checkpoint-order MXFP4 of the
+// matmul's logical [..., K, N] (packing axis -2), and each output byte is written straight
+// from its quantized group; no canonical copy is made. Byte-equal to QuantizeOnCpu followed
+// by the blackwell_value swizzle (packing -2) and the blackwell_scale swizzle of the
+// transposed scale view [..., K/32, N]. Needs rank >= 2 and an even K.
+struct FusedBlackwellSizes {
+  int64_t values_bytes = 0;  // [..., N, rup(K/2, 128)]
+  int64_t scales_bytes = 0;  // per matrix rup(ceil(K/32), 8) * rup(N, 128)
+};
+absl::StatusOr<FusedBlackwellSizes> PlanQuantizeBlackwell(const QuantizePlan& plan);
+absl::Status QuantizeBlackwellOnCpu(const QuantizePlan& plan, const uint8_t* in, size_t in_size,
+                                    uint8_t* values, size_t values_size, uint8_t* scales,
+                                    size_t scales_size);
+
 // The same on the GPU: `in`, `values` and `scales` are device pointers on one GPU; one kernel
 // launch on `stream`, no allocation, no synchronization; byte-equal to QuantizeOnCpu.
 // Unimplemented in a build without CUDA.
