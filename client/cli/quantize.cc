@@ -22,8 +22,11 @@ const char kQuantizeUsage[] =
     "         --values-output FILE --scales-output FILE\n"
     "Quantizes little-endian row-major weights [..., Q] to canonical MXFP4 values\n"
     "[..., ceil(Q/2)] and e8m0 scales [..., ceil(Q/32)] (groups of 32 along the last axis;\n"
-    "docs/LAYOUTS.md, \"Quantization to MXFP4\"). Not yet available: --target (daemon),\n"
-    "--device cuda:N, --layout (fused quantize-and-lay-out).\n";
+    "docs/LAYOUTS.md, \"Quantization to MXFP4\").\n"
+    "  --layout blackwell_value  a weight stored [..., N, K]: write blackwell_value values and\n"
+    "                            blackwell_scale scales directly (fused, K even)\n"
+    "Not yet available: --target (daemon), --device cuda:N, the Hopper and Blackwell\n"
+    "shuffled fused layouts.\n";
 
 namespace {
 
@@ -49,10 +52,16 @@ absl::Status Run(const std::vector<std::string>& args) {
   if (!flags->Has("--local")) {
     return absl::InvalidArgumentError("quantize: --local is required (see wprep quantize --help)");
   }
-  if (flags->Has("--layout")) {
-    return absl::UnimplementedError(
-        "quantize --layout: fused quantize-and-lay-out is not available yet; quantize, then "
-        "wprep convert --local");
+  // Fused output: only the Blackwell pair so far (values blackwell_value, scales
+  // blackwell_scale, for a weight stored [..., N, K]).
+  bool blackwell = false;
+  if (const std::string* layout = flags->Get("--layout"); layout != nullptr) {
+    if (*layout != "blackwell_value") {
+      return absl::UnimplementedError(absl::StrCat(
+          "quantize --layout ", *layout, ": fused quantize-and-lay-out serves blackwell_value "
+          "(with blackwell_scale) only so far; quantize, then wprep convert --local"));
+    }
+    blackwell = true;
   }
   if (const std::string* d = flags->Get("--device"); d != nullptr && *d != "cpu") {
     if (d->rfind("cuda:", 0) == 0) {
@@ -92,10 +101,21 @@ absl::Status Run(const std::vector<std::string>& args) {
         "--input: '", *flags->Get("--input"), "' has ", input->size(), " bytes; ",
         *flags->Get("--dtype"), " [", absl::StrJoin(*shape, ","), "] needs ", plan->input_bytes));
   }
-  std::vector<uint8_t> values(static_cast<size_t>(plan->values_bytes));
-  std::vector<uint8_t> scales(static_cast<size_t>(plan->scales_bytes));
-  if (absl::Status s = QuantizeOnCpu(*plan, input->data(), input->size(), values.data(),
-                                     values.size(), scales.data(), scales.size());
+  int64_t values_bytes = plan->values_bytes, scales_bytes = plan->scales_bytes;
+  if (blackwell) {
+    auto sizes = PlanQuantizeBlackwell(*plan);
+    if (!sizes.ok()) return absl::InvalidArgumentError(absl::StrCat("--", sizes.status().message()));
+    values_bytes = sizes->values_bytes;
+    scales_bytes = sizes->scales_bytes;
+  }
+  std::vector<uint8_t> values(static_cast<size_t>(values_bytes));
+  std::vector<uint8_t> scales(static_cast<size_t>(scales_bytes));
+  if (absl::Status s = blackwell ? QuantizeBlackwellOnCpu(*plan, input->data(), input->size(),
+                                                         values.data(), values.size(),
+                                                         scales.data(), scales.size())
+                                 : QuantizeOnCpu(*plan, input->data(), input->size(),
+                                                 values.data(), values.size(), scales.data(),
+                                                 scales.size());
       !s.ok()) {
     return s;
   }
@@ -111,9 +131,14 @@ absl::Status Run(const std::vector<std::string>& args) {
     std::remove(flags->Get("--values-output")->c_str());
     return s;
   }
-  std::printf("values_shape [%s] scales_shape [%s]\n",
-              absl::StrJoin(plan->values_shape, ", ").c_str(),
-              absl::StrJoin(plan->scales_shape, ", ").c_str());
+  if (blackwell) {
+    std::printf("values_bytes %lld (blackwell_value) scales_bytes %lld (blackwell_scale)\n",
+                static_cast<long long>(values_bytes), static_cast<long long>(scales_bytes));
+  } else {
+    std::printf("values_shape [%s] scales_shape [%s]\n",
+                absl::StrJoin(plan->values_shape, ", ").c_str(),
+                absl::StrJoin(plan->scales_shape, ", ").c_str());
+  }
   return absl::OkStatus();
 }
 
