@@ -46,13 +46,24 @@ std::vector<uint8_t> RandomBf16(uint64_t bytes) {
   return v;
 }
 
-void Bench(const std::vector<int64_t>& shape, wprep::ScaleRounding rounding, int iters, int warmup) {
+void Bench(const std::vector<int64_t>& shape, wprep::ScaleRounding rounding, bool blackwell,
+           int iters, int warmup) {
   auto plan = wprep::MakeQuantizePlan(wprep::QuantDtype::kBfloat16, shape, rounding);
   if (!plan.ok()) {
     std::fprintf(stderr, "%s\n", plan.status().ToString().c_str());
     std::exit(1);
   }
-  const uint64_t in_b = plan->input_bytes, v_b = plan->values_bytes, s_b = plan->scales_bytes;
+  uint64_t in_b = plan->input_bytes, v_b = plan->values_bytes, s_b = plan->scales_bytes;
+  if (blackwell) {
+    auto sizes = wprep::PlanQuantizeBlackwell(*plan);
+    if (!sizes.ok()) std::exit(1);
+    v_b = sizes->values_bytes;
+    s_b = sizes->scales_bytes;
+  }
+  auto run = [&](const void* i, void* vv, void* ss, cudaStream_t st) {
+    return blackwell ? wprep::QuantizeBlackwellOnCuda(*plan, i, vv, ss, st)
+                     : wprep::QuantizeOnCuda(*plan, i, vv, ss, st);
+  };
   const uint64_t moved = in_b + v_b + s_b;  // bytes the quantization reads plus writes
   const uint64_t copy_b = moved / 2;        // a copy of copy_b bytes moves 2 * copy_b
   void *in, *v, *s, *csrc, *cdst;
@@ -68,23 +79,26 @@ void Bench(const std::vector<int64_t>& shape, wprep::ScaleRounding rounding, int
   CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
 
   // Correctness first: GPU bytes == CPU engine bytes.
-  if (!wprep::QuantizeOnCuda(*plan, in, v, s, stream).ok()) std::exit(1);
+  if (!run(in, v, s, stream).ok()) std::exit(1);
   CHECK_CUDA(cudaStreamSynchronize(stream));
   std::vector<uint8_t> gv(v_b), gs(s_b), cv(v_b), cs(s_b);
   CHECK_CUDA(cudaMemcpy(gv.data(), v, v_b, cudaMemcpyDeviceToHost));
   CHECK_CUDA(cudaMemcpy(gs.data(), s, s_b, cudaMemcpyDeviceToHost));
-  if (!wprep::QuantizeOnCpu(*plan, host.data(), in_b, cv.data(), v_b, cs.data(), s_b).ok()) std::exit(1);
+  if (!(blackwell ? wprep::QuantizeBlackwellOnCpu(*plan, host.data(), in_b, cv.data(), v_b, cs.data(), s_b)
+                 : wprep::QuantizeOnCpu(*plan, host.data(), in_b, cv.data(), v_b, cs.data(), s_b)).ok()) {
+    std::exit(1);
+  }
   const bool equal = gv == cv && gs == cs;
 
   for (int i = 0; i < warmup; ++i) {
-    (void)wprep::QuantizeOnCuda(*plan, in, v, s, stream);
+    (void)run(in, v, s, stream);
     CHECK_CUDA(cudaMemcpyAsync(cdst, csrc, copy_b, cudaMemcpyDeviceToDevice, stream));
   }
   std::vector<cudaEvent_t> ev(4 * iters);
   for (auto& e : ev) CHECK_CUDA(cudaEventCreate(&e));
   for (int i = 0; i < iters; ++i) {
     CHECK_CUDA(cudaEventRecord(ev[4 * i], stream));
-    (void)wprep::QuantizeOnCuda(*plan, in, v, s, stream);
+    (void)run(in, v, s, stream);
     CHECK_CUDA(cudaEventRecord(ev[4 * i + 1], stream));
     CHECK_CUDA(cudaEventRecord(ev[4 * i + 2], stream));
     CHECK_CUDA(cudaMemcpyAsync(cdst, csrc, copy_b, cudaMemcpyDeviceToDevice, stream));
@@ -105,8 +119,9 @@ void Bench(const std::vector<int64_t>& shape, wprep::ScaleRounding rounding, int
     name.append(std::to_string(shape[i]));
   }
   const double qm = Median(q), cm = Median(c);
-  std::printf("quantize bf16 %s rounding=%s: quantize %.3f ms (%.1f GB/s of %llu B read+written), "
+  std::printf("%s bf16 %s rounding=%s: quantize %.3f ms (%.1f GB/s of %llu B read+written), "
               "copy of %llu B %.3f ms (%.1f GB/s moved); quantize/copy %.2f; gpu==cpu %s\n",
+              blackwell ? "fused blackwell_value+blackwell_scale" : "quantize (canonical)",
               name.c_str(), rounding == wprep::ScaleRounding::kUp ? "up" : "down", qm,
               moved / qm / 1e6, static_cast<unsigned long long>(moved),
               static_cast<unsigned long long>(copy_b), cm, 2.0 * copy_b / cm / 1e6, qm / cm,
@@ -132,9 +147,10 @@ int main(int argc, char** argv) {
   cudaDeviceProp p{};
   CHECK_CUDA(cudaGetDeviceProperties(&p, 0));
   std::printf("device: %s; iters %d, warm-up 5, medians of CUDA-event times\n", p.name, iters);
-  Bench({16, 4096, 4096}, wprep::ScaleRounding::kUp, iters, 5);
-  Bench({16, 4096, 4096}, wprep::ScaleRounding::kDown, iters, 5);
-  Bench({16, 4096, 4000}, wprep::ScaleRounding::kUp, iters, 5);  // rows not 16-byte aligned
+  Bench({16, 4096, 4096}, wprep::ScaleRounding::kUp, false, iters, 5);
+  Bench({16, 4096, 4096}, wprep::ScaleRounding::kDown, false, iters, 5);
+  Bench({16, 4096, 4000}, wprep::ScaleRounding::kUp, false, iters, 5);  // rows not 16-byte aligned
+  Bench({16, 4096, 4096}, wprep::ScaleRounding::kUp, true, iters, 5);
   return 0;
 }
 #else

@@ -9,6 +9,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "wprep/kernels/cuda_status.h"
+#include "wprep/kernels/layout_math.h"
 #include "wprep/kernels/quantize.h"
 #include "wprep/kernels/quantize_math.h"
 
@@ -27,10 +28,13 @@ __device__ __forceinline__ float Load(const uint8_t* row, int64_t i) {
 
 template <QuantDtype D>
 __global__ void QuantizeKernel(const uint8_t* __restrict__ in, uint8_t* __restrict__ values,
-                               uint8_t* __restrict__ scales, int64_t rows, int64_t q, bool up) {
+                               uint8_t* __restrict__ scales, int64_t rows, int64_t q, bool up,
+                               int64_t vrow_bytes) {
+  // vrow_bytes: ceil(q/2) for canonical values, Kpad for blackwell_value (the row's last
+  // group also zeroes the padding). scales == nullptr: the scale layout is written apart.
   constexpr int kEsize = D == QuantDtype::kFloat32 ? 4 : 2;
   const int64_t sq = (q + qmath::kGroup - 1) / qmath::kGroup;
-  const int64_t vq = (q + 1) / 2;
+  const int64_t vq = vrow_bytes;
   const int64_t total = rows * sq;
   for (int64_t t = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; t < total;
        t += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -58,7 +62,7 @@ __global__ void QuantizeKernel(const uint8_t* __restrict__ in, uint8_t* __restri
     WPREP_UNROLL
     for (int i = 0; i < qmath::kGroup; ++i) amax = qmath::AbsMaxNum(amax, x[i]);  // pads are 0
     const uint32_t e = qmath::ScaleBits(amax, up);
-    scales[r * sq + g] = static_cast<uint8_t>(e >> 23);
+    if (scales != nullptr) scales[r * sq + g] = static_cast<uint8_t>(e >> 23);
     const float qs = qmath::ScaleMultiplier(e);
     uint8_t out[qmath::kGroup / 2];
     WPREP_UNROLL
@@ -74,7 +78,42 @@ __global__ void QuantizeKernel(const uint8_t* __restrict__ in, uint8_t* __restri
     } else {
       for (int j = 0; j < nbytes; ++j) dst[j] = out[j];
     }
+    if (g == sq - 1) {
+      for (int64_t j = (q + 1) / 2; j < vrow_bytes; ++j) values[r * vq + j] = 0;
+    }
   }
+}
+
+// blackwell_scale of the transposed scale view: each destination byte finds its group with
+// BlackwellScaleSource and recomputes that group's scale from the input (32 elements).
+template <QuantDtype D>
+__global__ void BlackwellScaleKernel(const uint8_t* __restrict__ in, uint8_t* __restrict__ scales,
+                                     int64_t mats, int64_t n, int64_t q, bool up,
+                                     BlackwellScaleTiling t) {
+  constexpr int kEsize = D == QuantDtype::kFloat32 ? 4 : 2;
+  const int64_t per_mat = t.kpad * t.npad;
+  const int64_t total = mats * per_mat;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t m = i / per_mat;
+    int64_t k = 0, col = 0;
+    BlackwellScaleSource(t, i - m * per_mat, &k, &col);
+    uint8_t byte = 0;
+    if (k < t.k && col < n) {
+      const uint8_t* src = in + ((m * n + col) * q + k * qmath::kGroup) * kEsize;
+      const int nel = q - k * qmath::kGroup < qmath::kGroup ? static_cast<int>(q - k * qmath::kGroup)
+                                                            : qmath::kGroup;
+      float amax = 0.0f;
+      for (int j = 0; j < nel; ++j) amax = qmath::AbsMaxNum(amax, Load<D>(src, j));
+      byte = static_cast<uint8_t>(qmath::ScaleBits(amax, up) >> 23);
+    }
+    scales[i] = byte;
+  }
+}
+
+unsigned Blocks(int64_t work, int threads) {
+  const int64_t b = (work + threads - 1) / threads;
+  return static_cast<unsigned>(b < (1 << 30) ? b : (1 << 30));
 }
 
 }  // namespace
@@ -109,14 +148,52 @@ absl::Status QuantizeOnCuda(const QuantizePlan& plan, const void* in, void* valu
   auto* s = static_cast<uint8_t*>(scales);
   switch (plan.dtype) {
     case QuantDtype::kBfloat16:
-      QuantizeKernel<QuantDtype::kBfloat16><<<blocks, kThreads, 0, stream>>>(src, v, s, plan.rows, plan.q, up);
+      QuantizeKernel<QuantDtype::kBfloat16><<<blocks, kThreads, 0, stream>>>(src, v, s, plan.rows, plan.q, up, (plan.q + 1) / 2);
       break;
     case QuantDtype::kFloat16:
-      QuantizeKernel<QuantDtype::kFloat16><<<blocks, kThreads, 0, stream>>>(src, v, s, plan.rows, plan.q, up);
+      QuantizeKernel<QuantDtype::kFloat16><<<blocks, kThreads, 0, stream>>>(src, v, s, plan.rows, plan.q, up, (plan.q + 1) / 2);
       break;
     case QuantDtype::kFloat32:
-      QuantizeKernel<QuantDtype::kFloat32><<<blocks, kThreads, 0, stream>>>(src, v, s, plan.rows, plan.q, up);
+      QuantizeKernel<QuantDtype::kFloat32><<<blocks, kThreads, 0, stream>>>(src, v, s, plan.rows, plan.q, up, (plan.q + 1) / 2);
       break;
+  }
+  absl::Status launched = WPREP_CUDA_STATUS(cudaGetLastError());
+  WPREP_CUDA_RETURN_IF_ERROR(cudaSetDevice(previous));
+  return launched;
+}
+
+absl::Status QuantizeBlackwellOnCuda(const QuantizePlan& plan, const void* in, void* values,
+                                     void* scales, CudaStream stream) {
+  auto sizes = PlanQuantizeBlackwell(plan);
+  if (!sizes.ok()) return sizes.status();
+  const int64_t n = plan.input_shape[plan.input_shape.size() - 2];
+  if (n == 0 || plan.rows == 0) return absl::OkStatus();
+  int previous = 0;
+  WPREP_CUDA_RETURN_IF_ERROR(cudaGetDevice(&previous));
+  cudaPointerAttributes a{};
+  WPREP_CUDA_RETURN_IF_ERROR(cudaPointerGetAttributes(&a, in));
+  if (a.type != cudaMemoryTypeDevice) {
+    return absl::InvalidArgumentError("quantize: input must be device memory");
+  }
+  WPREP_CUDA_RETURN_IF_ERROR(cudaSetDevice(a.device));
+  constexpr int kThreads = 256;
+  const int64_t sq = (plan.q + qmath::kGroup - 1) / qmath::kGroup;
+  const int64_t kpad = RoundUp(plan.q / 2, 128);
+  const BlackwellScaleTiling t = MakeBlackwellScaleTiling(sq, n);
+  const bool up = plan.rounding == ScaleRounding::kUp;
+  const auto* src = static_cast<const uint8_t*>(in);
+  auto* v = static_cast<uint8_t*>(values);
+  auto* s = static_cast<uint8_t*>(scales);
+  const unsigned vb = Blocks(plan.rows * sq, kThreads), sb = Blocks(sizes->scales_bytes, kThreads);
+  const int64_t mats = plan.rows / n;
+  switch (plan.dtype) {
+#define WPREP_Q_LAUNCH(D)                                                                    \
+  QuantizeKernel<D><<<vb, kThreads, 0, stream>>>(src, v, nullptr, plan.rows, plan.q, up, kpad); \
+  BlackwellScaleKernel<D><<<sb, kThreads, 0, stream>>>(src, s, mats, n, plan.q, up, t);
+    case QuantDtype::kBfloat16: WPREP_Q_LAUNCH(QuantDtype::kBfloat16) break;
+    case QuantDtype::kFloat16: WPREP_Q_LAUNCH(QuantDtype::kFloat16) break;
+    case QuantDtype::kFloat32: WPREP_Q_LAUNCH(QuantDtype::kFloat32) break;
+#undef WPREP_Q_LAUNCH
   }
   absl::Status launched = WPREP_CUDA_STATUS(cudaGetLastError());
   WPREP_CUDA_RETURN_IF_ERROR(cudaSetDevice(previous));

@@ -9,6 +9,9 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#if defined(WPREP_HAVE_CUDA)
+#include <cuda_runtime.h>
+#endif
 #include "nlohmann/json.hpp"
 #include "wprep/kernels/cuda_engine.h"
 #include "wprep/kernels/quantize.h"
@@ -126,6 +129,52 @@ TEST(QuantizeCuda, RefusesHostPointers) {
   absl::Status st = QuantizeOnCuda(*plan, in.data(), v.data(), s.data(), nullptr);
   EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
 }
+
+#if defined(WPREP_HAVE_CUDA)
+// The fused Blackwell pair on the GPU equals the CPU's (which the CPU test holds to
+// quantize-then-swizzle), on random [E, N, K] with the special values.
+TEST(QuantizeCuda, BlackwellFusedEqualsTheCpu) {
+  if (CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
+  std::mt19937_64 rng(2829);
+  int compared = 0;
+  for (int trial = 0; trial < 24; ++trial) {
+    const QuantDtype dtype = static_cast<QuantDtype>(trial % 3);
+    const ScaleRounding rounding = (trial / 3) % 2 ? ScaleRounding::kDown : ScaleRounding::kUp;
+    const std::vector<int64_t> shape = {1 + static_cast<int64_t>(rng() % 3),
+                                        1 + static_cast<int64_t>(rng() % 300),
+                                        2 * (1 + static_cast<int64_t>(rng() % 300))};
+    auto plan = MakeQuantizePlan(dtype, shape, rounding);
+    ASSERT_TRUE(plan.ok());
+    auto sizes = PlanQuantizeBlackwell(*plan);
+    ASSERT_TRUE(sizes.ok());
+    SCOPED_TRACE(testing::Message() << "trial " << trial);
+    const std::vector<uint8_t> in =
+        SpecialInput(dtype, plan->input_bytes / QuantDtypeBytes(dtype), rng);
+    std::vector<uint8_t> cv(sizes->values_bytes, 0xAB), cs(sizes->scales_bytes, 0xAB);
+    ASSERT_TRUE(QuantizeBlackwellOnCpu(*plan, in.data(), in.size(), cv.data(), cv.size(),
+                                       cs.data(), cs.size()).ok());
+    void *din = nullptr, *dv = nullptr, *ds = nullptr;
+    ASSERT_EQ(cudaMalloc(&din, in.size()), cudaSuccess);
+    ASSERT_EQ(cudaMalloc(&dv, cv.size()), cudaSuccess);
+    ASSERT_EQ(cudaMalloc(&ds, cs.size()), cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(din, in.data(), in.size(), cudaMemcpyHostToDevice), cudaSuccess);
+    ASSERT_EQ(cudaMemset(dv, 0xAB, cv.size()), cudaSuccess);  // padding must be written
+    ASSERT_EQ(cudaMemset(ds, 0xAB, cs.size()), cudaSuccess);
+    absl::Status st = QuantizeBlackwellOnCuda(*plan, din, dv, ds, nullptr);
+    ASSERT_TRUE(st.ok()) << st;
+    std::vector<uint8_t> gv(cv.size()), gs(cs.size());
+    ASSERT_EQ(cudaMemcpy(gv.data(), dv, gv.size(), cudaMemcpyDeviceToHost), cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(gs.data(), ds, gs.size(), cudaMemcpyDeviceToHost), cudaSuccess);
+    (void)cudaFree(din);
+    (void)cudaFree(dv);
+    (void)cudaFree(ds);
+    EXPECT_EQ(gv, cv);
+    EXPECT_EQ(gs, cs);
+    ++compared;
+  }
+  EXPECT_EQ(compared, 24);
+}
+#endif
 
 }  // namespace
 }  // namespace wprep

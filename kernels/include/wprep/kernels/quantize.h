@@ -67,6 +67,11 @@ absl::Status QuantizeBlackwellOnCpu(const QuantizePlan& plan, const uint8_t* in,
 absl::Status QuantizeOnCuda(const QuantizePlan& plan, const void* in, void* values, void* scales,
                             CudaStream stream);
 
+// The fused Blackwell pair on the GPU (two launches on `stream`: values, then scales; no
+// canonical buffer). Byte-equal to QuantizeBlackwellOnCpu.
+absl::Status QuantizeBlackwellOnCuda(const QuantizePlan& plan, const void* in, void* values,
+                                     void* scales, CudaStream stream);
+
 // For tools and tests: host buffers in and out through device buffers of GPU `device`
 // (allocated, freed, synchronized). Sizes must match the plan exactly.
 absl::Status QuantizeHostBuffersOnCuda(const QuantizePlan& plan, const uint8_t* in,
