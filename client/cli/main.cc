@@ -10,6 +10,7 @@
 #include "inspect.h"
 #include "local_convert.h"
 #include "moe.h"
+#include "quantize.h"
 #if defined(WPREP_CLI_REMOTE)
 #include "bench.h"
 #include "convert_safetensors.h"
@@ -28,7 +29,9 @@ constexpr char kUsage[] =
     "  devices   the GPUs and engines a running wprepd uses (wprep devices --help)\n"
     "  bench     latency and throughput of a running wprepd (wprep bench --help)\n"
     "  convert-safetensors  convert an MXFP4 checkpoint's tensors (wprep convert-safetensors --help)\n"
-    "  moe       trtllm-gen MoE weight preparation of raw tensor files (wprep moe --help)\n";
+    "  moe       trtllm-gen MoE weight preparation of raw tensor files (wprep moe --help)\n"
+
+    "  quantize  bf16/fp16/fp32 weights to MXFP4 values and scales (wprep quantize --help)\n";
 
 // One line, beginning with the status code name; exit status 2.
 int Fail(const absl::Status& s) {
@@ -98,6 +101,7 @@ int main(int argc, char** argv) {
   if (command == "plan") return wprep::cli::PlanCommand(args);
   if (command == "devices") return wprep::cli::DevicesCommand(args);
   if (command == "moe") return wprep::cli::MoeCommand(args);
+  if (command == "quantize") return wprep::cli::QuantizeCommand(args);
 #if defined(WPREP_CLI_REMOTE)
   if (command == "bench") return wprep::cli::BenchCommand(args);
   if (command == "convert-safetensors") return wprep::cli::ConvertSafetensorsCommand(args);

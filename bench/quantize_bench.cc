@@ -1,0 +1,161 @@
+// wprep_quantize_bench: quantize_mxfp4 on the GPU next to a device copy that moves as many
+// bytes as the quantization reads plus writes (a program, not a test). CUDA events around
+// each call, warm-up first, median reported; quantize and copy interleaved so both see the
+// same conditions. Also checks the GPU output against the CPU engine once per shape, so a
+// fast but wrong kernel cannot post a number.
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "wprep/kernels/quantize.h"
+
+#if defined(WPREP_HAVE_CUDA)
+#include <cuda_runtime.h>
+
+namespace {
+
+#define CHECK_CUDA(call)                                                       \
+  do {                                                                         \
+    cudaError_t e_ = (call);                                                   \
+    if (e_ != cudaSuccess) {                                                   \
+      std::fprintf(stderr, "%s: %s\n", #call, cudaGetErrorString(e_));         \
+      std::exit(1);                                                            \
+    }                                                                          \
+  } while (0)
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+std::vector<uint8_t> RandomBf16(uint64_t bytes) {
+  // bf16 normals spread over a few binades (random sign), like trained weights.
+  std::vector<uint8_t> v(bytes);
+  uint64_t x = 0x9E3779B97F4A7C15ull;
+  for (uint64_t i = 0; i + 1 < bytes; i += 2) {
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    const uint16_t h = static_cast<uint16_t>(((x >> 20) & 0x8000u) | ((118u + (x >> 40) % 12) << 7) |
+                                             (x & 0x7Fu));
+    v[i] = static_cast<uint8_t>(h);
+    v[i + 1] = static_cast<uint8_t>(h >> 8);
+  }
+  return v;
+}
+
+void Bench(const std::vector<int64_t>& shape, wprep::ScaleRounding rounding, bool blackwell,
+           int iters, int warmup) {
+  auto plan = wprep::MakeQuantizePlan(wprep::QuantDtype::kBfloat16, shape, rounding);
+  if (!plan.ok()) {
+    std::fprintf(stderr, "%s\n", plan.status().ToString().c_str());
+    std::exit(1);
+  }
+  uint64_t in_b = plan->input_bytes, v_b = plan->values_bytes, s_b = plan->scales_bytes;
+  if (blackwell) {
+    auto sizes = wprep::PlanQuantizeBlackwell(*plan);
+    if (!sizes.ok()) std::exit(1);
+    v_b = sizes->values_bytes;
+    s_b = sizes->scales_bytes;
+  }
+  auto run = [&](const void* i, void* vv, void* ss, cudaStream_t st) {
+    return blackwell ? wprep::QuantizeBlackwellOnCuda(*plan, i, vv, ss, st)
+                     : wprep::QuantizeOnCuda(*plan, i, vv, ss, st);
+  };
+  const uint64_t moved = in_b + v_b + s_b;  // bytes the quantization reads plus writes
+  const uint64_t copy_b = moved / 2;        // a copy of copy_b bytes moves 2 * copy_b
+  void *in, *v, *s, *csrc, *cdst;
+  CHECK_CUDA(cudaMalloc(&in, in_b));
+  CHECK_CUDA(cudaMalloc(&v, v_b));
+  CHECK_CUDA(cudaMalloc(&s, s_b));
+  CHECK_CUDA(cudaMalloc(&csrc, copy_b));
+  CHECK_CUDA(cudaMalloc(&cdst, copy_b));
+  const std::vector<uint8_t> host = RandomBf16(in_b);
+  CHECK_CUDA(cudaMemcpy(in, host.data(), in_b, cudaMemcpyHostToDevice));
+  CHECK_CUDA(cudaMemset(csrc, 1, copy_b));
+  cudaStream_t stream;
+  CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+
+  // Correctness first: GPU bytes == CPU engine bytes.
+  if (!run(in, v, s, stream).ok()) std::exit(1);
+  CHECK_CUDA(cudaStreamSynchronize(stream));
+  std::vector<uint8_t> gv(v_b), gs(s_b), cv(v_b), cs(s_b);
+  CHECK_CUDA(cudaMemcpy(gv.data(), v, v_b, cudaMemcpyDeviceToHost));
+  CHECK_CUDA(cudaMemcpy(gs.data(), s, s_b, cudaMemcpyDeviceToHost));
+  if (!(blackwell ? wprep::QuantizeBlackwellOnCpu(*plan, host.data(), in_b, cv.data(), v_b, cs.data(), s_b)
+                 : wprep::QuantizeOnCpu(*plan, host.data(), in_b, cv.data(), v_b, cs.data(), s_b)).ok()) {
+    std::exit(1);
+  }
+  const bool equal = gv == cv && gs == cs;
+
+  for (int i = 0; i < warmup; ++i) {
+    (void)run(in, v, s, stream);
+    CHECK_CUDA(cudaMemcpyAsync(cdst, csrc, copy_b, cudaMemcpyDeviceToDevice, stream));
+  }
+  std::vector<cudaEvent_t> ev(4 * iters);
+  for (auto& e : ev) CHECK_CUDA(cudaEventCreate(&e));
+  for (int i = 0; i < iters; ++i) {
+    CHECK_CUDA(cudaEventRecord(ev[4 * i], stream));
+    (void)run(in, v, s, stream);
+    CHECK_CUDA(cudaEventRecord(ev[4 * i + 1], stream));
+    CHECK_CUDA(cudaEventRecord(ev[4 * i + 2], stream));
+    CHECK_CUDA(cudaMemcpyAsync(cdst, csrc, copy_b, cudaMemcpyDeviceToDevice, stream));
+    CHECK_CUDA(cudaEventRecord(ev[4 * i + 3], stream));
+  }
+  CHECK_CUDA(cudaStreamSynchronize(stream));
+  std::vector<double> q, c;
+  for (int i = 0; i < iters; ++i) {
+    float a, b;
+    CHECK_CUDA(cudaEventElapsedTime(&a, ev[4 * i], ev[4 * i + 1]));
+    CHECK_CUDA(cudaEventElapsedTime(&b, ev[4 * i + 2], ev[4 * i + 3]));
+    q.push_back(a);
+    c.push_back(b);
+  }
+  std::string name;
+  for (size_t i = 0; i < shape.size(); ++i) {
+    if (i > 0) name.push_back('x');
+    name.append(std::to_string(shape[i]));
+  }
+  const double qm = Median(q), cm = Median(c);
+  std::printf("%s bf16 %s rounding=%s: quantize %.3f ms (%.1f GB/s of %llu B read+written), "
+              "copy of %llu B %.3f ms (%.1f GB/s moved); quantize/copy %.2f; gpu==cpu %s\n",
+              blackwell ? "fused blackwell_value+blackwell_scale" : "quantize (canonical)",
+              name.c_str(), rounding == wprep::ScaleRounding::kUp ? "up" : "down", qm,
+              moved / qm / 1e6, static_cast<unsigned long long>(moved),
+              static_cast<unsigned long long>(copy_b), cm, 2.0 * copy_b / cm / 1e6, qm / cm,
+              equal ? "yes" : "NO");
+  for (auto& e : ev) (void)cudaEventDestroy(e);
+  (void)cudaFree(in);
+  (void)cudaFree(v);
+  (void)cudaFree(s);
+  (void)cudaFree(csrc);
+  (void)cudaFree(cdst);
+  (void)cudaStreamDestroy(stream);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const int iters = argc > 1 ? std::atoi(argv[1]) : 50;
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
+    std::fprintf(stderr, "no CUDA device\n");
+    return 1;
+  }
+  cudaDeviceProp p{};
+  CHECK_CUDA(cudaGetDeviceProperties(&p, 0));
+  std::printf("device: %s; iters %d, warm-up 5, medians of CUDA-event times\n", p.name, iters);
+  Bench({16, 4096, 4096}, wprep::ScaleRounding::kUp, false, iters, 5);
+  Bench({16, 4096, 4096}, wprep::ScaleRounding::kDown, false, iters, 5);
+  Bench({16, 4096, 4000}, wprep::ScaleRounding::kUp, false, iters, 5);  // rows not 16-byte aligned
+  Bench({16, 4096, 4096}, wprep::ScaleRounding::kUp, true, iters, 5);
+  return 0;
+}
+#else
+int main() {
+  std::fprintf(stderr, "wprep_quantize_bench: built without CUDA\n");
+  return 1;
+}
+#endif

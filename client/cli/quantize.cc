@@ -1,0 +1,158 @@
+// `wprep quantize --local`: validates every flag and the input size before writing, then
+// writes both outputs through temporary files, so a refused request leaves no files.
+#include "quantize.h"
+
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "flags.h"
+#include "local_convert.h"
+#include "wprep/kernels/quantize.h"
+
+namespace wprep::cli {
+
+const char kQuantizeUsage[] =
+    "usage: wprep quantize --local [--device cpu] --dtype bfloat16|float16|float32\n"
+    "         --shape D0,...,Q [--scale-rounding up|down] --input FILE\n"
+    "         --values-output FILE --scales-output FILE\n"
+    "Quantizes little-endian row-major weights [..., Q] to canonical MXFP4 values\n"
+    "[..., ceil(Q/2)] and e8m0 scales [..., ceil(Q/32)] (groups of 32 along the last axis;\n"
+    "docs/LAYOUTS.md, \"Quantization to MXFP4\").\n"
+    "  --layout blackwell_value  a weight stored [..., N, K]: write blackwell_value values and\n"
+    "                            blackwell_scale scales directly (fused, K even)\n"
+    "Not yet available: --target (daemon), --device cuda:N, the Hopper and Blackwell\n"
+    "shuffled fused layouts.\n";
+
+namespace {
+
+int Fail(const absl::Status& s) {
+  std::fprintf(stderr, "%s: %s\n", absl::StatusCodeToString(s.code()).c_str(),
+               std::string(s.message()).c_str());
+  return 2;
+}
+
+absl::Status Run(const std::vector<std::string>& args) {
+  FlagSpec spec;
+  spec.command = "quantize";
+  spec.with_value = {"--device",       "--dtype",         "--shape",
+                     "--scale-rounding", "--input",       "--values-output",
+                     "--scales-output",  "--target",      "--layout"};
+  spec.switches = {"--local"};
+  auto flags = Flags::Parse(args, spec);
+  if (!flags.ok()) return flags.status();
+  if (flags->Has("--target")) {
+    return absl::UnimplementedError(
+        "quantize --target: the daemon does not serve quantization yet; use --local");
+  }
+  if (!flags->Has("--local")) {
+    return absl::InvalidArgumentError("quantize: --local is required (see wprep quantize --help)");
+  }
+  // Fused output: only the Blackwell pair so far (values blackwell_value, scales
+  // blackwell_scale, for a weight stored [..., N, K]).
+  bool blackwell = false;
+  if (const std::string* layout = flags->Get("--layout"); layout != nullptr) {
+    if (*layout != "blackwell_value") {
+      return absl::UnimplementedError(absl::StrCat(
+          "quantize --layout ", *layout, ": fused quantize-and-lay-out serves blackwell_value "
+          "(with blackwell_scale) only so far; quantize, then wprep convert --local"));
+    }
+    blackwell = true;
+  }
+  if (const std::string* d = flags->Get("--device"); d != nullptr && *d != "cpu") {
+    if (d->rfind("cuda:", 0) == 0) {
+      return absl::UnimplementedError(absl::StrCat(
+          "--device ", *d, ": quantize runs on the CPU only in this build; use --device cpu"));
+    }
+    return absl::InvalidArgumentError(
+        absl::StrCat("--device: '", *d, "' is not cpu or cuda:N"));
+  }
+  for (const char* required : {"--dtype", "--shape", "--input", "--values-output",
+                               "--scales-output"}) {
+    if (!flags->Has(required)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(required, " is required (see wprep quantize --help)"));
+    }
+  }
+  auto dtype = ParseQuantDtype(*flags->Get("--dtype"));
+  if (!dtype.ok()) return absl::InvalidArgumentError(absl::StrCat("--", dtype.status().message()));
+  ScaleRounding rounding = ScaleRounding::kUp;
+  if (const std::string* r = flags->Get("--scale-rounding"); r != nullptr) {
+    auto parsed = ParseScaleRounding(*r);
+    if (!parsed.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("--", parsed.status().message()));
+    }
+    rounding = *parsed;
+  }
+  auto shape = flags->IntList("--shape");
+  if (!shape.ok()) return shape.status();
+  auto plan = MakeQuantizePlan(*dtype, *shape, rounding);
+  if (!plan.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("--", plan.status().message()));
+  }
+  auto input = ReadWholeFile(*flags->Get("--input"));
+  if (!input.ok()) return input.status();
+  if (static_cast<int64_t>(input->size()) != plan->input_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--input: '", *flags->Get("--input"), "' has ", input->size(), " bytes; ",
+        *flags->Get("--dtype"), " [", absl::StrJoin(*shape, ","), "] needs ", plan->input_bytes));
+  }
+  int64_t values_bytes = plan->values_bytes, scales_bytes = plan->scales_bytes;
+  if (blackwell) {
+    auto sizes = PlanQuantizeBlackwell(*plan);
+    if (!sizes.ok()) return absl::InvalidArgumentError(absl::StrCat("--", sizes.status().message()));
+    values_bytes = sizes->values_bytes;
+    scales_bytes = sizes->scales_bytes;
+  }
+  std::vector<uint8_t> values(static_cast<size_t>(values_bytes));
+  std::vector<uint8_t> scales(static_cast<size_t>(scales_bytes));
+  if (absl::Status s = blackwell ? QuantizeBlackwellOnCpu(*plan, input->data(), input->size(),
+                                                         values.data(), values.size(),
+                                                         scales.data(), scales.size())
+                                 : QuantizeOnCpu(*plan, input->data(), input->size(),
+                                                 values.data(), values.size(), scales.data(),
+                                                 scales.size());
+      !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = WriteFileAtomically(*flags->Get("--values-output"), values.data(),
+                                           values.size());
+      !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = WriteFileAtomically(*flags->Get("--scales-output"), scales.data(),
+                                           scales.size());
+      !s.ok()) {
+    // Both outputs or neither: a values file without its scales is useless and misleading.
+    std::remove(flags->Get("--values-output")->c_str());
+    return s;
+  }
+  if (blackwell) {
+    std::printf("values_bytes %lld (blackwell_value) scales_bytes %lld (blackwell_scale)\n",
+                static_cast<long long>(values_bytes), static_cast<long long>(scales_bytes));
+  } else {
+    std::printf("values_shape [%s] scales_shape [%s]\n",
+                absl::StrJoin(plan->values_shape, ", ").c_str(),
+                absl::StrJoin(plan->scales_shape, ", ").c_str());
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+int QuantizeCommand(const std::vector<std::string>& args) {
+  for (const auto& a : args) {
+    if (a == "--help" || a == "-h") {
+      std::fputs(kQuantizeUsage, stdout);
+      return 0;
+    }
+  }
+  absl::Status s = Run(args);
+  return s.ok() ? 0 : Fail(s);
+}
+
+}  // namespace wprep::cli

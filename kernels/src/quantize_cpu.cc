@@ -1,0 +1,227 @@
+// Planning and the CPU engine for quantize_mxfp4. The per-group math lives in
+// quantize_math.h (shared with the device code); this file only walks groups.
+#include <cstring>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "wprep/kernels/quantize.h"
+#include "wprep/kernels/layout_math.h"
+#include "wprep/kernels/quantize_math.h"
+
+namespace wprep {
+namespace {
+
+bool CheckedMul(int64_t a, int64_t b, int64_t* out) { return !__builtin_mul_overflow(a, b, out); }
+
+float LoadElement(QuantDtype dtype, const uint8_t* p) {
+  switch (dtype) {
+    case QuantDtype::kBfloat16: {
+      uint16_t h = static_cast<uint16_t>(p[0] | p[1] << 8);
+      return qmath::Bf16ToFloat(h);
+    }
+    case QuantDtype::kFloat16: {
+      uint16_t h = static_cast<uint16_t>(p[0] | p[1] << 8);
+      return qmath::Fp16ToFloat(h);
+    }
+    case QuantDtype::kFloat32: {
+      uint32_t u = static_cast<uint32_t>(p[0]) | static_cast<uint32_t>(p[1]) << 8 |
+                   static_cast<uint32_t>(p[2]) << 16 | static_cast<uint32_t>(p[3]) << 24;
+      return qmath::BitsFloat(u);
+    }
+  }
+  return 0.0f;
+}
+
+}  // namespace
+
+absl::StatusOr<QuantDtype> ParseQuantDtype(const std::string& name) {
+  if (name == "bfloat16") return QuantDtype::kBfloat16;
+  if (name == "float16") return QuantDtype::kFloat16;
+  if (name == "float32") return QuantDtype::kFloat32;
+  return absl::InvalidArgumentError(
+      absl::StrCat("dtype: '", name, "' is not one of bfloat16, float16, float32"));
+}
+
+absl::StatusOr<ScaleRounding> ParseScaleRounding(const std::string& name) {
+  if (name == "up") return ScaleRounding::kUp;
+  if (name == "down") return ScaleRounding::kDown;
+  return absl::InvalidArgumentError(
+      absl::StrCat("scale_rounding: '", name, "' is not one of up, down"));
+}
+
+int QuantDtypeBytes(QuantDtype dtype) { return dtype == QuantDtype::kFloat32 ? 4 : 2; }
+
+absl::StatusOr<QuantizePlan> MakeQuantizePlan(QuantDtype dtype, absl::Span<const int64_t> shape,
+                                              ScaleRounding rounding) {
+  if (shape.empty()) {
+    return absl::InvalidArgumentError(
+        "shape: quantize_mxfp4 needs rank >= 1 (groups run along the last axis)");
+  }
+  QuantizePlan plan;
+  plan.dtype = dtype;
+  plan.rounding = rounding;
+  plan.input_shape.assign(shape.begin(), shape.end());
+  int64_t rows = 1;
+  for (size_t i = 0; i < shape.size(); ++i) {
+    if (shape[i] < 0) {
+      return absl::InvalidArgumentError(absl::StrCat("shape: dim ", i, " is ", shape[i],
+                                                     "; dims must be >= 0 in [",
+                                                     absl::StrJoin(shape, ","), "]"));
+    }
+    if (i + 1 < shape.size() && !CheckedMul(rows, shape[i], &rows)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "shape: element count of [", absl::StrJoin(shape, ","), "] overflows 64 bits"));
+    }
+  }
+  plan.rows = rows;
+  plan.q = shape.back();
+  const int64_t vq = (plan.q + 1) / 2;
+  const int64_t sq = (plan.q + qmath::kGroup - 1) / qmath::kGroup;
+  int64_t elems = 0;
+  if (!CheckedMul(rows, plan.q, &elems) ||
+      !CheckedMul(elems, QuantDtypeBytes(dtype), &plan.input_bytes) ||
+      !CheckedMul(rows, vq, &plan.values_bytes) || !CheckedMul(rows, sq, &plan.scales_bytes)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "shape: byte size of [", absl::StrJoin(shape, ","), "] overflows 64 bits"));
+  }
+  plan.values_shape = plan.input_shape;
+  plan.values_shape.back() = vq;
+  plan.scales_shape = plan.input_shape;
+  plan.scales_shape.back() = sq;
+  return plan;
+}
+
+absl::Status QuantizeOnCpu(const QuantizePlan& plan, const uint8_t* in, size_t in_size,
+                           uint8_t* values, size_t values_size, uint8_t* scales,
+                           size_t scales_size) {
+  if (static_cast<int64_t>(in_size) != plan.input_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat("input: ", in_size, " bytes, the shape needs ",
+                                                   plan.input_bytes));
+  }
+  if (static_cast<int64_t>(values_size) != plan.values_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "values: ", values_size, " bytes, the shape needs ", plan.values_bytes));
+  }
+  if (static_cast<int64_t>(scales_size) != plan.scales_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "scales: ", scales_size, " bytes, the shape needs ", plan.scales_bytes));
+  }
+  const int esize = QuantDtypeBytes(plan.dtype);
+  const bool up = plan.rounding == ScaleRounding::kUp;
+  const int64_t vq = (plan.q + 1) / 2;
+  const int64_t sq = (plan.q + qmath::kGroup - 1) / qmath::kGroup;
+  float group[qmath::kGroup];
+  for (int64_t r = 0; r < plan.rows; ++r) {
+    const uint8_t* row = in + r * plan.q * esize;
+    uint8_t* vrow = values + r * vq;
+    if (vq > 0) vrow[vq - 1] = 0;  // an odd Q leaves the last high nibble zero
+    for (int64_t g = 0; g < sq; ++g) {
+      const int64_t begin = g * qmath::kGroup;
+      const int n = static_cast<int>(plan.q - begin < qmath::kGroup ? plan.q - begin
+                                                                      : qmath::kGroup);
+      float amax = 0.0f;
+      for (int i = 0; i < n; ++i) {
+        group[i] = LoadElement(plan.dtype, row + (begin + i) * esize);
+        amax = qmath::AbsMaxNum(amax, group[i]);
+      }
+      const uint32_t e = qmath::ScaleBits(amax, up);
+      scales[r * sq + g] = static_cast<uint8_t>(e >> 23);
+      const float qs = qmath::ScaleMultiplier(e);
+      for (int i = 0; i < n; i += 2) {
+        uint32_t lo = qmath::EncodeE2m1(group[i] * qs);
+        uint32_t hi = i + 1 < n ? qmath::EncodeE2m1(group[i + 1] * qs) : 0u;
+        vrow[(begin + i) / 2] = static_cast<uint8_t>(lo | hi << 4);
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<FusedBlackwellSizes> PlanQuantizeBlackwell(const QuantizePlan& plan) {
+  if (plan.input_shape.size() < 2) {
+    return absl::InvalidArgumentError(
+        "shape: a fused Blackwell layout needs a matrix [..., N, K] (rank >= 2)");
+  }
+  if (plan.q % 2 != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "shape: K (the last dim) is ", plan.q, "; the Blackwell value layout needs it even"));
+  }
+  const int64_t n = plan.input_shape[plan.input_shape.size() - 2];
+  const int64_t mats = n == 0 ? 0 : plan.rows / n;
+  const int64_t kpad = RoundUp(plan.q / 2, 128);
+  const BlackwellScaleTiling t = MakeBlackwellScaleTiling(CeilDiv(plan.q, qmath::kGroup), n);
+  FusedBlackwellSizes sizes;
+  int64_t per_mat = 0;
+  if (!CheckedMul(plan.rows, kpad, &sizes.values_bytes) ||
+      !CheckedMul(t.kpad, t.npad, &per_mat) || !CheckedMul(per_mat, mats, &sizes.scales_bytes)) {
+    return absl::InvalidArgumentError("shape: the Blackwell layout's byte size overflows 64 bits");
+  }
+  return sizes;
+}
+
+absl::Status QuantizeBlackwellOnCpu(const QuantizePlan& plan, const uint8_t* in, size_t in_size,
+                                    uint8_t* values, size_t values_size, uint8_t* scales,
+                                    size_t scales_size) {
+  auto sizes = PlanQuantizeBlackwell(plan);
+  if (!sizes.ok()) return sizes.status();
+  if (static_cast<int64_t>(in_size) != plan.input_bytes ||
+      static_cast<int64_t>(values_size) != sizes->values_bytes ||
+      static_cast<int64_t>(scales_size) != sizes->scales_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "buffers: ", in_size, "/", values_size, "/", scales_size, " bytes, the plan needs ",
+        plan.input_bytes, "/", sizes->values_bytes, "/", sizes->scales_bytes));
+  }
+  const int64_t n = plan.input_shape[plan.input_shape.size() - 2];
+  if (n == 0 || plan.rows == 0) return absl::OkStatus();
+  const int64_t mats = plan.rows / n;
+  const int64_t kpad = RoundUp(plan.q / 2, 128);
+  const int64_t sq = CeilDiv(plan.q, qmath::kGroup);
+  const BlackwellScaleTiling t = MakeBlackwellScaleTiling(sq, n);
+  const int64_t per_mat = t.kpad * t.npad;
+  const int esize = QuantDtypeBytes(plan.dtype);
+  const bool up = plan.rounding == ScaleRounding::kUp;
+  // Values: from packing -2, blackwell_value is the checkpoint rows padded to Kpad bytes,
+  // so row (e, n) of the input quantizes straight into row (e, n) of the output.
+  // Scales: each destination byte of a matrix asks BlackwellScaleSource for its (k, n) and
+  // takes that group's scale; the scale of group (n, k) is recomputed from the input's 32
+  // elements (cheap, and it keeps the pass free of a canonical scale buffer).
+  float group[qmath::kGroup];
+  auto quantize_group = [&](int64_t row, int64_t g, uint8_t* vdst) -> uint8_t {
+    const uint8_t* src = in + (row * plan.q + g * qmath::kGroup) * esize;
+    const int nel = static_cast<int>(plan.q - g * qmath::kGroup < qmath::kGroup
+                                         ? plan.q - g * qmath::kGroup
+                                         : qmath::kGroup);
+    float amax = 0.0f;
+    for (int i = 0; i < nel; ++i) {
+      group[i] = LoadElement(plan.dtype, src + i * esize);
+      amax = qmath::AbsMaxNum(amax, group[i]);
+    }
+    const uint32_t e = qmath::ScaleBits(amax, up);
+    if (vdst != nullptr) {
+      const float qs = qmath::ScaleMultiplier(e);
+      for (int i = 0; i < nel; i += 2) {  // K is even, so every group has whole pairs
+        vdst[i / 2] = static_cast<uint8_t>(qmath::EncodeE2m1(group[i] * qs) |
+                                           qmath::EncodeE2m1(group[i + 1] * qs) << 4);
+      }
+    }
+    return static_cast<uint8_t>(e >> 23);
+  };
+  for (int64_t row = 0; row < plan.rows; ++row) {
+    uint8_t* vrow = values + row * kpad;
+    for (int64_t g = 0; g < sq; ++g) quantize_group(row, g, vrow + g * (qmath::kGroup / 2));
+    std::memset(vrow + plan.q / 2, 0, static_cast<size_t>(kpad - plan.q / 2));
+  }
+  for (int64_t m = 0; m < mats; ++m) {
+    for (int64_t i = 0; i < per_mat; ++i) {
+      int64_t k = 0, col = 0;
+      BlackwellScaleSource(t, i, &k, &col);
+      scales[m * per_mat + i] =
+          k < sq && col < n ? quantize_group(m * n + col, k, nullptr) : uint8_t{0};
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace wprep
