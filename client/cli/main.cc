@@ -30,7 +30,6 @@ constexpr char kUsage[] =
     "  bench     latency and throughput of a running wprepd (wprep bench --help)\n"
     "  convert-safetensors  convert an MXFP4 checkpoint's tensors (wprep convert-safetensors --help)\n"
     "  moe       trtllm-gen MoE weight preparation of raw tensor files (wprep moe --help)\n"
-
     "  quantize  bf16/fp16/fp32 weights to MXFP4 values and scales (wprep quantize --help)\n";
 
 // One line, beginning with the status code name; exit status 2.
