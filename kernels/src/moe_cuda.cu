@@ -96,6 +96,25 @@ __global__ void __launch_bounds__(kThreads) RowsCopyKernel(RowsPass p, const uin
   }
 }
 
+// Rows of a few words (biases: one element a row): a thread per output word, where a warp
+// per row would leave most of its lanes idle.
+template <int U>
+__global__ void __launch_bounds__(kThreads) RowsSmallKernel(RowsPass p, const uint8_t* __restrict__ in,
+                                                            uint8_t* __restrict__ out) {
+  using W = typename Word<U>::T;
+  const int64_t words = p.out_row_bytes / U;
+  const int64_t total = p.experts * p.rows_out * words;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * kThreads;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; i < total; i += stride) {
+    const int64_t g = i / words, x = (i - g * words) * U;
+    const int64_t e = g / p.rows_out, n = g - e * p.rows_out;
+    const int64_t src = moe::RowsSrcRowOffset(p, e, n);
+    W v = Word<U>::Zero();
+    if (src >= 0 && x < p.in_row_bytes) v = __ldg(reinterpret_cast<const W*>(in + src + x));
+    *reinterpret_cast<W*>(out + moe::RowsOutOffset(p, e, n, x)) = v;
+  }
+}
+
 // 4-byte output words that widen bf16 or clamp float32 (biases, fp8_block scales: small).
 __global__ void __launch_bounds__(kThreads) RowsWordKernel(RowsPass p, const uint8_t* __restrict__ in,
                                                            uint8_t* __restrict__ out) {
@@ -216,6 +235,9 @@ unsigned Blocks(int64_t work_items_per_block_unit, int64_t per_block) {
   return static_cast<unsigned>(b);
 }
 
+// Rows with fewer output words than this take a thread per word, not a warp per row.
+constexpr int64_t kSmallRowWords = 16;
+
 int WordBytes(const RowsPass& p, const void* in, const void* out) {
   for (int u : {16, 8, 4, 2}) {
     if (p.in_row_bytes % u == 0 && p.out_row_bytes % u == 0 && p.block_bytes % u == 0 &&
@@ -232,8 +254,29 @@ void LaunchRows(const RowsPass& p, const uint8_t* in, uint8_t* out, cudaStream_t
                      stream>>>(p, in, out);
     return;
   }
+  const int u = WordBytes(p, in, out);
+  if (p.out_row_bytes / u < kSmallRowWords) {
+    const unsigned small = Blocks(p.experts * p.rows_out * (p.out_row_bytes / u), kThreads);
+    switch (u) {
+      case 16:
+        RowsSmallKernel<16><<<small, kThreads, 0, stream>>>(p, in, out);
+        return;
+      case 8:
+        RowsSmallKernel<8><<<small, kThreads, 0, stream>>>(p, in, out);
+        return;
+      case 4:
+        RowsSmallKernel<4><<<small, kThreads, 0, stream>>>(p, in, out);
+        return;
+      case 2:
+        RowsSmallKernel<2><<<small, kThreads, 0, stream>>>(p, in, out);
+        return;
+      default:
+        RowsSmallKernel<1><<<small, kThreads, 0, stream>>>(p, in, out);
+        return;
+    }
+  }
   const unsigned blocks = Blocks(p.experts * p.rows_out, kWarpsPerBlock);
-  switch (WordBytes(p, in, out)) {
+  switch (u) {
     case 16:
       RowsCopyKernel<16><<<blocks, kThreads, 0, stream>>>(p, in, out);
       break;
