@@ -23,6 +23,7 @@
 #include <string>
 
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 
 static_assert(ABSL_OPTION_USE_INLINE_NAMESPACE == 1, "the mangled names below assume absl::<inline namespace>");
 
@@ -32,10 +33,11 @@ static_assert(ABSL_OPTION_USE_INLINE_NAMESPACE == 1, "the mangled names below as
 namespace {
 
 // The library's definition of absl::<ns>::`rest` (its mangled name after the namespaces).
+// A const member function's name starts _ZNK: pass `konst`.
 template <typename Fn>
-Fn Real(const char* rest) {
+Fn Real(const char* rest, bool konst = false) {
   const char* ns = WPREP_STR(ABSL_OPTION_INLINE_NAMESPACE_NAME);
-  const std::string mangled = "_ZN4absl" + std::to_string(std::strlen(ns)) + ns + rest;
+  const std::string mangled = std::string(konst ? "_ZNK4absl" : "_ZN4absl") + std::to_string(std::strlen(ns)) + ns + rest;
   void* p = dlsym(RTLD_NEXT, mangled.c_str());
   if (p == nullptr) {
     std::fprintf(stderr, "absl_sync_annotations: %s not found: %s\n", mangled.c_str(), dlerror());
@@ -46,6 +48,7 @@ Fn Real(const char* rest) {
 
 // The real function, resolved once.
 #define WPREP_REAL(type, rest) static const auto real = Real<type>(rest)
+#define WPREP_REAL_CONST(type, rest) static const auto real = Real<type>(rest, true)
 
 // The library's operations call each other (WaitWithTimeout calls WaitWithDeadline, for
 // one), through the same interposed symbols: only the outermost call of a thread is
@@ -254,6 +257,45 @@ bool CondVar::WaitWithDeadline(Mutex* mu, Time deadline) {
   Outermost o;
   if (!o.outer) return real(this, mu, deadline);
   return ReleaseWaitAcquire(mu, 0, [&] { return real(this, mu, deadline); });
+}
+
+// absl::Notification: Notify stores its flag (a release) inside the library, where TSan
+// does not see it, and HasBeenNotified, inline in the caller, loads it (an acquire TSan
+// does see, with nothing to pair it with). So Notify releases on the flag's address,
+// which is what the inline acquire reads, and each wait acquires on it once notified
+// (a wait that finds the flag set returns without touching the mutex).
+namespace {
+// The flag follows the mutex (absl/synchronization/notification.h: mutex_, notified_yet_).
+static_assert(sizeof(Notification) == 2 * sizeof(Mutex), "absl::Notification is no longer {Mutex, std::atomic<bool>}");
+void* Flag(const Notification* n) {
+  return const_cast<char*>(reinterpret_cast<const char*>(n) + sizeof(Mutex));
+}
+}  // namespace
+
+void Notification::Notify() {
+  WPREP_REAL(void (*)(Notification*), "12Notification6NotifyEv");
+  __tsan_release(Flag(this));
+  real(this);
+}
+
+void Notification::WaitForNotification() const {
+  WPREP_REAL_CONST(void (*)(const Notification*), "12Notification19WaitForNotificationEv");
+  real(this);
+  __tsan_acquire(Flag(this));
+}
+
+bool Notification::WaitForNotificationWithTimeout(Duration timeout) const {
+  WPREP_REAL_CONST(bool (*)(const Notification*, Duration), "12Notification30WaitForNotificationWithTimeoutENS0_8DurationE");
+  const bool notified = real(this, timeout);
+  if (notified) __tsan_acquire(Flag(this));
+  return notified;
+}
+
+bool Notification::WaitForNotificationWithDeadline(Time deadline) const {
+  WPREP_REAL_CONST(bool (*)(const Notification*, Time), "12Notification31WaitForNotificationWithDeadlineENS0_4TimeE");
+  const bool notified = real(this, deadline);
+  if (notified) __tsan_acquire(Flag(this));
+  return notified;
 }
 
 ABSL_NAMESPACE_END
