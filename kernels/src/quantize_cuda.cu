@@ -1,7 +1,14 @@
-// quantize_mxfp4 on the GPU. One thread per group of 32: a group's loads are 64 (bf16) or
-// 128 (fp32) contiguous bytes, read as 16-byte vectors when the row is aligned for it, and
-// its 16 value bytes go out as one 16-byte store; the math is quantize_math.h, shared with
-// the CPU engine, so the two cannot disagree.
+// quantize_mxfp4 on the GPU.
+//
+// bf16 rows of whole groups (Q a multiple of 32, the common case) take Bf16GroupKernel: four
+// lanes per group, each with 16 contiguous bytes, so a warp's loads are 512 contiguous
+// bytes; the group's amax is two shuffles; the e2m1 codes come from packed bf16x2 compares
+// (below), about 9 instructions an element where the scalar encoder takes some 27. Groups
+// it cannot encode exactly that way (a NaN or inf, or a scale so extreme that a product
+// would leave bf16's normal range) fall back, group by group, to the scalar math.
+// Everything else (fp16, fp32, ragged Q, unaligned rows) takes one thread per group.
+// The scalar math is quantize_math.h, shared with the CPU engine.
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -111,9 +118,165 @@ __global__ void BlackwellScaleKernel(const uint8_t* __restrict__ in, uint8_t* __
   }
 }
 
+// ---------------------------------------------------------------------------------------
+// The packed bf16 encoder. With the scale exponent E in [kFastMinE, kFastMaxE], the
+// multiplier 2^(127-E) is a normal bf16 and |x| * 2^(127-E) is exact wherever it is normal;
+// where it is not (|q| < 2^-126, including subnormal x, which E >= 8 keeps below 2^-7),
+// the code is 0 however the hardware rounds or flushes it. The e2m1 code of |q| under
+// round-to-nearest-even is the number of thresholds 0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5
+// it passes, strictly for the ties that round down (0.25, 1.25, 2.5, 5: written as the
+// next bf16 up, so every compare is >=) and inclusively for those that round up; values
+// above 6 pass all seven (code 7, saturation). The thresholds are nested, so three
+// compares find the count, a binary search per bf16 half.
+inline constexpr uint32_t kFastMinE = 8, kFastMaxE = 253;
+
+__device__ __forceinline__ uint32_t Pair(uint32_t h) { return h | h << 16; }
+
+__device__ __forceinline__ uint32_t GeMask(uint32_t a, uint32_t b) {
+  return __hge2_mask(*reinterpret_cast<const __nv_bfloat162*>(&a),
+                     *reinterpret_cast<const __nv_bfloat162*>(&b));
+}
+
+// Two e2m1 codes (sign in bit 3) of |x| * qs from bf16x2 `w`, in bits 0-3 and 16-19.
+__device__ __forceinline__ uint32_t EncodePair(uint32_t w, uint32_t qs2) {
+  const uint32_t a = w & 0x7FFF7FFFu;
+  const __nv_bfloat162 prod = __hmul2(*reinterpret_cast<const __nv_bfloat162*>(&a),
+                                      *reinterpret_cast<const __nv_bfloat162*>(&qs2));
+  const uint32_t q = *reinterpret_cast<const uint32_t*>(&prod);
+  // bf16 bits of the thresholds: 1.75; 0.75 | 3.5; 0.25+ | 1.25+ | 2.5+ | 5+.
+  const uint32_t m4 = GeMask(q, Pair(0x3FE0u));
+  const uint32_t t2 = (m4 & Pair(0x4060u)) | (~m4 & Pair(0x3F40u));
+  const uint32_t m2 = GeMask(q, t2);
+  const uint32_t lo = (m2 & Pair(0x3FA1u)) | (~m2 & Pair(0x3E81u));
+  const uint32_t hi = (m2 & Pair(0x40A1u)) | (~m2 & Pair(0x4021u));
+  const uint32_t m1 = GeMask(q, (m4 & hi) | (~m4 & lo));
+  return (m4 & 0x00040004u) | (m2 & 0x00020002u) | (m1 & 0x00010001u) | ((w >> 12) & 0x00080008u);
+}
+
+__device__ __forceinline__ uint32_t Bf16MaxNan(uint32_t a, uint32_t b) {
+  const __nv_bfloat162 m = __hmax2_nan(*reinterpret_cast<const __nv_bfloat162*>(&a),
+                                       *reinterpret_cast<const __nv_bfloat162*>(&b));
+  return *reinterpret_cast<const uint32_t*>(&m);
+}
+
+// Where one group's outputs go. Canonical: values and scales are flat ([rows, Q/2] and
+// [rows, Q/32]). Blackwell: value rows padded to vrow bytes, and each scale byte at its
+// blackwell_scale position (docs/LAYOUTS.md) in the [E, N, K/32] view.
+struct GroupSink {
+  int64_t vrow = 0;          // value bytes of a destination row
+  uint32_t sq = 0;           // groups of a row
+  FastDivisor div_sq, div_n;
+  bool blackwell = false;
+  int64_t per_mat = 0;       // blackwell_scale bytes of one matrix
+  int64_t k_blocks = 0;      // Kp / 4
+};
+
+__device__ __forceinline__ int64_t ScaleDest(const GroupSink& s, uint32_t r, uint32_t k) {
+  const uint32_t m = s.div_n.Div(r), col = r - m * s.div_n.divisor;
+  return m * s.per_mat + ((static_cast<int64_t>(col >> 7) * s.k_blocks + (k >> 2)) * 32 + (col & 31)) * 16 +
+         4 * ((col >> 5) & 3) + (k & 3);
+}
+
+// Groups [0, groups) of a bf16 tensor whose rows are whole groups; in is 16-byte aligned,
+// values 4-byte aligned, groups < 2^31. Each warp takes 32 consecutive groups at a time.
+__global__ void Bf16GroupKernel(const uint4* __restrict__ in, uint8_t* __restrict__ values,
+                                uint8_t* __restrict__ scales, uint32_t groups, bool up, GroupSink sink) {
+  const uint32_t lane = threadIdx.x & 31, sub = lane & 3;
+  const uint32_t group_lanes = 0xFu << (lane & ~3u);
+  const uint32_t warp = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+  const uint32_t warps = (gridDim.x * blockDim.x) >> 5;
+  for (uint32_t base = warp * 32; base < groups; base += warps * 32) {
+    uint4 raw[4];
+    WPREP_UNROLL
+    for (int u = 0; u < 4; ++u) {
+      const uint32_t g = base + 8 * u + (lane >> 2);
+      raw[u] = g < groups ? in[static_cast<int64_t>(g) * 4 + sub] : make_uint4(0, 0, 0, 0);
+    }
+    WPREP_UNROLL
+    for (int u = 0; u < 4; ++u) {
+      const uint32_t g = base + 8 * u + (lane >> 2);
+      if (g >= groups) continue;  // all four lanes of a group agree
+      const uint32_t w[4] = {raw[u].x, raw[u].y, raw[u].z, raw[u].w};
+      uint32_t m = Bf16MaxNan(Bf16MaxNan(w[0] & 0x7FFF7FFFu, w[1] & 0x7FFF7FFFu),
+                              Bf16MaxNan(w[2] & 0x7FFF7FFFu, w[3] & 0x7FFF7FFFu));
+      m = Bf16MaxNan(m, __shfl_xor_sync(group_lanes, m, 1));
+      m = Bf16MaxNan(m, __shfl_xor_sync(group_lanes, m, 2));
+      m = Bf16MaxNan(m, m >> 16);
+      const float amax = qmath::Bf16ToFloat(static_cast<uint16_t>(m));
+      uint32_t e = qmath::ScaleBits(amax, up);
+      uint32_t out = 0;
+      if (amax == amax && (e >> 23) >= kFastMinE && (e >> 23) <= kFastMaxE) {
+        const uint32_t qs2 = Pair((254u - (e >> 23)) << 7);
+        WPREP_UNROLL
+        for (int p = 0; p < 4; ++p) {
+          const uint32_t c = EncodePair(w[p], qs2);
+          out |= ((c | c >> 12) & 0xFFu) << (8 * p);
+        }
+      } else {
+        // The scalar path of the CPU engine: amax ignores NaNs (maxnum).
+        float x[8];
+        float a = 0.0f;
+        WPREP_UNROLL
+        for (int i = 0; i < 8; ++i) {
+          x[i] = qmath::Bf16ToFloat(static_cast<uint16_t>(w[i / 2] >> (16 * (i % 2))));
+          a = qmath::AbsMaxNum(a, x[i]);
+        }
+        a = fmaxf(a, __shfl_xor_sync(group_lanes, a, 1));
+        a = fmaxf(a, __shfl_xor_sync(group_lanes, a, 2));
+        e = qmath::ScaleBits(a, up);
+        const float qs = qmath::ScaleMultiplier(e);
+        WPREP_UNROLL
+        for (int i = 0; i < 8; ++i) out |= qmath::EncodeE2m1(x[i] * qs) << (4 * i);
+      }
+      const uint32_t r = sink.div_sq.Div(g), k = g - r * sink.sq;
+      *reinterpret_cast<uint32_t*>(values + r * sink.vrow + 16 * k + 4 * sub) = out;
+      if (sub == 0) {
+        const uint8_t sbyte = static_cast<uint8_t>(e >> 23);
+        if (sink.blackwell) {
+          scales[ScaleDest(sink, r, k)] = sbyte;
+        } else {
+          scales[g] = sbyte;
+        }
+        if (k == sink.sq - 1) {  // the row's padding, Blackwell values only
+          for (int64_t j = 16 * static_cast<int64_t>(sink.sq); j < sink.vrow; ++j) values[r * sink.vrow + j] = 0;
+        }
+      }
+    }
+  }
+}
+
+// The padding bytes of blackwell_scale (k >= K/32 or n >= N), which no group writes.
+__global__ void BlackwellScalePaddingKernel(uint8_t* __restrict__ scales, int64_t total,
+                                            BlackwellScaleTiling t) {
+  const int64_t per_mat = t.kpad * t.npad;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    int64_t k = 0, col = 0;
+    BlackwellScaleSource(t, i % per_mat, &k, &col);
+    if (k >= t.k || col >= t.n) scales[i] = 0;
+  }
+}
+
 unsigned Blocks(int64_t work, int threads) {
   const int64_t b = (work + threads - 1) / threads;
   return static_cast<unsigned>(b < (1 << 30) ? b : (1 << 30));
+}
+
+// Whether Bf16GroupKernel serves this tensor, and the launch if so.
+bool Bf16GroupsFit(const QuantizePlan& plan, const void* in, const void* values) {
+  const int64_t sq = plan.q / qmath::kGroup;
+  return plan.dtype == QuantDtype::kBfloat16 && plan.q % qmath::kGroup == 0 &&
+         plan.rows * sq < (int64_t{1} << 31) && (reinterpret_cast<uintptr_t>(in) & 15) == 0 &&
+         (reinterpret_cast<uintptr_t>(values) & 3) == 0;
+}
+
+void LaunchBf16Groups(const QuantizePlan& plan, const void* in, void* values, void* scales,
+                      const GroupSink& sink, CudaStream stream) {
+  constexpr int kThreads = 256;  // 8 warps of 32 groups
+  const auto groups = static_cast<uint32_t>(plan.rows * (plan.q / qmath::kGroup));
+  Bf16GroupKernel<<<Blocks(groups, kThreads), kThreads, 0, stream>>>(
+      static_cast<const uint4*>(in), static_cast<uint8_t*>(values), static_cast<uint8_t*>(scales), groups,
+      plan.rounding == ScaleRounding::kUp, sink);
 }
 
 }  // namespace
@@ -146,16 +309,24 @@ absl::Status QuantizeOnCuda(const QuantizePlan& plan, const void* in, void* valu
   const auto* src = static_cast<const uint8_t*>(in);
   auto* v = static_cast<uint8_t*>(values);
   auto* s = static_cast<uint8_t*>(scales);
-  switch (plan.dtype) {
-    case QuantDtype::kBfloat16:
-      QuantizeKernel<QuantDtype::kBfloat16><<<blocks, kThreads, 0, stream>>>(src, v, s, plan.rows, plan.q, up, (plan.q + 1) / 2);
-      break;
-    case QuantDtype::kFloat16:
-      QuantizeKernel<QuantDtype::kFloat16><<<blocks, kThreads, 0, stream>>>(src, v, s, plan.rows, plan.q, up, (plan.q + 1) / 2);
-      break;
-    case QuantDtype::kFloat32:
-      QuantizeKernel<QuantDtype::kFloat32><<<blocks, kThreads, 0, stream>>>(src, v, s, plan.rows, plan.q, up, (plan.q + 1) / 2);
-      break;
+  if (Bf16GroupsFit(plan, in, values)) {
+    GroupSink sink;
+    sink.sq = static_cast<uint32_t>(sq);
+    sink.vrow = plan.q / 2;
+    sink.div_sq = FastDivisor(sink.sq);
+    LaunchBf16Groups(plan, in, values, scales, sink, stream);
+  } else {
+    switch (plan.dtype) {
+      case QuantDtype::kBfloat16:
+        QuantizeKernel<QuantDtype::kBfloat16><<<blocks, kThreads, 0, stream>>>(src, v, s, plan.rows, plan.q, up, (plan.q + 1) / 2);
+        break;
+      case QuantDtype::kFloat16:
+        QuantizeKernel<QuantDtype::kFloat16><<<blocks, kThreads, 0, stream>>>(src, v, s, plan.rows, plan.q, up, (plan.q + 1) / 2);
+        break;
+      case QuantDtype::kFloat32:
+        QuantizeKernel<QuantDtype::kFloat32><<<blocks, kThreads, 0, stream>>>(src, v, s, plan.rows, plan.q, up, (plan.q + 1) / 2);
+        break;
+    }
   }
   absl::Status launched = WPREP_CUDA_STATUS(cudaGetLastError());
   WPREP_CUDA_RETURN_IF_ERROR(cudaSetDevice(previous));
@@ -186,14 +357,29 @@ absl::Status QuantizeBlackwellOnCuda(const QuantizePlan& plan, const void* in, v
   auto* s = static_cast<uint8_t*>(scales);
   const unsigned vb = Blocks(plan.rows * sq, kThreads), sb = Blocks(sizes->scales_bytes, kThreads);
   const int64_t mats = plan.rows / n;
-  switch (plan.dtype) {
+  if (Bf16GroupsFit(plan, in, values) && n < (int64_t{1} << 31)) {
+    GroupSink sink;
+    sink.sq = static_cast<uint32_t>(sq);
+    sink.vrow = kpad;
+    sink.div_sq = FastDivisor(sink.sq);
+    sink.div_n = FastDivisor(static_cast<uint32_t>(n));
+    sink.blackwell = true;
+    sink.per_mat = t.kpad * t.npad;
+    sink.k_blocks = t.kpad / 4;
+    LaunchBf16Groups(plan, in, values, scales, sink, stream);
+    if (t.kpad != t.k || t.npad != n) {
+      BlackwellScalePaddingKernel<<<sb, kThreads, 0, stream>>>(s, sizes->scales_bytes, t);
+    }
+  } else {
+    switch (plan.dtype) {
 #define WPREP_Q_LAUNCH(D)                                                                    \
-  QuantizeKernel<D><<<vb, kThreads, 0, stream>>>(src, v, nullptr, plan.rows, plan.q, up, kpad); \
-  BlackwellScaleKernel<D><<<sb, kThreads, 0, stream>>>(src, s, mats, n, plan.q, up, t);
-    case QuantDtype::kBfloat16: WPREP_Q_LAUNCH(QuantDtype::kBfloat16) break;
-    case QuantDtype::kFloat16: WPREP_Q_LAUNCH(QuantDtype::kFloat16) break;
-    case QuantDtype::kFloat32: WPREP_Q_LAUNCH(QuantDtype::kFloat32) break;
+    QuantizeKernel<D><<<vb, kThreads, 0, stream>>>(src, v, nullptr, plan.rows, plan.q, up, kpad); \
+    BlackwellScaleKernel<D><<<sb, kThreads, 0, stream>>>(src, s, mats, n, plan.q, up, t);
+      case QuantDtype::kBfloat16: WPREP_Q_LAUNCH(QuantDtype::kBfloat16) break;
+      case QuantDtype::kFloat16: WPREP_Q_LAUNCH(QuantDtype::kFloat16) break;
+      case QuantDtype::kFloat32: WPREP_Q_LAUNCH(QuantDtype::kFloat32) break;
 #undef WPREP_Q_LAUNCH
+    }
   }
   absl::Status launched = WPREP_CUDA_STATUS(cudaGetLastError());
   WPREP_CUDA_RETURN_IF_ERROR(cudaSetDevice(previous));

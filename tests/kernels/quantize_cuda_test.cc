@@ -131,6 +131,40 @@ TEST(QuantizeCuda, RefusesHostPointers) {
 }
 
 #if defined(WPREP_HAVE_CUDA)
+// The fused Blackwell pair on the CPU and the GPU; the output buffers start as 0xAB so
+// that padding left unwritten shows.
+struct BlackwellPair {
+  Out cpu, gpu;
+};
+
+BlackwellPair Blackwell(const QuantizePlan& plan, const std::vector<uint8_t>& in) {
+  BlackwellPair r;
+  auto sizes = PlanQuantizeBlackwell(plan);
+  EXPECT_TRUE(sizes.ok());
+  if (!sizes.ok()) return r;
+  r.cpu.values.assign(sizes->values_bytes, 0xAB);
+  r.cpu.scales.assign(sizes->scales_bytes, 0xAB);
+  EXPECT_TRUE(QuantizeBlackwellOnCpu(plan, in.data(), in.size(), r.cpu.values.data(), r.cpu.values.size(),
+                                     r.cpu.scales.data(), r.cpu.scales.size()).ok());
+  void *din = nullptr, *dv = nullptr, *ds = nullptr;
+  EXPECT_EQ(cudaMalloc(&din, in.size()), cudaSuccess);
+  EXPECT_EQ(cudaMalloc(&dv, r.cpu.values.size()), cudaSuccess);
+  EXPECT_EQ(cudaMalloc(&ds, r.cpu.scales.size()), cudaSuccess);
+  EXPECT_EQ(cudaMemcpy(din, in.data(), in.size(), cudaMemcpyHostToDevice), cudaSuccess);
+  EXPECT_EQ(cudaMemset(dv, 0xAB, r.cpu.values.size()), cudaSuccess);
+  EXPECT_EQ(cudaMemset(ds, 0xAB, r.cpu.scales.size()), cudaSuccess);
+  absl::Status st = QuantizeBlackwellOnCuda(plan, din, dv, ds, nullptr);
+  EXPECT_TRUE(st.ok()) << st;
+  r.gpu.values.resize(r.cpu.values.size());
+  r.gpu.scales.resize(r.cpu.scales.size());
+  EXPECT_EQ(cudaMemcpy(r.gpu.values.data(), dv, r.gpu.values.size(), cudaMemcpyDeviceToHost), cudaSuccess);
+  EXPECT_EQ(cudaMemcpy(r.gpu.scales.data(), ds, r.gpu.scales.size(), cudaMemcpyDeviceToHost), cudaSuccess);
+  (void)cudaFree(din);
+  (void)cudaFree(dv);
+  (void)cudaFree(ds);
+  return r;
+}
+
 // The fused Blackwell pair on the GPU equals the CPU's (which the CPU test holds to
 // quantize-then-swizzle), on random [E, N, K] with the special values.
 TEST(QuantizeCuda, BlackwellFusedEqualsTheCpu) {
@@ -145,34 +179,76 @@ TEST(QuantizeCuda, BlackwellFusedEqualsTheCpu) {
                                         2 * (1 + static_cast<int64_t>(rng() % 300))};
     auto plan = MakeQuantizePlan(dtype, shape, rounding);
     ASSERT_TRUE(plan.ok());
-    auto sizes = PlanQuantizeBlackwell(*plan);
-    ASSERT_TRUE(sizes.ok());
     SCOPED_TRACE(testing::Message() << "trial " << trial);
-    const std::vector<uint8_t> in =
-        SpecialInput(dtype, plan->input_bytes / QuantDtypeBytes(dtype), rng);
-    std::vector<uint8_t> cv(sizes->values_bytes, 0xAB), cs(sizes->scales_bytes, 0xAB);
-    ASSERT_TRUE(QuantizeBlackwellOnCpu(*plan, in.data(), in.size(), cv.data(), cv.size(),
-                                       cs.data(), cs.size()).ok());
-    void *din = nullptr, *dv = nullptr, *ds = nullptr;
-    ASSERT_EQ(cudaMalloc(&din, in.size()), cudaSuccess);
-    ASSERT_EQ(cudaMalloc(&dv, cv.size()), cudaSuccess);
-    ASSERT_EQ(cudaMalloc(&ds, cs.size()), cudaSuccess);
-    ASSERT_EQ(cudaMemcpy(din, in.data(), in.size(), cudaMemcpyHostToDevice), cudaSuccess);
-    ASSERT_EQ(cudaMemset(dv, 0xAB, cv.size()), cudaSuccess);  // padding must be written
-    ASSERT_EQ(cudaMemset(ds, 0xAB, cs.size()), cudaSuccess);
-    absl::Status st = QuantizeBlackwellOnCuda(*plan, din, dv, ds, nullptr);
-    ASSERT_TRUE(st.ok()) << st;
-    std::vector<uint8_t> gv(cv.size()), gs(cs.size());
-    ASSERT_EQ(cudaMemcpy(gv.data(), dv, gv.size(), cudaMemcpyDeviceToHost), cudaSuccess);
-    ASSERT_EQ(cudaMemcpy(gs.data(), ds, gs.size(), cudaMemcpyDeviceToHost), cudaSuccess);
-    (void)cudaFree(din);
-    (void)cudaFree(dv);
-    (void)cudaFree(ds);
-    EXPECT_EQ(gv, cv);
-    EXPECT_EQ(gs, cs);
+    const BlackwellPair r = Blackwell(*plan, SpecialInput(dtype, plan->input_bytes / QuantDtypeBytes(dtype), rng));
+    EXPECT_EQ(r.gpu.values, r.cpu.values);
+    EXPECT_EQ(r.gpu.scales, r.cpu.scales);
     ++compared;
   }
   EXPECT_EQ(compared, 24);
+}
+
+// bf16 groups the packed encoder takes (no NaN or inf, scale exponent 8-253), next to the
+// groups it hands to the scalar path, mixed in one tensor. Tie groups have amax 6 * 2^j,
+// so the scale is exactly 2^j and each element sits on an e2m1 rounding threshold (0.25,
+// 0.75, 1.25, 1.75, 2.5, 3.5, 5, 6) times 2^j, or one bf16 step either side of it; wide
+// groups spread over a dozen binades anywhere in bf16's range, subnormals included.
+std::vector<uint8_t> Bf16GroupsInput(int64_t groups, std::mt19937_64& rng) {
+  static constexpr uint16_t kTies[] = {0x3E80, 0x3F40, 0x3FA0, 0x3FE0, 0x4020, 0x4060, 0x40A0, 0x40C0};
+  std::vector<uint8_t> out(static_cast<size_t>(groups) * 64);
+  for (int64_t g = 0; g < groups; ++g) {
+    const int kind = static_cast<int>(rng() % 8);
+    const int j = static_cast<int>(rng() % 253) - 126;  // tie groups: scale 2^j
+    const int center = 1 + static_cast<int>(rng() % 254);  // wide groups: top binade
+    for (int i = 0; i < 32; ++i) {
+      uint64_t r = rng();
+      uint16_t h;
+      if (kind < 4) {  // ties
+        const int k = i == 0 ? 7 : static_cast<int>(r % 8);
+        const int step = i == 0 ? 0 : static_cast<int>((r >> 8) % 3) - 1;
+        const int exp = ((kTies[k] >> 7) & 0xFF) + j;
+        h = exp >= 1 && exp <= 254 ? static_cast<uint16_t>(((exp << 7) | (kTies[k] & 0x7F)) + step) : 0;
+        if (i == 0) h = static_cast<uint16_t>(exp >= 1 && exp <= 254 ? (exp << 7) | 0x40 : 0);  // 6 * 2^j
+      } else {
+        int exp = center - static_cast<int>((r >> 8) % 14);
+        if (exp < 0) exp = 0;  // subnormal (or zero)
+        h = static_cast<uint16_t>((exp << 7) | (r & 0x7F));
+        if (kind == 7 && (r >> 20) % 16 == 0) h = (r >> 24) % 2 ? 0x7F80 : 0x7FC1;  // inf or NaN
+      }
+      h = static_cast<uint16_t>(h | ((r >> 40) & 1) << 15);
+      out[(g * 32 + i) * 2] = static_cast<uint8_t>(h);
+      out[(g * 32 + i) * 2 + 1] = static_cast<uint8_t>(h >> 8);
+    }
+  }
+  return out;
+}
+
+TEST(QuantizeCuda, PackedBf16EncoderEqualsTheCpuAtEveryScaleAndTie) {
+  if (CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
+  std::mt19937_64 rng(3232);
+  const std::vector<std::vector<int64_t>> shapes = {
+      {32}, {3, 64}, {7, 4096}, {2, 130, 96}, {1, 128, 256}, {3, 5, 1024}, {4, 1000, 320}};
+  int compared = 0;
+  for (const auto& shape : shapes) {
+    for (ScaleRounding rounding : {ScaleRounding::kUp, ScaleRounding::kDown}) {
+      auto plan = MakeQuantizePlan(QuantDtype::kBfloat16, shape, rounding);
+      ASSERT_TRUE(plan.ok());
+      SCOPED_TRACE(testing::Message() << "shape " << ::testing::PrintToString(shape) << " rounding "
+                                      << static_cast<int>(rounding));
+      const std::vector<uint8_t> in = Bf16GroupsInput(plan->input_bytes / 64, rng);
+      Out cpu = Quantize(false, *plan, in);
+      Out gpu = Quantize(true, *plan, in);
+      EXPECT_EQ(cpu.values, gpu.values);
+      EXPECT_EQ(cpu.scales, gpu.scales);
+      if (shape.size() >= 2) {
+        const BlackwellPair r = Blackwell(*plan, in);
+        EXPECT_EQ(r.gpu.values, r.cpu.values);
+        EXPECT_EQ(r.gpu.scales, r.cpu.scales);
+      }
+      ++compared;
+    }
+  }
+  EXPECT_EQ(compared, 14);
 }
 #endif
 
