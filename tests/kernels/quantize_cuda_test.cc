@@ -1,13 +1,12 @@
 // quantize_mxfp4 on the GPU: the reference vectors, and byte equality with the CPU engine
 // on random shapes full of the special values. Skipped where no GPU is found.
 #include <cstdint>
-#include <cstdlib>
 #include <fstream>
-#include <iterator>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "golden.h"
 #include "gtest/gtest.h"
 #if defined(WPREP_HAVE_CUDA)
 #include <cuda_runtime.h>
@@ -19,18 +18,9 @@
 namespace wprep {
 namespace {
 
-// The data folder: $WPREP_TEST_DATA_DIR where the build tree moved (GPU bundle), else the
-// source tree's.
-std::string QuantDataDir() {
-  const char* env = std::getenv("WPREP_TEST_DATA_DIR");
-  return std::string(env != nullptr && *env != '\0' ? env : WPREP_TEST_DATA_DIR) + "/golden_quant/";
-}
+std::string QuantDataDir() { return testing::TestDataDir("golden_quant") + "/"; }
 
-std::vector<uint8_t> ReadFile(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  EXPECT_TRUE(f.good()) << path;
-  return std::vector<uint8_t>(std::istreambuf_iterator<char>(f), {});
-}
+using testing::ReadFile;
 
 struct Out {
   std::vector<uint8_t> values, scales;
@@ -111,7 +101,7 @@ TEST(QuantizeCuda, EqualsTheCpuEngineOnRandomShapesAndSpecialValues) {
     ASSERT_TRUE(plan.ok());
     const std::vector<uint8_t> in =
         SpecialInput(dtype, plan->input_bytes / QuantDtypeBytes(dtype), rng);
-    SCOPED_TRACE(testing::Message() << "trial " << trial);
+    SCOPED_TRACE(::testing::Message() << "trial " << trial);
     Out cpu = Quantize(false, *plan, in);
     Out gpu = Quantize(true, *plan, in);
     EXPECT_EQ(cpu.values, gpu.values);
@@ -179,7 +169,7 @@ TEST(QuantizeCuda, BlackwellFusedEqualsTheCpu) {
                                         2 * (1 + static_cast<int64_t>(rng() % 300))};
     auto plan = MakeQuantizePlan(dtype, shape, rounding);
     ASSERT_TRUE(plan.ok());
-    SCOPED_TRACE(testing::Message() << "trial " << trial);
+    SCOPED_TRACE(::testing::Message() << "trial " << trial);
     const BlackwellPair r = Blackwell(*plan, SpecialInput(dtype, plan->input_bytes / QuantDtypeBytes(dtype), rng));
     EXPECT_EQ(r.gpu.values, r.cpu.values);
     EXPECT_EQ(r.gpu.scales, r.cpu.scales);
@@ -233,7 +223,7 @@ TEST(QuantizeCuda, PackedBf16EncoderEqualsTheCpuAtEveryScaleAndTie) {
     for (ScaleRounding rounding : {ScaleRounding::kUp, ScaleRounding::kDown}) {
       auto plan = MakeQuantizePlan(QuantDtype::kBfloat16, shape, rounding);
       ASSERT_TRUE(plan.ok());
-      SCOPED_TRACE(testing::Message() << "shape " << ::testing::PrintToString(shape) << " rounding "
+      SCOPED_TRACE(::testing::Message() << "shape " << ::testing::PrintToString(shape) << " rounding "
                                       << static_cast<int>(rounding));
       const std::vector<uint8_t> in = Bf16GroupsInput(plan->input_bytes / 64, rng);
       Out cpu = Quantize(false, *plan, in);

@@ -1,14 +1,13 @@
 // quantize_mxfp4 on the CPU: the reference vectors (tests/data/golden_quant, produced by
 // upstream triton_kernels' _downcast_to_mxfp), hand-derived edge cases, and validation.
 #include <cstdint>
-#include <cstdlib>
 #include <cstring>
 #include <fstream>
-#include <iterator>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "golden.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "wprep/kernels/cpu_engine.h"
@@ -18,18 +17,9 @@
 namespace wprep {
 namespace {
 
-// The data folder: $WPREP_TEST_DATA_DIR where the build tree moved (GPU bundle), else the
-// source tree's.
-std::string QuantDataDir() {
-  const char* env = std::getenv("WPREP_TEST_DATA_DIR");
-  return std::string(env != nullptr && *env != '\0' ? env : WPREP_TEST_DATA_DIR) + "/golden_quant/";
-}
+std::string QuantDataDir() { return testing::TestDataDir("golden_quant") + "/"; }
 
-std::vector<uint8_t> ReadFile(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  EXPECT_TRUE(f.good()) << path;
-  return std::vector<uint8_t>(std::istreambuf_iterator<char>(f), {});
-}
+using testing::ReadFile;
 
 struct Result {
   std::vector<uint8_t> values, scales;
@@ -237,7 +227,7 @@ TEST(QuantizeFused, BlackwellEqualsQuantizeThenSwizzle) {
     const int64_t e = 1 + static_cast<int64_t>(rng() % 3);
     const int64_t n = 1 + static_cast<int64_t>(rng() % 150);
     const int64_t k = 2 * (1 + static_cast<int64_t>(rng() % 200));  // ragged last groups too
-    SCOPED_TRACE(testing::Message() << "[" << e << "," << n << "," << k << "] trial " << trial);
+    SCOPED_TRACE(::testing::Message() << "[" << e << "," << n << "," << k << "] trial " << trial);
     auto plan = MakeQuantizePlan(QuantDtype::kBfloat16, std::vector<int64_t>{e, n, k}, rounding);
     ASSERT_TRUE(plan.ok());
     const std::vector<uint8_t> in = SpecialBf16(e * n * k, rng);

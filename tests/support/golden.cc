@@ -16,22 +16,24 @@
 
 namespace wprep::testing {
 
-std::string GoldenDir(GoldenSet set) {
-  // Test binaries run from another checkout (the GPU machine's copy) find the data
-  // through $WPREP_TEST_DATA_DIR; $WPREP_GOLDEN_DIR still names the value set alone.
+std::string TestDataDir(const std::string& name) {
   const char* env_root = std::getenv("WPREP_TEST_DATA_DIR");
-  const std::string root =
-      env_root != nullptr && *env_root != '\0' ? env_root : WPREP_TEST_DATA_DIR;
+  const std::string root = env_root != nullptr && *env_root != '\0' ? env_root : WPREP_TEST_DATA_DIR;
+  return root + "/" + name;
+}
+
+std::string GoldenDir(GoldenSet set) {
+  // $WPREP_GOLDEN_DIR still names the value set alone.
   switch (set) {
     case GoldenSet::kValues:
       if (const char* env = std::getenv("WPREP_GOLDEN_DIR"); env != nullptr && *env != '\0') {
         return env;
       }
-      return root + "/golden";
+      return TestDataDir("golden");
     case GoldenSet::kScales:
-      return root + "/golden_scales";
+      return TestDataDir("golden_scales");
     case GoldenSet::kPacking:
-      return root + "/golden_packing";
+      return TestDataDir("golden_packing");
   }
   std::abort();
 }

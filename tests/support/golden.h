@@ -46,6 +46,10 @@ struct GoldenCase {
 // $WPREP_TEST_DATA_DIR when set), or, for kValues, $WPREP_GOLDEN_DIR when set.
 std::string GoldenDir(GoldenSet set = GoldenSet::kValues);
 
+// Folder `name` of the test data (tests/data/<name>, or $WPREP_TEST_DATA_DIR/<name> when
+// set: test binaries run from another checkout, the GPU machine's copy).
+std::string TestDataDir(const std::string& name);
+
 // All cases of GoldenDir(set)/manifest.json. Aborts the test binary when unreadable.
 const std::vector<GoldenCase>& GoldenCases(GoldenSet set = GoldenSet::kValues);
 
