@@ -22,6 +22,7 @@
 #include "moe_cuda.h"
 #if defined(WPREP_CLI_REMOTE)
 #include "wprep/client/client.h"
+#include "wprep/proto/spec_codec.h"
 #include "wprep/v1/wprep.pb.h"
 #endif
 
@@ -201,31 +202,6 @@ absl::StatusOr<MoeResult> RunLocal(const MoeArgs& args) {
 }
 
 #if defined(WPREP_CLI_REMOTE)
-v1::MoeDType DTypeToProto(MoeDType d) {
-  switch (d) {
-    case MoeDType::kUint8:
-      return v1::MOE_DTYPE_UINT8;
-    case MoeDType::kFloat32:
-      return v1::MOE_DTYPE_FLOAT32;
-    case MoeDType::kBfloat16:
-      return v1::MOE_DTYPE_BFLOAT16;
-  }
-  return v1::MOE_DTYPE_UNSPECIFIED;
-}
-
-absl::StatusOr<MoeDType> DTypeFromProto(v1::MoeDType d) {
-  switch (d) {
-    case v1::MOE_DTYPE_UINT8:
-      return MoeDType::kUint8;
-    case v1::MOE_DTYPE_FLOAT32:
-      return MoeDType::kFloat32;
-    case v1::MOE_DTYPE_BFLOAT16:
-      return MoeDType::kBfloat16;
-    default:
-      return absl::DataLossError(absl::StrCat("the daemon answered an unknown dtype ", static_cast<int>(d)));
-  }
-}
-
 // The params the user gave, typed (only those: the daemon fills the defaults).
 void ParamsToProto(const MoeParams& p, v1::MoeParams* out) {
   if (p.given & kMoeParamFormat) out->set_format(std::string(MoeFormatName(p.format)));
@@ -255,7 +231,7 @@ absl::StatusOr<MoeResult> RunRemote(const MoeArgs& args) {
   for (const MoeInputArg& in : args.inputs) {
     v1::MoeInput* m = item->add_inputs();
     m->set_name(in.desc.name);
-    m->set_dtype(DTypeToProto(in.desc.dtype));
+    m->set_dtype(MoeDTypeToProto(in.desc.dtype));
     for (int64_t d : in.desc.shape) m->add_shape(d);
     absl::StatusOr<std::vector<uint8_t>> bytes = ReadWholeFile(in.path);
     if (!bytes.ok()) return bytes.status();
@@ -280,8 +256,8 @@ absl::StatusOr<MoeResult> RunRemote(const MoeArgs& args) {
       return absl::DataLossError(absl::StrCat("the daemon announced ", t.bytes(), " bytes of ", t.name(), " but sent ",
                                               t.inline_bytes().size()));
     }
-    absl::StatusOr<MoeDType> dtype = DTypeFromProto(t.dtype());
-    if (!dtype.ok()) return dtype.status();
+    absl::StatusOr<MoeDType> dtype = MoeDTypeFromProto(t.dtype());
+    if (!dtype.ok()) return absl::DataLossError(absl::StrCat("the daemon answered an output dtype that ", dtype.status().message()));
     if (absl::Status s = pending.Write(o->path, reinterpret_cast<const uint8_t*>(t.inline_bytes().data()),
                                        t.inline_bytes().size());
         !s.ok()) {

@@ -88,4 +88,30 @@ std::vector<int64_t> ShapeFromProto(const google::protobuf::RepeatedField<int64_
   return std::vector<int64_t>(shape.begin(), shape.end());
 }
 
+wprep::v1::MoeDType MoeDTypeToProto(MoeDType d) {
+  switch (d) {
+    case MoeDType::kUint8:
+      return wprep::v1::MOE_DTYPE_UINT8;
+    case MoeDType::kFloat32:
+      return wprep::v1::MOE_DTYPE_FLOAT32;
+    case MoeDType::kBfloat16:
+      return wprep::v1::MOE_DTYPE_BFLOAT16;
+  }
+  return wprep::v1::MOE_DTYPE_UNSPECIFIED;
+}
+
+absl::StatusOr<MoeDType> MoeDTypeFromProto(wprep::v1::MoeDType d) {
+  switch (d) {
+    case wprep::v1::MOE_DTYPE_UINT8:
+      return MoeDType::kUint8;
+    case wprep::v1::MOE_DTYPE_FLOAT32:
+      return MoeDType::kFloat32;
+    case wprep::v1::MOE_DTYPE_BFLOAT16:
+      return MoeDType::kBfloat16;
+    default:
+      return absl::InvalidArgumentError(absl::StrCat(
+          "must be MOE_DTYPE_UINT8, MOE_DTYPE_FLOAT32 or MOE_DTYPE_BFLOAT16, got ", static_cast<int>(d)));
+  }
+}
+
 }  // namespace wprep

@@ -13,6 +13,7 @@
 #include <cuda_runtime.h>
 
 #include "wprep/kernels/cuda_status.h"
+#include "wprep/kernels/quantize.h"
 #include "wprep/spec/status_macros.h"
 #endif
 
@@ -169,6 +170,11 @@ class Cuda final : public DeviceRuntime {
                           Stream s) override {
     WPREP_CUDA_RETURN_IF_ERROR(cudaSetDevice(gpu));  // RunMoeCuda launches on the current device
     return RunMoeCuda(plan, in, out, s);
+  }
+  absl::Status Quantize(int gpu, const QuantizePlan& plan, bool blackwell, const void* in, void* values, void* scales,
+                        Stream s) override {
+    WPREP_CUDA_RETURN_IF_ERROR(cudaSetDevice(gpu));
+    return blackwell ? QuantizeBlackwellOnCuda(plan, in, values, scales, s) : QuantizeOnCuda(plan, in, values, scales, s);
   }
   absl::Status Synchronize(int gpu, Stream s) override {
     WPREP_CUDA_RETURN_IF_ERROR(cudaSetDevice(gpu));

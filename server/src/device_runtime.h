@@ -22,6 +22,7 @@
 #include "wprep/kernels/cuda_engine.h"
 #include "wprep/kernels/moe.h"
 #include "wprep/kernels/plan.h"
+#include "wprep/kernels/quantize.h"
 
 struct CUevent_st;
 
@@ -94,6 +95,13 @@ class DeviceRuntime {
                                   absl::Span<void* const> out, Stream stream) {
     (void)gpu, (void)plan, (void)in, (void)out, (void)stream;
     return absl::UnimplementedError("this device runtime has no trtllm-gen MoE engine");
+  }
+  // quantize_mxfp4 between device buffers of `gpu` (QuantizeOnCuda, or with `blackwell`
+  // QuantizeBlackwellOnCuda: launches on `stream`, nothing allocated).
+  virtual absl::Status Quantize(int gpu, const QuantizePlan& plan, bool blackwell, const void* in, void* values,
+                                void* scales, Stream stream) {
+    (void)gpu, (void)plan, (void)blackwell, (void)in, (void)values, (void)scales, (void)stream;
+    return absl::UnimplementedError("this device runtime has no quantization engine");
   }
   virtual std::unique_ptr<DeviceTimer> NewTimer(int gpu) = 0;
 

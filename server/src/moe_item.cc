@@ -10,6 +10,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "proto_translate.h"
+#include "wprep/proto/spec_codec.h"
 
 namespace wprep::server {
 
@@ -18,48 +19,6 @@ namespace v1 = wprep::v1;
 namespace {
 
 absl::Status Bad(const std::string& msg) { return absl::InvalidArgumentError(msg); }
-
-absl::StatusOr<MoeDType> DTypeFromProto(v1::MoeDType d, const std::string& field) {
-  switch (d) {
-    case v1::MOE_DTYPE_UINT8:
-      return MoeDType::kUint8;
-    case v1::MOE_DTYPE_FLOAT32:
-      return MoeDType::kFloat32;
-    case v1::MOE_DTYPE_BFLOAT16:
-      return MoeDType::kBfloat16;
-    default:
-      return Bad(absl::StrCat(field, " must be MOE_DTYPE_UINT8, MOE_DTYPE_FLOAT32 or MOE_DTYPE_BFLOAT16, got ",
-                              static_cast<int>(d)));
-  }
-}
-
-v1::MoeDType DTypeToProto(MoeDType d) {
-  switch (d) {
-    case MoeDType::kUint8:
-      return v1::MOE_DTYPE_UINT8;
-    case MoeDType::kFloat32:
-      return v1::MOE_DTYPE_FLOAT32;
-    case MoeDType::kBfloat16:
-      return v1::MOE_DTYPE_BFLOAT16;
-  }
-  return v1::MOE_DTYPE_UNSPECIFIED;
-}
-
-// A CUDA IPC buffer of a MoE operand: its handle and GPU, dense (no strides), at least
-// `bytes` long. Errors name `field`.
-absl::StatusOr<IpcRegion> RegionFromProto(const v1::CudaIpcBuffer& b, uint64_t bytes, const std::string& field) {
-  if (b.handle().size() != kIpcHandleBytes) {
-    return Bad(absl::StrCat(field, ".handle must be the ", kIpcHandleBytes, " bytes of a cudaIpcMemHandle_t, got ",
-                            b.handle().size(), " bytes"));
-  }
-  if (b.strides_size() != 0) return Bad(absl::StrCat(field, ".strides must be empty: MoE operands are dense"));
-  if (b.size() < bytes) {
-    return Bad(absl::StrCat(field, ".size is ", b.size(), " bytes; the operand needs ", bytes));
-  }
-  absl::StatusOr<Uuid> gpu = UuidFromWire(b.device_uuid(), field + ".device_uuid");
-  if (!gpu.ok()) return gpu.status();
-  return IpcRegion{b.handle(), b.offset(), b.size(), *gpu};
-}
 
 // The typed wire params -> the engine's, marking each one given (the engine checks which
 // an op takes, and their ranges). Errors name `field`.
@@ -167,8 +126,8 @@ absl::StatusOr<MoeJob> JobFromProto(const v1::MoeItem& item, const std::string& 
     }
     MoeTensorDesc d;
     d.name = in.name();
-    absl::StatusOr<MoeDType> dtype = DTypeFromProto(in.dtype(), field + ".dtype");
-    if (!dtype.ok()) return dtype.status();
+    absl::StatusOr<MoeDType> dtype = MoeDTypeFromProto(in.dtype());
+    if (!dtype.ok()) return Bad(absl::StrCat(field, ".dtype ", dtype.status().message()));
     d.dtype = *dtype;
     for (int64_t x : in.shape()) {
       if (x < 0) return Bad(absl::StrCat(prefix, ".", in.name(), ".shape has a negative dim ", x));
@@ -220,7 +179,7 @@ absl::StatusOr<MoeJob> JobFromProto(const v1::MoeItem& item, const std::string& 
     }
     if (ipc) {
       absl::StatusOr<IpcRegion> r =
-          RegionFromProto(in->source().ipc(), job.plan.input_bytes[i], absl::StrCat(prefix, ".", d.name, ".source.ipc"));
+          DenseRegionFromProto(in->source().ipc(), job.plan.input_bytes[i], absl::StrCat(prefix, ".", d.name, ".source.ipc"));
       if (!r.ok()) return r.status();
       if (!job.input_ipc.empty() && r->gpu != job.input_ipc[0].gpu) {
         return Bad(absl::StrCat(prefix, ".", d.name, ".source.ipc.device_uuid: every operand of an item must be on one "
@@ -264,7 +223,7 @@ absl::StatusOr<MoeJob> JobFromProto(const v1::MoeItem& item, const std::string& 
                      : absl::StrCat(field, ".ipc: an item with inline inputs returns its outputs inline"));
     }
     if (!ipc) continue;
-    absl::StatusOr<IpcRegion> r = RegionFromProto(o->destination().ipc(), job.plan.output_bytes[j], field + ".ipc");
+    absl::StatusOr<IpcRegion> r = DenseRegionFromProto(o->destination().ipc(), job.plan.output_bytes[j], field + ".ipc");
     if (!r.ok()) return r.status();
     if (r->gpu != job.input_ipc[0].gpu) {
       return Bad(absl::StrCat(field, ".ipc.device_uuid: every operand of an item must be on one GPU, and ",
@@ -291,6 +250,20 @@ absl::StatusOr<MoeJob> JobFromProto(const v1::MoeItem& item, const std::string& 
 }
 
 }  // namespace
+
+absl::StatusOr<IpcRegion> DenseRegionFromProto(const v1::CudaIpcBuffer& b, uint64_t bytes, const std::string& field) {
+  if (b.handle().size() != kIpcHandleBytes) {
+    return Bad(absl::StrCat(field, ".handle must be the ", kIpcHandleBytes, " bytes of a cudaIpcMemHandle_t, got ",
+                            b.handle().size(), " bytes"));
+  }
+  if (b.strides_size() != 0) return Bad(absl::StrCat(field, ".strides must be empty: the operand is dense"));
+  if (b.size() < bytes) {
+    return Bad(absl::StrCat(field, ".size is ", b.size(), " bytes; the operand needs ", bytes));
+  }
+  absl::StatusOr<Uuid> gpu = UuidFromWire(b.device_uuid(), field + ".device_uuid");
+  if (!gpu.ok()) return gpu.status();
+  return IpcRegion{b.handle(), b.offset(), b.size(), *gpu};
+}
 
 bool HasMoeItems(const v1::ConvertBatchRequest& req) {
   for (const v1::BatchItem& item : req.items()) {
@@ -325,8 +298,9 @@ absl::StatusOr<std::vector<MoeJob>> MoeJobsFromProto(const v1::ConvertBatchReque
     const v1::BatchItem& item = req.items(i);
     const std::string prefix = absl::StrCat("items[", i, "].moe");
     if (!item.has_moe()) {
-      return Bad(absl::StrCat("items[", i, "]: a batch holds convert items or moe items, not both; send the ",
-                              item.has_convert() ? "convert" : "unset", " item in another batch"));
+      return Bad(absl::StrCat("items[", i, "]: a batch holds items of one kind (convert, moe or quantize); send the ",
+                              item.has_convert() ? "convert" : item.has_quantize() ? "quantize" : "unset",
+                              " item in another batch"));
     }
     absl::StatusOr<MoeJob> job = JobFromProto(item.moe(), prefix, limits);
     if (!job.ok()) return job.status();
@@ -428,7 +402,7 @@ absl::Status RunMoeJobs(const std::vector<MoeJob>& jobs, const MoeEngines& engin
     for (size_t j = 0; j < plan.outputs.size(); ++j) {
       v1::TensorResult* t = item->add_outputs();
       t->set_name(plan.outputs[j].name);
-      t->set_dtype(DTypeToProto(plan.outputs[j].dtype));
+      t->set_dtype(MoeDTypeToProto(plan.outputs[j].dtype));
       for (int64_t d : plan.outputs[j].shape) t->add_shape(d);
       for (int64_t s : plan.output_strides[j]) t->add_strides(s);
       t->set_bytes(plan.output_bytes[j]);

@@ -34,6 +34,11 @@ struct MoeJob {
   uint64_t input_bytes = 0, output_bytes = 0;  // all inputs, all outputs
 };
 
+// A CUDA IPC buffer of a dense operand (MoE and quantize items): its handle and GPU, no
+// strides, at least `bytes` long. Errors name `field`.
+absl::StatusOr<IpcRegion> DenseRegionFromProto(const wprep::v1::CudaIpcBuffer& b, uint64_t bytes,
+                                               const std::string& field);
+
 // Whether any item of `req` is a MoE item (the batch is then served by MoeJobsFromProto and
 // RunMoeJobs alone).
 bool HasMoeItems(const wprep::v1::ConvertBatchRequest& req);

@@ -13,6 +13,7 @@
 #include "absl/time/clock.h"
 #include "log.h"
 #include "moe_item.h"
+#include "quantize_item.h"
 #include "proto_translate.h"
 #include "rpc_warmup.h"
 #include "status.h"
@@ -424,6 +425,7 @@ absl::Status WeightPrepService::DoConvertBatch(grpc::ServerContext* ctx, const v
                                                Admission::Ticket& ticket, HostBudget::Charge* inline_charge,
                                                uint64_t stream_id) {
   if (HasMoeItems(req)) return DoMoeBatch(ctx, req, resp, report, inline_charge);
+  if (HasQuantizeItems(req)) return DoQuantizeBatch(ctx, req, resp, report, inline_charge);
   WPREP_ASSIGN_OR_RETURN(std::vector<ConvertJob> jobs,
                          BatchJobsFromProto(req, BatchLimits{limits_.max_message_bytes, limits_.max_batch_items}));
   EarlyAnswer early;
@@ -493,17 +495,45 @@ absl::Status WeightPrepService::DoMoeBatch(grpc::ServerContext* ctx, const v1::C
     // The inline inputs, and each inline output twice (built, then serialized), as for convert items.
     if (!job.ipc()) inline_bytes += job.input_bytes + 2 * job.output_bytes;
   }
-  if (inline_bytes > 0) {
-    WPREP_ASSIGN_OR_RETURN(HostBudget::Charge charge, buffers_->Take(inline_bytes, "this ConvertBatch's inline data"));
-    if (inline_charge != nullptr) {
-      *inline_charge = std::move(charge);
-    } else {
-      buffers_->HoldUntilCallEnds(ctx, std::move(charge));
-    }
-  }
+  WPREP_RETURN_IF_ERROR(TakeInline(ctx, inline_bytes, inline_charge));
   WPREP_RETURN_IF_ERROR(report.CheckLive());
   WPREP_RETURN_IF_ERROR(
       RunMoeJobs(jobs, MoeEngines{devices_->cpu_threads(), devices_, ipc_}, report.deadline(), resp));
+  // IPC -> IPC in place: no device memory of the daemon's.
+  report.SetConversion(bytes_in, bytes_out, jobs.size() == 1 ? resp->items(0).engine() : "batch", nullptr,
+                       std::nullopt, 0);
+  return absl::OkStatus();
+}
+
+absl::Status WeightPrepService::TakeInline(grpc::ServerContext* ctx, uint64_t bytes,
+                                           HostBudget::Charge* inline_charge) {
+  if (bytes == 0) return absl::OkStatus();
+  WPREP_ASSIGN_OR_RETURN(HostBudget::Charge charge, buffers_->Take(bytes, "this ConvertBatch's inline data"));
+  if (inline_charge != nullptr) {
+    *inline_charge = std::move(charge);
+  } else {
+    buffers_->HoldUntilCallEnds(ctx, std::move(charge));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status WeightPrepService::DoQuantizeBatch(grpc::ServerContext* ctx, const v1::ConvertBatchRequest& req,
+                                                v1::ConvertBatchResponse* resp, CallReport& report,
+                                                HostBudget::Charge* inline_charge) {
+  WPREP_ASSIGN_OR_RETURN(std::vector<QuantizeJob> jobs,
+                         QuantizeJobsFromProto(req, MoeLimits{static_cast<uint64_t>(limits_.max_message_bytes),
+                                                              limits_.max_tensor_bytes, limits_.max_batch_items}));
+  uint64_t bytes_in = 0, bytes_out = 0, inline_bytes = 0;
+  for (const QuantizeJob& job : jobs) {
+    const uint64_t in = static_cast<uint64_t>(job.plan.input_bytes), out = job.values_bytes + job.scales_bytes;
+    bytes_in += in;
+    bytes_out += out;
+    if (!job.ipc) inline_bytes += in + 2 * out;  // each inline output built, then serialized
+  }
+  WPREP_RETURN_IF_ERROR(TakeInline(ctx, inline_bytes, inline_charge));
+  WPREP_RETURN_IF_ERROR(report.CheckLive());
+  WPREP_RETURN_IF_ERROR(
+      RunQuantizeJobs(jobs, MoeEngines{devices_->cpu_threads(), devices_, ipc_}, report.deadline(), resp));
   // IPC -> IPC in place: no device memory of the daemon's.
   report.SetConversion(bytes_in, bytes_out, jobs.size() == 1 ? resp->items(0).engine() : "batch", nullptr,
                        std::nullopt, 0);

@@ -98,6 +98,13 @@ class WeightPrepService final : public wprep::v1::WeightPrep::Service {
   absl::Status DoMoeBatch(grpc::ServerContext* ctx, const wprep::v1::ConvertBatchRequest& req,
                           wprep::v1::ConvertBatchResponse* resp, CallReport& report,
                           HostBudget::Charge* inline_charge);
+  // DoConvertBatch's batch of quantize items (quantize_item.h), the same way.
+  absl::Status DoQuantizeBatch(grpc::ServerContext* ctx, const wprep::v1::ConvertBatchRequest& req,
+                               wprep::v1::ConvertBatchResponse* resp, CallReport& report,
+                               HostBudget::Charge* inline_charge);
+  // Takes `bytes` of the host budget for a batch's inline data, held by `inline_charge`
+  // (ConvertBatches) or until the call ends.
+  absl::Status TakeInline(grpc::ServerContext* ctx, uint64_t bytes, HostBudget::Charge* inline_charge);
   // The daemon ordinal of the GPU an IpcHandleRef names, after checking its fields.
   absl::StatusOr<int> HandleOrdinal(const wprep::v1::IpcHandleRef& h, const std::string& field);
 

@@ -8,6 +8,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "wprep/kernels/moe.h"
 #include "wprep/spec/spec.h"
 #include "wprep/v1/wprep.pb.h"
 
@@ -24,6 +25,12 @@ absl::StatusOr<ConversionSpec> SpecFromProto(const wprep::v1::ConversionSpec& sp
 
 // The upstream layout object `spec` produces (or consumes), with the contract version.
 wprep::v1::LayoutIdentity IdentityToProto(const ConversionSpec& spec);
+
+// MoE operand dtypes. FromProto: InvalidArgument for an unset or unknown value, with a
+// message the caller prefixes with the field (the daemon) or rewrites (a client reading
+// an answer).
+wprep::v1::MoeDType MoeDTypeToProto(MoeDType d);
+absl::StatusOr<MoeDType> MoeDTypeFromProto(wprep::v1::MoeDType d);
 
 std::vector<int64_t> ShapeFromProto(const google::protobuf::RepeatedField<int64_t>& shape);
 

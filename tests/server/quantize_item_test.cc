@@ -1,0 +1,429 @@
+// The quantize batch item. Through a real wprepd on the CPU engine (inline bytes): every
+// quantization reference case byte for byte in ConvertBatch and ConvertBatches, the fused
+// Blackwell pair equal to the engine's, each output's name, shape and identity, and every
+// malformed item refused with a status naming its field while the daemon serves on. Below
+// the wire, on the fake GPUs of FakeRuntime: IPC -> IPC in place with no device memory of
+// the daemon's, and IPC problems naming their operand with nothing written.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <fstream>
+#include <functional>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/time/time.h"
+#include "daemon_harness.h"
+#include "device_manager.h"
+#include "fake_runtime.h"
+#include "golden.h"
+#include "ipc_cache.h"
+#include "metrics.h"
+#include "nlohmann/json.hpp"
+#include "quantize_item.h"
+#include "wprep/client/client.h"
+#include "wprep/kernels/quantize.h"
+#include "wprep/server/options.h"
+#include "wprep/v1/wprep.pb.h"
+
+namespace wprep::testing {
+namespace {
+
+using wprep::client::Client;
+using wprep::client::MakeChannel;
+namespace v1 = wprep::v1;
+
+struct QuantCase {
+  std::string name, dtype, rounding;
+  std::vector<int64_t> shape, values_shape, scales_shape;
+  std::vector<uint8_t> input;
+  std::string values_sha256, scales_sha256;
+};
+
+const std::vector<QuantCase>& QuantCases() {
+  static const std::vector<QuantCase>* cases = [] {
+    auto* out = new std::vector<QuantCase>;
+    const std::string dir = TestDataDir("golden_quant") + "/";
+    std::ifstream f(dir + "manifest.json");
+    const nlohmann::json m = nlohmann::json::parse(f);
+    for (const auto& c : m["cases"]) {
+      QuantCase q;
+      q.name = c["name"].get<std::string>();
+      q.dtype = c["input_dtype"].get<std::string>();
+      q.rounding = c["params"]["scale_rounding"].get<std::string>();
+      q.shape = c["input_shape"].get<std::vector<int64_t>>();
+      q.values_shape = c["values_shape"].get<std::vector<int64_t>>();
+      q.scales_shape = c["scales_shape"].get<std::vector<int64_t>>();
+      q.input = ReadFile(dir + c["input"].get<std::string>());
+      q.values_sha256 = c["values_sha256"].get<std::string>();
+      q.scales_sha256 = c["scales_sha256"].get<std::string>();
+      out->push_back(std::move(q));
+    }
+    return out;
+  }();
+  return *cases;
+}
+
+v1::QuantizeDType DTypeOf(const std::string& name) {
+  if (name == "bfloat16") return v1::QUANTIZE_DTYPE_BFLOAT16;
+  if (name == "float16") return v1::QUANTIZE_DTYPE_FLOAT16;
+  if (name == "float32") return v1::QUANTIZE_DTYPE_FLOAT32;
+  ADD_FAILURE() << "dtype " << name;
+  return v1::QUANTIZE_DTYPE_UNSPECIFIED;
+}
+
+v1::QuantizeItem ItemFor(const QuantCase& c) {
+  v1::QuantizeItem item;
+  item.set_dtype(DTypeOf(c.dtype));
+  for (int64_t d : c.shape) item.add_shape(d);
+  item.set_scale_rounding(c.rounding == "down" ? v1::SCALE_ROUNDING_DOWN : v1::SCALE_ROUNDING_UP);
+  item.mutable_source()->set_inline_bytes(c.input.data(), c.input.size());
+  return item;
+}
+
+std::vector<int64_t> Shape(const v1::TensorResult& t) { return {t.shape().begin(), t.shape().end()}; }
+std::vector<uint8_t> Bytes(const std::string& s) { return {s.begin(), s.end()}; }
+
+void ExpectCaseResult(const QuantCase& c, const v1::BatchItemResult& r) {
+  ASSERT_EQ(r.outputs_size(), 2);
+  EXPECT_EQ(r.engine(), "cpu");
+  const v1::TensorResult& v = r.outputs(0);
+  const v1::TensorResult& s = r.outputs(1);
+  EXPECT_EQ(v.name(), "values");
+  EXPECT_EQ(s.name(), "scales");
+  EXPECT_EQ(Shape(v), c.values_shape);
+  EXPECT_EQ(Shape(s), c.scales_shape);
+  EXPECT_EQ(Sha256Hex(Bytes(v.inline_bytes())), c.values_sha256);
+  EXPECT_EQ(Sha256Hex(Bytes(s.inline_bytes())), c.scales_sha256);
+  EXPECT_EQ(v.bytes(), v.inline_bytes().size());
+  EXPECT_EQ(v.identity().conversion(),
+            c.dtype + " -> quantize_mxfp4(scale_rounding=" + c.rounding + ") -> canonical(packing_axis=-1)");
+  EXPECT_EQ(v.identity().contract_version(), 1u);
+}
+
+class QuantizeItemTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    std::string error;
+    daemon_ = Daemon::Start({"--devices=cpu", "--cpu-threads=2"}, &error).release();
+    ASSERT_NE(daemon_, nullptr) << error;
+    ASSERT_TRUE(daemon_->WaitServing(absl::Seconds(60))) << daemon_->Log();
+  }
+  static void TearDownTestSuite() {
+    delete daemon_;
+    daemon_ = nullptr;
+  }
+  static inline Daemon* daemon_ = nullptr;
+};
+
+TEST_F(QuantizeItemTest, EveryReferenceCaseInOneConvertBatch) {
+  v1::ConvertBatchRequest req;
+  for (const QuantCase& c : QuantCases()) *req.add_items()->mutable_quantize() = ItemFor(c);
+  ASSERT_EQ(req.items_size(), 40);
+  Client client(MakeChannel(daemon_->unix_target()));
+  absl::StatusOr<v1::ConvertBatchResponse> resp = client.ConvertBatch(req);
+  ASSERT_TRUE(resp.ok()) << resp.status();
+  ASSERT_EQ(resp->items_size(), 40);
+  for (int i = 0; i < 40; ++i) {
+    SCOPED_TRACE(QuantCases()[static_cast<size_t>(i)].name);
+    ExpectCaseResult(QuantCases()[static_cast<size_t>(i)], resp->items(i));
+  }
+}
+
+TEST_F(QuantizeItemTest, EveryReferenceCaseThroughConvertBatchesOverTcp) {
+  auto stub = v1::WeightPrep::NewStub(MakeChannel(daemon_->tcp_target()));
+  grpc::ClientContext ctx;
+  auto stream = stub->ConvertBatches(&ctx);
+  for (const QuantCase& c : QuantCases()) {
+    v1::ConvertBatchRequest req;
+    *req.add_items()->mutable_quantize() = ItemFor(c);
+    ASSERT_TRUE(stream->Write(req));
+  }
+  stream->WritesDone();
+  v1::ConvertBatchesResponse answer;
+  size_t n = 0;
+  while (stream->Read(&answer)) {
+    ASSERT_LT(answer.index(), QuantCases().size());
+    const QuantCase& c = QuantCases()[answer.index()];
+    SCOPED_TRACE(c.name);
+    ASSERT_EQ(answer.code(), 0) << answer.message();
+    ASSERT_EQ(answer.batch().items_size(), 1);
+    ExpectCaseResult(c, answer.batch().items(0));
+    ++n;
+  }
+  EXPECT_TRUE(stream->Finish().ok());
+  EXPECT_EQ(n, QuantCases().size());
+}
+
+// The fused Blackwell pair over the wire equals the engine's, which the kernel tests hold to
+// quantize-then-swizzle; shapes with and without padding.
+TEST_F(QuantizeItemTest, BlackwellPairOverTheWireEqualsTheEngine) {
+  std::mt19937_64 rng(2804);
+  Client client(MakeChannel(daemon_->unix_target()));
+  for (const std::vector<int64_t>& shape : std::vector<std::vector<int64_t>>{{2, 130, 96}, {1, 128, 256}, {3, 7, 34}}) {
+    SCOPED_TRACE(::testing::PrintToString(shape));
+    absl::StatusOr<QuantizePlan> plan = MakeQuantizePlan(QuantDtype::kBfloat16, shape, ScaleRounding::kDown);
+    ASSERT_TRUE(plan.ok());
+    absl::StatusOr<FusedBlackwellSizes> sizes = PlanQuantizeBlackwell(*plan);
+    ASSERT_TRUE(sizes.ok());
+    std::vector<uint8_t> in(static_cast<size_t>(plan->input_bytes));
+    for (size_t i = 0; i < in.size(); i += 2) {  // bf16 normals over a few binades
+      const uint64_t r = rng();
+      in[i] = static_cast<uint8_t>(r);
+      in[i + 1] = static_cast<uint8_t>(0x3C + (r >> 8) % 8 + ((r >> 16) & 1) * 0x80);
+    }
+    std::vector<uint8_t> v(static_cast<size_t>(sizes->values_bytes)), s(static_cast<size_t>(sizes->scales_bytes));
+    ASSERT_TRUE(QuantizeBlackwellOnCpu(*plan, in.data(), in.size(), v.data(), v.size(), s.data(), s.size()).ok());
+    v1::ConvertBatchRequest req;
+    v1::QuantizeItem* item = req.add_items()->mutable_quantize();
+    item->set_dtype(v1::QUANTIZE_DTYPE_BFLOAT16);
+    for (int64_t d : shape) item->add_shape(d);
+    item->set_scale_rounding(v1::SCALE_ROUNDING_DOWN);
+    item->set_layout(v1::QUANTIZE_LAYOUT_BLACKWELL);
+    item->mutable_source()->set_inline_bytes(in.data(), in.size());
+    absl::StatusOr<v1::ConvertBatchResponse> resp = client.ConvertBatch(req);
+    ASSERT_TRUE(resp.ok()) << resp.status();
+    const v1::BatchItemResult& r = resp->items(0);
+    EXPECT_EQ(Bytes(r.outputs(0).inline_bytes()), v);
+    EXPECT_EQ(Bytes(r.outputs(1).inline_bytes()), s);
+    EXPECT_EQ(r.outputs(0).identity().layout(), "BlackwellMXValueLayout()");
+    EXPECT_EQ(r.outputs(1).identity().layout(), "BlackwellMXScaleLayout()");
+    EXPECT_EQ(r.outputs(0).identity().conversion(),
+              "bfloat16 -> quantize_mxfp4(scale_rounding=down) -> canonical(packing_axis=-2) -> "
+              "BlackwellMXValueLayout()");
+    EXPECT_EQ(Shape(r.outputs(0)), (std::vector<int64_t>{shape[0], shape[1], (shape[2] / 2 + 127) / 128 * 128}));
+  }
+}
+
+// Each malformed batch {good, bad}: its code and the field its message starts with; then a
+// good batch is still served.
+TEST_F(QuantizeItemTest, MalformedItemsNameTheirFieldAndTheDaemonServesOn) {
+  const v1::QuantizeItem good = ItemFor(QuantCases()[0]);
+  struct Bad {
+    std::string what;
+    std::function<void(v1::ConvertBatchRequest&)> edit;
+    grpc::StatusCode code;
+    std::string starts;
+  };
+  auto q = [](v1::ConvertBatchRequest& r) { return r.mutable_items(1)->mutable_quantize(); };
+  const grpc::StatusCode kInvalid = grpc::StatusCode::INVALID_ARGUMENT;
+  const std::vector<Bad> table = {
+      {"no dtype", [&](auto& r) { q(r)->clear_dtype(); }, kInvalid, "items[1].quantize.dtype"},
+      {"unknown dtype", [&](auto& r) { q(r)->set_dtype(static_cast<v1::QuantizeDType>(9)); }, kInvalid,
+       "items[1].quantize.dtype"},
+      {"unknown rounding", [&](auto& r) { q(r)->set_scale_rounding(static_cast<v1::ScaleRounding>(7)); }, kInvalid,
+       "items[1].quantize.scale_rounding"},
+      {"unknown layout", [&](auto& r) { q(r)->set_layout(static_cast<v1::QuantizeLayout>(5)); }, kInvalid,
+       "items[1].quantize.layout"},
+      {"no shape", [&](auto& r) { q(r)->clear_shape(); }, kInvalid, "items[1].quantize.shape"},
+      {"negative dim", [&](auto& r) { q(r)->set_shape(0, -4); }, kInvalid, "items[1].quantize.shape"},
+      {"huge dims", [&](auto& r) { q(r)->set_shape(0, int64_t{1} << 40); q(r)->add_shape(int64_t{1} << 40); },
+       kInvalid, "items[1].quantize"},
+      {"Blackwell of a rank-1 tensor",
+       [&](auto& r) {
+         q(r)->clear_shape();
+         q(r)->add_shape(32);
+         q(r)->set_layout(v1::QUANTIZE_LAYOUT_BLACKWELL);
+         q(r)->mutable_source()->mutable_inline_bytes()->resize(64);
+       },
+       kInvalid, "items[1].quantize.layout"},
+      {"no source", [&](auto& r) { q(r)->clear_source(); }, kInvalid, "items[1].quantize.source"},
+      {"short input", [&](auto& r) { q(r)->mutable_source()->mutable_inline_bytes()->pop_back(); }, kInvalid,
+       "items[1].quantize.source.inline_bytes"},
+      {"strided", [&](auto& r) { q(r)->mutable_source()->add_inline_strides(2); }, kInvalid,
+       "items[1].quantize.source.inline_strides"},
+      {"IPC output of an inline item", [&](auto& r) { q(r)->mutable_values()->mutable_ipc()->set_size(1); }, kInvalid,
+       "items[1].quantize.values.ipc"},
+      {"IPC source without a handle", [&](auto& r) { q(r)->mutable_source()->mutable_ipc()->set_size(1 << 20); },
+       kInvalid, "items[1].quantize.source.ipc.handle"},
+      {"a convert item beside it", [&](auto& r) { r.mutable_items(1)->mutable_convert(); }, kInvalid, "items[1]"},
+      {"ordering events", [&](auto& r) { r.mutable_completion_event()->set_handle(std::string(64, 'e')); },
+       grpc::StatusCode::UNIMPLEMENTED, ""},
+  };
+  Client client(MakeChannel(daemon_->unix_target()));
+  for (const Bad& b : table) {
+    SCOPED_TRACE(b.what);
+    v1::ConvertBatchRequest req;
+    *req.add_items()->mutable_quantize() = good;
+    *req.add_items()->mutable_quantize() = good;
+    b.edit(req);
+    absl::StatusOr<v1::ConvertBatchResponse> resp = client.ConvertBatch(req);
+    ASSERT_FALSE(resp.ok());
+    EXPECT_EQ(static_cast<int>(resp.status().code()), static_cast<int>(b.code)) << resp.status();
+    EXPECT_EQ(std::string(resp.status().message()).rfind(b.starts, 0), 0u) << resp.status();
+  }
+  v1::ConvertBatchRequest req;
+  *req.add_items()->mutable_quantize() = good;
+  absl::StatusOr<v1::ConvertBatchResponse> resp = client.ConvertBatch(req);
+  ASSERT_TRUE(resp.ok()) << resp.status() << daemon_->Log();
+  ExpectCaseResult(QuantCases()[0], resp->items(0));
+}
+
+// Below the wire, on fake GPUs (host memory standing in for the client's device memory).
+struct Parts {
+  explicit Parts(int gpus) : runtime(gpus) {
+    server::Options o;
+    metrics = *server::Metrics::Create("", true);
+    devices = *server::DeviceManager::Create(o, &runtime, metrics.get());
+    ipc = std::make_unique<server::IpcCache>(&runtime, 512, absl::Minutes(5), metrics.get());
+  }
+  server::MoeEngines engines() { return server::MoeEngines{1, devices.get(), ipc.get()}; }
+  FakeRuntime runtime;
+  std::unique_ptr<server::Metrics> metrics;
+  std::unique_ptr<server::DeviceManager> devices;
+  std::unique_ptr<server::IpcCache> ipc;
+};
+
+v1::CudaIpcBuffer Buffer(const FakeRuntime::Exported& e, int gpu, uint64_t size) {
+  v1::CudaIpcBuffer b;
+  b.set_handle(e.handle);
+  b.set_size(size);
+  const server::Uuid u = FakeRuntime::FakeUuid(gpu);
+  b.set_device_uuid(std::string(reinterpret_cast<const char*>(u.data()), u.size()));
+  return b;
+}
+
+struct IpcItem {
+  v1::QuantizeItem item;
+  FakeRuntime::Exported in, values, scales;
+  uint64_t values_bytes = 0, scales_bytes = 0;
+};
+
+// Case `c` (Blackwell when `blackwell`) with its source and outputs in fake GPU memory; the
+// outputs hold 0xEE, one byte more than the output.
+IpcItem MakeIpcItem(Parts& p, const QuantCase& c, bool blackwell, int gpu) {
+  IpcItem k;
+  k.item = ItemFor(c);
+  k.item.mutable_source()->clear_inline_bytes();
+  if (blackwell) k.item.set_layout(v1::QUANTIZE_LAYOUT_BLACKWELL);
+  absl::StatusOr<QuantizePlan> plan =
+      MakeQuantizePlan(c.dtype == "float32" ? QuantDtype::kFloat32 : c.dtype == "float16" ? QuantDtype::kFloat16
+                                                                                         : QuantDtype::kBfloat16,
+                       c.shape, c.rounding == "down" ? ScaleRounding::kDown : ScaleRounding::kUp);
+  EXPECT_TRUE(plan.ok());
+  k.values_bytes = static_cast<uint64_t>(plan->values_bytes);
+  k.scales_bytes = static_cast<uint64_t>(plan->scales_bytes);
+  if (blackwell) {
+    absl::StatusOr<FusedBlackwellSizes> s = PlanQuantizeBlackwell(*plan);
+    EXPECT_TRUE(s.ok());
+    k.values_bytes = static_cast<uint64_t>(s->values_bytes);
+    k.scales_bytes = static_cast<uint64_t>(s->scales_bytes);
+  }
+  k.in = p.runtime.ExportHandle(gpu, c.input.size() + 1);
+  if (!c.input.empty()) std::memcpy(k.in.ptr, c.input.data(), c.input.size());
+  *k.item.mutable_source()->mutable_ipc() = Buffer(k.in, gpu, c.input.size());
+  k.values = p.runtime.ExportHandle(gpu, k.values_bytes + 1);
+  k.scales = p.runtime.ExportHandle(gpu, k.scales_bytes + 1);
+  std::memset(k.values.ptr, 0xEE, k.values_bytes + 1);
+  std::memset(k.scales.ptr, 0xEE, k.scales_bytes + 1);
+  *k.item.mutable_values()->mutable_ipc() = Buffer(k.values, gpu, k.values_bytes);
+  *k.item.mutable_scales()->mutable_ipc() = Buffer(k.scales, gpu, k.scales_bytes);
+  return k;
+}
+
+// Every reference case IPC -> IPC in one batch on fake GPU 1, and the same inputs fused to
+// the Blackwell pair where the shape allows: written in place, byte-exact (Blackwell: equal
+// to the CPU engine's), nothing past the outputs, no device memory of the daemon's.
+TEST(QuantizeIpc, EveryReferenceCaseIpcToIpcInPlaceWithNoDeviceMemory) {
+  Parts p(2);
+  std::vector<IpcItem> items;
+  std::vector<const QuantCase*> cases;
+  std::vector<bool> fused;
+  v1::ConvertBatchRequest req;
+  for (const QuantCase& c : QuantCases()) {
+    for (bool blackwell : {false, true}) {
+      if (blackwell && (c.shape.size() < 2 || c.shape.back() % 2 != 0)) continue;
+      items.push_back(MakeIpcItem(p, c, blackwell, 1));
+      cases.push_back(&c);
+      fused.push_back(blackwell);
+      *req.add_items()->mutable_quantize() = items.back().item;
+    }
+  }
+  ASSERT_GT(req.items_size(), 40);
+  absl::StatusOr<std::vector<server::QuantizeJob>> jobs = server::QuantizeJobsFromProto(req, server::MoeLimits{});
+  ASSERT_TRUE(jobs.ok()) << jobs.status();
+  v1::ConvertBatchResponse resp;
+  const absl::Status run = server::RunQuantizeJobs(*jobs, p.engines(), absl::InfiniteFuture(), &resp);
+  ASSERT_TRUE(run.ok()) << run;
+  ASSERT_EQ(resp.items_size(), req.items_size());
+  for (size_t i = 0; i < items.size(); ++i) {
+    SCOPED_TRACE(cases[i]->name + (fused[i] ? " blackwell" : ""));
+    const IpcItem& k = items[i];
+    EXPECT_EQ(resp.items(static_cast<int>(i)).engine(), p.devices->gpu(1).engine_name());
+    std::vector<uint8_t> v(k.values.ptr, k.values.ptr + k.values_bytes), s(k.scales.ptr, k.scales.ptr + k.scales_bytes);
+    if (fused[i]) {
+      absl::StatusOr<QuantizePlan> plan = MakeQuantizePlan(
+          (*jobs)[i].plan.dtype, cases[i]->shape, (*jobs)[i].plan.rounding);
+      std::vector<uint8_t> wv(v.size()), ws(s.size());
+      ASSERT_TRUE(QuantizeBlackwellOnCpu(*plan, cases[i]->input.data(), cases[i]->input.size(), wv.data(), wv.size(),
+                                         ws.data(), ws.size()).ok());
+      EXPECT_EQ(v, wv);
+      EXPECT_EQ(s, ws);
+    } else {
+      EXPECT_EQ(Sha256Hex(v), cases[i]->values_sha256);
+      EXPECT_EQ(Sha256Hex(s), cases[i]->scales_sha256);
+    }
+    EXPECT_EQ(k.values.ptr[k.values_bytes], 0xEE);
+    EXPECT_EQ(k.scales.ptr[k.scales_bytes], 0xEE);
+    EXPECT_TRUE(resp.items(static_cast<int>(i)).outputs(0).inline_bytes().empty());
+  }
+  EXPECT_EQ(p.runtime.counts(1).converts, req.items_size());
+  EXPECT_EQ(p.runtime.counts(0).converts, 0);
+  EXPECT_EQ(p.runtime.totals().device_bytes_peak, 0u);
+}
+
+// Each IPC problem of the second item: INVALID_ARGUMENT naming the operand, and nothing of
+// the first (good) item written.
+TEST(QuantizeIpc, IpcProblemsNameTheirOperandAndNothingIsWritten) {
+  struct Bad {
+    std::string what;
+    std::function<void(Parts&, IpcItem&)> edit;
+    std::string starts;
+  };
+  const std::vector<Bad> table = {
+      {"short source", [](Parts&, IpcItem& k) { k.item.mutable_source()->mutable_ipc()->set_size(1); },
+       "items[1].quantize.source.ipc.size"},
+      {"short values", [](Parts&, IpcItem& k) { k.item.mutable_values()->mutable_ipc()->set_size(1); },
+       "items[1].quantize.values.ipc.size"},
+      {"no scales destination", [](Parts&, IpcItem& k) { k.item.clear_scales(); }, "items[1].quantize.scales.ipc"},
+      {"scales on another GPU",
+       [](Parts&, IpcItem& k) { *k.item.mutable_scales()->mutable_ipc() = Buffer(k.scales, 0, k.scales_bytes); },
+       "items[1].quantize.scales.ipc.device_uuid"},
+      {"values over the source",
+       [](Parts&, IpcItem& k) { *k.item.mutable_values()->mutable_ipc() = Buffer(k.in, 1, k.values_bytes); },
+       "items[1].quantize.values.ipc overlaps"},
+      {"scales over the values",
+       [](Parts&, IpcItem& k) { *k.item.mutable_scales()->mutable_ipc() = Buffer(k.values, 1, k.scales_bytes); },
+       "items[1].quantize.scales.ipc overlaps"},
+      {"a freed allocation", [](Parts& p, IpcItem& k) { p.runtime.FreeExported(k.values.handle); },
+       "items[1].quantize.values.ipc"},
+  };
+  const QuantCase& c = QuantCases()[5];
+  for (const Bad& b : table) {
+    SCOPED_TRACE(b.what);
+    Parts p(2);
+    IpcItem first = MakeIpcItem(p, c, false, 1);
+    IpcItem second = MakeIpcItem(p, c, false, 1);
+    b.edit(p, second);
+    v1::ConvertBatchRequest req;
+    *req.add_items()->mutable_quantize() = first.item;
+    *req.add_items()->mutable_quantize() = second.item;
+    absl::Status st;
+    absl::StatusOr<std::vector<server::QuantizeJob>> jobs = server::QuantizeJobsFromProto(req, server::MoeLimits{});
+    if (!jobs.ok()) {
+      st = jobs.status();
+    } else {
+      v1::ConvertBatchResponse resp;
+      st = server::RunQuantizeJobs(*jobs, p.engines(), absl::InfiniteFuture(), &resp);
+    }
+    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+    EXPECT_EQ(std::string(st.message()).rfind(b.starts, 0), 0u) << st;
+    EXPECT_EQ(first.values.ptr[0], 0xEE) << "the good item ran";
+    EXPECT_EQ(p.runtime.counts(1).converts, 0);
+  }
+}
+
+}  // namespace
+}  // namespace wprep::testing
