@@ -1,5 +1,5 @@
-// Work that a request queued on a GPU and answered for before it finished
-// (ConvertBatchRequest.completion_event): what must live until the GPU is done with it
+// Work that a request queued on a GPU and answered for before it finished (a batch
+// answered once queued, client_fence.h): what must live until the GPU is done with it
 // (the IPC mappings it reads and writes, the admission ticket that makes a drain wait for
 // it, its kernel timers) and what to do then (its metrics). One thread waits for each
 // piece of work in the order it was queued, runs its `done` and releases what it held.

@@ -1,7 +1,6 @@
 #include "executor.h"
 
 #include <algorithm>
-#include <map>
 #include <system_error>
 #include <thread>
 
@@ -136,161 +135,80 @@ absl::Status OfItem(size_t i, absl::Status s) {
   return ForItem(static_cast<int>(i), std::move(s));
 }
 
-// The one GPU of the jobs with IPC memory (nullptr when none has any), or
-// INVALID_ARGUMENT naming `field`, which orders one GPU's work, when they are on two.
-absl::StatusOr<Gpu*> OneGpuOfIpcJobs(const std::vector<ConvertJob>& jobs, const std::vector<Gpu*>& gpus,
-                                     absl::string_view field) {
-  Gpu* one = nullptr;
-  for (size_t i = 0; i < jobs.size(); ++i) {
-    if (!jobs[i].source_ipc && !jobs[i].destination_ipc) continue;
-    if (one != nullptr && gpus[i] != one) {
-      return absl::InvalidArgumentError(absl::StrCat("items[", i, "] is on GPU ", FormatUuid(gpus[i]->info().uuid),
-                                                     ", not on GPU ", FormatUuid(one->info().uuid), " with the others; ",
-                                                     field, " orders one GPU's work: send one batch per GPU"));
-    }
-    one = gpus[i];
-  }
-  return one;
-}
-
 }  // namespace
 
-absl::StatusOr<Event> Executor::OpenClientEvent(absl::string_view field, absl::string_view handle, const Uuid& uuid,
-                                                const std::vector<Gpu*>& gpus, const std::vector<ConvertJob>& jobs,
-                                                Gpu** gpu) {
-  absl::StatusOr<Gpu*> g = devices_->FindByUuid(uuid);
-  if (!g.ok()) {
-    return absl::Status(g.status().code(), absl::StrCat(field, ".device_uuid: ", g.status().message()));
-  }
+absl::StatusOr<Executor::Placement> Executor::Place(const std::vector<ConvertJob>& jobs) {
+  // Every job's engine first, then every mapping: all checks before any work.
+  Placement p;
+  p.gpus.resize(jobs.size(), nullptr);
   for (size_t i = 0; i < jobs.size(); ++i) {
-    if ((jobs[i].source_ipc || jobs[i].destination_ipc) && gpus[i] != *g) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "items[", i, "] is on GPU ", FormatUuid(gpus[i]->info().uuid), ", not on ", field, "'s GPU ",
-          FormatUuid((*g)->info().uuid), "; an event orders one GPU's work: send one batch per GPU"));
+    absl::StatusOr<Gpu*> g = PickGpu(jobs[i]);
+    if (!g.ok()) return OfItem(i, g.status());
+    p.gpus[i] = *g;
+  }
+  p.mapped.resize(jobs.size());
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    if (p.gpus[i] == nullptr) {
+      p.on_cpu.push_back(i);
+      continue;
     }
+    absl::StatusOr<Mapped> m = MapIpc(*p.gpus[i], jobs[i]);
+    if (!m.ok()) return OfItem(i, m.status());
+    p.mapped[i] = *std::move(m);
+    p.by_gpu[p.gpus[i]].push_back(i);
   }
-  absl::StatusOr<Event> e = devices_->runtime().OpenIpcEvent((*g)->ordinal(), handle);
-  if (!e.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        field, ".handle cannot be opened on GPU ", FormatUuid((*g)->info().uuid), ": ", e.status().message(),
-        "; give the cudaIpcGetEventHandle of a live event made with cudaEventInterprocess | cudaEventDisableTiming"));
-  }
-  *gpu = *g;
-  return *e;
+  return p;
 }
 
 absl::StatusOr<Executor::BatchOutcome> Executor::ConvertBatch(const std::vector<ConvertJob>& jobs,
                                                               const std::vector<std::string*>& inline_outputs,
-                                                              absl::Time deadline, EarlyAnswer* early,
-                                                              const ReadyEvent* ready) {
-  // Every job's engine first, then every mapping: all checks before any work.
-  std::vector<Gpu*> gpus(jobs.size(), nullptr);
-  for (size_t i = 0; i < jobs.size(); ++i) {
-    absl::StatusOr<Gpu*> g = PickGpu(jobs[i]);
-    if (!g.ok()) return OfItem(i, g.status());
-    gpus[i] = *g;
-  }
-  std::vector<Mapped> mapped(jobs.size());
-  std::map<Gpu*, std::vector<size_t>> by_gpu;
-  std::vector<size_t> on_cpu;
-  for (size_t i = 0; i < jobs.size(); ++i) {
-    if (gpus[i] == nullptr) {
-      on_cpu.push_back(i);
-      continue;
-    }
-    absl::StatusOr<Mapped> m = MapIpc(*gpus[i], jobs[i]);
-    if (!m.ok()) return OfItem(i, m.status());
-    mapped[i] = *std::move(m);
-    by_gpu[gpus[i]].push_back(i);
-  }
-  // The client events' checks come with the others: every job with IPC memory is on the
-  // event's GPU (for an early answer every job, none on the CPU), and the event opens. They
-  // are closed on the way out, once the work that records or waits for them is queued.
-  BatchEvents events;
-  events.early = early;
-  Gpu* early_gpu = nullptr;
-  Gpu* wait_gpu = nullptr;
-  absl::Cleanup close = [&] {
-    if (events.wait != nullptr && events.wait != events.completion) {
-      wait_gpu->runtime().DestroyEvent(wait_gpu->ordinal(), events.wait);
-    }
-    if (events.completion != nullptr) early_gpu->runtime().DestroyEvent(early_gpu->ordinal(), events.completion);
-  };
-  if (early != nullptr) {
-    for (size_t i = 0; i < jobs.size(); ++i) {
-      if (!jobs[i].source_ipc || !jobs[i].destination_ipc) {
-        return absl::InternalError(absl::StrCat("items[", i, "] is not IPC -> IPC under a completion event"));
-      }
-    }
-    if (!early->event_handle.empty()) {
-      WPREP_ASSIGN_OR_RETURN(events.completion, OpenClientEvent("completion_event", early->event_handle,
-                                                                early->event_gpu, gpus, jobs, &early_gpu));
-    } else {
-      // A completion flag alone: the items' one GPU (every item is IPC -> IPC).
-      WPREP_ASSIGN_OR_RETURN(early_gpu, OneGpuOfIpcJobs(jobs, gpus, "completion_flag"));
-      if (early_gpu == nullptr) return absl::InvalidArgumentError("a batch answered early needs at least one item");
-    }
-  }
-  MappedFlag flag;
-  if (early != nullptr && early->flag.set()) {
-    WPREP_ASSIGN_OR_RETURN(flag, MapWord(*early_gpu, early->flag, "completion_flag",
-                                         events.completion != nullptr ? "completion_event's" : "the items'"));
-    events.flag = &flag;
-  }
-  MappedFlag ready_word;
-  if (ready != nullptr && ready->flag.set()) {
-    // The word orders the work of the one GPU that holds the items' IPC memory (a GPU word
-    // must live there too); a batch without IPC memory has nothing of the client's to order.
-    WPREP_ASSIGN_OR_RETURN(wait_gpu, OneGpuOfIpcJobs(jobs, gpus, "ready_flag"));
-    if (wait_gpu != nullptr) {
-      WPREP_ASSIGN_OR_RETURN(ready_word, MapWord(*wait_gpu, ready->flag, "ready_flag", "the items'"));
-      events.ready_word = &ready_word;
-      events.ready_value = ready->flag.value;
-      events.ready = ready;
-    }
-  } else if (ready != nullptr) {
-    if (early != nullptr && ready->handle == early->event_handle && ready->gpu == early->event_gpu) {
-      events.wait = events.completion;  // one event, waited for and then recorded
-      wait_gpu = early_gpu;
-    } else {
-      WPREP_ASSIGN_OR_RETURN(events.wait,
-                             OpenClientEvent("ready_event", ready->handle, ready->gpu, gpus, jobs, &wait_gpu));
-    }
-  }
+                                                              absl::Time deadline, BatchFences* fences) {
+  // 1. Pick every job's GPU and map its IPC buffers.
+  WPREP_ASSIGN_OR_RETURN(Placement placed, Place(jobs));
+  // 2. Open the fences, with the other checks: a refused batch leaves nothing queued.
+  std::vector<bool> has_ipc(jobs.size());
+  for (size_t i = 0; i < jobs.size(); ++i) has_ipc[i] = jobs[i].source_ipc || jobs[i].destination_ipc;
+  WPREP_ASSIGN_OR_RETURN(ClientFence fence,
+                         ClientFence::Open({devices_, ipc_, &host_words_, &ready_words_}, fences, placed.gpus, has_ipc));
   if (absl::Now() >= deadline) {
     return absl::DeadlineExceededError("the request's deadline passed before the batch started");
   }
   BatchOutcome out;
-  out.items.resize(jobs.size());
-  auto events_of = [&](Gpu* g) {
-    BatchEvents e = events;
-    if (g != wait_gpu) {
-      e.wait = nullptr;
-      e.ready_word = nullptr;
+  out.outcomes.resize(jobs.size());
+  // 3 and 4. Run, and answer once queued (the fence's one GPU) or once everything is done.
+  if (Gpu* queued = fence.queued_gpu(); queued != nullptr) {
+    for (size_t i = 0; i < jobs.size(); ++i) {
+      if (!jobs[i].source_ipc || !jobs[i].destination_ipc) {
+        return absl::InternalError(absl::StrCat("item ", i, " is not IPC -> IPC in a batch answered once queued"));
+      }
     }
-    return e;
-  };
-  if (early != nullptr) {
-    WPREP_RETURN_IF_ERROR(RunBatchOnGpu(*early_gpu, jobs, by_gpu.begin()->second, mapped, inline_outputs, deadline,
-                                        &out, events_of(early_gpu)));
+    WPREP_RETURN_IF_ERROR(RunBatchOnGpu(*queued, jobs, placed.by_gpu.begin()->second, placed.mapped, inline_outputs,
+                                        deadline, &out, fence, fences));
     return out;
   }
-  for (size_t i : on_cpu) {
+  WPREP_RETURN_IF_ERROR(RunEverywhere(jobs, placed, inline_outputs, deadline, &out, fence));
+  return out;
+}
+
+absl::Status Executor::RunEverywhere(const std::vector<ConvertJob>& jobs, Placement& placed,
+                                     const std::vector<std::string*>& inline_outputs, absl::Time deadline,
+                                     BatchOutcome* out, ClientFence& fence) {
+  for (size_t i : placed.on_cpu) {
     absl::StatusOr<ConvertOutcome> r = RunOnCpu(jobs[i], inline_outputs[i]);
     if (!r.ok()) return OfItem(i, r.status());
-    out.items[i] = *std::move(r);
+    out->outcomes[i] = *std::move(r);
   }
   // Each GPU on its own thread (the calling thread takes the last); a GPU whose thread
   // cannot start runs on the calling thread too.
   std::vector<std::pair<Gpu*, const std::vector<size_t>*>> groups;
-  groups.reserve(by_gpu.size());
-  for (const auto& [g, items] : by_gpu) groups.emplace_back(g, &items);
+  groups.reserve(placed.by_gpu.size());
+  for (const auto& [g, items] : placed.by_gpu) groups.emplace_back(g, &items);
   std::vector<BatchOutcome> partial(groups.size());
   std::vector<absl::Status> results(groups.size());
   auto run = [&](size_t k) {
-    partial[k].items.resize(jobs.size());
-    results[k] = RunBatchOnGpu(*groups[k].first, jobs, *groups[k].second, mapped, inline_outputs, deadline,
-                               &partial[k], events_of(groups[k].first));
+    partial[k].outcomes.resize(jobs.size());
+    results[k] = RunBatchOnGpu(*groups[k].first, jobs, *groups[k].second, placed.mapped, inline_outputs, deadline,
+                               &partial[k], fence, nullptr);
   };
   std::vector<std::thread> threads;
   for (size_t k = 0; k + 1 < groups.size(); ++k) {
@@ -304,26 +222,27 @@ absl::StatusOr<Executor::BatchOutcome> Executor::ConvertBatch(const std::vector<
   for (auto& t : threads) t.join();
   for (size_t k = 0; k < groups.size(); ++k) {
     WPREP_RETURN_IF_ERROR(results[k]);
-    for (size_t i : *groups[k].second) out.items[i] = std::move(partial[k].items[i]);
-    out.peak_extra_device_bytes += partial[k].peak_extra_device_bytes;
+    for (size_t i : *groups[k].second) out->outcomes[i] = std::move(partial[k].outcomes[i]);
+    out->peak_extra_device_bytes += partial[k].peak_extra_device_bytes;
   }
-  return out;
+  return absl::OkStatus();
 }
 
-absl::Status Executor::RunBatchOnGpu(Gpu& gpu, const std::vector<ConvertJob>& jobs, const std::vector<size_t>& items,
+absl::Status Executor::RunBatchOnGpu(Gpu& gpu, const std::vector<ConvertJob>& jobs, const std::vector<size_t>& on_gpu,
                                      std::vector<Mapped>& mapped, const std::vector<std::string*>& inline_outputs,
-                                     absl::Time deadline, BatchOutcome* out, const BatchEvents& events) {
-  // The items go round-robin over up to all of the GPU's streams, each a DeviceRun staged
+                                     absl::Time deadline, BatchOutcome* out, ClientFence& fence,
+                                     BatchFences* fences) {
+  // The jobs go round-robin over up to all of the GPU's streams, each a DeviceRun staged
   // for the largest host-side item, so any item can run on any lane. Only the first lane
   // waits for a stream and memory; the others are taken only if free at once. A batch
   // never waits while it holds a stream, so concurrent batches cannot deadlock, each
   // holding some streams and waiting for more: with fewer lanes it runs on fewer streams.
   DeviceRun::Staging staging;
-  for (size_t i : items) {
+  for (size_t i : on_gpu) {
     if (!jobs[i].source_ipc) staging.input_bytes = std::max(staging.input_bytes, jobs[i].plan.input_bytes);
     if (!jobs[i].destination_ipc) staging.output_bytes = std::max(staging.output_bytes, jobs[i].plan.output_bytes);
   }
-  const size_t want = std::min<size_t>(items.size(), static_cast<size_t>(std::max(1, gpu.streams())));
+  const size_t want = std::min<size_t>(on_gpu.size(), static_cast<size_t>(std::max(1, gpu.streams())));
   std::vector<std::unique_ptr<DeviceRun>> runs;
   {
     WPREP_ASSIGN_OR_RETURN(std::unique_ptr<DeviceRun> first,
@@ -337,27 +256,16 @@ absl::Status Executor::RunBatchOnGpu(Gpu& gpu, const std::vector<ConvertJob>& jo
     runs.push_back(*std::move(more));
   }
   const size_t k = runs.size();
-  if (events.wait != nullptr) {
-    for (const auto& run : runs) {
-      WPREP_RETURN_IF_ERROR(gpu.runtime().StreamWaitEvent(gpu.ordinal(), run->stream(), events.wait));
-    }
-  }
-  if (events.ready_word != nullptr) {
-    for (const auto& run : runs) {
-      WPREP_RETURN_IF_ERROR(
-          gpu.runtime().WaitValue32(gpu.ordinal(), run->stream(), events.ready_word->ptr, events.ready_value));
-    }
-    if (events.ready_word->host_word != nullptr) {
-      ready_words_.Watch(events.ready_word->host_word, events.ready_value, events.ready_word->host,
-                         events.ready->owner, events.ready->request_id);
-    }
-  }
+  std::vector<Stream> streams;
+  streams.reserve(k);
+  for (const auto& run : runs) streams.push_back(run->stream());
+  WPREP_RETURN_IF_ERROR(fence.WaitOn(gpu, streams));
   std::vector<std::vector<size_t>> lanes(k);
-  for (size_t n = 0; n < items.size(); ++n) lanes[n % k].push_back(items[n]);
+  for (size_t n = 0; n < on_gpu.size(); ++n) lanes[n % k].push_back(on_gpu[n]);
   for (size_t lane = 0; lane < k; ++lane) {
     for (size_t i : lanes[lane]) {
       const ConvertJob& job = jobs[i];
-      ConvertOutcome& o = out->items[i];
+      ConvertOutcome& o = out->outcomes[i];
       o.engine = gpu.engine_name();
       o.engine_metrics = gpu.metrics();
       void* device_out = job.destination_ipc ? mapped[i].destination.ptr() : nullptr;
@@ -376,14 +284,14 @@ absl::Status Executor::RunBatchOnGpu(Gpu& gpu, const std::vector<ConvertJob>& jo
       }
     }
   }
-  if (events.early != nullptr) return HandOff(gpu, lanes, runs, items, mapped, events);
+  if (fences != nullptr) return HandOff(gpu, lanes, runs, on_gpu, mapped, fence, fences);
   // Every lane's launches, then their kernel times in launch order.
   for (size_t lane = 0; lane < k; ++lane) {
     WPREP_ASSIGN_OR_RETURN(std::vector<std::optional<double>> seconds, runs[lane]->Wait());
     size_t next = 0;
     for (size_t i : lanes[lane]) {
       if (jobs[i].source_ipc && jobs[i].destination_ipc && next < seconds.size()) {
-        out->items[i].kernel_seconds = seconds[next++];
+        out->outcomes[i].kernel_seconds = seconds[next++];
       }
     }
     out->peak_extra_device_bytes += runs[lane]->peak_extra_device_bytes();
@@ -392,14 +300,13 @@ absl::Status Executor::RunBatchOnGpu(Gpu& gpu, const std::vector<ConvertJob>& jo
 }
 
 absl::Status Executor::HandOff(Gpu& gpu, const std::vector<std::vector<size_t>>& lanes,
-                               std::vector<std::unique_ptr<DeviceRun>>& runs, const std::vector<size_t>& items,
-                               std::vector<Mapped>& mapped, const BatchEvents& events) {
-  EarlyAnswer* early = events.early;
+                               std::vector<std::unique_ptr<DeviceRun>>& runs, const std::vector<size_t>& on_gpu,
+                               std::vector<Mapped>& mapped, ClientFence& fence, BatchFences* fences) {
   // What the work needs until it is done. The streams go back now: work queued on one
   // later runs after this.
   struct Held {
     std::vector<Mapped> mapped;
-    MappedFlag flag, ready_word;
+    ClientFence::Words words;
     std::vector<std::pair<size_t, std::unique_ptr<DeviceTimer>>> timers;  // job index, its timer
     std::vector<Event> events;  // the GPU's, back to it once done
     std::shared_ptr<void> keep;
@@ -408,21 +315,14 @@ absl::Status Executor::HandOff(Gpu& gpu, const std::vector<std::vector<size_t>>&
     for (Event e : events) gpu.GiveEvent(e);
     events.clear();
   };
-  // The client's event and the daemon's own come after every job.
+  // The signal fence and the daemon's own event come after every job.
   WPREP_ASSIGN_OR_RETURN(Event done, gpu.TakeEvent());
   held.events.push_back(done);
   std::vector<Stream> streams;
   streams.reserve(runs.size());
   for (const auto& run : runs) streams.push_back(run->stream());
-  std::vector<Event> marks = {done};
-  if (events.completion != nullptr) marks.insert(marks.begin(), events.completion);
-  absl::Status s = gpu.RecordAfter(streams, marks, &held.events);
-  if (s.ok() && events.flag != nullptr) {
-    // After the client's event: a client may wait for either.
-    s = gpu.runtime().WriteValue32(gpu.ordinal(), streams[0], events.flag->ptr, early->flag.value);
-    held.flag = std::move(*events.flag);
-  }
-  if (events.ready_word != nullptr) held.ready_word = std::move(*events.ready_word);
+  absl::Status s = fence.SignalAfter(streams, done, &held.events);
+  held.words = fence.TakeWords();
   if (!s.ok()) {
     give_back(held.events);
     return s;
@@ -433,10 +333,10 @@ absl::Status Executor::HandOff(Gpu& gpu, const std::vector<std::vector<size_t>>&
       held.timers.emplace_back(lanes[lane][n], std::move(timers[n]));
     }
   }
-  for (size_t i : items) held.mapped.push_back(std::move(mapped[i]));
-  held.keep = std::move(early->keep);
+  for (size_t i : on_gpu) held.mapped.push_back(std::move(mapped[i]));
+  held.keep = std::move(fences->keep);
   completions_.Add({gpu.ordinal(), done,
-                    [held = std::move(held), finish = std::move(early->done), gpu = &gpu, give_back,
+                    [held = std::move(held), finish = std::move(fences->done), gpu = &gpu, give_back,
                      jobs = mapped.size()](const absl::Status& s) mutable {
                       std::vector<std::optional<double>> seconds(jobs);
                       if (s.ok()) {
@@ -446,33 +346,6 @@ absl::Status Executor::HandOff(Gpu& gpu, const std::vector<std::vector<size_t>>&
                       if (finish) std::move(finish)(s, gpu->metrics(), seconds);
                     }});
   return absl::OkStatus();
-}
-
-absl::StatusOr<Executor::MappedFlag> Executor::MapWord(Gpu& gpu, const ClientWord& word, absl::string_view field,
-                                                      absl::string_view whose) {
-  MappedFlag out;
-  if (word.host) {
-    WPREP_ASSIGN_OR_RETURN(HostWords::Word w, host_words_.Acquire(gpu.runtime(), gpu.ordinal(), word.host->name,
-                                                                  word.host->offset, absl::StrCat(field, ".host_word")));
-    out.ptr = w.device_ptr;
-    out.host_word = w.host;
-    out.host = std::move(w.keep);
-    return out;
-  }
-  const IpcRegion& region = *word.buffer;
-  if (region.gpu != gpu.info().uuid) {
-    return absl::InvalidArgumentError(absl::StrCat(field, ".buffer.device_uuid names GPU ", FormatUuid(region.gpu),
-                                                   ", not ", whose, " GPU ", FormatUuid(gpu.info().uuid),
-                                                   ": the word is used by the work on that GPU, so it must live there"));
-  }
-  absl::StatusOr<IpcCache::Lease> l = ipc_->Acquire(gpu.ordinal(), region.handle, region.offset, region.size);
-  if (!l.ok()) return absl::Status(l.status().code(), absl::StrCat(field, ".buffer: ", l.status().message()));
-  if (reinterpret_cast<uintptr_t>(l->ptr()) % 4 != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(field, ".buffer: the word is not 4-byte aligned in its allocation"));
-  }
-  out.ptr = l->ptr();
-  out.ipc = std::move(*l);
-  return out;
 }
 
 absl::StatusOr<std::unique_ptr<StreamConverter>> Executor::StartStream(const Plan& plan,

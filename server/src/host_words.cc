@@ -43,7 +43,12 @@ constexpr size_t kMaxNameChars = 200;
 
 absl::Status FileError(absl::string_view field, absl::string_view dir, absl::string_view name,
                        absl::string_view what) {
-  return absl::InvalidArgumentError(absl::StrCat(field, ": ", dir, "/", name, " ", what));
+  return absl::InvalidArgumentError(absl::StrCat(field, field.empty() ? "" : ": ", dir, "/", name, " ", what));
+}
+
+// `field`'s `sub` ("offset"), or `sub` alone for errors relative to the word (no field).
+std::string Sub(absl::string_view field, absl::string_view sub) {
+  return field.empty() ? std::string(sub) : absl::StrCat(field, ".", sub);
 }
 }  // namespace
 
@@ -61,7 +66,7 @@ absl::Status HostWords::CheckName(absl::string_view name, absl::string_view fiel
   for (char c : rest) ok = ok && (absl::ascii_isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-');
   if (!ok) {
     return absl::InvalidArgumentError(absl::StrCat(
-        field, ".name must be a file name in /dev/shm made of \"wprep-\" and then 1 to ",
+        Sub(field, "name"), " must be a file name in /dev/shm made of \"wprep-\" and then 1 to ",
         kMaxNameChars, " of A-Z a-z 0-9 . _ -; got a name of ", name.size(), " bytes"));
   }
   return absl::OkStatus();
@@ -76,7 +81,7 @@ absl::StatusOr<HostWords::Word> HostWords::Acquire(DeviceRuntime& runtime, int g
                                                    uint64_t offset, absl::string_view field) {
   if (absl::Status s = CheckName(name, field); !s.ok()) return s;
   if (offset % 4 != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(field, ".offset must be a multiple of 4; got ", offset));
+    return absl::InvalidArgumentError(absl::StrCat(Sub(field, "offset"), " must be a multiple of 4; got ", offset));
   }
   const std::string key(name);
   absl::MutexLock lock(&mu_);
@@ -84,7 +89,7 @@ absl::StatusOr<HostWords::Word> HostWords::Acquire(DeviceRuntime& runtime, int g
     dir_fd_ = open(dir_.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (dir_fd_ < 0) {
       return absl::FailedPreconditionError(absl::StrCat(
-          field, ": the daemon cannot open ", dir_, " (", std::strerror(errno),
+          field, field.empty() ? "" : ": ", "the daemon cannot open ", dir_, " (", std::strerror(errno),
           "); give it the clients' /dev/shm, or name a word of GPU memory (buffer)"));
     }
   }
@@ -107,7 +112,7 @@ absl::StatusOr<HostWords::Word> HostWords::Acquire(DeviceRuntime& runtime, int g
   file->last_use = ++uses_;
   if (offset > file->bytes - 4) {
     return absl::InvalidArgumentError(
-        absl::StrCat(field, ".offset ", offset, " is outside the file's ", file->bytes, " bytes"));
+        absl::StrCat(Sub(field, "offset"), " ", offset, " is outside the file's ", file->bytes, " bytes"));
   }
   auto base = file->device_base.find(gpu);
   if (base == file->device_base.end()) {

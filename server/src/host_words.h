@@ -1,5 +1,5 @@
 // Words of the host's shared memory (/dev/shm) that clients' streams wait on
-// (ConvertBatchRequest.completion_flag.host_word, ready_flag.host_word): each file is opened, mapped and
+// (the fences' words of shared host memory, client_fence.h): each file is opened, mapped and
 // registered with the GPUs once, and kept while the same file (device and inode) stays at
 // its name. The daemon's CPU never reads or writes the mappings; only its GPUs write the
 // words (DeviceRuntime::WriteValue32). Thread-safe.
@@ -35,7 +35,8 @@ class HostWords {
   static constexpr uint64_t kFileBytesUnit = 4096;
 
   // A client's name for a file: "wprep-" and then 1 to 200 of A-Z a-z 0-9 . _ -. Errors
-  // name `field` (the SharedHostWord's, e.g. "completion_flag.host_word").
+  // name `field` (the SharedHostWord's, as the edge names it; empty: errors relative to
+  // the word, "offset 8 is ...").
   static absl::Status CheckName(absl::string_view name, absl::string_view field);
 
   struct Word {

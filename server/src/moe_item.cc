@@ -282,16 +282,6 @@ absl::StatusOr<std::vector<MoeJob>> MoeJobsFromProto(const v1::ConvertBatchReque
     return absl::ResourceExhaustedError(absl::StrCat("ConvertBatch request of ", n,
                                                      " bytes exceeds --max-message-bytes=", limits.max_message_bytes));
   }
-  const std::pair<const char*, bool> events[] = {{"completion_event", req.has_completion_event()},
-                                                 {"completion_flag", req.has_completion_flag()},
-                                                 {"ready_event", req.has_ready_event()},
-                                                 {"ready_flag", req.has_ready_flag()}};
-  for (const auto& [field, set] : events) {
-    if (!set) continue;
-    return absl::UnimplementedError(absl::StrCat(
-        field, ": a batch of MoE items answers once its work is done; events and flags are not served for "
-               "MoE items yet; leave ", field, " unset"));
-  }
   std::vector<MoeJob> jobs;
   uint64_t inline_out = 0;
   for (int i = 0; i < req.items_size(); ++i) {

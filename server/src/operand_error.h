@@ -1,4 +1,4 @@
-// Errors about one operand of a request (its source, destination or chosen GPU), raised
+// Errors about one operand of a request (its source, destination, chosen GPU or fences), raised
 // below the wire edge. Code under the edge names the operand by role, never by a protobuf
 // field; the edge turns the role into the request's field path when it answers
 // (WireFieldOf in proto_translate.h): "source_ipc.device_uuid: GPU-... is not a GPU ...".
@@ -18,7 +18,9 @@
 
 namespace wprep::server {
 
-enum class Operand { kSource, kDestination, kDevice };
+// The fences (client_fence.h) are the batch's: an error about one carries no item index;
+// its part starts with "event" or "word".
+enum class Operand { kSource, kDestination, kDevice, kWaitFence, kSignalFence };
 
 // Where an OperandError points: the operand, a part of it ("device_uuid", "handle",
 // possibly empty), and for multi-item requests the item's index (-1 for none).
@@ -53,7 +55,7 @@ inline std::optional<OperandPath> OperandPathOf(const absl::Status& status) {
   if (!p) return std::nullopt;
   std::vector<std::string> parts = absl::StrSplit(std::string(*p), '|');
   int op = 0, item = -1;
-  if (parts.size() != 3 || !absl::SimpleAtoi(parts[0], &op) || op < 0 || op > 2 ||
+  if (parts.size() != 3 || !absl::SimpleAtoi(parts[0], &op) || op < 0 || op > static_cast<int>(Operand::kSignalFence) ||
       !absl::SimpleAtoi(parts[2], &item)) {
     return std::nullopt;
   }

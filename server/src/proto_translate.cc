@@ -3,8 +3,10 @@
 #include <algorithm>
 #include <cstring>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "host_words.h"
+#include "status.h"
 #include "wprep/spec/status_macros.h"
 
 namespace wprep::server {
@@ -16,9 +18,10 @@ namespace {
 // An IPC buffer's region, after checking its handle and GPU fields.
 absl::StatusOr<IpcRegion> IpcFromProto(const v1::CudaIpcBuffer& b, absl::string_view field) {
   if (b.handle().size() != kIpcHandleBytes) {
-    return absl::InvalidArgumentError(absl::StrCat(field, ".handle must be the 64 bytes of a "
-                                                   "cudaIpcMemHandle_t, got ",
-                                                   b.handle().size(), " bytes"));
+    return WithFieldViolation(absl::InvalidArgumentError(absl::StrCat(field, ".handle must be the 64 bytes of a "
+                                                                      "cudaIpcMemHandle_t, got ",
+                                                                      b.handle().size(), " bytes")),
+                              absl::StrCat(field, ".handle"));
   }
   IpcRegion r;
   WPREP_ASSIGN_OR_RETURN(r.gpu, UuidFromWire(b.device_uuid(), absl::StrCat(field, ".device_uuid")));
@@ -60,8 +63,9 @@ absl::StatusOr<std::optional<Uuid>> OptionalUuid(absl::string_view bytes, absl::
 
 absl::StatusOr<Uuid> UuidFromWire(absl::string_view bytes, absl::string_view field) {
   if (bytes.size() != 16) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        field, " must be the 16 bytes of cudaDeviceProp.uuid, got ", bytes.size(), " bytes"));
+    return WithFieldViolation(absl::InvalidArgumentError(absl::StrCat(
+                                  field, " must be the 16 bytes of cudaDeviceProp.uuid, got ", bytes.size(), " bytes")),
+                              field);
   }
   Uuid u{};
   std::memcpy(u.data(), bytes.data(), 16);
@@ -240,86 +244,133 @@ absl::StatusOr<std::vector<ConvertJob>> BatchJobsFromProto(const v1::ConvertBatc
 
 namespace {
 
+absl::Status BadField(absl::string_view field, absl::string_view what) {
+  return WithFieldViolation(absl::InvalidArgumentError(absl::StrCat(field, what)), field);
+}
+
 // An IpcEventRef's handle (its size checked) and GPU; errors name `field`.
-absl::Status EventRefFromProto(const v1::IpcEventRef& e, absl::string_view field, std::string* handle, Uuid* gpu) {
+absl::StatusOr<FenceRef::EventRef> EventFromProto(const v1::IpcEventRef& e, const std::string& field) {
   if (e.handle().size() != kIpcEventHandleBytes) {
-    return absl::InvalidArgumentError(absl::StrCat(field, ".handle must be the ", kIpcEventHandleBytes,
-                                                   " bytes of a cudaIpcEventHandle_t, got ", e.handle().size(),
-                                                   " bytes"));
+    return BadField(field + ".handle", absl::StrCat(" must be the ", kIpcEventHandleBytes,
+                                                    " bytes of a cudaIpcEventHandle_t, got ", e.handle().size(),
+                                                    " bytes"));
   }
-  WPREP_ASSIGN_OR_RETURN(*gpu, UuidFromWire(e.device_uuid(), absl::StrCat(field, ".device_uuid")));
-  *handle = e.handle();
-  return absl::OkStatus();
+  FenceRef::EventRef ref;
+  WPREP_ASSIGN_OR_RETURN(ref.gpu, UuidFromWire(e.device_uuid(), field + ".device_uuid"));
+  ref.handle = e.handle();
+  return ref;
 }
 
-}  // namespace
-
-namespace {
-
-// An IpcFlagRef into `word`: one of buffer (one aligned 4-byte IPC region) and host_word (a
-// valid name, an aligned offset). Errors name `field`.
-absl::Status WordFromProto(const v1::IpcFlagRef& ref, absl::string_view field, ClientWord* word) {
-  word->value = ref.value();
-  if (ref.has_host_word()) {
-    const v1::SharedHostWord& w = ref.host_word();
-    const std::string f = absl::StrCat(field, ".host_word");
-    WPREP_RETURN_IF_ERROR(HostWords::CheckName(w.name(), f));
-    if (w.offset() % 4 != 0) {
-      return absl::InvalidArgumentError(absl::StrCat(f, ".offset must be a multiple of 4; got ", w.offset()));
+// A FenceWord: one of buffer (one aligned 4-byte IPC region) and host_word (a valid name,
+// an aligned offset). Errors name `field`.
+absl::StatusOr<FenceRef::WordRef> WordFromProto(const v1::FenceWord& w, const std::string& field) {
+  FenceRef::WordRef word;
+  word.value = w.value();
+  if (w.has_host_word()) {
+    const v1::SharedHostWord& h = w.host_word();
+    const std::string f = field + ".host_word";
+    if (absl::Status s = HostWords::CheckName(h.name(), f); !s.ok()) return WithFieldViolation(s, f + ".name");
+    if (h.offset() % 4 != 0) {
+      return BadField(f + ".offset", absl::StrCat(" must be a multiple of 4; got ", h.offset()));
     }
-    word->host = ClientWord::Shared{w.name(), w.offset()};
-    return absl::OkStatus();
+    word.host_file = h.name();
+    word.host_offset = h.offset();
+    return word;
   }
-  if (!ref.has_buffer()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        field, " must name its word: buffer (a word of GPU memory) or host_word (a word of a file in /dev/shm)"));
+  if (!w.has_buffer()) {
+    return BadField(field, " must name its word: buffer (a word of GPU memory) or host_word (a word of a file in "
+                           "/dev/shm)");
   }
-  const v1::CudaIpcBuffer& b = ref.buffer();
-  WPREP_ASSIGN_OR_RETURN(word->buffer, IpcFromProto(b, absl::StrCat(field, ".buffer")));
+  const v1::CudaIpcBuffer& b = w.buffer();
+  const std::string f = field + ".buffer";
+  absl::StatusOr<IpcRegion> region = IpcFromProto(b, f);
+  if (!region.ok()) return region.status();
   if (b.size() != 4 || b.offset() % 4 != 0 || b.strides_size() != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        field, ".buffer must name one 4-byte aligned 32-bit word (size 4, offset a multiple of 4, no strides); got "
-        "size ", b.size(), ", offset ", b.offset(), ", ", b.strides_size(), " strides"));
+    return BadField(f, absl::StrCat(" must name one 4-byte aligned 32-bit word (size 4, offset a multiple of 4, no "
+                                    "strides); got size ",
+                                    b.size(), ", offset ", b.offset(), ", ", b.strides_size(), " strides"));
   }
-  return absl::OkStatus();
+  word.gpu_memory = *std::move(region);
+  return word;
+}
+
+// One Fence into `out` (its event or its word, which must not be set already). Errors
+// name `field`.
+absl::Status FenceFromProto(const v1::Fence& f, const std::string& field, FenceRef* out) {
+  switch (f.kind_case()) {
+    case v1::Fence::kEvent: {
+      if (out->event) return BadField(field, " is a second event: signal_when_done takes at most one");
+      WPREP_ASSIGN_OR_RETURN(out->event, EventFromProto(f.event(), field + ".event"));
+      return absl::OkStatus();
+    }
+    case v1::Fence::kWord: {
+      if (out->word) return BadField(field, " is a second word: signal_when_done takes at most one");
+      WPREP_ASSIGN_OR_RETURN(out->word, WordFromProto(f.word(), field + ".word"));
+      return absl::OkStatus();
+    }
+    case v1::Fence::KIND_NOT_SET:
+      break;
+  }
+  return BadField(field, " must name its kind: event (an interprocess CUDA event) or word (a 32-bit word)");
 }
 
 }  // namespace
 
-absl::StatusOr<bool> ReadyEventFromProto(const v1::ConvertBatchRequest& req, ReadyEvent* ready) {
-  if (req.has_ready_flag()) {
-    if (req.has_ready_event()) {
-      return absl::InvalidArgumentError(
-          "set one of ready_event and ready_flag: both order the batch after the client's work");
-    }
-    WPREP_RETURN_IF_ERROR(WordFromProto(req.ready_flag(), "ready_flag", &ready->flag));
-    return true;
-  }
-  if (!req.has_ready_event()) return false;
-  WPREP_RETURN_IF_ERROR(EventRefFromProto(req.ready_event(), "ready_event", &ready->handle, &ready->gpu));
-  return true;
-}
-
-absl::StatusOr<bool> CompletionEventFromProto(const v1::ConvertBatchRequest& req, const std::vector<ConvertJob>& jobs,
-                                              EarlyAnswer* early) {
-  if (!req.has_completion_event() && !req.has_completion_flag()) return false;
-  if (req.has_completion_event()) {
+absl::Status FencesFromProto(const v1::ConvertBatchRequest& req, const std::vector<ConvertJob>& jobs,
+                             BatchFences* fences) {
+  if (req.has_wait_for()) WPREP_RETURN_IF_ERROR(FenceFromProto(req.wait_for(), "wait_for", &fences->wait));
+  for (int i = 0; i < req.signal_when_done_size(); ++i) {
     WPREP_RETURN_IF_ERROR(
-        EventRefFromProto(req.completion_event(), "completion_event", &early->event_handle, &early->event_gpu));
+        FenceFromProto(req.signal_when_done(i), absl::StrCat("signal_when_done[", i, "]"), &fences->signal));
   }
-  const char* field = req.has_completion_event() ? "completion_event" : "completion_flag";
+  switch (req.answer_when()) {
+    case v1::ANSWER_WHEN_DONE:
+      if (!fences->signal.empty()) {
+        return BadField("signal_when_done", " needs answer_when = ANSWER_WHEN_QUEUED: the daemon signals after the "
+                                            "work only for a batch it answers once queued");
+      }
+      return absl::OkStatus();
+    case v1::ANSWER_WHEN_QUEUED:
+      break;
+    default:
+      return BadField("answer_when", absl::StrCat(" is ", static_cast<int>(req.answer_when()),
+                                                  ", not ANSWER_WHEN_DONE or ANSWER_WHEN_QUEUED"));
+  }
+  if (fences->signal.empty()) {
+    return BadField("answer_when", " = ANSWER_WHEN_QUEUED needs signal_when_done: a fence the client orders its use "
+                                   "of the outputs after");
+  }
   for (size_t i = 0; i < jobs.size(); ++i) {
     if (!jobs[i].source_ipc || !jobs[i].destination_ipc) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "items[", i, "].convert.", jobs[i].source_ipc ? "destination" : "source", ".ipc is required with ", field,
-          ": an answer before the work is done suits only outputs the client reads on the GPU; leave ", field,
-          " unset for inline bytes"));
+      const std::string field =
+          absl::StrCat("items[", i, "].convert.", jobs[i].source_ipc ? "destination" : "source", ".ipc");
+      return BadField(field, " is required with answer_when = ANSWER_WHEN_QUEUED: an answer before the work is "
+                             "done suits only outputs the client reads on the GPU; answer when done for inline "
+                             "bytes");
     }
   }
-  if (req.has_completion_flag()) {
-    WPREP_RETURN_IF_ERROR(WordFromProto(req.completion_flag(), "completion_flag", &early->flag));
+  fences->queued_answer = true;
+  return absl::OkStatus();
+}
+
+absl::Status NameFenceField(const absl::Status& status, const v1::ConvertBatchRequest& req) {
+  std::optional<OperandPath> path = OperandPathOf(status);
+  if (!path || (path->operand != Operand::kWaitFence && path->operand != Operand::kSignalFence)) return status;
+  std::string field = "wait_for";
+  if (path->operand == Operand::kSignalFence) {
+    // The signal fence's event or word: the entry of signal_when_done that holds it.
+    field = "signal_when_done";
+    const bool event = absl::StartsWith(path->part, "event");
+    for (int i = 0; i < req.signal_when_done_size(); ++i) {
+      if (req.signal_when_done(i).has_event() == event) {
+        field = absl::StrCat("signal_when_done[", i, "]");
+        break;
+      }
+    }
   }
-  return true;
+  if (!path->part.empty()) absl::StrAppend(&field, ".", path->part);
+  absl::Status named(status.code(), absl::StrCat(field, ": ", status.message()));
+  return status.code() == absl::StatusCode::kInvalidArgument ? WithFieldViolation(named, field) : named;
 }
 
 void OutcomeToProto(const ConvertJob& job, const ConvertOutcome& outcome, v1::ConvertResponse* resp) {
@@ -366,7 +417,8 @@ absl::Status NameOperandField(const absl::Status& status, const OperandFields& f
                                                                      : fields.device;
   std::string field = path->item >= 0 ? absl::StrCat("items[", path->item, "].", base) : base;
   if (!path->part.empty()) absl::StrAppend(&field, field.empty() ? "" : ".", path->part);
-  return absl::Status(status.code(), absl::StrCat(field, ": ", status.message()));
+  absl::Status named(status.code(), absl::StrCat(field, ": ", status.message()));
+  return status.code() == absl::StatusCode::kInvalidArgument ? WithFieldViolation(named, field) : named;
 }
 
 }  // namespace wprep::server

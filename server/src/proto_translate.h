@@ -45,13 +45,15 @@ struct BatchLimits {
 };
 absl::StatusOr<std::vector<ConvertJob>> BatchJobsFromProto(const wprep::v1::ConvertBatchRequest& req,
                                                            const BatchLimits& limits);
-// ConvertBatchRequest.completion_event into `early` (its handle and GPU, and the
-// completion_flag's word and value); false when the request has none (a flag alone is
-// INVALID_ARGUMENT). Every item must then be IPC -> IPC (`jobs` are the request's).
-absl::StatusOr<bool> CompletionEventFromProto(const wprep::v1::ConvertBatchRequest& req,
-                                              const std::vector<ConvertJob>& jobs, EarlyAnswer* early);
-// ConvertBatchRequest.ready_event into `ready`; false when the request has none.
-absl::StatusOr<bool> ReadyEventFromProto(const wprep::v1::ConvertBatchRequest& req, ReadyEvent* ready);
+// ConvertBatchRequest's fences (wait_for, signal_when_done, answer_when) into `fences`,
+// every rule checked here: a signal only with ANSWER_WHEN_QUEUED and the reverse, at most
+// one event and one word to signal, every item IPC -> IPC for a queued answer. Errors are
+// INVALID_ARGUMENT with a field violation (WithFieldViolation) naming the field.
+absl::Status FencesFromProto(const wprep::v1::ConvertBatchRequest& req, const std::vector<ConvertJob>& jobs,
+                             BatchFences* fences);
+// An OperandError about a fence (client_fence.h) rendered with its field
+// ("signal_when_done[1].word.buffer: ..."); any other status as it is.
+absl::Status NameFenceField(const absl::Status& status, const wprep::v1::ConvertBatchRequest& req);
 // Fills `item` (whose one output was added, its inline bytes already set) from the job.
 void BatchItemToProto(const ConvertJob& job, const ConvertOutcome& outcome, wprep::v1::BatchItemResult* item);
 

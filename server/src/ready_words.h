@@ -1,4 +1,5 @@
-// Ready words (ConvertBatchRequest.ready_flag.host_word) the daemon's streams wait on, and
+// Wait words (a batch's wait fence as a word of shared host memory, client_fence.h) the
+// daemon's streams wait on, and
 // the daemon's CPU writing them when their client cannot: a stream waiting for a word that
 // never reaches its value would hold back every later work queued on it, other clients'
 // included. A word is watched from the moment a wait for it is queued until it reaches its

@@ -42,8 +42,9 @@ absl::Status RunGuarded(absl::FunctionRef<absl::Status()> body, uint64_t request
 absl::Status BoundMessage(const absl::Status& status) {
   if (status.message().size() <= kMaxErrorBytes) return status;
   const size_t keep = kMaxErrorBytes - 64;
-  return absl::Status(status.code(), absl::StrCat(status.message().substr(0, keep), "... (",
-                                                  status.message().size() - keep, " more bytes)"));
+  return WithFieldViolation(absl::Status(status.code(), absl::StrCat(status.message().substr(0, keep), "... (",
+                                                                     status.message().size() - keep, " more bytes)")),
+                            FieldViolationOf(status));
 }
 
 namespace {
@@ -428,17 +429,15 @@ absl::Status WeightPrepService::DoConvertBatch(grpc::ServerContext* ctx, const v
   if (HasQuantizeItems(req)) return DoQuantizeBatch(ctx, req, resp, report, inline_charge);
   WPREP_ASSIGN_OR_RETURN(std::vector<ConvertJob> jobs,
                          BatchJobsFromProto(req, BatchLimits{limits_.max_message_bytes, limits_.max_batch_items}));
-  EarlyAnswer early;
-  WPREP_ASSIGN_OR_RETURN(const bool answer_early, CompletionEventFromProto(req, jobs, &early));
-  ReadyEvent ready;
-  WPREP_ASSIGN_OR_RETURN(const bool wait_ready, ReadyEventFromProto(req, &ready));
-  ready.owner = stream_id;
-  ready.request_id = report.id();
-  if (answer_early) {
+  BatchFences fences;
+  WPREP_RETURN_IF_ERROR(FencesFromProto(req, jobs, &fences));
+  fences.owner = stream_id;
+  fences.request_id = report.id();
+  if (fences.queued_answer) {
     // The work outlives the call: it holds the admission ticket (a drain waits for it), and
     // its kernel times reach the metrics when it is done.
-    early.keep = std::make_shared<Admission::Ticket>(std::move(ticket));
-    early.done = [](const absl::Status& s, DeviceMetrics* engine, const std::vector<std::optional<double>>& seconds) {
+    fences.keep = std::make_shared<Admission::Ticket>(std::move(ticket));
+    fences.done = [](const absl::Status& s, DeviceMetrics* engine, const std::vector<std::optional<double>>& seconds) {
       if (!s.ok() || engine == nullptr) return;
       for (const std::optional<double>& k : seconds) {
         if (k) engine->kernel_seconds->Observe(*k);
@@ -468,16 +467,16 @@ absl::Status WeightPrepService::DoConvertBatch(grpc::ServerContext* ctx, const v
   for (size_t i = 0; i < jobs.size(); ++i) {
     inline_outputs[i] = resp->add_items()->add_outputs()->mutable_inline_bytes();
   }
-  WPREP_ASSIGN_OR_RETURN(Executor::BatchOutcome outcome,
-                         executor_->ConvertBatch(jobs, inline_outputs, report.deadline(),
-                                                 answer_early ? &early : nullptr, wait_ready ? &ready : nullptr));
+  absl::StatusOr<Executor::BatchOutcome> ran = executor_->ConvertBatch(jobs, inline_outputs, report.deadline(), &fences);
+  if (!ran.ok()) return NameFenceField(ran.status(), req);
+  Executor::BatchOutcome& outcome = *ran;
   for (size_t i = 0; i < jobs.size(); ++i) {
-    BatchItemToProto(jobs[i], outcome.items[i], resp->mutable_items(static_cast<int>(i)));
-    report.AddItem(jobs[i].plan.spec, TransportOf(jobs[i]), outcome.items[i].engine_metrics,
-                   outcome.items[i].kernel_seconds, jobs[i].plan.output_bytes);
+    BatchItemToProto(jobs[i], outcome.outcomes[i], resp->mutable_items(static_cast<int>(i)));
+    report.AddItem(jobs[i].plan.spec, TransportOf(jobs[i]), outcome.outcomes[i].engine_metrics,
+                   outcome.outcomes[i].kernel_seconds, jobs[i].plan.output_bytes);
   }
   resp->set_peak_extra_device_bytes(outcome.peak_extra_device_bytes);
-  report.SetConversion(bytes_in, bytes_out, jobs.size() == 1 ? outcome.items[0].engine : "batch", nullptr,
+  report.SetConversion(bytes_in, bytes_out, jobs.size() == 1 ? outcome.outcomes[0].engine : "batch", nullptr,
                        std::nullopt, outcome.peak_extra_device_bytes);
   return absl::OkStatus();
 }
@@ -485,6 +484,16 @@ absl::Status WeightPrepService::DoConvertBatch(grpc::ServerContext* ctx, const v
 absl::Status WeightPrepService::DoMoeBatch(grpc::ServerContext* ctx, const v1::ConvertBatchRequest& req,
                                            v1::ConvertBatchResponse* resp, CallReport& report,
                                            HostBudget::Charge* inline_charge) {
+  // Fences are not served for MoE items yet.
+  const std::pair<const char*, bool> fences[] = {{"wait_for", req.has_wait_for()},
+                                                 {"signal_when_done", req.signal_when_done_size() > 0},
+                                                 {"answer_when", req.answer_when() != v1::ANSWER_WHEN_DONE}};
+  for (const auto& [field, set] : fences) {
+    if (!set) continue;
+    return absl::UnimplementedError(absl::StrCat(
+        field, ": a batch of MoE items answers once its work is done; fences are not served for MoE items yet; "
+               "leave ", field, " unset"));
+  }
   WPREP_ASSIGN_OR_RETURN(std::vector<MoeJob> jobs,
                          MoeJobsFromProto(req, MoeLimits{static_cast<uint64_t>(limits_.max_message_bytes),
                                                          limits_.max_tensor_bytes, limits_.max_batch_items}));

@@ -84,11 +84,11 @@ class WeightPrepService final : public wprep::v1::WeightPrep::Service {
       grpc::ServerContext* ctx,
       grpc::ServerReaderWriter<wprep::v1::ConvertStreamResponse, wprep::v1::ConvertStreamRequest>* stream,
       CallReport& report);
-  // `ticket` moves into work answered before it finished (completion_event), so that a
+  // `ticket` moves into work answered once queued (ANSWER_WHEN_QUEUED), so that a
   // drain waits for that work. The host memory charged for inline data is held until the
   // call ends, or, with `inline_charge`, moved there (a stream's batch frees it once its
   // answer is written).
-  // `stream_id`: the ConvertBatches stream's (0 for ConvertBatch), whose ready words the
+  // `stream_id`: the ConvertBatches stream's (0 for ConvertBatch), whose wait words the
   // daemon writes if that stream ends cancelled.
   absl::Status DoConvertBatch(grpc::ServerContext* ctx, const wprep::v1::ConvertBatchRequest& req,
                               wprep::v1::ConvertBatchResponse* resp, CallReport& report, Admission::Ticket& ticket,

@@ -145,7 +145,7 @@ int wprep::fuzz::FuzzBatch(const uint8_t* data, size_t size) {
     CheckRefusal(r.status(), "Executor::ConvertBatch");
     return 0;
   }
-  WPREP_FUZZ_CHECK(r->items.size() == jobs->size(), "%zu outcomes for %zu jobs", r->items.size(), jobs->size());
+  WPREP_FUZZ_CHECK(r->outcomes.size() == jobs->size(), "%zu outcomes for %zu jobs", r->outcomes.size(), jobs->size());
   std::map<std::string, int> writers;  // destination handle -> items writing it
   for (const server::ConvertJob& job : *jobs) {
     if (job.destination_ipc) ++writers[job.destination_ipc->handle];

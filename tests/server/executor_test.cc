@@ -43,6 +43,54 @@ using server::Metrics;
 using server::Operand;
 
 // A golden case with its stored output, of a few KiB.
+// A batch's fences as the edge fills them: a client's event on fake GPU `gpu`, a word of
+// GPU memory or of a /dev/shm file and its value; answered once queued when signalling.
+server::FenceRef EventFence(std::string handle, int gpu) {
+  server::FenceRef f;
+  f.event = server::FenceRef::EventRef{std::move(handle), FakeRuntime::FakeUuid(gpu)};
+  return f;
+}
+server::FenceRef::WordRef GpuWord(const IpcRegion& region, uint32_t value) {
+  server::FenceRef::WordRef w;
+  w.gpu_memory = region;
+  w.value = value;
+  return w;
+}
+server::FenceRef::WordRef HostWord(const std::string& file, uint64_t offset, uint32_t value) {
+  server::FenceRef::WordRef w;
+  w.host_file = file;
+  w.host_offset = offset;
+  w.value = value;
+  return w;
+}
+server::BatchFences Queued(server::FenceRef signal) {
+  server::BatchFences f;
+  f.signal = std::move(signal);
+  f.queued_answer = true;
+  return f;
+}
+server::BatchFences Waiting(server::FenceRef wait) {
+  server::BatchFences f;
+  f.wait = std::move(wait);
+  return f;
+}
+server::FenceRef WordFence(server::FenceRef::WordRef word) {
+  server::FenceRef f;
+  f.word = std::move(word);
+  return f;
+}
+
+// Which fence a refused batch's error names, by role: "wait.event.handle",
+// "signal.word.buffer", ...; "" for an error about no fence.
+std::string FencePart(const absl::Status& s) {
+  std::optional<server::OperandPath> path = server::OperandPathOf(s);
+  if (!path) return "";
+  const std::string dot = path->part.empty() ? "" : "." + path->part;
+  if (path->operand == Operand::kWaitFence) return "wait" + dot;
+  if (path->operand == Operand::kSignalFence) return "signal" + dot;
+  return "";
+}
+
 const GoldenCase& SmallCase() {
   for (const GoldenCase& c : GoldenCases()) {
     if (!c.error && !c.output_file.empty() && c.input_bytes >= 4096 && c.logical_shape.size() == 3) return c;
@@ -361,8 +409,8 @@ TEST(Executor, BatchesRunEachItemOnItsGpuAndOneBadItemWritesNothing) {
   EXPECT_EQ(r->peak_extra_device_bytes, 0u);
   for (size_t i = 0; i < cases.size(); ++i) {
     EXPECT_TRUE(MatchesGolden(*cases[i], std::string(outs[i].ptr, outs[i].ptr + cases[i]->output_bytes))) << cases[i]->name;
-    EXPECT_EQ(r->items[i].engine, p.devices->gpu(i % 2).engine_name());
-    EXPECT_TRUE(r->items[i].kernel_seconds.has_value());
+    EXPECT_EQ(r->outcomes[i].engine, p.devices->gpu(i % 2).engine_name());
+    EXPECT_TRUE(r->outcomes[i].kernel_seconds.has_value());
   }
   EXPECT_EQ(p.runtime.counts(0).converts + p.runtime.counts(1).converts, static_cast<int>(cases.size()));
   EXPECT_GT(p.runtime.counts(0).converts, 0);
@@ -389,7 +437,7 @@ TEST(Executor, BatchesMixInlineAndIpcItems) {
   EXPECT_GT(r->peak_extra_device_bytes, 0u);
 }
 
-// An early answer (ConvertBatchRequest.completion_event): the batch returns once its work
+// A batch answered once queued, signalling an event: the batch returns once its work
 // is queued, with the client's event recorded after every item; until the fake GPU says
 // the work is done, the mappings stay leased (a release is deferred), `keep` stays held
 // and `done` has not run; then `done` gets every item's kernel time and everything goes.
@@ -398,9 +446,7 @@ TEST(Executor, EarlyAnswerRecordsTheClientsEventAfterEveryItemAndHoldsItsMapping
   IpcBatch b(p.runtime, 8, [](size_t) { return 0; });
   ASSERT_EQ(b.jobs.size(), 8u);
   p.runtime.HoldEventWaits(true);
-  server::EarlyAnswer early;
-  early.event_handle = p.runtime.ExportEventHandle(0);
-  early.event_gpu = FakeRuntime::FakeUuid(0);
+  server::BatchFences early = Queued(EventFence(p.runtime.ExportEventHandle(0), 0));
   auto keep = std::make_shared<int>(7);
   std::weak_ptr<int> kept = keep;
   early.keep = std::move(keep);
@@ -420,7 +466,7 @@ TEST(Executor, EarlyAnswerRecordsTheClientsEventAfterEveryItemAndHoldsItsMapping
   for (size_t i = 0; i < b.cases.size(); ++i) {
     EXPECT_TRUE(MatchesGolden(*b.cases[i], std::string(b.outs[i].ptr, b.outs[i].ptr + b.cases[i]->output_bytes)))
         << b.cases[i]->name;
-    EXPECT_FALSE(r->items[i].kernel_seconds.has_value()) << "an early answer cannot know the kernel time";
+    EXPECT_FALSE(r->outcomes[i].kernel_seconds.has_value()) << "an early answer cannot know the kernel time";
   }
   const FakeRuntime::Counts c = p.runtime.counts(0);
   EXPECT_EQ(c.ipc_event_opens, 1);
@@ -445,9 +491,7 @@ TEST(Executor, EarlyAnswerRecordsTheClientsEventAfterEveryItemAndHoldsItsMapping
   // such batch makes none.
   const int pooled = p.runtime.counts(0).events_alive;
   EXPECT_GT(pooled, 0);
-  server::EarlyAnswer again;
-  again.event_handle = early.event_handle;
-  again.event_gpu = FakeRuntime::FakeUuid(0);
+  server::BatchFences again = Queued(EventFence(early.signal.event->handle, 0));
   ASSERT_TRUE(p.executor->ConvertBatch(b.jobs, b.inline_outputs, absl::InfiniteFuture(), &again).ok());
   EXPECT_TRUE(WaitFor([&] { return p.executor->pending_completions() == 0; }));
   EXPECT_EQ(p.runtime.counts(0).events_alive, pooled) << "a batch made events instead of reusing them";
@@ -460,40 +504,37 @@ TEST(Executor, EarlyAnswerChecksTheEventsGpuAndHandleBeforeAnyWork) {
   Parts p(2);
   IpcBatch b(p.runtime, 4, [](size_t i) { return i == 2 ? 1 : 0; });
   ASSERT_EQ(b.jobs.size(), 4u);
-  auto early_for = [&](std::string handle, int gpu) {
-    server::EarlyAnswer e;
-    e.event_handle = std::move(handle);
-    e.event_gpu = FakeRuntime::FakeUuid(gpu);
-    return e;
-  };
+  auto early_for = [&](std::string handle, int gpu) { return Queued(EventFence(std::move(handle), gpu)); };
   {
-    server::EarlyAnswer e = early_for(p.runtime.ExportEventHandle(0), 0);
+    server::BatchFences e = early_for(p.runtime.ExportEventHandle(0), 0);
     absl::Status s = p.executor->ConvertBatch(b.jobs, b.inline_outputs, absl::InfiniteFuture(), &e).status();
     EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
-    EXPECT_NE(s.message().find("items[2] is on GPU"), std::string::npos) << s;
+    EXPECT_EQ(FencePart(s), "signal.event.device_uuid") << s;
+    EXPECT_NE(s.message().find("item 2 is on GPU"), std::string::npos) << s;
   }
   std::vector<ConvertJob> one_gpu = {b.jobs[0], b.jobs[1], b.jobs[3]};
   std::vector<std::string*> outs = {b.inline_outputs[0], b.inline_outputs[1], b.inline_outputs[3]};
   {
-    server::EarlyAnswer e = early_for(p.runtime.ExportEventHandle(0), 0);
-    e.event_gpu = FakeRuntime::FakeUuid(9);
+    server::BatchFences e = early_for(p.runtime.ExportEventHandle(0), 9);
     absl::Status s = p.executor->ConvertBatch(one_gpu, outs, absl::InfiniteFuture(), &e).status();
     EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
-    EXPECT_NE(s.message().find("completion_event.device_uuid"), std::string::npos) << s;
+    EXPECT_EQ(FencePart(s), "signal.event.device_uuid") << s;
   }
   {
     const std::string forgotten = p.runtime.ExportEventHandle(0);
     p.runtime.ForgetEventHandle(forgotten);
-    server::EarlyAnswer e = early_for(forgotten, 0);
+    server::BatchFences e = early_for(forgotten, 0);
     absl::Status s = p.executor->ConvertBatch(one_gpu, outs, absl::InfiniteFuture(), &e).status();
     EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
-    EXPECT_NE(s.message().find("completion_event.handle cannot be opened"), std::string::npos) << s;
+    EXPECT_EQ(FencePart(s), "signal.event.handle") << s;
+    EXPECT_NE(s.message().find("cannot be opened"), std::string::npos) << s;
   }
   {
-    server::EarlyAnswer e = early_for(p.runtime.ExportEventHandle(1), 1);  // an event of the other GPU
+    server::BatchFences e = early_for(p.runtime.ExportEventHandle(1), 1);  // an event of the other GPU
     absl::Status s = p.executor->ConvertBatch(one_gpu, outs, absl::InfiniteFuture(), &e).status();
     EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
-    EXPECT_NE(s.message().find("items[0] is on GPU"), std::string::npos) << s;
+    EXPECT_EQ(FencePart(s), "signal.event.device_uuid") << s;
+    EXPECT_NE(s.message().find("item 0 is on GPU"), std::string::npos) << s;
   }
   EXPECT_EQ(p.runtime.totals().converts, 0) << "a conversion ran before the checks";
   EXPECT_TRUE(b.Untouched());
@@ -502,9 +543,9 @@ TEST(Executor, EarlyAnswerChecksTheEventsGpuAndHandleBeforeAnyWork) {
   EXPECT_EQ(p.executor->pending_completions(), 0u);
 }
 
-// A ready event (ConvertBatchRequest.ready_event) stands for the client's host waiting
+// A wait fence of an event stands for the client's host waiting
 // before the call: every stream the batch uses waits for it before its first item, so
-// every item runs after it; the event is opened once, even when it is the completion
+// every item runs after it; the event is opened once, even when it is the signal fence's
 // event too, and closed once the work is queued.
 TEST(Executor, EveryStreamOfABatchWaitsForItsReadyEventBeforeAnyItem) {
   for (const char* mode : {"ready", "ready and completion, one event", "ready and completion, two events"}) {
@@ -512,16 +553,14 @@ TEST(Executor, EveryStreamOfABatchWaitsForItsReadyEventBeforeAnyItem) {
     Parts p(1);  // fresh streams: none has waited for anything yet
     IpcBatch b(p.runtime, 8, [](size_t) { return 0; });
     ASSERT_EQ(b.jobs.size(), 8u);
-    server::ReadyEvent ready;
-    ready.handle = p.runtime.ExportEventHandle(0);
-    ready.gpu = FakeRuntime::FakeUuid(0);
     const bool with_early = std::string(mode) != "ready";
     const bool one_event = std::string(mode) == "ready and completion, one event";
-    server::EarlyAnswer early;
-    early.event_handle = one_event ? ready.handle : p.runtime.ExportEventHandle(0);
-    early.event_gpu = FakeRuntime::FakeUuid(0);
-    absl::StatusOr<Executor::BatchOutcome> r = p.executor->ConvertBatch(
-        b.jobs, b.inline_outputs, absl::InfiniteFuture(), with_early ? &early : nullptr, &ready);
+    const std::string ready = p.runtime.ExportEventHandle(0);
+    server::BatchFences fences =
+        with_early ? Queued(EventFence(one_event ? ready : p.runtime.ExportEventHandle(0), 0)) : server::BatchFences();
+    fences.wait = EventFence(ready, 0);
+    absl::StatusOr<Executor::BatchOutcome> r =
+        p.executor->ConvertBatch(b.jobs, b.inline_outputs, absl::InfiniteFuture(), &fences);
     ASSERT_TRUE(r.ok()) << r.status();
     EXPECT_TRUE(WaitFor([&] { return p.executor->pending_completions() == 0; }));
     b.ExpectGolden();
@@ -539,30 +578,31 @@ TEST(Executor, EveryStreamOfABatchWaitsForItsReadyEventBeforeAnyItem) {
   }
 }
 
-// A ready event's checks come with the others: its GPU must hold every item's IPC memory
+// A wait event's checks come with the others: its GPU must hold every item's IPC memory
 // and its handle must open; a refused batch writes nothing and leaves no event open.
 TEST(Executor, ReadyEventChecksItsGpuAndHandleBeforeAnyWork) {
   Parts p(2);
   IpcBatch b(p.runtime, 3, [](size_t) { return 0; });
   ASSERT_EQ(b.jobs.size(), 3u);
-  auto expect_invalid = [&](server::ReadyEvent ready, const std::string& what) {
-    absl::Status s = p.executor->ConvertBatch(b.jobs, b.inline_outputs, absl::InfiniteFuture(), nullptr, &ready)
-                         .status();
+  auto expect_invalid = [&](server::FenceRef wait, const std::string& part, const std::string& what) {
+    server::BatchFences fences = Waiting(std::move(wait));
+    absl::Status s = p.executor->ConvertBatch(b.jobs, b.inline_outputs, absl::InfiniteFuture(), &fences).status();
     EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    EXPECT_EQ(FencePart(s), part) << s;
     EXPECT_NE(s.message().find(what), std::string::npos) << s;
   };
-  expect_invalid({p.runtime.ExportEventHandle(1), FakeRuntime::FakeUuid(1), {}}, "items[0] is on GPU");
-  expect_invalid({p.runtime.ExportEventHandle(0), FakeRuntime::FakeUuid(9), {}}, "ready_event.device_uuid");
+  expect_invalid(EventFence(p.runtime.ExportEventHandle(1), 1), "wait.event.device_uuid", "item 0 is on GPU");
+  expect_invalid(EventFence(p.runtime.ExportEventHandle(0), 9), "wait.event.device_uuid", "");
   const std::string forgotten = p.runtime.ExportEventHandle(0);
   p.runtime.ForgetEventHandle(forgotten);
-  expect_invalid({forgotten, FakeRuntime::FakeUuid(0), {}}, "ready_event.handle cannot be opened");
+  expect_invalid(EventFence(forgotten, 0), "wait.event.handle", "cannot be opened");
   EXPECT_EQ(p.runtime.totals().converts, 0) << "a conversion ran before the checks";
   EXPECT_TRUE(b.Untouched());
   EXPECT_EQ(p.runtime.totals().events_alive, 0) << "a refused batch made or kept an event";
   EXPECT_EQ(p.runtime.totals().ipc_event_waits, 0);
 }
 
-// A ready flag (ConvertBatchRequest.ready_flag) in place of a ready event: every stream the
+// A wait fence of a word in place of an event: every stream the
 // batch uses waits for the word before its first item, with no client event opened; its
 // mapping is held, like the items', until the work is done.
 TEST(Executor, EveryStreamOfABatchWaitsForItsReadyFlagBeforeAnyItem) {
@@ -576,22 +616,21 @@ TEST(Executor, EveryStreamOfABatchWaitsForItsReadyFlagBeforeAnyItem) {
     ShmFile file(4096);
     ASSERT_TRUE(file.ok());
     const uint32_t value = 0x80000003u;
-    server::ReadyEvent ready;
-    ready.flag.value = value;
+    server::FenceRef::WordRef word;
     if (absl::StartsWith(m, "gpu")) {
       std::memcpy(words.ptr + 8, &value, 4);  // the client's stream wrote it (the fake does not wait)
-      ready.flag.buffer = IpcRegion{words.handle, 8, 4, FakeRuntime::FakeUuid(0)};
+      word = GpuWord(IpcRegion{words.handle, 8, 4, FakeRuntime::FakeUuid(0)}, value);
     } else {
       std::memcpy(file.base() + 4, &value, 4);
-      ready.flag.host = server::ClientWord::Shared{file.name(), 4};
+      word = HostWord(file.name(), 4, value);
     }
     const bool with_early = absl::EndsWith(m, "early");
-    server::EarlyAnswer early;
-    early.event_handle = p.runtime.ExportEventHandle(0);
-    early.event_gpu = FakeRuntime::FakeUuid(0);
+    server::BatchFences fences =
+        with_early ? Queued(EventFence(p.runtime.ExportEventHandle(0), 0)) : server::BatchFences();
+    fences.wait = WordFence(word);
     p.runtime.HoldEventWaits(with_early);
-    absl::StatusOr<Executor::BatchOutcome> r = p.executor->ConvertBatch(
-        b.jobs, b.inline_outputs, absl::InfiniteFuture(), with_early ? &early : nullptr, &ready);
+    absl::StatusOr<Executor::BatchOutcome> r =
+        p.executor->ConvertBatch(b.jobs, b.inline_outputs, absl::InfiniteFuture(), &fences);
     ASSERT_TRUE(r.ok()) << r.status();
     if (with_early && absl::StartsWith(m, "gpu")) {
       EXPECT_EQ(p.ipc->Release(0, words.handle), std::make_pair(0, 1)) << "the ready word's mapping was not leased";
@@ -610,7 +649,7 @@ TEST(Executor, EveryStreamOfABatchWaitsForItsReadyFlagBeforeAnyItem) {
   }
 }
 
-// A ready flag's checks come with the others, before any work: one GPU holds every item's
+// A wait word's checks come with the others, before any work: one GPU holds every item's
 // IPC memory and a GPU word; the word is in range; the file opens.
 TEST(Executor, AReadyFlagIsCheckedBeforeAnyWork) {
   Parts p(2);
@@ -620,33 +659,29 @@ TEST(Executor, AReadyFlagIsCheckedBeforeAnyWork) {
   FakeRuntime::Exported other = p.runtime.ExportHandle(1, 16);
   std::fill(words.ptr, words.ptr + 16, 0xFF);
   std::fill(other.ptr, other.ptr + 16, 0xFF);
-  auto expect_invalid = [&](IpcBatch& batch, const server::ClientWord& word, const std::string& what) {
-    server::ReadyEvent ready;
-    ready.flag = word;
+  auto expect_invalid = [&](IpcBatch& batch, const server::FenceRef::WordRef& word, const std::string& part,
+                            const std::string& what) {
+    server::BatchFences fences = Waiting(WordFence(word));
     absl::Status s =
-        p.executor->ConvertBatch(batch.jobs, batch.inline_outputs, absl::InfiniteFuture(), nullptr, &ready).status();
+        p.executor->ConvertBatch(batch.jobs, batch.inline_outputs, absl::InfiniteFuture(), &fences).status();
     EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    EXPECT_EQ(FencePart(s), part) << s;
     EXPECT_NE(s.message().find(what), std::string::npos) << s;
   };
-  server::ClientWord w;
-  w.value = 1;
-  w.buffer = IpcRegion{other.handle, 0, 4, FakeRuntime::FakeUuid(1)};
-  expect_invalid(b, w, "ready_flag.buffer.device_uuid names GPU");
-  w.buffer = IpcRegion{words.handle, 16, 4, FakeRuntime::FakeUuid(0)};
-  expect_invalid(b, w, "ready_flag.buffer: ");
-  w.buffer.reset();
-  w.host = server::ClientWord::Shared{"wprep-absent-" + std::to_string(getpid()), 0};
-  expect_invalid(b, w, "ready_flag.host_word: /dev/shm/wprep-absent-");
-  w.buffer = IpcRegion{words.handle, 0, 4, FakeRuntime::FakeUuid(0)};
-  w.host.reset();
-  expect_invalid(two, w, "ready_flag orders one GPU's work");
+  expect_invalid(b, GpuWord(IpcRegion{other.handle, 0, 4, FakeRuntime::FakeUuid(1)}, 1), "wait.word.buffer.device_uuid",
+                 "names GPU");
+  expect_invalid(b, GpuWord(IpcRegion{words.handle, 16, 4, FakeRuntime::FakeUuid(0)}, 1), "wait.word.buffer", "");
+  expect_invalid(b, HostWord("wprep-absent-" + std::to_string(getpid()), 0, 1), "wait.word.host_word",
+                 "/dev/shm/wprep-absent-");
+  expect_invalid(two, GpuWord(IpcRegion{words.handle, 0, 4, FakeRuntime::FakeUuid(0)}, 1), "wait.word",
+                 "orders one GPU's work");
   EXPECT_EQ(p.runtime.totals().converts, 0) << "a conversion ran before the checks";
   EXPECT_TRUE(b.Untouched());
   EXPECT_TRUE(two.Untouched());
   EXPECT_EQ(p.runtime.totals().value_waits, 0);
 }
 
-// A completion flag (ConvertBatchRequest.completion_flag) is the client's stream's release:
+// A signal word is the client's stream's release:
 // its word is written with the value after every item and after the client's event, and
 // its mapping is held, like the items', until the work is done.
 TEST(Executor, ACompletionFlagIsWrittenAfterEveryItemAndHeldUntilTheWorkIsDone) {
@@ -656,11 +691,8 @@ TEST(Executor, ACompletionFlagIsWrittenAfterEveryItemAndHeldUntilTheWorkIsDone) 
   FakeRuntime::Exported words = p.runtime.ExportHandle(0, 64);
   std::fill(words.ptr, words.ptr + 64, 0);
   p.runtime.HoldEventWaits(true);
-  server::EarlyAnswer early;
-  early.event_handle = p.runtime.ExportEventHandle(0);
-  early.event_gpu = FakeRuntime::FakeUuid(0);
-  early.flag.buffer = IpcRegion{words.handle, 12, 4, FakeRuntime::FakeUuid(0)};
-  early.flag.value = 0xC0FFEE01u;
+  server::BatchFences early = Queued(EventFence(p.runtime.ExportEventHandle(0), 0));
+  early.signal.word = GpuWord(IpcRegion{words.handle, 12, 4, FakeRuntime::FakeUuid(0)}, 0xC0FFEE01u);
   ASSERT_TRUE(p.executor->ConvertBatch(b.jobs, b.inline_outputs, absl::InfiniteFuture(), &early).ok());
   uint32_t word = 0;
   std::memcpy(&word, words.ptr + 12, 4);
@@ -681,7 +713,7 @@ TEST(Executor, ACompletionFlagIsWrittenAfterEveryItemAndHeldUntilTheWorkIsDone) 
       << "the flag's deferred release did not close once the work was done";
 }
 
-// A flag's checks come with the others, before any work: on completion_event's GPU, inside
+// A signal word's checks come with the others, before any work: on the event's GPU, inside
 // its allocation, its handle opening; a refused batch writes nothing, not even the word.
 TEST(Executor, ACompletionFlagIsCheckedBeforeAnyWork) {
   Parts p(2);
@@ -691,19 +723,16 @@ TEST(Executor, ACompletionFlagIsCheckedBeforeAnyWork) {
   FakeRuntime::Exported other = p.runtime.ExportHandle(1, 16);
   std::fill(words.ptr, words.ptr + 16, 0);
   std::fill(other.ptr, other.ptr + 16, 0);
-  auto expect_invalid = [&](const IpcRegion& flag, const std::string& what) {
-    server::EarlyAnswer e;
-    e.event_handle = p.runtime.ExportEventHandle(0);
-    e.event_gpu = FakeRuntime::FakeUuid(0);
-    e.flag.buffer = flag;
-    e.flag.value = 5;
+  auto expect_invalid = [&](const IpcRegion& flag, const std::string& part) {
+    server::BatchFences e = Queued(EventFence(p.runtime.ExportEventHandle(0), 0));
+    e.signal.word = GpuWord(flag, 5);
     absl::Status s = p.executor->ConvertBatch(b.jobs, b.inline_outputs, absl::InfiniteFuture(), &e).status();
     EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
-    EXPECT_NE(s.message().find(what), std::string::npos) << s;
+    EXPECT_EQ(FencePart(s), part) << s;
   };
-  expect_invalid(IpcRegion{other.handle, 0, 4, FakeRuntime::FakeUuid(1)}, "completion_flag.buffer.device_uuid");
-  expect_invalid(IpcRegion{words.handle, 16, 4, FakeRuntime::FakeUuid(0)}, "completion_flag.buffer: ");
-  expect_invalid(IpcRegion{std::string(64, '\x7f'), 0, 4, FakeRuntime::FakeUuid(0)}, "completion_flag.buffer: ");
+  expect_invalid(IpcRegion{other.handle, 0, 4, FakeRuntime::FakeUuid(1)}, "signal.word.buffer.device_uuid");
+  expect_invalid(IpcRegion{words.handle, 16, 4, FakeRuntime::FakeUuid(0)}, "signal.word.buffer");
+  expect_invalid(IpcRegion{std::string(64, '\x7f'), 0, 4, FakeRuntime::FakeUuid(0)}, "signal.word.buffer");
   EXPECT_EQ(p.runtime.totals().converts, 0) << "a conversion ran before the checks";
   EXPECT_EQ(p.runtime.totals().flag_writes, 0);
   EXPECT_TRUE(b.Untouched());
@@ -711,7 +740,7 @@ TEST(Executor, ACompletionFlagIsCheckedBeforeAnyWork) {
   EXPECT_EQ(p.runtime.totals().events_alive, 0) << "a refused batch made or kept an event";
 }
 
-// A flag in shared host memory (completion_flag.host_word) is written like a GPU word,
+// A signal word in shared host memory is written like a GPU word,
 // after every item and the client's event; its file is mapped and registered once and
 // kept, and mapped again when another file takes its name.
 TEST(Executor, AHostWordFlagIsWrittenAfterEveryItemAndItsFileIsMappedOnce) {
@@ -721,11 +750,8 @@ TEST(Executor, AHostWordFlagIsWrittenAfterEveryItemAndItsFileIsMappedOnce) {
   auto file = std::make_unique<ShmFile>(4096);
   ASSERT_TRUE(file->ok());
   auto run = [&](uint64_t offset, uint32_t value) {
-    server::EarlyAnswer early;
-    early.event_handle = p.runtime.ExportEventHandle(0);
-    early.event_gpu = FakeRuntime::FakeUuid(0);
-    early.flag.host = server::ClientWord::Shared{file->name(), offset};
-    early.flag.value = value;
+    server::BatchFences early = Queued(EventFence(p.runtime.ExportEventHandle(0), 0));
+    early.signal.word = HostWord(file->name(), offset, value);
     absl::Status s = p.executor->ConvertBatch(b.jobs, b.inline_outputs, absl::InfiniteFuture(), &early).status();
     EXPECT_TRUE(WaitFor([&] { return p.executor->pending_completions() == 0; }));
     return s;
@@ -748,18 +774,15 @@ TEST(Executor, AHostWordFlagIsWrittenAfterEveryItemAndItsFileIsMappedOnce) {
     std::string path;
     ~Named() { unlink(path.c_str()); }
   } renamed{"/dev/shm/" + name};
-  server::EarlyAnswer early;
-  early.event_handle = p.runtime.ExportEventHandle(0);
-  early.event_gpu = FakeRuntime::FakeUuid(0);
-  early.flag.host = server::ClientWord::Shared{name, 8};
-  early.flag.value = 9;
+  server::BatchFences early = Queued(EventFence(p.runtime.ExportEventHandle(0), 0));
+  early.signal.word = HostWord(name, 8, 9);
   ASSERT_TRUE(p.executor->ConvertBatch(b.jobs, b.inline_outputs, absl::InfiniteFuture(), &early).ok());
   EXPECT_TRUE(WaitFor([&] { return p.executor->pending_completions() == 0; }));
   EXPECT_EQ(file->Word(8), 9u) << "the value went to the file that had the name before";
   EXPECT_EQ(p.runtime.host_registrations(), 1u) << "the replaced file stayed registered";
 }
 
-// With ready_flag and completion_flag a batch needs no client event at all: it is answered
+// With a wait word and a signal word a batch needs no client event at all: it is answered
 // once queued, every stream waits for the ready word, the completion word is written after
 // every item, and the work is held and finished like any early answer.
 TEST(Executor, WordsAloneOrderABatchAnsweredEarlyWithNoEvent) {
@@ -770,18 +793,14 @@ TEST(Executor, WordsAloneOrderABatchAnsweredEarlyWithNoEvent) {
   ASSERT_TRUE(file.ok());
   const uint32_t go = 5;
   std::memcpy(file.base(), &go, 4);  // the client's stream wrote the ready word
-  server::ReadyEvent ready;
-  ready.flag.host = server::ClientWord::Shared{file.name(), 0};
-  ready.flag.value = go;
-  server::EarlyAnswer early;
-  early.flag.host = server::ClientWord::Shared{file.name(), 4};
-  early.flag.value = 0xFEEDu;
+  server::BatchFences early = Queued(WordFence(HostWord(file.name(), 4, 0xFEEDu)));
+  early.wait = WordFence(HostWord(file.name(), 0, go));
   p.runtime.HoldEventWaits(true);
   absl::StatusOr<Executor::BatchOutcome> r =
-      p.executor->ConvertBatch(b.jobs, b.inline_outputs, absl::InfiniteFuture(), &early, &ready);
+      p.executor->ConvertBatch(b.jobs, b.inline_outputs, absl::InfiniteFuture(), &early);
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(file.Word(4), 0xFEEDu);
-  for (const ConvertOutcome& o : r->items) EXPECT_FALSE(o.kernel_seconds.has_value()) << "answered after the work";
+  for (const ConvertOutcome& o : r->outcomes) EXPECT_FALSE(o.kernel_seconds.has_value()) << "answered after the work";
   EXPECT_EQ(p.executor->pending_completions(), 1u);
   p.runtime.HoldEventWaits(false);
   EXPECT_TRUE(WaitFor([&] { return p.executor->pending_completions() == 0; }));
@@ -793,18 +812,18 @@ TEST(Executor, WordsAloneOrderABatchAnsweredEarlyWithNoEvent) {
   EXPECT_EQ(c.ipc_event_records, 0);
   EXPECT_EQ(c.ipc_events_alive, 0);
 
-  // A completion flag alone orders one GPU's work, and a GPU word must live there.
+  // A signal word alone orders one GPU's work, and a GPU word must live there.
   IpcBatch two(p.runtime, 2, [](size_t i) { return static_cast<int>(i % 2); });
-  server::EarlyAnswer split;
-  split.flag = early.flag;
+  server::BatchFences split = Queued(WordFence(*early.signal.word));
   absl::Status s = p.executor->ConvertBatch(two.jobs, two.inline_outputs, absl::InfiniteFuture(), &split).status();
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
-  EXPECT_NE(s.message().find("completion_flag orders one GPU's work"), std::string::npos) << s;
+  EXPECT_EQ(FencePart(s), "signal.word") << s;
+  EXPECT_NE(s.message().find("orders one GPU's work"), std::string::npos) << s;
   FakeRuntime::Exported other = p.runtime.ExportHandle(1, 16);
-  server::EarlyAnswer elsewhere;
-  elsewhere.flag.buffer = IpcRegion{other.handle, 0, 4, FakeRuntime::FakeUuid(1)};
+  server::BatchFences elsewhere = Queued(WordFence(GpuWord(IpcRegion{other.handle, 0, 4, FakeRuntime::FakeUuid(1)}, 0)));
   s = p.executor->ConvertBatch(b.jobs, b.inline_outputs, absl::InfiniteFuture(), &elsewhere).status();
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_EQ(FencePart(s), "signal.word.buffer.device_uuid") << s;
   EXPECT_NE(s.message().find("not the items' GPU"), std::string::npos) << s;
   EXPECT_TRUE(two.Untouched());
 }
@@ -823,13 +842,11 @@ TEST(Executor, AHostWordFlagIsCheckedBeforeAnyWork) {
     ~Unlink() { unlink(path.c_str()); }
   } unlink_link{link};
   auto expect_invalid = [&](const std::string& name, uint64_t offset, const std::string& what) {
-    server::EarlyAnswer e;
-    e.event_handle = p.runtime.ExportEventHandle(0);
-    e.event_gpu = FakeRuntime::FakeUuid(0);
-    e.flag.host = server::ClientWord::Shared{name, offset};
-    e.flag.value = 5;
+    server::BatchFences e = Queued(EventFence(p.runtime.ExportEventHandle(0), 0));
+    e.signal.word = HostWord(name, offset, 5);
     absl::Status s = p.executor->ConvertBatch(b.jobs, b.inline_outputs, absl::InfiniteFuture(), &e).status();
     EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << name << " " << offset << ": " << s;
+    EXPECT_EQ(FencePart(s), "signal.word.host_word") << s;
     EXPECT_NE(s.message().find(what), std::string::npos) << s;
   };
   expect_invalid("wprep-no-such-file-" + std::to_string(getpid()), 0, "does not open");
@@ -837,8 +854,8 @@ TEST(Executor, AHostWordFlagIsCheckedBeforeAnyWork) {
   expect_invalid(link.substr(9), 0, "is not a regular file");
   expect_invalid(good.name(), 4096, "outside the file's 4096 bytes");
   expect_invalid(good.name(), 2, "multiple of 4");
-  expect_invalid("../shm/" + good.name(), 0, "completion_flag.host_word.name");
-  expect_invalid("wprep-", 0, "completion_flag.host_word.name");
+  expect_invalid("../shm/" + good.name(), 0, "name must be");
+  expect_invalid("wprep-", 0, "name must be");
   EXPECT_EQ(p.runtime.totals().converts, 0) << "a conversion ran before the checks";
   EXPECT_EQ(p.runtime.totals().flag_writes, 0);
   EXPECT_TRUE(b.Untouched());

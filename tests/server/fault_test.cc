@@ -40,6 +40,8 @@
 #include "fake_runtime.h"
 #include "golden.h"
 #include "golden_rpc.h"
+#include "google/rpc/error_details.pb.h"
+#include "google/rpc/status.pb.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "grpcpp/create_channel.h"
 #include "gtest/gtest.h"
@@ -55,6 +57,18 @@ namespace wprep::testing {
 namespace {
 
 using wprep::client::Client;
+
+// The field of the google.rpc.BadRequest in a status's details; "" when it has none.
+std::string FieldViolation(const grpc::Status& s) {
+  google::rpc::Status details;
+  google::rpc::BadRequest bad;
+  if (!details.ParseFromString(s.error_details()) || details.details_size() != 1 ||
+      !details.details(0).UnpackTo(&bad) || bad.field_violations_size() != 1) {
+    return "";
+  }
+  EXPECT_EQ(bad.field_violations(0).description(), s.error_message());
+  return bad.field_violations(0).field();
+}
 using wprep::client::MakeChannel;
 namespace v1 = wprep::v1;
 
@@ -986,11 +1000,12 @@ TEST(FaultFakeGpu, IpcMemoryFreedByItsOwnerWhileCached) {
   ExpectServes(d.target(), "after a freed IPC source");
 }
 
-// A ConvertBatch with a completion event, through gRPC: the answer comes while the fake
+// A ConvertBatch answered once queued with a signal event, through gRPC: the answer comes while the fake
 // GPU still holds the work (its event wait is held), with the outputs' bytes and the
 // client's event recorded after every item; the kernel times reach the metrics only once
-// the work is done; a drain waits for the work. Malformed event fields and inline items are
-// INVALID_ARGUMENT naming the field, and write nothing.
+// the work is done; a drain waits for the work. Every invalid fence or combination, and
+// inline items, are INVALID_ARGUMENT naming the field (a BadRequest field violation too),
+// and write nothing.
 TEST(FaultFakeGpu, CompletionEventAnswersOnceQueuedAndDrainWaitsForTheWork) {
   FakeGpuDaemon d({"--streams-per-device=2"});
   ASSERT_SERVING(d);
@@ -1031,31 +1046,41 @@ TEST(FaultFakeGpu, CompletionEventAnswersOnceQueuedAndDrainWaitsForTheWork) {
     }
     return true;
   };
-  auto expect_invalid = [&](v1::ConvertBatchRequest r, const std::string& field) {
-    absl::StatusOr<v1::ConvertBatchResponse> resp = client.ConvertBatch(r, o);
-    EXPECT_EQ(resp.status().code(), absl::StatusCode::kInvalidArgument) << resp.status();
-    EXPECT_NE(resp.status().message().find(field), std::string::npos) << resp.status();
+  // Every fence rule is checked at the edge: INVALID_ARGUMENT whose message names the
+  // field, with a google.rpc.BadRequest field violation naming it too.
+  auto expect_invalid = [&](const v1::ConvertBatchRequest& r, const std::string& field, const std::string& what = "") {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    v1::ConvertBatchResponse resp;
+    const grpc::Status s = client.stub().ConvertBatch(&ctx, r, &resp);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
+    EXPECT_NE(s.error_message().find(field + (what.empty() ? "" : what)), std::string::npos) << s.error_message();
+    EXPECT_EQ(FieldViolation(s), field) << s.error_message();
   };
   const int records_before = fake.totals().ipc_event_records;
   {
     v1::ConvertBatchRequest r = batch;
-    r.mutable_completion_event()->set_handle("short");
-    r.mutable_completion_event()->set_device_uuid(d.Uuid());
-    expect_invalid(r, "completion_event.handle");
-    r.mutable_completion_event()->set_handle(fake.ExportEventHandle(0));
-    r.mutable_completion_event()->set_device_uuid("x");
-    expect_invalid(r, "completion_event.device_uuid");
-    r.mutable_completion_event()->set_device_uuid(d.Uuid());
-    r.mutable_ready_event()->set_handle(std::string(63, 'x'));
-    r.mutable_ready_event()->set_device_uuid(d.Uuid());
-    expect_invalid(r, "ready_event.handle");
-    r.mutable_ready_event()->set_handle(fake.ExportEventHandle(0));
-    r.mutable_ready_event()->set_device_uuid(std::string(15, 'u'));
-    expect_invalid(r, "ready_event.device_uuid");
-    r.clear_ready_event();
+    r.set_answer_when(v1::ANSWER_WHEN_QUEUED);
+    v1::IpcEventRef* signal = r.add_signal_when_done()->mutable_event();
+    signal->set_handle("short");
+    signal->set_device_uuid(d.Uuid());
+    expect_invalid(r, "signal_when_done[0].event.handle");
+    signal->set_handle(fake.ExportEventHandle(0));
+    signal->set_device_uuid("x");
+    expect_invalid(r, "signal_when_done[0].event.device_uuid");
+    signal->set_device_uuid(d.Uuid());
+    r.mutable_wait_for()->mutable_event()->set_handle(std::string(63, 'x'));
+    r.mutable_wait_for()->mutable_event()->set_device_uuid(d.Uuid());
+    expect_invalid(r, "wait_for.event.handle");
+    r.mutable_wait_for()->mutable_event()->set_handle(fake.ExportEventHandle(0));
+    r.mutable_wait_for()->mutable_event()->set_device_uuid(std::string(15, 'u'));
+    expect_invalid(r, "wait_for.event.device_uuid");
+    r.mutable_wait_for()->Clear();
+    expect_invalid(r, "wait_for", " must name its kind");
+    r.clear_wait_for();
     FakeRuntime::Exported word = fake.ExportHandle(0, 8);
     auto flag_at = [&](uint64_t offset, uint64_t size) {
-      v1::IpcFlagRef f;
+      v1::FenceWord f;
       f.mutable_buffer()->set_handle(word.handle);
       f.mutable_buffer()->set_device_uuid(d.Uuid());
       f.mutable_buffer()->set_offset(offset);
@@ -1063,55 +1088,88 @@ TEST(FaultFakeGpu, CompletionEventAnswersOnceQueuedAndDrainWaitsForTheWork) {
       f.set_value(1);
       return f;
     };
-    *r.mutable_completion_flag() = flag_at(2, 4);
-    expect_invalid(r, "completion_flag.buffer must name one 4-byte aligned 32-bit word");
-    *r.mutable_completion_flag() = flag_at(0, 8);
-    expect_invalid(r, "completion_flag.buffer must name one 4-byte aligned 32-bit word");
-    *r.mutable_completion_flag() = flag_at(8, 4);
-    expect_invalid(r, "completion_flag.buffer: ");  // past the allocation's end
-    *r.mutable_completion_flag() = flag_at(0, 4);
-    r.mutable_completion_flag()->mutable_buffer()->set_handle("h");
-    expect_invalid(r, "completion_flag.buffer.handle");
-    r.mutable_completion_flag()->Clear();
-    r.mutable_completion_flag()->set_value(1);
-    expect_invalid(r, "completion_flag must name its word");
-    r.mutable_completion_flag()->mutable_host_word()->set_name("../etc/passwd");
-    expect_invalid(r, "completion_flag.host_word.name");
-    r.mutable_completion_flag()->mutable_host_word()->set_name("wprep-" + std::string(201, 'a'));
-    expect_invalid(r, "completion_flag.host_word.name");
-    r.mutable_completion_flag()->mutable_host_word()->set_name("wprep-absent-" + std::to_string(getpid()));
-    expect_invalid(r, "completion_flag.host_word: /dev/shm/wprep-absent-");
-    r.mutable_completion_flag()->mutable_host_word()->set_offset(6);
-    expect_invalid(r, "completion_flag.host_word.offset must be a multiple of 4");
-    r.clear_completion_flag();
+    v1::FenceWord* flag = r.add_signal_when_done()->mutable_word();
+    *flag = flag_at(2, 4);
+    expect_invalid(r, "signal_when_done[1].word.buffer", " must name one 4-byte aligned 32-bit word");
+    *flag = flag_at(0, 8);
+    expect_invalid(r, "signal_when_done[1].word.buffer", " must name one 4-byte aligned 32-bit word");
+    *flag = flag_at(8, 4);
+    expect_invalid(r, "signal_when_done[1].word.buffer", ": ");  // past the allocation's end
+    *flag = flag_at(0, 4);
+    flag->mutable_buffer()->set_handle("h");
+    expect_invalid(r, "signal_when_done[1].word.buffer.handle");
+    flag->Clear();
+    flag->set_value(1);
+    expect_invalid(r, "signal_when_done[1].word", " must name its word");
+    flag->mutable_host_word()->set_name("../etc/passwd");
+    expect_invalid(r, "signal_when_done[1].word.host_word.name");
+    flag->mutable_host_word()->set_name("wprep-" + std::string(201, 'a'));
+    expect_invalid(r, "signal_when_done[1].word.host_word.name");
+    flag->mutable_host_word()->set_name("wprep-absent-" + std::to_string(getpid()));
+    expect_invalid(r, "signal_when_done[1].word.host_word", ": /dev/shm/wprep-absent-");
+    flag->mutable_host_word()->set_offset(6);
+    expect_invalid(r, "signal_when_done[1].word.host_word.offset", " must be a multiple of 4");
+    {
+      v1::ConvertBatchRequest two = r;  // at most one event and one word to signal
+      *two.mutable_signal_when_done(1) = two.signal_when_done(0);
+      expect_invalid(two, "signal_when_done[1]", " is a second event");
+      *two.mutable_signal_when_done(0)->mutable_word() = flag_at(0, 4);
+      *two.mutable_signal_when_done(1)->mutable_word() = flag_at(0, 4);
+      expect_invalid(two, "signal_when_done[1]", " is a second word");
+      two.mutable_signal_when_done(1)->Clear();
+      expect_invalid(two, "signal_when_done[1]", " must name its kind");
+    }
+    r.mutable_signal_when_done()->RemoveLast();
     {
       v1::ConvertBatchRequest rf = r;
-      rf.mutable_ready_flag()->set_value(1);
-      expect_invalid(rf, "ready_flag must name its word");
-      rf.mutable_ready_flag()->mutable_host_word()->set_name("wprep-ok");
-      rf.mutable_ready_event()->set_handle(fake.ExportEventHandle(0));
-      rf.mutable_ready_event()->set_device_uuid(d.Uuid());
-      expect_invalid(rf, "set one of ready_event and ready_flag");
-      rf.clear_ready_event();
-      rf.mutable_ready_flag()->mutable_host_word()->set_name("wprep-/x");
-      expect_invalid(rf, "ready_flag.host_word.name");
-      *rf.mutable_ready_flag() = flag_at(0, 8);
-      expect_invalid(rf, "ready_flag.buffer must name one 4-byte aligned 32-bit word");
+      rf.mutable_wait_for()->mutable_word()->set_value(1);
+      expect_invalid(rf, "wait_for.word", " must name its word");
+      rf.mutable_wait_for()->mutable_word()->mutable_host_word()->set_name("wprep-/x");
+      expect_invalid(rf, "wait_for.word.host_word.name");
+      *rf.mutable_wait_for()->mutable_word() = flag_at(0, 8);
+      expect_invalid(rf, "wait_for.word.buffer", " must name one 4-byte aligned 32-bit word");
     }
-    v1::ConvertBatchRequest flag_alone = batch;  // answered early on the flag alone: IPC -> IPC only
-    *flag_alone.mutable_completion_flag() = flag_at(0, 4);
+    {
+      // answer_when and signal_when_done go together.
+      v1::ConvertBatchRequest unsignalled = batch;
+      unsignalled.set_answer_when(v1::ANSWER_WHEN_QUEUED);
+      expect_invalid(unsignalled, "answer_when", " = ANSWER_WHEN_QUEUED needs signal_when_done");
+      v1::ConvertBatchRequest unqueued = r;
+      unqueued.set_answer_when(v1::ANSWER_WHEN_DONE);
+      expect_invalid(unqueued, "signal_when_done", " needs answer_when = ANSWER_WHEN_QUEUED");
+      unqueued.set_answer_when(static_cast<v1::AnswerWhen>(7));
+      expect_invalid(unqueued, "answer_when", " is 7");
+    }
+    v1::ConvertBatchRequest flag_alone = batch;  // answered once queued on a word alone: IPC -> IPC only
+    flag_alone.set_answer_when(v1::ANSWER_WHEN_QUEUED);
+    *flag_alone.add_signal_when_done()->mutable_word() = flag_at(0, 4);
     flag_alone.mutable_items(1)->mutable_convert()->mutable_destination()->clear_ipc();
-    expect_invalid(flag_alone, "items[1].convert.destination.ipc is required with completion_flag");
-    r.clear_completion_flag();
+    expect_invalid(flag_alone, "items[1].convert.destination.ipc", " is required with answer_when = ANSWER_WHEN_QUEUED");
     r.mutable_items(1)->mutable_convert()->mutable_destination()->clear_ipc();
     expect_invalid(r, "items[1].convert.destination.ipc");
+    // Past the edge, the daemon's checks name the field too: an event of no GPU it has.
+    v1::ConvertBatchRequest elsewhere = batch;
+    elsewhere.set_answer_when(v1::ANSWER_WHEN_QUEUED);
+    v1::IpcEventRef* e = elsewhere.add_signal_when_done()->mutable_event();
+    e->set_handle(fake.ExportEventHandle(0));
+    e->set_device_uuid(std::string(16, '\x5a'));
+    absl::StatusOr<v1::ConvertBatchResponse> resp = client.ConvertBatch(elsewhere, o);
+    EXPECT_NE(resp.status().message().find("signal_when_done[0].event.device_uuid: "), std::string::npos)
+        << resp.status();
+    v1::ConvertBatchRequest forgotten = batch;
+    const std::string handle = fake.ExportEventHandle(0);
+    fake.ForgetEventHandle(handle);
+    forgotten.mutable_wait_for()->mutable_event()->set_handle(handle);
+    forgotten.mutable_wait_for()->mutable_event()->set_device_uuid(d.Uuid());
+    expect_invalid(forgotten, "wait_for.event.handle", ": cannot be opened");
   }
   EXPECT_TRUE(untouched()) << "a refused batch wrote";
   EXPECT_EQ(fake.totals().ipc_event_records, records_before);
 
   v1::ConvertBatchRequest r = batch;
-  r.mutable_completion_event()->set_handle(fake.ExportEventHandle(0));
-  r.mutable_completion_event()->set_device_uuid(d.Uuid());
+  r.set_answer_when(v1::ANSWER_WHEN_QUEUED);
+  r.add_signal_when_done()->mutable_event()->set_handle(fake.ExportEventHandle(0));
+  r.mutable_signal_when_done(0)->mutable_event()->set_device_uuid(d.Uuid());
   // Not held: the three kernel times reach the metrics once the work is done.
   const double kernels_first = Metric(d.metrics(), "wprep_kernel_duration_seconds_count", {{"device", "gpu0"}});
   ASSERT_GE(kernels_first, 0);
@@ -1120,11 +1178,12 @@ TEST(FaultFakeGpu, CompletionEventAnswersOnceQueuedAndDrainWaitsForTheWork) {
     FakeRuntime::Exported word = fake.ExportHandle(0, 4);
     std::fill(word.ptr, word.ptr + 4, 0);
     v1::ConvertBatchRequest flagged = r;
-    v1::CudaIpcBuffer* b = flagged.mutable_completion_flag()->mutable_buffer();
+    v1::FenceWord* w = flagged.add_signal_when_done()->mutable_word();
+    v1::CudaIpcBuffer* b = w->mutable_buffer();
     b->set_handle(word.handle);
     b->set_device_uuid(d.Uuid());
     b->set_size(4);
-    flagged.mutable_completion_flag()->set_value(0x8000002Au);
+    w->set_value(0x8000002Au);
     const int writes_before = fake.totals().flag_writes;
     ASSERT_TRUE(client.ConvertBatch(flagged, o).ok());
     d.runtime().Sync();
@@ -1141,16 +1200,18 @@ TEST(FaultFakeGpu, CompletionEventAnswersOnceQueuedAndDrainWaitsForTheWork) {
     ShmFile file(4096);
     ASSERT_TRUE(file.ok());
     v1::ConvertBatchRequest flagged = r;
-    flagged.mutable_completion_flag()->mutable_host_word()->set_name(file.name());
-    flagged.mutable_completion_flag()->mutable_host_word()->set_offset(40);
-    flagged.mutable_completion_flag()->set_value(0x8000002Bu);
+    v1::FenceWord* w = flagged.add_signal_when_done()->mutable_word();
+    w->mutable_host_word()->set_name(file.name());
+    w->mutable_host_word()->set_offset(40);
+    w->set_value(0x8000002Bu);
     // And a ready word of the same file, which the client's stream has written: every
     // stream of the batch waits for it before its first item.
     const uint32_t ready_value = 77;
     std::memcpy(file.base() + 44, &ready_value, 4);
-    flagged.mutable_ready_flag()->mutable_host_word()->set_name(file.name());
-    flagged.mutable_ready_flag()->mutable_host_word()->set_offset(44);
-    flagged.mutable_ready_flag()->set_value(ready_value);
+    v1::FenceWord* ready = flagged.mutable_wait_for()->mutable_word();
+    ready->mutable_host_word()->set_name(file.name());
+    ready->mutable_host_word()->set_offset(44);
+    ready->set_value(ready_value);
     const int value_waits = fake.totals().value_waits;
     ASSERT_TRUE(client.ConvertBatch(flagged, o).ok());
     d.runtime().Sync();

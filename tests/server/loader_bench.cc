@@ -8,7 +8,7 @@
 // HopperMXScaleLayout(mx_axis=-2, num_warps=8), IPC -> IPC. Variants: one ConvertBatch per
 // layer, one after the other; one per layer with several in flight; one batch for the
 // whole model; each answered once its work is done, and again answered as soon as it is
-// queued (ConvertBatchRequest.completion_event: the client's stream waits on the event
+// queued (ConvertBatchRequest.signal_when_done and ANSWER_WHEN_QUEUED: the client's stream waits on the event
 // of each answer). Wall time from the first send to the last completion (the last answer,
 // or the client's stream done after it waited on every event); the baseline is a
 // cudaMemcpyAsync of every input tensor (events, one stream). Layer 0's outputs are

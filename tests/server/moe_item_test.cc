@@ -259,8 +259,9 @@ TEST_F(MoeItemTest, MalformedItemsNameTheirOperandAndTheDaemonServesOn) {
        grpc::StatusCode::INVALID_ARGUMENT, "items[1].moe.bias.destination.ipc"},
       {"mixed with a convert item", [&](auto& r) { r.mutable_items(1)->mutable_convert(); },
        grpc::StatusCode::INVALID_ARGUMENT, "items[1]: a batch holds convert items or moe items"},
-      {"completion event", [&](auto& r) { r.mutable_completion_event(); }, grpc::StatusCode::UNIMPLEMENTED,
-       "completion_event"},
+      {"signal fence", [&](auto& r) { r.add_signal_when_done(); }, grpc::StatusCode::UNIMPLEMENTED,
+       "signal_when_done"},
+      {"wait fence", [&](auto& r) { r.mutable_wait_for(); }, grpc::StatusCode::UNIMPLEMENTED, "wait_for"},
   };
   Client client(MakeChannel(daemon_->unix_target()));
   for (const Bad& b : table) {

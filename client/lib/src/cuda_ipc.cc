@@ -96,9 +96,20 @@ CompletionEvent::~CompletionEvent() {
   cudaGetLastError();
 }
 
+void CompletionEvent::AttachTo(wprep::v1::ConvertBatchRequest* request) const {
+  request->set_answer_when(wprep::v1::ANSWER_WHEN_QUEUED);
+  for (wprep::v1::Fence& f : *request->mutable_signal_when_done()) {
+    if (f.has_event()) {
+      *f.mutable_event() = ref_;
+      return;
+    }
+  }
+  *request->add_signal_when_done()->mutable_event() = ref_;
+}
+
 absl::Status CompletionEvent::RecordReady(CUstream_st* stream, wprep::v1::ConvertBatchRequest* request) const {
   WPREP_CLIENT_CUDA(cudaEventRecord(event_, stream));
-  *request->mutable_ready_event() = ref_;
+  *request->mutable_wait_for()->mutable_event() = ref_;
   return absl::OkStatus();
 }
 

@@ -448,13 +448,15 @@ def test_stream_completion_sends_a_pooled_event_and_waits_on_it_after_the_answer
 
     pool = _torch.EventPool()
     call = _requests.batch_call([item(0), item(1)], None, {}, _torch.Registry(), None, "stream", pool)
-    ev = call.request.completion_event
+    assert call.request.answer_when == pb.ANSWER_WHEN_QUEUED
+    assert len(call.request.signal_when_done) == 1
+    ev = call.request.signal_when_done[0].event
     assert len(ev.handle) == 64 and ev.handle[1] == dev, "the event is made on the items' device"
     assert ev.device_uuid == bytes((dev * 16 + k) & 255 for k in range(16))
     assert rec.waits == []
     # Ordered on the GPU both ways with one event: recorded on the device's current stream
     # before sending (the daemon waits for it there), and no host synchronization.
-    assert call.request.ready_event == ev
+    assert call.request.wait_for.event == ev
     assert len(rec.records) == 1 and rec.records[0][0] == dev and rec.records[0][1].ipc_handle() == ev.handle
     assert rec.synced == [], "completion='stream' made the host wait for the stream"
     def resp_of(n):
@@ -470,19 +472,20 @@ def test_stream_completion_sends_a_pooled_event_and_waits_on_it_after_the_answer
     assert len(rec.waits) == 1 and rec.waits[0][0] == dev and rec.waits[0][1].ipc_handle() == ev.handle
     # The event went back to the pool: the next call on the device reuses it.
     again = _requests.batch_call([item(2)], None, {}, _torch.Registry(), None, "stream", pool)
-    assert again.request.completion_event.handle == ev.handle
+    assert again.request.signal_when_done[0].event.handle == ev.handle
     # A call that failed without an answer (a deadline): the daemon may still record its
     # event, so it is never handed to another call.
     again.fail()
     assert len(rec.waits) == 1
     third = _requests.batch_call([item(3)], None, {}, _torch.Registry(), None, "stream", pool)
-    assert third.request.completion_event.handle != ev.handle
+    assert third.request.signal_when_done[0].event.handle != ev.handle
     third.complete(resp_of(1))
     fourth = _requests.batch_call([item(4)], None, {}, _torch.Registry(), None, "stream", pool)
-    assert fourth.request.completion_event.handle == third.request.completion_event.handle
+    assert fourth.request.signal_when_done[0].event.handle == third.request.signal_when_done[0].event.handle
     # host completion sends no event
     host = _requests.batch_call([item(5)], None, {}, _torch.Registry(), None, "host", pool)
-    assert not host.request.HasField("completion_event") and not host.request.HasField("ready_event")
+    assert not host.request.HasField("wait_for") and not host.request.signal_when_done
+    assert host.request.answer_when == pb.ANSWER_WHEN_DONE
     assert rec.synced == [dev], "completion='host' synchronizes the stream before sending"
     assert len(rec.records) == 4
 

@@ -433,8 +433,8 @@ class Client:
         completion="async" is "stream" without waiting for the answer, like a kernel launch: it
         returns once the batch is sent, with the results the daemon's Plans give. The batch goes
         on the Client's ordered ConvertBatches stream and is ordered with words of shared host
-        memory (a file of /dev/shm the client maps and registers with CUDA; ready_flag and
-        completion_flag as host_word), not events: `stream` writes the ready word after the
+        memory (a file of /dev/shm the client maps and registers with CUDA; wait_for and
+        signal_when_done as words), not events: `stream` writes the ready word after the
         work queued there before the call, and waits for the done word the daemon's GPU writes
         after the batch. An error comes later, like a CUDA kernel's: it is raised by the next
         completion="async" call of this Client, or by wait_async(); the outputs of a failed

@@ -290,8 +290,7 @@ def batch_call(
             raise
         words = (ready, done)
         try:
-            flags.to_proto(ready, r.ready_flag)
-            flags.to_proto(done, r.completion_flag)
+            _torch.word_fences(r, flags, ready, done)
             flags.enqueue_write(ready, on, index)
             flags.enqueue_wait(done, on, index)
         except BaseException:
@@ -309,9 +308,7 @@ def batch_call(
         import torch
 
         event[0].record(stream if stream is not None else torch.cuda.current_stream(index))
-        r.ready_event.handle = event[1]
-        r.ready_event.device_uuid = _torch.device_uuid(index)
-        r.completion_event.CopyFrom(r.ready_event)
+        _torch.event_fences(r, event[1], _torch.device_uuid(index))
     elif devices:
         _torch.synchronize(devices, stream)
 

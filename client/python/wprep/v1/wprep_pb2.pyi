@@ -4,6 +4,8 @@ from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from typing import ClassVar as _ClassVar, Iterable as _Iterable, Mapping as _Mapping, Optional as _Optional, Union as _Union
 
+ANSWER_WHEN_DONE: AnswerWhen
+ANSWER_WHEN_QUEUED: AnswerWhen
 DESCRIPTOR: _descriptor.FileDescriptor
 DIRECTION_RETILE: Direction
 DIRECTION_SWIZZLE: Direction
@@ -65,20 +67,18 @@ class ConversionSpec(_message.Message):
     def __init__(self, layout: _Optional[_Union[Layout, str]] = ..., direction: _Optional[_Union[Direction, str]] = ..., hopper: _Optional[_Union[HopperValueParams, _Mapping]] = ..., blackwell: _Optional[_Union[BlackwellParams, _Mapping]] = ..., blackwell_to: _Optional[_Union[BlackwellParams, _Mapping]] = ..., hopper_scale: _Optional[_Union[HopperScaleParams, _Mapping]] = ..., packing_axis: _Optional[int] = ...) -> None: ...
 
 class ConvertBatchRequest(_message.Message):
-    __slots__ = ["completion_event", "completion_flag", "device_uuid", "items", "ready_event", "ready_flag"]
-    COMPLETION_EVENT_FIELD_NUMBER: _ClassVar[int]
-    COMPLETION_FLAG_FIELD_NUMBER: _ClassVar[int]
+    __slots__ = ["answer_when", "device_uuid", "items", "signal_when_done", "wait_for"]
+    ANSWER_WHEN_FIELD_NUMBER: _ClassVar[int]
     DEVICE_UUID_FIELD_NUMBER: _ClassVar[int]
     ITEMS_FIELD_NUMBER: _ClassVar[int]
-    READY_EVENT_FIELD_NUMBER: _ClassVar[int]
-    READY_FLAG_FIELD_NUMBER: _ClassVar[int]
-    completion_event: IpcEventRef
-    completion_flag: IpcFlagRef
+    SIGNAL_WHEN_DONE_FIELD_NUMBER: _ClassVar[int]
+    WAIT_FOR_FIELD_NUMBER: _ClassVar[int]
+    answer_when: AnswerWhen
     device_uuid: bytes
     items: _containers.RepeatedCompositeFieldContainer[BatchItem]
-    ready_event: IpcEventRef
-    ready_flag: IpcFlagRef
-    def __init__(self, items: _Optional[_Iterable[_Union[BatchItem, _Mapping]]] = ..., device_uuid: _Optional[bytes] = ..., completion_event: _Optional[_Union[IpcEventRef, _Mapping]] = ..., ready_event: _Optional[_Union[IpcEventRef, _Mapping]] = ..., completion_flag: _Optional[_Union[IpcFlagRef, _Mapping]] = ..., ready_flag: _Optional[_Union[IpcFlagRef, _Mapping]] = ...) -> None: ...
+    signal_when_done: _containers.RepeatedCompositeFieldContainer[Fence]
+    wait_for: Fence
+    def __init__(self, items: _Optional[_Iterable[_Union[BatchItem, _Mapping]]] = ..., device_uuid: _Optional[bytes] = ..., wait_for: _Optional[_Union[Fence, _Mapping]] = ..., signal_when_done: _Optional[_Iterable[_Union[Fence, _Mapping]]] = ..., answer_when: _Optional[_Union[AnswerWhen, str]] = ...) -> None: ...
 
 class ConvertBatchResponse(_message.Message):
     __slots__ = ["items", "peak_extra_device_bytes"]
@@ -212,6 +212,24 @@ class DeviceInfo(_message.Message):
     warm: bool
     def __init__(self, uuid: _Optional[bytes] = ..., name: _Optional[str] = ..., ordinal: _Optional[int] = ..., compute_capability_major: _Optional[int] = ..., compute_capability_minor: _Optional[int] = ..., total_memory_bytes: _Optional[int] = ..., warm: bool = ..., streams: _Optional[int] = ..., in_flight: _Optional[int] = ..., allocated_bytes: _Optional[int] = ...) -> None: ...
 
+class Fence(_message.Message):
+    __slots__ = ["event", "word"]
+    EVENT_FIELD_NUMBER: _ClassVar[int]
+    WORD_FIELD_NUMBER: _ClassVar[int]
+    event: IpcEventRef
+    word: FenceWord
+    def __init__(self, event: _Optional[_Union[IpcEventRef, _Mapping]] = ..., word: _Optional[_Union[FenceWord, _Mapping]] = ...) -> None: ...
+
+class FenceWord(_message.Message):
+    __slots__ = ["buffer", "host_word", "value"]
+    BUFFER_FIELD_NUMBER: _ClassVar[int]
+    HOST_WORD_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    buffer: CudaIpcBuffer
+    host_word: SharedHostWord
+    value: int
+    def __init__(self, buffer: _Optional[_Union[CudaIpcBuffer, _Mapping]] = ..., host_word: _Optional[_Union[SharedHostWord, _Mapping]] = ..., value: _Optional[int] = ...) -> None: ...
+
 class HopperScaleParams(_message.Message):
     __slots__ = ["mx_axis", "num_warps"]
     MX_AXIS_FIELD_NUMBER: _ClassVar[int]
@@ -235,16 +253,6 @@ class IpcEventRef(_message.Message):
     device_uuid: bytes
     handle: bytes
     def __init__(self, handle: _Optional[bytes] = ..., device_uuid: _Optional[bytes] = ...) -> None: ...
-
-class IpcFlagRef(_message.Message):
-    __slots__ = ["buffer", "host_word", "value"]
-    BUFFER_FIELD_NUMBER: _ClassVar[int]
-    HOST_WORD_FIELD_NUMBER: _ClassVar[int]
-    VALUE_FIELD_NUMBER: _ClassVar[int]
-    buffer: CudaIpcBuffer
-    host_word: SharedHostWord
-    value: int
-    def __init__(self, buffer: _Optional[_Union[CudaIpcBuffer, _Mapping]] = ..., host_word: _Optional[_Union[SharedHostWord, _Mapping]] = ..., value: _Optional[int] = ...) -> None: ...
 
 class IpcHandleRef(_message.Message):
     __slots__ = ["device_uuid", "handle"]
@@ -483,4 +491,7 @@ class Direction(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = []
 
 class MoeDType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = []
+
+class AnswerWhen(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = []

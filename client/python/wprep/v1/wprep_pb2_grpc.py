@@ -92,8 +92,8 @@ class WeightPrepServicer(object):
     def ConvertBatches(self, request_iterator, context):
         """Batches in order on one stream: the daemon takes the stream's requests one at a time,
         queues each batch's work on the GPU (or runs it) before it reads the next, and answers
-        each with its own status, in order. So a client may send a batch whose ready_flag its
-        own stream writes only after an earlier batch's completion_flag, before that earlier
+        each with its own status, in order. So a client may send a batch whose wait_for word its
+        own stream writes only after an earlier batch's signal_when_done word, before that earlier
         batch is answered: no later batch's wait is ever queued ahead of an earlier batch's
         work, as it can be between concurrent ConvertBatch calls. The stream itself ends with
         an error only when the daemon takes no more work (UNAVAILABLE: warming up or

@@ -40,7 +40,7 @@ struct Options {
   // How long a request may wait for device memory before RESOURCE_EXHAUSTED.
   absl::Duration memory_wait = absl::Seconds(10);
   // How long a batch's streams wait for a client's ready word of shared host memory
-  // (ready_flag.host_word) before the daemon writes it itself (ready_words.h).
+  // (a wait fence's host word) before the daemon writes it itself (ready_words.h).
   absl::Duration ready_timeout = absl::Minutes(5);
   // While requests come, keep every CPU from halting until this long after the last one
   // (idle-priority spinners, idle_spinners.h); zero = off.

@@ -24,12 +24,13 @@ struct CUstream_st;  // cudaStream_t
 
 namespace wprep::client {
 
-// An interprocess CUDA event for ConvertBatchRequest.completion_event: a batch that
-// carries it is answered as soon as its work is queued on the GPU, and the event marks
-// the work's end. After the answer, StreamWait orders a stream's later work after the
-// batch (the outputs' consumers go there) and Synchronize waits on the host. Before the
-// call, RecordReady makes it the batch's ready_event too, so the daemon's work also
-// waits on the GPU for the work that produced the sources, and no host waits. One event
+// An interprocess CUDA event as a fence of ConvertBatchRequest: AttachTo makes it the
+// batch's signal_when_done fence and asks for ANSWER_WHEN_QUEUED, so the batch is answered
+// as soon as its work is queued on the GPU, and the event marks the work's end. After the
+// answer, StreamWait orders a stream's later work after the batch (the outputs' consumers
+// go there) and Synchronize waits on the host. Before the call, RecordReady makes it the
+// batch's wait_for fence too, so the daemon's work also waits on the GPU for the work that
+// produced the sources, and no host waits. One event
 // serves one batch in flight at a time; reuse it once its wait is queued. After a call that
 // ended without an answer (a deadline, a cancel) the daemon may still record it: keep it
 // alive a while, and use another. Move-only.
@@ -44,10 +45,11 @@ class CompletionEvent {
 
   // The request field: the event's handle and its GPU's UUID.
   const wprep::v1::IpcEventRef& ref() const { return ref_; }
-  void AttachTo(wprep::v1::ConvertBatchRequest* request) const { *request->mutable_completion_event() = ref_; }
+  // Attaching again (to a copy of an attached request) replaces the request's event fence.
+  void AttachTo(wprep::v1::ConvertBatchRequest* request) const;
   // Before sending: records the event on `stream` after the work queued there so far (the
   // sources' producers, the destinations' earlier readers) and names it the request's
-  // ready_event, so the daemon's streams wait for it instead of the host synchronizing
+  // wait_for fence, so the daemon's streams wait for it instead of the host synchronizing
   // `stream`. With AttachTo, this one event serves both ends.
   absl::Status RecordReady(CUstream_st* stream, wprep::v1::ConvertBatchRequest* request) const;
   // After the answer: work queued on `stream` from now on runs after the batch's work.

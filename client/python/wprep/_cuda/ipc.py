@@ -1,0 +1,272 @@
+"""CUDA tensors as wprep.v1.CudaIpcBuffer: torch's IPC handles, offsets, strides and GPU UUIDs.
+
+torch is imported only when a torch tensor is handed in; the rest of the package needs no torch.
+
+How a tensor becomes a buffer the daemon can open:
+- `tensor.untyped_storage()._share_cuda_()` returns an 8-tuple (torch/csrc/StorageSharing.cpp):
+  (device index, handle, storage bytes, storage offset in its allocation, ref-counter file,
+  ref-counter offset, event handle, event sync required). For memory of torch's caching
+  allocator (cudaMalloc segments) the handle is 66 bytes: a version byte (1 or 2), the kind
+  b"c" (SHAREABLE_CUDA_MALLOC), then the cudaIpcMemHandle_t of the segment's base; older
+  torch returned the 64 bytes alone. Memory of expandable segments is kind b"e", a handle
+  the CUDA IPC API cannot open: refused with ExpandableSegmentsError.
+- The buffer's offset is the storage's offset in the segment plus the view's
+  storage_offset() (element size 1); strides are the view's (bytes, for one-byte dtypes).
+- _share_cuda_ also registers the storage as "sent": a counter in a shared-memory file that a
+  torch consumer decrements when it lets go, without which the block stays out of the caching
+  allocator after the tensor dies. The daemon is no torch consumer, so the client decrements it
+  right away (torch.UntypedStorage._release_ipc_counter_cuda); the client itself keeps the
+  tensors alive until the daemon has answered. Each _share_cuda_ also records an interprocess
+  event on the current stream, which the daemon does not use: ordering is the client's
+  stream synchronization (Client.convert's `stream`), or, with completion="stream", an
+  event of EventPool recorded on that stream, which the daemon waits for on the GPU.
+- GPUs are named by UUID (torch.cuda.get_device_properties(i).uuid), never by ordinal.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+import threading
+from dataclasses import dataclass
+from typing import Any, Dict, Optional, Sequence, Tuple
+
+from ..v1 import wprep_pb2 as pb
+
+
+class ExpandableSegmentsError(ValueError):
+    """The tensor's memory comes from torch's expandable segments, which CUDA IPC cannot share."""
+
+
+_EXPANDABLE_HELP = (
+    "the tensor's memory comes from torch's expandable segments (PYTORCH_CUDA_ALLOC_CONF="
+    "expandable_segments:True), which cudaIpcGetMemHandle cannot export, so wprepd cannot map it. "
+    "Allocate the tensors wprep reads and writes with expandable segments off, e.g. "
+    "torch.cuda.memory._set_allocator_settings('expandable_segments:False') around their "
+    "allocation, or send host copies (numpy arrays) instead"
+)
+
+_KNOWN_HANDLE_VERSIONS = (1, 2)
+
+
+def is_tensor(x: object) -> bool:
+    """True for a torch.Tensor (without importing torch when nothing imported it)."""
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(x, torch.Tensor)
+
+
+def is_cuda_tensor(x: object) -> bool:
+    return is_tensor(x) and bool(x.is_cuda)  # type: ignore[attr-defined]
+
+
+@functools.lru_cache(maxsize=None)
+def device_uuid(index: int) -> bytes:
+    """The 16-byte UUID of CUDA device `index` of this process."""
+    import torch
+
+    u = torch.cuda.get_device_properties(index).uuid
+    raw = bytes(u.bytes) if hasattr(u, "bytes") else bytes.fromhex(str(u).replace("GPU-", "").replace("-", ""))
+    if len(raw) != 16:
+        raise RuntimeError(f"torch reported a {len(raw)}-byte UUID for cuda:{index}")
+    return raw
+
+
+def decode_handle(handle: bytes) -> bytes:
+    """The 64-byte cudaIpcMemHandle_t inside the handle torch's _share_cuda_ returns."""
+    if len(handle) == 64:
+        return bytes(handle)
+    if len(handle) >= 2 and handle[1:2] == b"e":
+        raise ExpandableSegmentsError(_EXPANDABLE_HELP)
+    if len(handle) == 66 and handle[1:2] == b"c" and handle[0] in _KNOWN_HANDLE_VERSIONS:
+        return bytes(handle[2:])
+    import torch
+
+    raise RuntimeError(
+        f"torch {torch.__version__} returned a CUDA IPC handle wprep does not know: {len(handle)} bytes, "
+        f"version byte {handle[:1].hex() or '-'}, kind {handle[1:2]!r} (known: 64 bytes, or version "
+        f"{'/'.join(map(str, _KNOWN_HANDLE_VERSIONS))} + b'c' + 64 bytes)"
+    )
+
+
+@dataclass(frozen=True)
+class SharedStorage:
+    """Where a storage lives for the daemon: its allocation's handle and its offset in it."""
+
+    handle: bytes  # the 64-byte cudaIpcMemHandle_t of the allocation (segment) base
+    offset: int  # byte offset of the storage's first byte from the allocation's start
+    device_uuid: bytes
+    device_index: int
+
+
+def _release_ref_counter(ref_handle: Any, ref_offset: Any) -> None:
+    import torch
+
+    release = getattr(torch.UntypedStorage, "_release_ipc_counter_cuda", None)
+    if release is not None:
+        release(ref_handle, ref_offset)
+
+
+def _expandable_segments_configured() -> bool:
+    conf = (os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "") + "," + os.environ.get("PYTORCH_ALLOC_CONF", ""))
+    return "expandable_segments:true" in conf.lower().replace(" ", "")
+
+
+def share_storage(storage: Any, device_index: int) -> SharedStorage:
+    """Exports `storage` (a CUDA torch.UntypedStorage) through _share_cuda_."""
+    try:
+        info = storage._share_cuda_()
+    except RuntimeError as e:
+        if "expandable" in str(e).lower() or _expandable_segments_configured():
+            raise ExpandableSegmentsError(f"{_EXPANDABLE_HELP} (torch: {e})") from e
+        raise RuntimeError(f"torch could not export a CUDA IPC handle for this tensor: {e}") from e
+    if not isinstance(info, tuple) or len(info) != 8:
+        raise RuntimeError(f"torch's _share_cuda_ returned {type(info).__name__} of {len(info)} items, not 8")
+    _device, handle, _nbytes, offset, ref_handle, ref_offset, _event, _event_sync = info
+    try:
+        if handle is None:
+            raise ValueError("the tensor has no memory (an empty storage)")
+        mem = decode_handle(handle)
+    finally:
+        if ref_handle is not None:
+            _release_ref_counter(ref_handle, ref_offset)
+    return SharedStorage(handle=mem, offset=int(offset), device_uuid=device_uuid(device_index), device_index=device_index)
+
+
+class Registry:
+    """Storages registered with the daemon (Client.register): exported once, kept alive.
+
+    Thread-safe. Keyed by (device, storage address); an entry holds the storage, so the
+    address cannot be reused by another storage while it is registered.
+    """
+
+    def __init__(self) -> None:
+        self._mu = threading.Lock()
+        # (device, address) -> (storage, its export, its size); written under _mu
+        self._entries: Dict[Tuple[int, int], Tuple[Any, SharedStorage, int]] = {}
+
+    @staticmethod
+    def _key(storage: Any, device_index: int) -> Tuple[int, int]:
+        return (device_index, int(storage.data_ptr()))
+
+    def lookup(self, storage: Any, device_index: int) -> Optional[SharedStorage]:
+        # A dict read is atomic under the GIL, and every call of a loader's layer loop comes
+        # here: no lock (writers still take it, so two writers cannot interleave).
+        e = self._entries.get(self._key(storage, device_index))
+        if e is None or e[2] != storage.nbytes():
+            return None
+        return e[1]
+
+    def add(self, storage: Any, device_index: int) -> SharedStorage:
+        key = self._key(storage, device_index)
+        nbytes = storage.nbytes()
+        with self._mu:
+            e = self._entries.get(key)
+        if e is not None and e[2] == nbytes:
+            return e[1]
+        shared = share_storage(storage, device_index)
+        with self._mu:
+            self._entries[key] = (storage, shared, nbytes)
+        return shared
+
+    def remove(self, storage: Any, device_index: int) -> Optional[SharedStorage]:
+        with self._mu:
+            e = self._entries.pop(self._key(storage, device_index), None)
+        return None if e is None else e[1]
+
+
+def check_byte_tensor(t: Any, what: str) -> None:
+    if t.element_size() != 1:
+        raise TypeError(
+            f"{what} must have a one-byte dtype (uint8, or e.g. float8_e8m0fnu for scales); got {t.dtype}"
+        )
+
+
+def view_span(shape: Sequence[int], strides: Sequence[int]) -> int:
+    """Bytes from a view's first element to its last, inclusive (0 when empty)."""
+    span = 1
+    for d, s in zip(shape, strides):
+        if d == 0:
+            return 0
+        span += (d - 1) * s
+    return span
+
+
+def is_dense(shape: Sequence[int], strides: Sequence[int]) -> bool:
+    """Non-overlapping and dense, in some order of the dims (torch's definition)."""
+    if strides and min(strides) < 0:
+        return False
+    dims = sorted((s, d) for d, s in zip(shape, strides) if d > 1)
+    need = 1
+    for s, d in dims:
+        if s != need:
+            return False
+        need *= d
+    return True
+
+
+def shared_view(t: Any, registry: Registry) -> SharedStorage:
+    storage = t.untyped_storage()
+    index = t.device.index
+    return registry.lookup(storage, index) or share_storage(storage, index)
+
+
+@dataclass(frozen=True)
+class IpcView:
+    """What a CudaIpcBuffer says of a tensor: allocation handle, byte offset, bytes spanned,
+    GPU, and the view's strides (empty when contiguous)."""
+
+    handle: bytes
+    offset: int
+    size: int
+    device_uuid: bytes
+    strides: Tuple[int, ...] = ()
+
+    def fill(self, b: pb.CudaIpcBuffer) -> None:
+        """Writes the view into `b` (a field of the request: no message of its own to copy)."""
+        b.handle = self.handle
+        b.offset = self.offset
+        b.size = self.size
+        b.device_uuid = self.device_uuid
+        if self.strides:
+            b.strides.extend(self.strides)
+
+
+def source_view(t: Any, registry: Registry) -> IpcView:
+    """The IpcView of a CUDA tensor view read in place (strides sent unless contiguous)."""
+    check_byte_tensor(t, "a CUDA source")
+    strides = t.stride()
+    if strides and min(strides) < 0:
+        raise ValueError(f"a source view with negative strides cannot be read in place: {list(strides)}")
+    shared = shared_view(t, registry)
+    return IpcView(shared.handle, shared.offset + t.storage_offset(), view_span(t.shape, strides),
+                   shared.device_uuid, () if t.is_contiguous() else tuple(strides))
+
+
+def destination_view(t: Any, registry: Registry) -> IpcView:
+    """The IpcView of a CUDA tensor the daemon writes densely."""
+    check_byte_tensor(t, "out")
+    if not t.is_contiguous():
+        shape, strides = list(t.shape), list(t.stride())
+        if not is_dense(shape, strides):
+            raise ValueError(
+                f"out must be dense (the daemon writes it in memory order); got shape {shape} strides {strides}"
+            )
+    shared = shared_view(t, registry)
+    return IpcView(shared.handle, shared.offset + t.storage_offset(), t.numel(), shared.device_uuid)
+
+
+
+def output_view(out: Any, shape: Sequence[int], strides: Sequence[int]) -> Any:
+    """`out` viewed with the reported storage shape and strides (its memory is the output)."""
+    if tuple(out.shape) == tuple(shape) and tuple(out.stride()) == tuple(strides):
+        return out
+    return out.as_strided(tuple(shape), tuple(strides), out.storage_offset())
+
+
+def empty_output(like: Any, shape: Sequence[int], strides: Sequence[int], nbytes: int) -> Any:
+    """A new output tensor on `like`'s device and of its dtype, viewed as the layout reports it."""
+    import torch
+
+    buf = torch.empty(nbytes, dtype=like.dtype, device=like.device)
+    return buf.as_strided(tuple(shape), tuple(strides))
