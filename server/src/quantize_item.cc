@@ -286,11 +286,6 @@ absl::StatusOr<std::vector<QuantizeJob>> QuantizeJobsFromProto(const v1::Convert
     return absl::ResourceExhaustedError(absl::StrCat("ConvertBatch request of ", n,
                                                      " bytes exceeds --max-message-bytes=", limits.max_message_bytes));
   }
-  if (req.has_completion_event() || req.has_completion_flag() || req.has_ready_event() || req.has_ready_flag()) {
-    return absl::UnimplementedError(
-        "a batch of quantize items answers once its work is done; events and flags are not served for quantize "
-        "items yet; leave completion_event, completion_flag, ready_event and ready_flag unset");
-  }
   std::vector<QuantizeJob> jobs;
   jobs.reserve(static_cast<size_t>(req.items_size()));
   uint64_t inline_out = 0;

@@ -481,19 +481,29 @@ absl::Status WeightPrepService::DoConvertBatch(grpc::ServerContext* ctx, const v
   return absl::OkStatus();
 }
 
-absl::Status WeightPrepService::DoMoeBatch(grpc::ServerContext* ctx, const v1::ConvertBatchRequest& req,
-                                           v1::ConvertBatchResponse* resp, CallReport& report,
-                                           HostBudget::Charge* inline_charge) {
-  // Fences are not served for MoE items yet.
+namespace {
+
+// Fences are served for convert items only, yet: a batch of `kind` items answers once its
+// work is done.
+absl::Status RefuseFences(const v1::ConvertBatchRequest& req, absl::string_view kind) {
   const std::pair<const char*, bool> fences[] = {{"wait_for", req.has_wait_for()},
                                                  {"signal_when_done", req.signal_when_done_size() > 0},
                                                  {"answer_when", req.answer_when() != v1::ANSWER_WHEN_DONE}};
   for (const auto& [field, set] : fences) {
     if (!set) continue;
-    return absl::UnimplementedError(absl::StrCat(
-        field, ": a batch of MoE items answers once its work is done; fences are not served for MoE items yet; "
-               "leave ", field, " unset"));
+    return absl::UnimplementedError(absl::StrCat(field, ": a batch of ", kind,
+                                                 " items answers once its work is done; fences are not served for ",
+                                                 kind, " items yet; leave ", field, " unset"));
   }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status WeightPrepService::DoMoeBatch(grpc::ServerContext* ctx, const v1::ConvertBatchRequest& req,
+                                           v1::ConvertBatchResponse* resp, CallReport& report,
+                                           HostBudget::Charge* inline_charge) {
+  WPREP_RETURN_IF_ERROR(RefuseFences(req, "MoE"));
   WPREP_ASSIGN_OR_RETURN(std::vector<MoeJob> jobs,
                          MoeJobsFromProto(req, MoeLimits{static_cast<uint64_t>(limits_.max_message_bytes),
                                                          limits_.max_tensor_bytes, limits_.max_batch_items}));
@@ -529,6 +539,7 @@ absl::Status WeightPrepService::TakeInline(grpc::ServerContext* ctx, uint64_t by
 absl::Status WeightPrepService::DoQuantizeBatch(grpc::ServerContext* ctx, const v1::ConvertBatchRequest& req,
                                                 v1::ConvertBatchResponse* resp, CallReport& report,
                                                 HostBudget::Charge* inline_charge) {
+  WPREP_RETURN_IF_ERROR(RefuseFences(req, "quantize"));
   WPREP_ASSIGN_OR_RETURN(std::vector<QuantizeJob> jobs,
                          QuantizeJobsFromProto(req, MoeLimits{static_cast<uint64_t>(limits_.max_message_bytes),
                                                               limits_.max_tensor_bytes, limits_.max_batch_items}));

@@ -258,7 +258,7 @@ TEST_F(MoeItemTest, MalformedItemsNameTheirOperandAndTheDaemonServesOn) {
        },
        grpc::StatusCode::INVALID_ARGUMENT, "items[1].moe.bias.destination.ipc"},
       {"mixed with a convert item", [&](auto& r) { r.mutable_items(1)->mutable_convert(); },
-       grpc::StatusCode::INVALID_ARGUMENT, "items[1]: a batch holds convert items or moe items"},
+       grpc::StatusCode::INVALID_ARGUMENT, "items[1]: a batch holds items of one kind"},
       {"signal fence", [&](auto& r) { r.add_signal_when_done(); }, grpc::StatusCode::UNIMPLEMENTED,
        "signal_when_done"},
       {"wait fence", [&](auto& r) { r.mutable_wait_for(); }, grpc::StatusCode::UNIMPLEMENTED, "wait_for"},

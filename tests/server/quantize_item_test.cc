@@ -239,8 +239,8 @@ TEST_F(QuantizeItemTest, MalformedItemsNameTheirFieldAndTheDaemonServesOn) {
       {"IPC source without a handle", [&](auto& r) { q(r)->mutable_source()->mutable_ipc()->set_size(1 << 20); },
        kInvalid, "items[1].quantize.source.ipc.handle"},
       {"a convert item beside it", [&](auto& r) { r.mutable_items(1)->mutable_convert(); }, kInvalid, "items[1]"},
-      {"ordering events", [&](auto& r) { r.mutable_completion_event()->set_handle(std::string(64, 'e')); },
-       grpc::StatusCode::UNIMPLEMENTED, ""},
+      {"a fence", [&](auto& r) { r.set_answer_when(v1::ANSWER_WHEN_QUEUED); }, grpc::StatusCode::UNIMPLEMENTED,
+       "answer_when"},
   };
   Client client(MakeChannel(daemon_->unix_target()));
   for (const Bad& b : table) {
