@@ -21,6 +21,16 @@ inline absl::Status CheckDisjoint(const Plan& plan, const void* in, const void* 
   return absl::OkStatus();
 }
 
+// InvalidArgument for a non-empty plan without the geometry MakePlan attaches (a Plan
+// assembled by hand): the engines have nothing to run it by.
+inline absl::Status CheckPlanned(const Plan& plan) {
+  if (!plan.empty() && plan.geometry == nullptr) {
+    return absl::InvalidArgumentError(
+        "plan has no engine geometry; plans must come from MakePlan");
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace wprep
 
 #endif  // WPREP_KERNELS_SRC_BUFFERS_H_

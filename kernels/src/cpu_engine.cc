@@ -33,8 +33,9 @@ absl::Status ConvertOnCpu(const Plan& plan, const uint8_t* in, size_t in_size, u
     return absl::InvalidArgumentError("input and output buffers must not be null");
   }
   if (auto s = CheckDisjoint(plan, in, out); !s.ok()) return s;
+  if (auto s = CheckPlanned(plan); !s.ok()) return s;
 
-  const Geometry& g = plan.geometry;
+  const Geometry& g = *plan.geometry;
   const tiles::Access access = tiles::ChooseAccess(g, in, out);
   int threads = options.threads > 0 ? options.threads
                                     : static_cast<int>(std::thread::hardware_concurrency());
@@ -42,7 +43,7 @@ absl::Status ConvertOnCpu(const Plan& plan, const uint8_t* in, size_t in_size, u
 
   int64_t tiles_per_matrix = 0;
   if (!tiles::DispatchTile(g, [&]<class T>() { tiles_per_matrix = T::TilesPerMatrix(g); })) {
-    return absl::InternalError("conversion geometry outside the supported set");
+    return tiles::UnsupportedGeometry(g);
   }
   const int64_t num_tiles = g.num_matrices * tiles_per_matrix;
   threads = static_cast<int>(std::min<int64_t>(threads, num_tiles));

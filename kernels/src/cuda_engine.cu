@@ -3,10 +3,12 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdio>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "buffers.h"
+#include "occupancy.h"
 #include "tiles.h"
 #include "wprep/kernels/cuda_engine.h"
 #include "wprep/kernels/cuda_status.h"
@@ -234,28 +236,66 @@ __global__ void TouchKernel(const uint8_t* p, uint64_t bytes) {
 // Tiles of one launch: indices stay below 2^31 (2^31 tiles of >= 4 KiB is 8 TiB).
 constexpr int64_t kMaxTiles = (int64_t{1} << 31) - 1;
 
-// Blocks of `kernel` (T's kernel with kAhead) that fit on `device` (the current
-// device) at once: multiprocessors x resident blocks per multiprocessor, read once per
-// kernel and device. Also raises the kernel's dynamic shared memory limit there.
+// Launches that ran below the residency their kernel was built for (CudaReducedOccupancyLaunches).
+std::atomic<uint64_t> reduced_occupancy_launches{0};
+
+// T's kernel with kAhead, by name, for the warning below.
+template <class T, int kAhead>
+const char* KernelName() {
+  return __PRETTY_FUNCTION__;
+}
+
+// Queries how many blocks of `kernel` (kTileThreads threads, `smem` bytes of dynamic
+// shared memory) `device`, the current device, keeps resident, and raises the kernel's
+// dynamic shared memory limit there.
+template <class Kernel>
+Residency QueryResidency(int device, Kernel kernel, size_t smem, int wanted_per_sm) {
+  int sms = 0, per_sm = 0;
+  if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
+    cudaGetLastError();
+    sms = 0;
+  }
+  if ((smem > 0 && cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        static_cast<int>(smem)) != cudaSuccess) ||
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kTileThreads, smem) !=
+          cudaSuccess) {
+    cudaGetLastError();
+    per_sm = 0;
+  }
+  return MakeResidency(sms, per_sm, wanted_per_sm);
+}
+
+// Blocks of one wave of `kernel` (T's kernel with kAhead) on `device`, and whether they
+// fill every multiprocessor as the kernel was built to (wanted_per_sm blocks each).
+// Queried once per kernel and device; a kernel that falls short says so on stderr, once.
+struct Wave {
+  int64_t blocks = 1;
+  bool full = false;
+};
 constexpr int kMaxDevices = 64;
 template <class T, int kAhead, class Kernel>
-int64_t MaxResidentBlocks(int device, Kernel kernel, size_t smem) {
-  static std::atomic<int64_t> cache[kMaxDevices];
-  if (device < 0 || device >= kMaxDevices) return 1;
-  int64_t n = cache[device].load(std::memory_order_relaxed);
-  if (n == 0) {
-    int sms = 0, per_sm = 0;
-    if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess ||
-        (smem > 0 && cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                          static_cast<int>(smem)) != cudaSuccess) ||
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kTileThreads, smem) !=
-            cudaSuccess) {
-      cudaGetLastError();
-    }
-    n = int64_t{sms > 0 ? sms : 1} * (per_sm > 0 ? per_sm : 1);
-    cache[device].store(n, std::memory_order_relaxed);
+Wave ResidentWave(int device, Kernel kernel, size_t smem, int wanted_per_sm) {
+  static std::atomic<int64_t> cache[kMaxDevices];  // blocks << 1 | full; 0: not queried
+  static std::atomic<bool> warned_uncached{false};
+  const bool cacheable = device >= 0 && device < kMaxDevices;
+  if (cacheable) {
+    const int64_t c = cache[device].load(std::memory_order_relaxed);
+    if (c != 0) return Wave{c >> 1, (c & 1) != 0};
   }
-  return n;
+  const Residency r = QueryResidency(device, kernel, smem, wanted_per_sm);
+  // The first thread to record a kernel's result on a device is the one that warns.
+  bool first = false;
+  if (cacheable) {
+    int64_t expected = 0;
+    first = cache[device].compare_exchange_strong(expected, r.blocks << 1 | (r.full() ? 1 : 0),
+                                                  std::memory_order_relaxed);
+  } else {
+    first = !warned_uncached.exchange(true, std::memory_order_relaxed);
+  }
+  if (!r.full() && first) {
+    std::fprintf(stderr, "%s\n", ResidencyWarning(r, KernelName<T, kAhead>(), device).c_str());
+  }
+  return Wave{r.blocks, r.full()};
 }
 
 // Launches the kernel for the tile type DispatchTile picks (a functor: CUDA here is C++17).
@@ -290,7 +330,10 @@ struct Launcher {
       }
     }();
     // One wave of resident blocks; each loops over tiles (no partial last wave).
-    const int64_t max_blocks = MaxResidentBlocks<T, kAhead>(device, kernel, smem);
+    constexpr int wanted_per_sm = kAhead > 0 ? PrefetchMinBlocks<T, kAhead>() : T::kMinBlocks;
+    const Wave wave = ResidentWave<T, kAhead>(device, kernel, smem, wanted_per_sm);
+    if (!wave.full) reduced_occupancy_launches.fetch_add(1, std::memory_order_relaxed);
+    const int64_t max_blocks = wave.blocks;
     const tiles::TileGrid grid = tiles::MakeTileGrid<T>(g);
     if constexpr (kAhead > 0) {
       const unsigned blocks = static_cast<unsigned>(std::min(num_tiles, max_blocks));
@@ -343,6 +386,10 @@ class ScopedDevice {
 
 bool CudaCompiledIn() { return true; }
 
+uint64_t CudaReducedOccupancyLaunches() {
+  return reduced_occupancy_launches.load(std::memory_order_relaxed);
+}
+
 int CudaDeviceCount() {
   int n = 0;
   if (cudaGetDeviceCount(&n) != cudaSuccess) {
@@ -390,7 +437,8 @@ absl::Status ConvertOnCuda(const Plan& plan, const void* in, void* out, CudaStre
   }
   if (auto s = CheckDisjoint(plan, in, out); !s.ok()) return s;
 
-  const Geometry& g = plan.geometry;
+  if (auto s = CheckPlanned(plan); !s.ok()) return s;
+  const Geometry& g = *plan.geometry;
   const tiles::Access access = tiles::ChooseAccess(g, in, out);
 
   ScopedDevice scoped(*in_dev);
@@ -402,7 +450,7 @@ absl::Status ConvertOnCuda(const Plan& plan, const void* in, void* out, CudaStre
   const bool known = tiles::DispatchTile(
       g, Launcher{g, static_cast<const uint8_t*>(in), static_cast<uint8_t*>(out), access,
                   *in_dev, stream, &too_many_tiles});
-  if (!known) return absl::InternalError("conversion geometry outside the supported set");
+  if (!known) return tiles::UnsupportedGeometry(g);
   if (too_many_tiles > 0) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "tensor needs %d tiles; one launch takes at most %d (split the leading dims)",

@@ -4,6 +4,7 @@
 namespace wprep {
 
 bool CudaCompiledIn() { return false; }
+uint64_t CudaReducedOccupancyLaunches() { return 0; }
 int CudaDeviceCount() { return 0; }
 
 absl::Status ConvertOnCuda(const Plan&, const void*, void*, CudaStream) {

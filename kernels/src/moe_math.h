@@ -13,7 +13,7 @@
 
 #include <cstdint>
 
-#include "wprep/kernels/layout_math.h"
+#include "layout_math.h"
 
 namespace wprep {
 namespace moe {

@@ -1,6 +1,7 @@
 #include "wprep/kernels/plan.h"
 
 #include <algorithm>
+#include <memory>
 #include <numeric>
 #include <string>
 #include <utility>
@@ -9,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "layout_math.h"
 #include "wprep/spec/status_macros.h"
 
 namespace wprep {
@@ -154,8 +156,6 @@ std::vector<int64_t> ClonedStrides(const std::vector<int64_t>& shape,
   return NonOverlappingAndDense(shape, reference) ? reference : DenseStrides(shape);
 }
 
-int64_t Gcd(int64_t a, int64_t b) { return std::gcd(a, b); }
-
 // What every MakePlan step below shares.
 struct Ctx {
   absl::Span<const int64_t> shape;
@@ -199,8 +199,8 @@ std::vector<int64_t> CanonicalShape(const Ctx& c, int packing_axis) {
   return packing_axis == -1 ? WithLead(c, {c.d0, c.d1 / 2}) : WithLead(c, {c.d1, c.d0 / 2});
 }
 
-absl::StatusOr<InputPlan> PlanHopperValue(const ConversionSpec& spec, const Ctx& c, Plan& plan) {
-  Geometry& g = plan.geometry;
+absl::StatusOr<InputPlan> PlanHopperValue(const ConversionSpec& spec, const Ctx& c, Plan& plan,
+                                          Geometry& g) {
   const int mx = spec.hopper.mx_axis, packing = spec.packing_axis;
   g.mma_version = spec.hopper.mma_version;
   g.hopper = MakeHopperTiling(mx, c.d0, c.d1);
@@ -245,8 +245,7 @@ absl::StatusOr<InputPlan> PlanHopperValue(const ConversionSpec& spec, const Ctx&
 // checkpoint order is one more (MakeRowTiling); canonical storage is the one order that
 // pairs nibbles along N.
 absl::StatusOr<InputPlan> PlanBlackwellValue(const ConversionSpec& spec, const Ctx& c,
-                                             Plan& plan) {
-  Geometry& g = plan.geometry;
+                                             Plan& plan, Geometry& g) {
   const bool shuffled = spec.layout == Layout::kBlackwellShuffledValue;
   const int packing = spec.packing_axis;
   g.kp = c.d0 / 2;
@@ -336,8 +335,8 @@ int64_t ScaleRunAlign(ScaleAccess a, const int64_t* strides) {
   return 1;
 }
 
-absl::StatusOr<InputPlan> PlanHopperScale(const ConversionSpec& spec, const Ctx& c, Plan& plan) {
-  Geometry& g = plan.geometry;
+absl::StatusOr<InputPlan> PlanHopperScale(const ConversionSpec& spec, const Ctx& c, Plan& plan,
+                                          Geometry& g) {
   const int mx = spec.hopper_scale.mx_axis;
   const HopperScaleTiling t = MakeHopperScaleTiling(mx, spec.hopper_scale.num_warps, c.d0, c.d1);
   g.hopper_scale = t;
@@ -388,8 +387,7 @@ absl::StatusOr<InputPlan> PlanHopperScale(const ConversionSpec& spec, const Ctx&
 }
 
 absl::StatusOr<InputPlan> PlanBlackwellScale(const ConversionSpec& spec, const Ctx& c,
-                                             Plan& plan) {
-  Geometry& g = plan.geometry;
+                                             Plan& plan, Geometry& g) {
   const BlackwellScaleTiling t = MakeBlackwellScaleTiling(c.d0, c.d1);
   g.blackwell_scale = t;
   int64_t matrix = 0;
@@ -482,8 +480,7 @@ absl::Status BindInput(const InputBinding& binding, int contiguous_dim, Plan& pl
 
 // The input view's strides as the engines consume them (Geometry's lead dims and
 // in_stride / scale_stride), and the alignments that follow.
-absl::Status FillInputGeometry(const Ctx& c, InputKind kind, Plan& plan) {
-  Geometry& g = plan.geometry;
+absl::Status FillInputGeometry(const Ctx& c, InputKind kind, const Plan& plan, Geometry& g) {
   const std::vector<int64_t>& st = plan.input_strides;
   const int r = c.rank;
   auto logical_lead = [&] {
@@ -682,26 +679,28 @@ absl::StatusOr<Plan> MakePlan(const ConversionSpec& spec, absl::Span<const int64
   Plan plan;
   plan.spec = spec;
   plan.logical_shape.assign(shape.begin(), shape.end());
-  Geometry& g = plan.geometry;
+  // Filled here, frozen into the plan once every check has passed.
+  auto geometry = std::make_shared<Geometry>();
+  Geometry& g = *geometry;
   g.num_matrices = c.num_matrices;
 
   InputPlan input;
   switch (spec.layout) {
     case Layout::kHopperValue: {
-      WPREP_ASSIGN_OR_RETURN(input, PlanHopperValue(spec, c, plan));
+      WPREP_ASSIGN_OR_RETURN(input, PlanHopperValue(spec, c, plan, g));
       break;
     }
     case Layout::kBlackwellShuffledValue:
     case Layout::kBlackwellValue: {
-      WPREP_ASSIGN_OR_RETURN(input, PlanBlackwellValue(spec, c, plan));
+      WPREP_ASSIGN_OR_RETURN(input, PlanBlackwellValue(spec, c, plan, g));
       break;
     }
     case Layout::kHopperScale: {
-      WPREP_ASSIGN_OR_RETURN(input, PlanHopperScale(spec, c, plan));
+      WPREP_ASSIGN_OR_RETURN(input, PlanHopperScale(spec, c, plan, g));
       break;
     }
     case Layout::kBlackwellScale: {
-      WPREP_ASSIGN_OR_RETURN(input, PlanBlackwellScale(spec, c, plan));
+      WPREP_ASSIGN_OR_RETURN(input, PlanBlackwellScale(spec, c, plan, g));
       break;
     }
   }
@@ -735,7 +734,8 @@ absl::StatusOr<Plan> MakePlan(const ConversionSpec& spec, absl::Span<const int64
   }
 
   WPREP_RETURN_IF_ERROR(BindInput(binding, input.contiguous_dim, plan));
-  WPREP_RETURN_IF_ERROR(FillInputGeometry(c, input.kind, plan));
+  WPREP_RETURN_IF_ERROR(FillInputGeometry(c, input.kind, plan, g));
+  plan.geometry = std::move(geometry);
   return plan;
 }
 

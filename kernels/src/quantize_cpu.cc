@@ -7,8 +7,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "wprep/kernels/quantize.h"
-#include "wprep/kernels/layout_math.h"
-#include "wprep/kernels/quantize_math.h"
+#include "layout_math.h"
+#include "quantize_math.h"
 
 namespace wprep {
 namespace {

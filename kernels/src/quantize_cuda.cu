@@ -16,9 +16,9 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "wprep/kernels/cuda_status.h"
-#include "wprep/kernels/layout_math.h"
+#include "layout_math.h"
 #include "wprep/kernels/quantize.h"
-#include "wprep/kernels/quantize_math.h"
+#include "quantize_math.h"
 
 namespace wprep {
 namespace {

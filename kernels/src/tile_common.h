@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <cstring>
 
-#include "wprep/kernels/layout_math.h"
+#include "layout_math.h"
 
 namespace wprep::tiles {
 
@@ -22,13 +22,11 @@ struct Access {
   bool word_out = false; // 4-byte stores
 };
 
-inline int64_t Gcd64(int64_t a, int64_t b) { return b == 0 ? (a < 0 ? -a : a) : Gcd64(b, a % b); }
-
 inline Access ChooseAccess(const Geometry& g, const void* in, const void* out) {
   int64_t a_in = static_cast<int64_t>(reinterpret_cast<uintptr_t>(in) % 64);
-  for (int i = 0; i < g.lead_rank; ++i) a_in = Gcd64(a_in, g.in_lead_stride[i]);
-  a_in = Gcd64(a_in, g.in_align);
-  const int64_t a_out = Gcd64(static_cast<int64_t>(reinterpret_cast<uintptr_t>(out) % 64),
+  for (int i = 0; i < g.lead_rank; ++i) a_in = Gcd(a_in, g.in_lead_stride[i]);
+  a_in = Gcd(a_in, g.in_align);
+  const int64_t a_out = Gcd(static_cast<int64_t>(reinterpret_cast<uintptr_t>(out) % 64),
                               g.out_align);
   Access a;
   a.vec_in = a_in % 16 == 0;

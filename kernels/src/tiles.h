@@ -7,6 +7,8 @@
 #ifndef WPREP_KERNELS_SRC_TILES_H_
 #define WPREP_KERNELS_SRC_TILES_H_
 
+#include "absl/status/status.h"
+#include "absl/strings/str_format.h"
 #include "fast_tiles.h"
 #include "generic_tiles.h"
 #include "scale_tiles.h"
@@ -18,16 +20,20 @@ namespace wprep::tiles {
 // adds no tile: MakePlan expresses it as the Hopper tiles on the stored matrix and as
 // Blackwell retiles between single-tile arrangements (Geometry::hopper_q_is_canonical,
 // MakeRowTiling); blackwell_value is the Blackwell tiles on its single-tile tiling.
+// The Hopper tiles exist for mma versions 2 and 3 only: any other version is refused,
+// never served by the tiles of another.
 template <class Fn>
 bool DispatchTile(const Geometry& g, Fn&& fn) {
   const bool along = g.hopper_q_is_canonical;
   const bool mma2 = g.mma_version == 2;
+  const bool mma_known = mma2 || g.mma_version == 3;
   const bool in16 = ChunksStayInTiles(g.in_tiling), out16 = ChunksStayInTiles(g.out_tiling);
   const bool columns = g.scale_access == ScaleAccess::kColumns;
   // Hopper scale O rows of 128 blocks or more, a whole tile's width of the wide tiles.
   const bool wide = g.hopper_scale.cols_pad / 2 >= HopperScaleColumnsSwizzleTile<2>::kTileBlocks;
   switch (g.op) {
     case Op::kHopperSwizzle:
+      if (!mma_known) return false;
       if (along) {
         mma2 ? fn.template operator()<HopperMxAlongPackingTile<Op::kHopperSwizzle, 2>>()
              : fn.template operator()<HopperMxAlongPackingTile<Op::kHopperSwizzle, 3>>();
@@ -37,6 +43,7 @@ bool DispatchTile(const Geometry& g, Fn&& fn) {
       }
       return true;
     case Op::kHopperUnswizzle:
+      if (!mma_known) return false;
       if (along) {
         mma2 ? fn.template operator()<HopperMxAlongPackingTile<Op::kHopperUnswizzle, 2>>()
              : fn.template operator()<HopperMxAlongPackingTile<Op::kHopperUnswizzle, 3>>();
@@ -81,6 +88,18 @@ bool DispatchTile(const Geometry& g, Fn&& fn) {
       return true;
   }
   return false;
+}
+
+// The engines' error for a geometry DispatchTile refused. MakePlan admits none, so this
+// names what a plan made some other way got wrong.
+inline absl::Status UnsupportedGeometry(const Geometry& g) {
+  if ((g.op == Op::kHopperSwizzle || g.op == Op::kHopperUnswizzle) && g.mma_version != 2 &&
+      g.mma_version != 3) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "hopper_value: no tiles for mma_version %d; mma_version must be 2 or 3", g.mma_version));
+  }
+  return absl::InvalidArgumentError(absl::StrFormat(
+      "conversion op %d is outside the engines' supported set", static_cast<int>(g.op)));
 }
 
 }  // namespace wprep::tiles

@@ -4,11 +4,12 @@
 
 #include <cstring>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "golden.h"
+#include "layout_math.h"
 #include "wprep/kernels/cpu_engine.h"
-#include "wprep/kernels/layout_math.h"
 #include "wprep/kernels/plan.h"
 
 namespace wprep {
@@ -333,6 +334,17 @@ TEST(CpuEngine, RejectsShortBuffersAndOverlap) {
   EXPECT_EQ(ConvertOnCpu(plan, both.data(), plan.input_bytes, both.data() + 16, plan.output_bytes)
                 .code(),
             absl::StatusCode::kInvalidArgument);
+}
+
+// A plan assembled by hand carries no engine geometry: refused with a status, never run.
+TEST(CpuEngine, RejectsPlansNotMadeByMakePlan) {
+  ConversionSpec spec;
+  Plan plan = MustPlan(spec, {256, 256});
+  plan.geometry = nullptr;
+  std::vector<uint8_t> in(plan.input_bytes), out(plan.output_bytes);
+  const absl::Status s = ConvertOnCpu(plan, in.data(), in.size(), out.data(), out.size());
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(std::string(s.message()).find("MakePlan"), std::string::npos) << s;
 }
 
 TEST(CpuEngine, EmptyTensorsSucceedWithoutTouchingBuffers) {

@@ -10,9 +10,9 @@
 #include <vector>
 
 #include "golden.h"
+#include "layout_math.h"
 #include "reference.h"
 #include "wprep/kernels/cpu_engine.h"
-#include "wprep/kernels/layout_math.h"
 #include "wprep/kernels/plan.h"
 
 namespace wprep {

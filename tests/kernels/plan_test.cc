@@ -325,22 +325,6 @@ TEST(KernelVariants, EveryVariantPlansAtTheWarmUpShape) {
   EXPECT_EQ(kinds.size(), 11u);  // 5 layouts x swizzle/unswizzle, plus retile
 }
 
-TEST(KernelVariants, ReachBothHopperScaleTilesEachWay) {
-  std::set<std::pair<Op, ScaleAccess>> reached;
-  for (const ConversionSpec& s : KernelVariantSpecs()) {
-    auto plan = MakePlan(s, {2, 256, 256});
-    ASSERT_TRUE(plan.ok());
-    const Geometry& g = plan->geometry;
-    if (g.op == Op::kHopperScaleSwizzle || g.op == Op::kHopperScaleUnswizzle) {
-      reached.emplace(g.op, g.scale_access);
-    }
-  }
-  for (Op op : {Op::kHopperScaleSwizzle, Op::kHopperScaleUnswizzle}) {
-    EXPECT_TRUE(reached.count({op, ScaleAccess::kRows})) << static_cast<int>(op);
-    EXPECT_TRUE(reached.count({op, ScaleAccess::kColumns})) << static_cast<int>(op);
-  }
-}
-
 // Issue 26: logical_shape [65536, 2^32] with blackwell_shuffled_value, block_n 4 (block_k
 // at its default) divided by a 32-bit zero (SIGFPE) inside MakePlan. Every layout and
 // direction, block sizes 1, 2, 4 and the default, ranks 2 to 5, a dim of 2^31, 2^32,

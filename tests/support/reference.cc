@@ -3,7 +3,7 @@
 #include <cstdio>
 #include <cstdlib>
 
-#include "wprep/kernels/layout_math.h"
+#include "layout_math.h"
 
 namespace wprep::testing {
 namespace {

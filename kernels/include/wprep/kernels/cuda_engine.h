@@ -19,6 +19,14 @@ using CudaStream = CUstream_st*;  // same type as cudaStream_t; nullptr = legacy
 // True when this build contains the CUDA kernels.
 bool CudaCompiledIn();
 
+// Conversion launches so far in this process that ran below the occupancy their kernel
+// was built for: the device admits fewer resident blocks per multiprocessor than the
+// kernel's launch bounds name (shared memory or registers short), or the occupancy query
+// failed and the launch fell back to fewer blocks. The output is the same; only speed
+// suffers. The first such launch of each kernel on a device also writes one warning line
+// to stderr. 0 in a build without CUDA.
+uint64_t CudaReducedOccupancyLaunches();
+
 // Number of usable CUDA devices (0 without a driver, a device, or CUDA in the build).
 int CudaDeviceCount();
 

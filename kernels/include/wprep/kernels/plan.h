@@ -1,18 +1,23 @@
 // The planner: validates a conversion before any memory is touched (CUTLASS's
-// can_implement) and describes its input and output.
+// can_implement) and describes its input and output: shapes, strides, byte counts and
+// the spec that names the layout. How the engines tile the work is private to them.
 #ifndef WPREP_KERNELS_PLAN_H_
 #define WPREP_KERNELS_PLAN_H_
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
-#include "wprep/kernels/layout_math.h"
 #include "wprep/spec/spec.h"
 
 namespace wprep {
+
+// The engines' description of a planned conversion (tilings, divisors, access paths).
+// Defined in the engine library's private headers; callers never need it.
+struct Geometry;
 
 // How the caller's input buffer holds the input tensor. Shapes and strides are those of
 // the input's storage form, in elements of one byte: for a value swizzle the canonical
@@ -56,7 +61,9 @@ struct Plan {
   std::vector<int64_t> output_strides;
   uint64_t output_bytes = 0;
 
-  Geometry geometry;  // what the engines consume
+  // What the engines run; set by MakePlan and shared by the plan's copies. A plan that
+  // MakePlan did not make has none, and the engines refuse it unless it is empty.
+  std::shared_ptr<const Geometry> geometry;
 
   bool empty() const { return output_bytes == 0; }
 };

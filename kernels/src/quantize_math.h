@@ -1,12 +1,12 @@
 // Per-group MXFP4 quantization math (docs/LAYOUTS.md, "Quantization to MXFP4"), written once
 // for host and device so the CPU and CUDA engines cannot drift apart.
-#ifndef WPREP_KERNELS_QUANTIZE_MATH_H_
-#define WPREP_KERNELS_QUANTIZE_MATH_H_
+#ifndef WPREP_KERNELS_SRC_QUANTIZE_MATH_H_
+#define WPREP_KERNELS_SRC_QUANTIZE_MATH_H_
 
 #include <cstdint>
 #include <cstring>
 
-#include "wprep/kernels/layout_math.h"
+#include "layout_math.h"
 
 namespace wprep {
 namespace qmath {
@@ -92,4 +92,4 @@ WPREP_HD uint32_t EncodeE2m1(float q) {
 }  // namespace qmath
 }  // namespace wprep
 
-#endif  // WPREP_KERNELS_QUANTIZE_MATH_H_
+#endif  // WPREP_KERNELS_SRC_QUANTIZE_MATH_H_

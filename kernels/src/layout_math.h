@@ -5,8 +5,8 @@
 // Conventions: "canonical" is MXFP4 storage [..., D0, D1/2] (two FP4 codes per byte,
 // even column in the low nibble). Hopper's Q matrix, placement and bit interleave follow
 // LAYOUTS.md steps 1-4; Blackwell storage is [E, ntk, ntn, tile_n, tile_k] bytes.
-#ifndef WPREP_KERNELS_LAYOUT_MATH_H_
-#define WPREP_KERNELS_LAYOUT_MATH_H_
+#ifndef WPREP_KERNELS_SRC_LAYOUT_MATH_H_
+#define WPREP_KERNELS_SRC_LAYOUT_MATH_H_
 
 #include <cstdint>
 
@@ -29,11 +29,22 @@ namespace wprep {
 // Most dims a tensor may have (leading dims included).
 inline constexpr int kMaxRank = 8;
 
-// CUDA threads per tile (kernels/src/tiles.h).
+// CUDA threads per tile (tiles.h).
 inline constexpr int kTileThreads = 256;
 
 WPREP_HD constexpr int64_t RoundUp(int64_t x, int64_t a) { return (x + a - 1) / a * a; }
 WPREP_HD constexpr int64_t CeilDiv(int64_t x, int64_t a) { return (x + a - 1) / a; }
+
+// Greatest common divisor, >= 0, as std::gcd (Gcd(0, b) = |b|): the one the planner's
+// alignments, the tilings and the engines' access choice all use. Host and device.
+WPREP_HD constexpr int64_t Gcd(int64_t a, int64_t b) {
+  while (b != 0) {
+    const int64_t t = a % b;
+    a = b;
+    b = t;
+  }
+  return a < 0 ? -a : a;
+}
 
 // ---------------------------------------------------------------------------------------
 // Nibbles.
@@ -357,7 +368,7 @@ WPREP_HD void HopperUnpackBlock(const uint32_t* in, uint32_t* q0, uint32_t* q1) 
 // Eight O words from eight canonical words. O word (t0, s0) -> out[2*t0 + s0] takes
 // nibble s0 of byte t0 of every input word: of x[0..3] for (lo b2, lo b3, hi b2, hi b3)
 // and of y[0..3] for (lo b1, lo b0, hi b1, hi b0). Which canonical rows and columns those
-// are depends on mma_version (HopperMxAcrossPackingTile in kernels/src/fast_tiles.h).
+// are depends on mma_version (HopperMxAcrossPackingTile in fast_tiles.h).
 WPREP_HD void HopperInterleaveCanonical(const uint32_t* x, const uint32_t* y, uint32_t* out) {
   uint32_t e[4], o[4];
   WPREP_UNROLL
@@ -427,14 +438,6 @@ struct BlackwellTiling {
   FastDivisor div_k, div_n;  // by tile_k and tile_n
 };
 
-WPREP_HD constexpr int64_t Gcd(int64_t a, int64_t b) {
-  while (b != 0) {
-    const int64_t t = a % b;
-    a = b;
-    b = t;
-  }
-  return a;
-}
 
 // kp = K/2 bytes, n = N values.
 WPREP_HD BlackwellTiling MakeBlackwellTiling(int64_t block_k, int64_t block_n, int64_t kp,
@@ -675,4 +678,4 @@ struct Geometry {
 
 }  // namespace wprep
 
-#endif  // WPREP_KERNELS_LAYOUT_MATH_H_
+#endif  // WPREP_KERNELS_SRC_LAYOUT_MATH_H_

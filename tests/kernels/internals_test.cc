@@ -1,0 +1,136 @@
+// The engine's internals behind the public plan (kernels/src, on this test's include path
+// only): the geometry MakePlan builds, the tile dispatch, the one Gcd, and the occupancy
+// decision of the CUDA engine.
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "layout_math.h"
+#include "occupancy.h"
+#include "tiles.h"
+#include "wprep/kernels/cpu_engine.h"
+#include "wprep/kernels/plan.h"
+
+namespace wprep {
+namespace {
+
+ConversionSpec Hopper(int mx_axis, int mma, Direction d) {
+  ConversionSpec s;
+  s.layout = Layout::kHopperValue;
+  s.direction = d;
+  s.hopper = {mx_axis, mma};
+  return s;
+}
+
+TEST(KernelVariants, ReachBothHopperScaleTilesEachWay) {
+  std::set<std::pair<Op, ScaleAccess>> reached;
+  for (const ConversionSpec& s : KernelVariantSpecs()) {
+    auto plan = MakePlan(s, {2, 256, 256});
+    ASSERT_TRUE(plan.ok());
+    ASSERT_NE(plan->geometry, nullptr);
+    const Geometry& g = *plan->geometry;
+    if (g.op == Op::kHopperScaleSwizzle || g.op == Op::kHopperScaleUnswizzle) {
+      reached.emplace(g.op, g.scale_access);
+    }
+  }
+  for (Op op : {Op::kHopperScaleSwizzle, Op::kHopperScaleUnswizzle}) {
+    EXPECT_TRUE(reached.count({op, ScaleAccess::kRows})) << static_cast<int>(op);
+    EXPECT_TRUE(reached.count({op, ScaleAccess::kColumns})) << static_cast<int>(op);
+  }
+}
+
+// Every copy of a plan runs the same geometry, and MakePlan's plans always carry one.
+TEST(PlanGeometry, SharedByCopies) {
+  auto plan = MakePlan(Hopper(-1, 2, Direction::kSwizzle), {2, 256, 256});
+  ASSERT_TRUE(plan.ok());
+  ASSERT_NE(plan->geometry, nullptr);
+  const Plan copy = *plan;
+  EXPECT_EQ(copy.geometry.get(), plan->geometry.get());
+  EXPECT_EQ(copy.geometry->mma_version, 2);
+  EXPECT_EQ(copy.geometry->num_matrices, 2);
+}
+
+// The Hopper tiles exist for mma versions 2 and 3. A geometry naming any other version
+// must reach no tile and fail with a message naming the version; the dispatch once sent
+// every version but 2 to the mma 3 tiles, and the conversion "succeeded".
+TEST(TileDispatch, RefusesUnknownMmaVersions) {
+  for (Direction d : {Direction::kSwizzle, Direction::kUnswizzle}) {
+    for (int mx : {-1, -2}) {
+      auto plan = MakePlan(Hopper(mx, 3, d), {2, 256, 256});
+      ASSERT_TRUE(plan.ok()) << plan.status();
+      std::vector<uint8_t> in(plan->input_bytes, 0x5A), out(plan->output_bytes);
+      for (int version : {-1, 0, 1, 4, 100}) {
+        Geometry g = *plan->geometry;
+        g.mma_version = version;
+        bool reached = false;
+        EXPECT_FALSE(tiles::DispatchTile(g, [&]<class T>() { reached = true; }))
+            << "mma_version " << version;
+        EXPECT_FALSE(reached) << "mma_version " << version;
+
+        Plan bad = *plan;
+        bad.geometry = std::make_shared<const Geometry>(g);
+        const absl::Status s = ConvertOnCpu(bad, in.data(), in.size(), out.data(), out.size());
+        EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+        EXPECT_NE(std::string(s.message()).find("no tiles for mma_version " + std::to_string(version)),
+                  std::string::npos)
+            << s;
+      }
+      for (int version : {2, 3}) {
+        Geometry g = *plan->geometry;
+        g.mma_version = version;
+        bool reached = false;
+        EXPECT_TRUE(tiles::DispatchTile(g, [&]<class T>() { reached = true; }));
+        EXPECT_TRUE(reached);
+      }
+    }
+  }
+}
+
+// The one Gcd of the engine (planner alignments, tilings, access choice): std::gcd's
+// results, at compile time too.
+TEST(Gcd, MatchesStdGcd) {
+  static_assert(Gcd(128, 48) == 16);
+  static_assert(Gcd(0, 0) == 0);
+  EXPECT_EQ(Gcd(0, 64), 64);
+  EXPECT_EQ(Gcd(64, 0), 64);
+  EXPECT_EQ(Gcd(-12, 18), 6);
+  EXPECT_EQ(Gcd(12, -18), 6);
+  EXPECT_EQ(Gcd(1, int64_t{1} << 40), 1);
+  EXPECT_EQ(Gcd(int64_t{3} << 40, int64_t{6} << 20), int64_t{3} << 21);
+}
+
+TEST(Occupancy, FullWhenEveryMultiprocessorHoldsWhatTheKernelWants) {
+  const Residency r = MakeResidency(132, 3, 3);
+  EXPECT_TRUE(r.full());
+  EXPECT_EQ(r.blocks, 396);
+  EXPECT_TRUE(MakeResidency(132, 4, 3).full());
+}
+
+TEST(Occupancy, FewerBlocksPerMultiprocessorIsReported) {
+  const Residency r = MakeResidency(132, 1, 3);
+  EXPECT_FALSE(r.full());
+  EXPECT_EQ(r.blocks, 132);  // the launch still runs, on what fits
+  const std::string w = ResidencyWarning(r, "K", 0);
+  EXPECT_NE(w.find("admits 1 resident blocks per multiprocessor, not 3"), std::string::npos) << w;
+}
+
+// A failed query once left a launch on one block without a word.
+TEST(Occupancy, FailedQueriesAreReported) {
+  const Residency no_sms = MakeResidency(0, 0, 2);
+  EXPECT_FALSE(no_sms.full());
+  EXPECT_EQ(no_sms.blocks, 1);
+  EXPECT_NE(ResidencyWarning(no_sms, "K", 1).find("multiprocessor count query failed"),
+            std::string::npos);
+  const Residency no_occupancy = MakeResidency(132, 0, 2);
+  EXPECT_FALSE(no_occupancy.full());
+  EXPECT_EQ(no_occupancy.blocks, 132);
+  EXPECT_NE(ResidencyWarning(no_occupancy, "K", 1).find("occupancy query failed"),
+            std::string::npos);
+}
+
+}  // namespace
+}  // namespace wprep
