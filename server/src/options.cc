@@ -8,7 +8,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
-#include "listener.h"
+#include "net/listener.h"
 
 namespace wprep::server {
 namespace {
