@@ -29,6 +29,7 @@
 #include "net/listener.h"
 #include "device/device_runtime.h"
 #include "exec/executor.h"
+#include "exec/kernel_warmup.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/grpcpp.h"
 #include "device/ipc_cache.h"
@@ -297,7 +298,7 @@ absl::Status Daemon::WarmUp() {
             absl::StrCat("enabled=", map.enabled() ? "true" : "false", " detail=", LogQuote(map.description())));
     p.ipc->SetOwnerMap(std::move(map));
   });
-  absl::Status kernels = p.devices->WarmUp();
+  absl::Status kernels = p.devices->WarmUp(WarmUpKernels);
   calibrate.join();
   WPREP_RETURN_IF_ERROR(kernels);
   if (p.Stopping()) return absl::CancelledError("stopped during the warm-up");

@@ -9,7 +9,6 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
-#include "device/device_run.h"
 #include "net/log.h"
 #include "wprep/server/options.h"
 #include "wprep/spec/status_macros.h"
@@ -233,12 +232,12 @@ Gpu* DeviceManager::LeastLoaded() {
   return best;
 }
 
-absl::Status DeviceManager::WarmUp() {
+absl::Status DeviceManager::WarmUp(WarmOne warm_one) {
   // Every GPU warms at once, each on its own thread.
   WPREP_RETURN_IF_ERROR(OnEachAtOnce(gpus_.size(), [&](size_t i) -> absl::Status {
     Gpu& g = *gpus_[i];
     const absl::Time start = absl::Now();
-    WPREP_ASSIGN_OR_RETURN(int variants, WarmUpKernels(g, pinned_));
+    WPREP_ASSIGN_OR_RETURN(int variants, warm_one(g, pinned_));
     g.set_warm(true);
     LogLine(LogLevel::kInfo, "gpu_warm",
             absl::StrCat("uuid=", FormatUuid(g.info().uuid), " variants=", variants,

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
@@ -107,9 +108,11 @@ class DeviceManager {
                                                                DeviceRuntime* runtime,
                                                                Metrics* metrics);
 
-  // Runs every kernel variant once per GPU on a small tensor and compares it byte for
-  // byte with the CPU engine; marks each GPU warm. Call before reporting SERVING.
-  absl::Status WarmUp();
+  // Runs `warm_one` (the kernel warm-up, exec/kernel_warmup.h: every kernel variant
+  // against the CPU engine; it returns the number of variants) on every GPU at once and
+  // marks each GPU warm. Call before reporting SERVING.
+  using WarmOne = absl::FunctionRef<absl::StatusOr<int>(Gpu& gpu, PinnedHostPool& pinned)>;
+  absl::Status WarmUp(WarmOne warm_one);
 
   size_t num_gpus() const { return gpus_.size(); }
   Gpu& gpu(size_t i) { return *gpus_[i]; }

@@ -104,11 +104,6 @@ class DeviceRun {
   std::vector<std::unique_ptr<DeviceTimer>> enqueued_;  // timers of Enqueue's launches
 };
 
-// Runs every kernel variant of the engine (KernelVariantSpecs) once on `gpu` through a
-// DeviceRun and checks each byte for byte against the CPU engine. Returns the number of
-// variants.
-absl::StatusOr<int> WarmUpKernels(Gpu& gpu, PinnedHostPool& pinned);
-
 }  // namespace wprep::server
 
 #endif  // WPREP_SERVER_SRC_DEVICE_RUN_H_

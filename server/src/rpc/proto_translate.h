@@ -13,7 +13,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "device/device_runtime.h"
-#include "exec/executor.h"
+#include "exec/job.h"
 #include "exec/operand_error.h"
 #include "wprep/kernels/plan.h"
 #include "wprep/proto/spec_codec.h"
