@@ -18,6 +18,7 @@
 #include <cstring>
 #include <string>
 #include <vector>
+#include "wprep/config.h"
 
 #if WPREP_HAVE_CUDA
 #include <cuda.h>

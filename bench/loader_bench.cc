@@ -40,6 +40,7 @@
 #include "wprep/client/cuda_ipc.h"
 #include "wprep/kernels/cpu_engine.h"
 #include "wprep/kernels/plan.h"
+#include "wprep/config.h"
 
 #if WPREP_HAVE_CUDA
 #include <cuda_runtime.h>

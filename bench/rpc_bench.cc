@@ -31,6 +31,7 @@
 #include "wprep/client/client.h"
 #include "wprep/kernels/cuda_engine.h"
 #include "wprep/kernels/plan.h"
+#include "wprep/config.h"
 
 #if WPREP_HAVE_CUDA
 #include <cuda_runtime.h>

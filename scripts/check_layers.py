@@ -10,7 +10,11 @@ directly in server/src, and server/main.cc) is on top. Fails, naming each proble
   - server/src has an include cycle (a file and its header count as one unit, so
     a.cc -> b.h -> a.h is a cycle);
   - server/CMakeLists.txt links a layer's library to anything but the layer just below.
-Usage: check_layers.py [repository root]
+With --config (ctest: config_header), instead: fails on a C++ file of the project that tests
+WPREP_HAVE_CUDA without including "wprep/config.h" (where it is always defined, to 0 or
+1; a file without it would read 0 and silently build without CUDA), or tests it with
+#ifdef or defined().
+Usage: check_layers.py [--config] [repository root]
 """
 import os
 import re
@@ -120,8 +124,50 @@ def check_links(root):
     return problems
 
 
+CONFIG_MACROS = ["WPREP_HAVE_CUDA"]
+CONFIG_FOLDERS = ["spec", "kernels", "proto", "server", "client", "tests", "bench"]
+
+
+def check_config(root):
+    problems = []
+    count = 0
+    for folder in CONFIG_FOLDERS:
+        for dirpath, _, names in os.walk(os.path.join(root, folder)):
+            for name in sorted(names):
+                if not name.endswith((".h", ".cc", ".cu", ".cuh")):
+                    continue
+                path = os.path.join(dirpath, name)
+                rel = os.path.relpath(path, root)
+                with open(path, encoding="utf-8", errors="replace") as f:
+                    text = f.read()
+                for macro in CONFIG_MACROS:
+                    tests = re.findall(r"^\s*#\s*(?:if|ifdef|ifndef|elif)\b[^\n]*\b" + macro + r"\b[^\n]*",
+                                       text, re.M)
+                    if not tests:
+                        continue
+                    count += 1
+                    if '#include "wprep/config.h"' not in text:
+                        problems.append(f"{rel}: tests {macro} without #include \"wprep/config.h\"")
+                    for line in tests:
+                        if re.search(r"#\s*if(n)?def\b|defined\s*\(?\s*" + macro, line):
+                            problems.append(f"{rel}: '{line.strip()}': test it with #if (always 0 or 1)")
+    return problems, count
+
+
 def main():
-    root = sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(__file__), "..")
+    args = sys.argv[1:]
+    config = "--config" in args
+    args = [a for a in args if a != "--config"]
+    root = args[0] if args else os.path.join(os.path.dirname(__file__), "..")
+    if config:
+        problems, count = check_config(root)
+        for p in problems:
+            print(p)
+        if problems:
+            print(f"check_layers --config: {len(problems)} problem(s)")
+            return 1
+        print(f"check_layers --config: {count} files test the build's configuration, each through wprep/config.h")
+        return 0
     files = server_files(root)
     if not any(layer_of(rel) == "net" for rel in files):
         print("check_layers: no server/src/net; wrong root?")

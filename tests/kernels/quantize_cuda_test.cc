@@ -9,7 +9,8 @@
 #include <vector>
 
 #include "gtest/gtest.h"
-#if defined(WPREP_HAVE_CUDA)
+#include "wprep/config.h"
+#if WPREP_HAVE_CUDA
 #include <cuda_runtime.h>
 #endif
 #include "nlohmann/json.hpp"
@@ -130,7 +131,7 @@ TEST(QuantizeCuda, RefusesHostPointers) {
   EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
 }
 
-#if defined(WPREP_HAVE_CUDA)
+#if WPREP_HAVE_CUDA
 // The fused Blackwell pair on the GPU equals the CPU's (which the CPU test holds to
 // quantize-then-swizzle), on random [E, N, K] with the special values.
 TEST(QuantizeCuda, BlackwellFusedEqualsTheCpu) {

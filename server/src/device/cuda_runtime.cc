@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "device/device_runtime.h"
 #include "wprep/kernels/cuda_engine.h"
+#include "wprep/config.h"
 
 #if WPREP_HAVE_CUDA
 #include <cuda.h>  // types only
