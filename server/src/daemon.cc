@@ -115,6 +115,7 @@ absl::Status WritePortFile(const std::string& path, const std::string& text) {
 // reverse, so each part outlives those that borrow it.
 struct DaemonParts {
   Options options;
+  DaemonHooks hooks;
   DeviceRuntime* runtime = nullptr;
   absl::Time start;
   std::unique_ptr<Metrics> metrics;
@@ -161,9 +162,11 @@ struct DaemonParts {
 Daemon::Daemon(std::unique_ptr<DaemonParts> parts) : parts_(std::move(parts)) {}
 Daemon::~Daemon() = default;
 
-absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const Options& options, DeviceRuntime* runtime) {
+absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const Options& options, DeviceRuntime* runtime,
+                                                      const DaemonHooks& hooks) {
   auto p = std::make_unique<DaemonParts>();
   p->options = options;
+  p->hooks = hooks;
   p->runtime = runtime;
   p->start = absl::Now();
   // Addresses first: a daemon that cannot listen fails before it touches a GPU.
@@ -280,7 +283,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const Options& options, De
 
 absl::Status Daemon::WarmUp() {
   DaemonParts& p = *parts_;
-  const std::string& gate = p.options.warmup_gate_file;
+  const std::string& gate = p.hooks.warmup_gate_file;
   while (!gate.empty() && access(gate.c_str(), F_OK) != 0) {
     absl::MutexLock lock(&p.mu);
     if (p.mu.AwaitWithTimeout(absl::Condition(&p.stop), absl::Milliseconds(10))) {
@@ -434,7 +437,7 @@ class ShutdownSignalWaiter {
 
 }  // namespace
 
-int RunDaemon(const Options& options) {
+int RunDaemon(const Options& options, const DaemonHooks& hooks) {
   // No request path may reach std::terminate; should one ever, it leaves a trace.
   std::set_terminate([] {
     std::string what = "no exception";
@@ -455,7 +458,7 @@ int RunDaemon(const Options& options) {
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);  // inherited by every thread created below
   signal(SIGPIPE, SIG_IGN);
 
-  absl::StatusOr<std::unique_ptr<Daemon>> daemon = Daemon::Start(options, &CudaRuntime());
+  absl::StatusOr<std::unique_ptr<Daemon>> daemon = Daemon::Start(options, &CudaRuntime(), hooks);
   if (!daemon.ok()) {
     LogLine(LogLevel::kError, "start_failed", absl::StrCat("error=", LogQuote(daemon.status().message())));
     return 1;
@@ -479,6 +482,24 @@ int RunDaemon(const Options& options) {
   return rc;
 }
 
+absl::Status TakeDaemonHooks(std::vector<std::string>& args, DaemonHooks* hooks) {
+  constexpr absl::string_view kGate = "--testing-warmup-gate";
+  std::vector<std::string> rest;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    if (absl::StartsWith(a, absl::StrCat(kGate, "="))) {
+      hooks->warmup_gate_file = a.substr(kGate.size() + 1);
+    } else if (a == kGate) {
+      if (i + 1 >= args.size()) return absl::InvalidArgumentError(absl::StrCat("flag ", kGate, " needs a value"));
+      hooks->warmup_gate_file = args[++i];
+    } else {
+      rest.push_back(a);
+    }
+  }
+  args = std::move(rest);
+  return absl::OkStatus();
+}
+
 int WprepdMain(const std::vector<std::string>& args) {
   // Internal: the daemon runs itself in this mode once at start (see ipc_owner.h).
   constexpr absl::string_view kExportFlag = "--export-ipc-handles=";
@@ -497,12 +518,15 @@ int WprepdMain(const std::vector<std::string>& args) {
       return 0;
     }
   }
-  absl::StatusOr<Options> options = ParseOptions(args);
+  std::vector<std::string> flags = args;
+  DaemonHooks hooks;
+  const absl::Status hooked = TakeDaemonHooks(flags, &hooks);
+  absl::StatusOr<Options> options = hooked.ok() ? ParseOptions(flags) : absl::StatusOr<Options>(hooked);
   if (!options.ok()) {
     std::fprintf(stderr, "wprepd: %s\n", std::string(options.status().message()).c_str());
     return 2;
   }
-  return RunDaemon(*options);
+  return RunDaemon(*options, hooks);
 }
 
 }  // namespace wprep::server

@@ -173,7 +173,6 @@ absl::StatusOr<Options> ParseOptions(const std::vector<std::string>& args) {
        }},
       {"ipc-idle-expiry", [&](const std::string& v) { return ParseDuration("ipc-idle-expiry", v, &o.ipc_idle_expiry); }},
       {"port-file", [&](const std::string& v) { o.port_file = v; return absl::OkStatus(); }},
-      {"testing-warmup-gate", [&](const std::string& v) { o.warmup_gate_file = v; return absl::OkStatus(); }},
   };
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];

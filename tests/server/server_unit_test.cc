@@ -19,6 +19,7 @@
 #include "exec/ready_words.h"
 #include "rpc/service.h"
 #include "device/ipc_owner.h"
+#include "wprep/server/daemon.h"
 #include "wprep/server/options.h"
 #include "rpc/rpc_warmup.h"
 #include "rpc/status.h"
@@ -209,6 +210,21 @@ TEST(Options, KeepCpusAwakeIsOffUnlessAsked) {
   EXPECT_EQ(o->keep_cpus_awake, absl::Milliseconds(50));
   EXPECT_FALSE(ParseOptions({"--keep-cpus-awake=-1s"}).ok());
   EXPECT_FALSE(ParseOptions({"--keep-cpus-awake=soon"}).ok());
+}
+
+// The warm-up gate is a test hook, not an option: ParseOptions refuses it, and
+// TakeDaemonHooks takes it (either spelling) out of the flags it leaves to ParseOptions.
+TEST(Options, TheWarmupGateIsAHookNotAnOption) {
+  EXPECT_FALSE(ParseOptions({"--testing-warmup-gate=/tmp/gate"}).ok());
+  std::vector<std::string> args = {"--devices=cpu", "--testing-warmup-gate=/tmp/a", "--testing-warmup-gate",
+                                   "/tmp/b", "--cpu-threads=2"};
+  DaemonHooks hooks;
+  ASSERT_TRUE(TakeDaemonHooks(args, &hooks).ok());
+  EXPECT_EQ(hooks.warmup_gate_file, "/tmp/b");
+  EXPECT_EQ(args, (std::vector<std::string>{"--devices=cpu", "--cpu-threads=2"}));
+  EXPECT_TRUE(ParseOptions(args).ok());
+  std::vector<std::string> dangling = {"--testing-warmup-gate"};
+  EXPECT_FALSE(TakeDaemonHooks(dangling, &hooks).ok());
 }
 
 int AffinityCpus() {
