@@ -110,7 +110,7 @@ bench: build
 # wprepd's host RSS and device memory before, during and after 10,000 mixed requests
 # (CPU engine; ARGS go to wprep_memory_soak, e.g. ARGS="--requests=2000").
 soak-memory: build
-	$(BUILD)/tests/server/wprep_memory_soak $(ARGS) -- --devices=cpu
+	$(BUILD)/bench/wprep_memory_soak $(ARGS) -- --devices=cpu
 
 # Binaries + non-glibc shared libraries for the GPU machine (see scripts/gpu_bundle.sh).
 gpu-bundle: deps

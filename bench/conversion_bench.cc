@@ -23,8 +23,9 @@
 #include "wprep/kernels/cpu_engine.h"
 #include "wprep/kernels/cuda_engine.h"
 #include "wprep/kernels/plan.h"
+#include "wprep/config.h"
 
-#if defined(WPREP_HAVE_CUDA)
+#if WPREP_HAVE_CUDA
 #include <cuda_runtime.h>
 #endif
 
@@ -167,7 +168,7 @@ std::vector<uint8_t> RandomBytes(uint64_t n) {
   return v;
 }
 
-#if defined(WPREP_HAVE_CUDA)
+#if WPREP_HAVE_CUDA
 #define CHECK_CUDA(call)                                                                    \
   do {                                                                                      \
     cudaError_t bench_err_ = (call);                                                        \
@@ -294,7 +295,7 @@ int main(int argc, char** argv) {
   if (absl::GetFlag(FLAGS_moe)) return RunMoeBench();
   std::vector<Row> rows;
   if (absl::GetFlag(FLAGS_gpu)) {
-#if defined(WPREP_HAVE_CUDA)
+#if WPREP_HAVE_CUDA
     if (CudaDeviceCount() > 0) {
       cudaDeviceProp prop{};
       cudaGetDeviceProperties(&prop, 0);

@@ -12,8 +12,9 @@
 #include "absl/flags/flag.h"
 #include "wprep/kernels/cuda_engine.h"
 #include "wprep/kernels/moe.h"
+#include "wprep/config.h"
 
-#if defined(WPREP_HAVE_CUDA)
+#if WPREP_HAVE_CUDA
 #include <cuda_runtime.h>
 #endif
 
@@ -25,7 +26,7 @@ namespace wprep {
 
 int RunMoeBench();
 
-#if defined(WPREP_HAVE_CUDA)
+#if WPREP_HAVE_CUDA
 namespace {
 
 struct MoeCase {

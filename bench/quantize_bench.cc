@@ -10,8 +10,9 @@
 #include <vector>
 
 #include "wprep/kernels/quantize.h"
+#include "wprep/config.h"
 
-#if defined(WPREP_HAVE_CUDA)
+#if WPREP_HAVE_CUDA
 #include <cuda_runtime.h>
 
 namespace {

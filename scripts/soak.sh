@@ -26,5 +26,5 @@ daemon_flags=()
 if [[ "$DEVICES" == cpu ]]; then daemon_flags+=(--devices=cpu); fi
 echo "soak: $(date -u +%Y-%m-%dT%H:%MZ), $(git rev-parse --short HEAD 2>/dev/null || echo '?'), $(nproc) cores," \
      "$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//'), $(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo)"
-exec "$BUILD/tests/server/wprep_memory_soak" --requests="$REQUESTS" --clients="$CLIENTS" --threads="$CLIENTS" "$@" \
+exec "$BUILD/bench/wprep_memory_soak" --requests="$REQUESTS" --clients="$CLIENTS" --threads="$CLIENTS" "$@" \
   -- "${daemon_flags[@]}"

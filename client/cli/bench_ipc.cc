@@ -1,6 +1,7 @@
 #include "bench_ipc.h"
 
 #include "absl/strings/str_cat.h"
+#include "wprep/config.h"
 
 #if WPREP_HAVE_CUDA
 #include <cuda_runtime.h>

@@ -19,26 +19,27 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
-#include "admission.h"
-#include "device_manager.h"
+#include "exec/admission.h"
+#include "device/device_manager.h"
 #include "grpcpp/server_posix.h"
-#include "health.h"
-#include "reflection_v1.h"
-#include "idle_spinners.h"
-#include "host_budget.h"
-#include "listener.h"
-#include "device_runtime.h"
-#include "executor.h"
+#include "rpc/health.h"
+#include "rpc/reflection_v1.h"
+#include "net/idle_spinners.h"
+#include "rpc/host_budget.h"
+#include "net/listener.h"
+#include "device/device_runtime.h"
+#include "exec/executor.h"
+#include "exec/kernel_warmup.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/grpcpp.h"
-#include "ipc_cache.h"
-#include "ipc_owner.h"
-#include "log.h"
-#include "metrics.h"
-#include "rpc_warmup.h"
-#include "service.h"
-#include "stream_pipeline.h"
-#include "tls_terminator.h"
+#include "device/ipc_cache.h"
+#include "device/ipc_owner.h"
+#include "net/log.h"
+#include "net/metrics.h"
+#include "rpc/rpc_warmup.h"
+#include "rpc/service.h"
+#include "rpc/stream_pipeline.h"
+#include "net/tls_terminator.h"
 #include "wprep/spec/status_macros.h"
 
 namespace wprep::server {
@@ -114,6 +115,7 @@ absl::Status WritePortFile(const std::string& path, const std::string& text) {
 // reverse, so each part outlives those that borrow it.
 struct DaemonParts {
   Options options;
+  DaemonHooks hooks;
   DeviceRuntime* runtime = nullptr;
   absl::Time start;
   std::unique_ptr<Metrics> metrics;
@@ -160,9 +162,11 @@ struct DaemonParts {
 Daemon::Daemon(std::unique_ptr<DaemonParts> parts) : parts_(std::move(parts)) {}
 Daemon::~Daemon() = default;
 
-absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const Options& options, DeviceRuntime* runtime) {
+absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const Options& options, DeviceRuntime* runtime,
+                                                      const DaemonHooks& hooks) {
   auto p = std::make_unique<DaemonParts>();
   p->options = options;
+  p->hooks = hooks;
   p->runtime = runtime;
   p->start = absl::Now();
   // Addresses first: a daemon that cannot listen fails before it touches a GPU.
@@ -279,7 +283,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const Options& options, De
 
 absl::Status Daemon::WarmUp() {
   DaemonParts& p = *parts_;
-  const std::string& gate = p.options.warmup_gate_file;
+  const std::string& gate = p.hooks.warmup_gate_file;
   while (!gate.empty() && access(gate.c_str(), F_OK) != 0) {
     absl::MutexLock lock(&p.mu);
     if (p.mu.AwaitWithTimeout(absl::Condition(&p.stop), absl::Milliseconds(10))) {
@@ -297,7 +301,7 @@ absl::Status Daemon::WarmUp() {
             absl::StrCat("enabled=", map.enabled() ? "true" : "false", " detail=", LogQuote(map.description())));
     p.ipc->SetOwnerMap(std::move(map));
   });
-  absl::Status kernels = p.devices->WarmUp();
+  absl::Status kernels = p.devices->WarmUp(WarmUpKernels);
   calibrate.join();
   WPREP_RETURN_IF_ERROR(kernels);
   if (p.Stopping()) return absl::CancelledError("stopped during the warm-up");
@@ -433,7 +437,7 @@ class ShutdownSignalWaiter {
 
 }  // namespace
 
-int RunDaemon(const Options& options) {
+int RunDaemon(const Options& options, const DaemonHooks& hooks) {
   // No request path may reach std::terminate; should one ever, it leaves a trace.
   std::set_terminate([] {
     std::string what = "no exception";
@@ -454,7 +458,7 @@ int RunDaemon(const Options& options) {
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);  // inherited by every thread created below
   signal(SIGPIPE, SIG_IGN);
 
-  absl::StatusOr<std::unique_ptr<Daemon>> daemon = Daemon::Start(options, &CudaRuntime());
+  absl::StatusOr<std::unique_ptr<Daemon>> daemon = Daemon::Start(options, &CudaRuntime(), hooks);
   if (!daemon.ok()) {
     LogLine(LogLevel::kError, "start_failed", absl::StrCat("error=", LogQuote(daemon.status().message())));
     return 1;
@@ -478,6 +482,24 @@ int RunDaemon(const Options& options) {
   return rc;
 }
 
+absl::Status TakeDaemonHooks(std::vector<std::string>& args, DaemonHooks* hooks) {
+  constexpr absl::string_view kGate = "--testing-warmup-gate";
+  std::vector<std::string> rest;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    if (absl::StartsWith(a, absl::StrCat(kGate, "="))) {
+      hooks->warmup_gate_file = a.substr(kGate.size() + 1);
+    } else if (a == kGate) {
+      if (i + 1 >= args.size()) return absl::InvalidArgumentError(absl::StrCat("flag ", kGate, " needs a value"));
+      hooks->warmup_gate_file = args[++i];
+    } else {
+      rest.push_back(a);
+    }
+  }
+  args = std::move(rest);
+  return absl::OkStatus();
+}
+
 int WprepdMain(const std::vector<std::string>& args) {
   // Internal: the daemon runs itself in this mode once at start (see ipc_owner.h).
   constexpr absl::string_view kExportFlag = "--export-ipc-handles=";
@@ -496,12 +518,15 @@ int WprepdMain(const std::vector<std::string>& args) {
       return 0;
     }
   }
-  absl::StatusOr<Options> options = ParseOptions(args);
+  std::vector<std::string> flags = args;
+  DaemonHooks hooks;
+  const absl::Status hooked = TakeDaemonHooks(flags, &hooks);
+  absl::StatusOr<Options> options = hooked.ok() ? ParseOptions(flags) : absl::StatusOr<Options>(hooked);
   if (!options.ok()) {
     std::fprintf(stderr, "wprepd: %s\n", std::string(options.status().message()).c_str());
     return 2;
   }
-  return RunDaemon(*options);
+  return RunDaemon(*options, hooks);
 }
 
 }  // namespace wprep::server

@@ -8,7 +8,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
-#include "listener.h"
+#include "net/listener.h"
 
 namespace wprep::server {
 namespace {
@@ -173,7 +173,6 @@ absl::StatusOr<Options> ParseOptions(const std::vector<std::string>& args) {
        }},
       {"ipc-idle-expiry", [&](const std::string& v) { return ParseDuration("ipc-idle-expiry", v, &o.ipc_idle_expiry); }},
       {"port-file", [&](const std::string& v) { o.port_file = v; return absl::OkStatus(); }},
-      {"testing-warmup-gate", [&](const std::string& v) { o.warmup_gate_file = v; return absl::OkStatus(); }},
   };
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];

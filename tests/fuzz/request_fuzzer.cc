@@ -20,7 +20,7 @@
 
 #include "fuzz_support.h"
 #include "proto_mutator.h"
-#include "proto_translate.h"
+#include "rpc/proto_translate.h"
 #include "wprep/proto/spec_codec.h"
 
 namespace {

@@ -38,9 +38,9 @@
 
 #include "fuzz_support.h"
 #include "proto_mutator.h"
-#include "proto_translate.h"
-#include "stream_converter.h"
-#include "stream_pipeline.h"
+#include "rpc/proto_translate.h"
+#include "exec/stream_converter.h"
+#include "rpc/stream_pipeline.h"
 #include "wprep/kernels/cpu_engine.h"
 #include "wprep/proto/spec_codec.h"
 

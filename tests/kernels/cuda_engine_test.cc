@@ -9,15 +9,16 @@
 #include "wprep/kernels/cpu_engine.h"
 #include "wprep/kernels/cuda_engine.h"
 #include "wprep/kernels/plan.h"
+#include "wprep/config.h"
 
-#if defined(WPREP_HAVE_CUDA)
+#if WPREP_HAVE_CUDA
 #include <cuda_runtime.h>
 #endif
 
 namespace wprep {
 namespace {
 
-#if !defined(WPREP_HAVE_CUDA)
+#if !WPREP_HAVE_CUDA
 
 TEST(Gpu, RequiresACudaBuild) { GTEST_SKIP() << "built without CUDA"; }
 

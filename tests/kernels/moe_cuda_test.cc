@@ -14,15 +14,16 @@
 #include "moe_golden.h"
 #include "wprep/kernels/cuda_engine.h"
 #include "wprep/kernels/moe.h"
+#include "wprep/config.h"
 
-#if defined(WPREP_HAVE_CUDA)
+#if WPREP_HAVE_CUDA
 #include <cuda_runtime.h>
 #endif
 
 namespace wprep {
 namespace {
 
-#if !defined(WPREP_HAVE_CUDA)
+#if !WPREP_HAVE_CUDA
 
 TEST(MoeGpu, RequiresACudaBuild) { GTEST_SKIP() << "built without CUDA"; }
 

@@ -8,7 +8,8 @@
 
 #include "golden.h"
 #include "gtest/gtest.h"
-#if defined(WPREP_HAVE_CUDA)
+#include "wprep/config.h"
+#if WPREP_HAVE_CUDA
 #include <cuda_runtime.h>
 #endif
 #include "nlohmann/json.hpp"
@@ -120,7 +121,7 @@ TEST(QuantizeCuda, RefusesHostPointers) {
   EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
 }
 
-#if defined(WPREP_HAVE_CUDA)
+#if WPREP_HAVE_CUDA
 // The fused Blackwell pair on the CPU and the GPU; the output buffers start as 0xAB so
 // that padding left unwritten shows.
 struct BlackwellPair {

@@ -17,7 +17,7 @@
 #include "daemon_harness.h"
 #include "golden_rpc.h"
 #include "gtest/gtest.h"
-#include "stream_converter.h"
+#include "exec/stream_converter.h"
 #include "wprep/client/client.h"
 #include "wprep/kernels/cpu_engine.h"
 #include "wprep/spec/checked_math.h"

@@ -14,7 +14,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
-#include "device_runtime.h"
+#include "device/device_runtime.h"
 
 namespace wprep::testing {
 

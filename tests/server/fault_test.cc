@@ -46,7 +46,7 @@
 #include "grpcpp/create_channel.h"
 #include "gtest/gtest.h"
 #include "shm_file.h"
-#include "stream_pipeline.h"
+#include "rpc/stream_pipeline.h"
 #include "wprep/client/client.h"
 #include "wprep/server/daemon.h"
 #include "wprep/server/options.h"

@@ -1,7 +1,7 @@
 // HostBudget's waiting queue, in this process: FIFO order (a large waiter is not passed by
 // later small ones), refusals (too large, queue full, --max-queue-wait, cancelled) and
 // their messages and metrics. The same over a real daemon: admission_test.cc.
-#include "host_budget.h"
+#include "rpc/host_budget.h"
 
 #include <atomic>
 #include <functional>
@@ -12,8 +12,8 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
-#include "metrics.h"
-#include "stream_pipeline.h"
+#include "net/metrics.h"
+#include "rpc/stream_pipeline.h"
 
 namespace wprep::server {
 namespace {

@@ -7,8 +7,8 @@
 #include "absl/time/clock.h"
 #include "fake_runtime.h"
 #include "gtest/gtest.h"
-#include "ipc_cache.h"
-#include "ipc_owner.h"
+#include "device/ipc_cache.h"
+#include "device/ipc_owner.h"
 
 namespace wprep::testing {
 namespace {

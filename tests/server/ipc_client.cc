@@ -24,6 +24,7 @@
 #include "golden.h"
 #include "wprep/client/client.h"
 #include "wprep/kernels/plan.h"
+#include "wprep/config.h"
 
 #if WPREP_HAVE_CUDA
 #include <cuda_runtime.h>

@@ -10,13 +10,13 @@
 #include <vector>
 
 #include "absl/time/time.h"
-#include "device_manager.h"
+#include "device/device_manager.h"
 #include "fake_runtime.h"
 #include "golden.h"
-#include "ipc_cache.h"
-#include "metrics.h"
+#include "device/ipc_cache.h"
+#include "net/metrics.h"
 #include "moe_golden.h"
-#include "moe_item.h"
+#include "rpc/moe_item.h"
 #include "wprep/server/options.h"
 
 namespace wprep::testing {

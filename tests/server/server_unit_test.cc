@@ -11,17 +11,18 @@
 #include "absl/strings/str_cat.h"
 #include "daemon_harness.h"
 #include "absl/time/clock.h"
-#include "device_allocator.h"
-#include "device_manager.h"
+#include "device/device_allocator.h"
+#include "device/device_manager.h"
 #include "fake_runtime.h"
-#include "idle_spinners.h"
-#include "proto_translate.h"
-#include "ready_words.h"
-#include "service.h"
-#include "ipc_owner.h"
+#include "net/idle_spinners.h"
+#include "rpc/proto_translate.h"
+#include "exec/ready_words.h"
+#include "rpc/service.h"
+#include "device/ipc_owner.h"
+#include "wprep/server/daemon.h"
 #include "wprep/server/options.h"
-#include "rpc_warmup.h"
-#include "status.h"
+#include "rpc/rpc_warmup.h"
+#include "rpc/status.h"
 
 namespace wprep::server {
 namespace {
@@ -209,6 +210,21 @@ TEST(Options, KeepCpusAwakeIsOffUnlessAsked) {
   EXPECT_EQ(o->keep_cpus_awake, absl::Milliseconds(50));
   EXPECT_FALSE(ParseOptions({"--keep-cpus-awake=-1s"}).ok());
   EXPECT_FALSE(ParseOptions({"--keep-cpus-awake=soon"}).ok());
+}
+
+// The warm-up gate is a test hook, not an option: ParseOptions refuses it, and
+// TakeDaemonHooks takes it (either spelling) out of the flags it leaves to ParseOptions.
+TEST(Options, TheWarmupGateIsAHookNotAnOption) {
+  EXPECT_FALSE(ParseOptions({"--testing-warmup-gate=/tmp/gate"}).ok());
+  std::vector<std::string> args = {"--devices=cpu", "--testing-warmup-gate=/tmp/a", "--testing-warmup-gate",
+                                   "/tmp/b", "--cpu-threads=2"};
+  DaemonHooks hooks;
+  ASSERT_TRUE(TakeDaemonHooks(args, &hooks).ok());
+  EXPECT_EQ(hooks.warmup_gate_file, "/tmp/b");
+  EXPECT_EQ(args, (std::vector<std::string>{"--devices=cpu", "--cpu-threads=2"}));
+  EXPECT_TRUE(ParseOptions(args).ok());
+  std::vector<std::string> dangling = {"--testing-warmup-gate"};
+  EXPECT_FALSE(TakeDaemonHooks(dangling, &hooks).ok());
 }
 
 int AffinityCpus() {

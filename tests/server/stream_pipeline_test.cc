@@ -7,7 +7,7 @@
 
 #include "absl/synchronization/mutex.h"
 #include "gtest/gtest.h"
-#include "stream_pipeline.h"
+#include "rpc/stream_pipeline.h"
 
 namespace wprep::testing {
 namespace {

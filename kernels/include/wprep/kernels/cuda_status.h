@@ -4,6 +4,8 @@
 #ifndef WPREP_KERNELS_CUDA_STATUS_H_
 #define WPREP_KERNELS_CUDA_STATUS_H_
 
+#include "wprep/config.h"
+
 #if WPREP_HAVE_CUDA
 #include <cuda_runtime.h>
 

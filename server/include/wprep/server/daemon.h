@@ -25,11 +25,24 @@ namespace wprep::server {
 class DeviceRuntime;
 struct DaemonParts;
 
+// What tests hold the daemon by; production leaves it empty. wprepd's command line takes
+// it only through the --testing-* flags (TakeDaemonHooks), which are not options.
+struct DaemonHooks {
+  // When set, warm-up (and so SERVING) waits until this file exists.
+  std::string warmup_gate_file;
+};
+
+// Moves the --testing-* flags of `args` (--testing-warmup-gate=FILE or
+// --testing-warmup-gate FILE) into `hooks`; the rest stay for ParseOptions. InvalidArgument
+// for a hook flag without its value.
+absl::Status TakeDaemonHooks(std::vector<std::string>& args, DaemonHooks* hooks);
+
 class Daemon {
  public:
   // Builds every part on `runtime` (CudaRuntime() for wprepd) and listens on every
   // --listen address. Errors say which part or address failed.
-  static absl::StatusOr<std::unique_ptr<Daemon>> Start(const Options& options, DeviceRuntime* runtime);
+  static absl::StatusOr<std::unique_ptr<Daemon>> Start(const Options& options, DeviceRuntime* runtime,
+                                                       const DaemonHooks& hooks = {});
   ~Daemon();
   Daemon(const Daemon&) = delete;
   Daemon& operator=(const Daemon&) = delete;
@@ -54,7 +67,7 @@ class Daemon {
 // thread before any other thread exists: it blocks the shutdown signals for every thread
 // and waits for them on one. The process should exit right after (the stopped gRPC and
 // metrics servers are left to the exit rather than waiting for peers to hang up).
-int RunDaemon(const Options& options);
+int RunDaemon(const Options& options, const DaemonHooks& hooks = {});
 
 // wprepd's command line (argv without argv[0]): --help, the flags of options.h, or the
 // internal --export-ipc-handles mode the daemon starts itself in (ipc_owner.h). Returns

@@ -80,8 +80,6 @@ struct Options {
   // When set, a file the daemon writes once it listens: one "grpc ADDR" line per
   // listening address (TCP ones with their bound port) and one "metrics HOST:PORT" line.
   std::string port_file;
-  // Testing hook: when set, warm-up (and so SERVING) waits until this file exists.
-  std::string warmup_gate_file;
 };
 
 // Parses flags ("--name=value" or "--name value"); args excludes argv[0]. A repeated

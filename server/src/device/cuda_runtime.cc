@@ -1,0 +1,389 @@
+// The CUDA implementation of DeviceRuntime: the one place in server/ that calls CUDA.
+// cudart is linked statically and libcuda is never linked (its one entry point the
+// daemon needs, cuMemGetAddressRange, is resolved from the loaded driver at run time), so
+// wprepd starts on machines without a driver and serves with the CPU engine there.
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "device/device_runtime.h"
+#include "wprep/kernels/cuda_engine.h"
+#include "wprep/config.h"
+
+#if WPREP_HAVE_CUDA
+#include <cuda.h>  // types only
+#include <cuda_runtime.h>
+
+#include "wprep/kernels/cuda_status.h"
+#include "wprep/kernels/quantize.h"
+#include "wprep/spec/status_macros.h"
+#endif
+
+namespace wprep::server {
+namespace {
+
+#if WPREP_HAVE_CUDA
+
+// `name` in its CUDA 12 form from the driver the runtime loaded; nullptr when unavailable.
+void* DriverEntryPoint(const char* name) {
+  void* p = nullptr;
+  cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
+  if (cudaGetDriverEntryPointByVersion(name, &p, 12000, cudaEnableDefault, &q) != cudaSuccess ||
+      q != cudaDriverEntryPointSuccess) {
+    cudaGetLastError();
+    return nullptr;
+  }
+  return p;
+}
+
+using GetAddressRangeFn = CUresult (*)(CUdeviceptr*, size_t*, CUdeviceptr);
+// cuStreamWriteValue32 and cuStreamWaitValue32 share this signature.
+using StreamValue32Fn = CUresult (*)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
+
+// Resolved once each.
+GetAddressRangeFn AddressRangeFn() {
+  static const auto fn = reinterpret_cast<GetAddressRangeFn>(DriverEntryPoint("cuMemGetAddressRange"));
+  return fn;
+}
+StreamValue32Fn WriteValueFn() {
+  static const auto fn = reinterpret_cast<StreamValue32Fn>(DriverEntryPoint("cuStreamWriteValue32"));
+  return fn;
+}
+StreamValue32Fn WaitValueFn() {
+  static const auto fn = reinterpret_cast<StreamValue32Fn>(DriverEntryPoint("cuStreamWaitValue32"));
+  return fn;
+}
+
+// A stream memory operation on the 32-bit word at `ptr` of `gpu`, with flags 0: for the
+// write, after the stream's earlier work with a memory barrier first; for the wait,
+// CU_STREAM_WAIT_VALUE_GEQ, the wrapping "greater or equal".
+absl::Status StreamValue32(StreamValue32Fn fn, const char* name, int gpu, Stream stream, void* ptr,
+                           uint32_t value) {
+  if (fn == nullptr) return absl::InternalError(absl::StrCat(name, " is not available from the CUDA driver"));
+  WPREP_CUDA_RETURN_IF_ERROR(cudaSetDevice(gpu));
+  if (CUresult r = fn(reinterpret_cast<CUstream>(stream), reinterpret_cast<CUdeviceptr>(ptr), value, 0);
+      r != CUDA_SUCCESS) {
+    return absl::InternalError(absl::StrCat(name, " failed with CUresult ", r));
+  }
+  return absl::OkStatus();
+}
+
+class CudaTimer final : public DeviceTimer {
+ public:
+  explicit CudaTimer(int gpu) {
+    ok_ = cudaSetDevice(gpu) == cudaSuccess && cudaEventCreate(&start_) == cudaSuccess &&
+          cudaEventCreate(&stop_) == cudaSuccess;
+    if (!ok_) cudaGetLastError();
+  }
+  ~CudaTimer() override {
+    if (start_ != nullptr) cudaEventDestroy(start_);
+    if (stop_ != nullptr) cudaEventDestroy(stop_);
+    cudaGetLastError();
+  }
+  void Start(Stream s) override { ok_ = ok_ && cudaEventRecord(start_, s) == cudaSuccess; }
+  void Stop(Stream s) override { ok_ = ok_ && cudaEventRecord(stop_, s) == cudaSuccess; }
+  std::optional<double> Seconds() override {
+    float ms = 0;
+    if (!ok_ || cudaEventElapsedTime(&ms, start_, stop_) != cudaSuccess) {
+      cudaGetLastError();
+      return std::nullopt;
+    }
+    return ms / 1e3;
+  }
+
+ private:
+  cudaEvent_t start_ = nullptr, stop_ = nullptr;
+  bool ok_ = false;
+};
+
+class Cuda final : public DeviceRuntime {
+ public:
+  Cuda() { (void)AddressRangeFn(); }  // resolved at start, not inside a first request
+
+  bool compiled_in() const override { return true; }
+
+  absl::StatusOr<std::vector<GpuInfo>> ListGpus() override {
+    std::vector<GpuInfo> out;
+    const int count = CudaDeviceCount();
+    for (int i = 0; i < count; ++i) {
+      cudaDeviceProp prop;
+      WPREP_CUDA_RETURN_IF_ERROR(cudaGetDeviceProperties(&prop, i));
+      GpuInfo info;
+      info.ordinal = i;
+      std::memcpy(info.uuid.data(), prop.uuid.bytes, 16);
+      info.name = prop.name;
+      info.cc_major = prop.major;
+      info.cc_minor = prop.minor;
+      info.total_memory = prop.totalGlobalMem;
+      out.push_back(std::move(info));
+    }
+    return out;
+  }
+
+  absl::StatusOr<Stream> CreateStream(int gpu) override {
+    WPREP_CUDA_RETURN_IF_ERROR(cudaSetDevice(gpu));
+    cudaStream_t s = nullptr;
+    WPREP_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    return s;
+  }
+  void DestroyStream(int gpu, Stream s) override {
+    if (cudaSetDevice(gpu) == cudaSuccess) cudaStreamDestroy(s);
+    cudaGetLastError();
+  }
+
+  absl::Status ConfigurePool(int gpu, uint64_t keep_bytes) override {
+    cudaMemPool_t pool = nullptr;
+    WPREP_CUDA_RETURN_IF_ERROR(cudaDeviceGetDefaultMemPool(&pool, gpu));
+    return WPREP_CUDA_STATUS(
+        cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep_bytes));
+  }
+  absl::StatusOr<void*> AllocateAsync(int gpu, uint64_t bytes, Stream s) override {
+    cudaMemPool_t pool = nullptr;
+    WPREP_CUDA_RETURN_IF_ERROR(cudaDeviceGetDefaultMemPool(&pool, gpu));
+    void* ptr = nullptr;
+    const cudaError_t err = cudaMallocFromPoolAsync(&ptr, bytes, pool, s);
+    if (err != cudaSuccess) {
+      cudaGetLastError();
+      return absl::ResourceExhaustedError(
+          absl::StrCat("cudaMallocFromPoolAsync of ", bytes, " bytes on GPU ", gpu, " failed: ",
+                       cudaGetErrorName(err), "; lower the load or set --max-device-bytes"));
+    }
+    return ptr;
+  }
+  absl::Status FreeAsync(int gpu, void* ptr, Stream s) override {
+    WPREP_CUDA_RETURN_IF_ERROR(cudaSetDevice(gpu));
+    return WPREP_CUDA_STATUS(cudaFreeAsync(ptr, s));
+  }
+
+  absl::Status CopyToDeviceAsync(int gpu, void* dst, const void* src, uint64_t bytes,
+                                 Stream s) override {
+    WPREP_CUDA_RETURN_IF_ERROR(cudaSetDevice(gpu));
+    return WPREP_CUDA_STATUS(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, s));
+  }
+  absl::Status CopyToHostAsync(int gpu, void* dst, const void* src, uint64_t bytes,
+                               Stream s) override {
+    WPREP_CUDA_RETURN_IF_ERROR(cudaSetDevice(gpu));
+    return WPREP_CUDA_STATUS(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, s));
+  }
+  absl::Status Convert(int, const Plan& plan, const void* in, void* out, Stream s) override {
+    return ConvertOnCuda(plan, in, out, s);  // runs on the device owning the pointers
+  }
+  absl::Status ConvertMoe(int gpu, const MoePlan& plan, absl::Span<const void* const> in, absl::Span<void* const> out,
+                          Stream s) override {
+    WPREP_CUDA_RETURN_IF_ERROR(cudaSetDevice(gpu));  // RunMoeCuda launches on the current device
+    return RunMoeCuda(plan, in, out, s);
+  }
+  absl::Status Quantize(int gpu, const QuantizePlan& plan, bool blackwell, const void* in, void* values, void* scales,
+                        Stream s) override {
+    WPREP_CUDA_RETURN_IF_ERROR(cudaSetDevice(gpu));
+    return blackwell ? QuantizeBlackwellOnCuda(plan, in, values, scales, s) : QuantizeOnCuda(plan, in, values, scales, s);
+  }
+  absl::Status Synchronize(int gpu, Stream s) override {
+    WPREP_CUDA_RETURN_IF_ERROR(cudaSetDevice(gpu));
+    return WPREP_CUDA_STATUS(cudaStreamSynchronize(s));
+  }
+  std::unique_ptr<DeviceTimer> NewTimer(int gpu) override { return std::make_unique<CudaTimer>(gpu); }
+
+  absl::StatusOr<Event> CreateEvent(int gpu) override {
+    WPREP_CUDA_RETURN_IF_ERROR(cudaSetDevice(gpu));
+    cudaEvent_t e = nullptr;
+    WPREP_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&e, cudaEventDisableTiming | cudaEventBlockingSync));
+    return e;
+  }
+  absl::StatusOr<Event> OpenIpcEvent(int gpu, absl::string_view handle) override {
+    if (handle.size() != sizeof(cudaIpcEventHandle_t)) {
+      return absl::InvalidArgumentError("an IPC event handle has 64 bytes");
+    }
+    WPREP_CUDA_RETURN_IF_ERROR(cudaSetDevice(gpu));
+    cudaIpcEventHandle_t h;
+    std::memcpy(&h, handle.data(), sizeof(h));
+    cudaEvent_t e = nullptr;
+    const cudaError_t err = cudaIpcOpenEventHandle(&e, h);
+    if (err != cudaSuccess) {
+      cudaGetLastError();
+      return absl::InvalidArgumentError(absl::StrCat(cudaGetErrorName(err), " (", cudaGetErrorString(err), ")"));
+    }
+    return e;
+  }
+  void DestroyEvent(int gpu, Event e) override {
+    if (cudaSetDevice(gpu) == cudaSuccess) cudaEventDestroy(e);
+    cudaGetLastError();
+  }
+  absl::Status RecordEvent(int gpu, Event e, Stream s) override {
+    WPREP_CUDA_RETURN_IF_ERROR(cudaSetDevice(gpu));
+    return WPREP_CUDA_STATUS(cudaEventRecord(e, s));
+  }
+  absl::Status StreamWaitEvent(int gpu, Stream s, Event e) override {
+    WPREP_CUDA_RETURN_IF_ERROR(cudaSetDevice(gpu));
+    return WPREP_CUDA_STATUS(cudaStreamWaitEvent(s, e, 0));
+  }
+  absl::Status SynchronizeEvent(int gpu, Event e) override {
+    WPREP_CUDA_RETURN_IF_ERROR(cudaSetDevice(gpu));
+    return WPREP_CUDA_STATUS(cudaEventSynchronize(e));
+  }
+
+  absl::Status WriteValue32(int gpu, Stream stream, void* ptr, uint32_t value) override {
+    return StreamValue32(WriteValueFn(), "cuStreamWriteValue32", gpu, stream, ptr, value);
+  }
+  absl::Status WaitValue32(int gpu, Stream stream, void* ptr, uint32_t value) override {
+    return StreamValue32(WaitValueFn(), "cuStreamWaitValue32", gpu, stream, ptr, value);
+  }
+
+  absl::StatusOr<void*> RegisterHost(int gpu, void* ptr, uint64_t bytes) override {
+    WPREP_CUDA_RETURN_IF_ERROR(cudaSetDevice(gpu));
+    if (cudaError_t e = cudaHostRegister(ptr, bytes, cudaHostRegisterPortable | cudaHostRegisterMapped);
+        e != cudaSuccess) {
+      (void)cudaGetLastError();
+      return absl::InvalidArgumentError(
+          absl::StrCat("cudaHostRegister of ", bytes, " bytes failed: ", cudaGetErrorString(e)));
+    }
+    absl::StatusOr<void*> d = HostDevicePointer(gpu, ptr);
+    if (!d.ok()) UnregisterHost(ptr);
+    return d;
+  }
+  void UnregisterHost(void* ptr) override {
+    if (cudaHostUnregister(ptr) != cudaSuccess) (void)cudaGetLastError();
+  }
+  absl::StatusOr<void*> HostDevicePointer(int gpu, void* ptr) override {
+    WPREP_CUDA_RETURN_IF_ERROR(cudaSetDevice(gpu));
+    void* d = nullptr;
+    WPREP_CUDA_RETURN_IF_ERROR(cudaHostGetDevicePointer(&d, ptr, 0));
+    return d;
+  }
+
+  absl::StatusOr<void*> AllocatePinned(uint64_t bytes) override {
+    void* p = nullptr;
+    const cudaError_t err = cudaHostAlloc(&p, bytes, cudaHostAllocPortable);
+    if (err != cudaSuccess) {
+      cudaGetLastError();
+      return absl::ResourceExhaustedError(
+          absl::StrCat("cudaHostAlloc of ", bytes, " pinned bytes failed: ", cudaGetErrorName(err)));
+    }
+    return p;
+  }
+  void FreePinned(void* p) override {
+    cudaFreeHost(p);
+    cudaGetLastError();
+  }
+
+  absl::StatusOr<IpcMapping> OpenIpc(int gpu, absl::string_view handle) override {
+    if (handle.size() != sizeof(cudaIpcMemHandle_t)) {
+      return absl::InvalidArgumentError("an IPC handle has 64 bytes");
+    }
+    WPREP_CUDA_RETURN_IF_ERROR(cudaSetDevice(gpu));
+    cudaIpcMemHandle_t h;
+    std::memcpy(&h, handle.data(), sizeof(h));
+    void* base = nullptr;
+    // The runtime requires cudaIpcMemLazyEnablePeerAccess (0 is refused, seen on an H200
+    // pair), so another GPU's handle opens too, over the peer link (ipc_owner.h).
+    const cudaError_t err = cudaIpcOpenMemHandle(&base, h, cudaIpcMemLazyEnablePeerAccess);
+    if (err != cudaSuccess) {
+      cudaGetLastError();  // not sticky; clear it so later calls on this thread are clean
+      return absl::InvalidArgumentError(
+          absl::StrCat(cudaGetErrorName(err), " (", cudaGetErrorString(err), ")"));
+    }
+    GetAddressRangeFn range_fn = AddressRangeFn();
+    CUdeviceptr range_base = 0;
+    size_t range_size = 0;
+    absl::Status s;
+    if (range_fn == nullptr) {
+      s = absl::InternalError("cuMemGetAddressRange is not available from the CUDA driver");
+    } else if (CUresult r = range_fn(&range_base, &range_size, reinterpret_cast<CUdeviceptr>(base));
+               r != CUDA_SUCCESS) {
+      s = absl::InternalError(absl::StrCat("cuMemGetAddressRange failed with CUresult ", r));
+    }
+    if (!s.ok()) {
+      cudaIpcCloseMemHandle(base);
+      cudaGetLastError();
+      return s;
+    }
+    return IpcMapping{base, range_base + range_size - reinterpret_cast<CUdeviceptr>(base)};
+  }
+  absl::Status CloseIpc(int gpu, void* base) override {
+    WPREP_CUDA_RETURN_IF_ERROR(cudaSetDevice(gpu));
+    return WPREP_CUDA_STATUS(cudaIpcCloseMemHandle(base));
+  }
+  absl::Status Touch(int gpu, const void* ptr, uint64_t bytes) override {
+    WPREP_CUDA_RETURN_IF_ERROR(cudaSetDevice(gpu));
+    WPREP_RETURN_IF_ERROR(TouchOnCuda(ptr, bytes, cudaStreamPerThread));
+    return WPREP_CUDA_STATUS(cudaStreamSynchronize(cudaStreamPerThread));
+  }
+  absl::StatusOr<std::vector<std::string>> ExportSampleHandles(int gpu, int count) override {
+    WPREP_CUDA_RETURN_IF_ERROR(cudaSetDevice(gpu));
+    std::vector<void*> bufs(static_cast<size_t>(count), nullptr);
+    std::vector<std::string> out;
+    absl::Status s;
+    for (void*& b : bufs) {
+      cudaIpcMemHandle_t h;
+      // 2 MiB each: separate allocations, so the handles differ wherever the allocation shows.
+      s = WPREP_CUDA_STATUS(cudaMalloc(&b, 2 << 20));
+      if (s.ok()) s = WPREP_CUDA_STATUS(cudaIpcGetMemHandle(&h, b));
+      if (!s.ok()) break;
+      out.emplace_back(h.reserved, sizeof(h.reserved));
+    }
+    for (void* b : bufs) {
+      if (b != nullptr) cudaFree(b);
+    }
+    cudaGetLastError();
+    if (!s.ok()) return s;
+    return out;
+  }
+};
+
+#else  // !WPREP_HAVE_CUDA
+
+absl::Status NoCuda() { return absl::FailedPreconditionError("this wprepd was built without CUDA"); }
+
+class NoTimer final : public DeviceTimer {
+ public:
+  void Start(Stream) override {}
+  void Stop(Stream) override {}
+  std::optional<double> Seconds() override { return std::nullopt; }
+};
+
+class NoCudaRuntime final : public DeviceRuntime {
+ public:
+  bool compiled_in() const override { return false; }
+  absl::StatusOr<std::vector<GpuInfo>> ListGpus() override { return std::vector<GpuInfo>{}; }
+  absl::StatusOr<Stream> CreateStream(int) override { return NoCuda(); }
+  void DestroyStream(int, Stream) override {}
+  absl::Status ConfigurePool(int, uint64_t) override { return NoCuda(); }
+  absl::StatusOr<void*> AllocateAsync(int, uint64_t, Stream) override { return NoCuda(); }
+  absl::Status FreeAsync(int, void*, Stream) override { return NoCuda(); }
+  absl::Status CopyToDeviceAsync(int, void*, const void*, uint64_t, Stream) override { return NoCuda(); }
+  absl::Status CopyToHostAsync(int, void*, const void*, uint64_t, Stream) override { return NoCuda(); }
+  absl::Status Convert(int, const Plan&, const void*, void*, Stream) override { return NoCuda(); }
+  absl::Status Synchronize(int, Stream) override { return NoCuda(); }
+  std::unique_ptr<DeviceTimer> NewTimer(int) override { return std::make_unique<NoTimer>(); }
+  absl::StatusOr<Event> CreateEvent(int) override { return NoCuda(); }
+  absl::StatusOr<Event> OpenIpcEvent(int, absl::string_view) override { return NoCuda(); }
+  void DestroyEvent(int, Event) override {}
+  absl::Status RecordEvent(int, Event, Stream) override { return NoCuda(); }
+  absl::Status StreamWaitEvent(int, Stream, Event) override { return NoCuda(); }
+  absl::Status SynchronizeEvent(int, Event) override { return NoCuda(); }
+  absl::Status WriteValue32(int, Stream, void*, uint32_t) override { return NoCuda(); }
+  absl::Status WaitValue32(int, Stream, void*, uint32_t) override { return NoCuda(); }
+  absl::StatusOr<void*> RegisterHost(int, void*, uint64_t) override { return NoCuda(); }
+  void UnregisterHost(void*) override {}
+  absl::StatusOr<void*> HostDevicePointer(int, void*) override { return NoCuda(); }
+  absl::StatusOr<void*> AllocatePinned(uint64_t) override { return NoCuda(); }
+  void FreePinned(void*) override {}
+  absl::StatusOr<IpcMapping> OpenIpc(int, absl::string_view) override { return NoCuda(); }
+  absl::Status CloseIpc(int, void*) override { return NoCuda(); }
+  absl::Status Touch(int, const void*, uint64_t) override { return NoCuda(); }
+  absl::StatusOr<std::vector<std::string>> ExportSampleHandles(int, int) override { return NoCuda(); }
+};
+
+#endif
+
+}  // namespace
+
+DeviceRuntime& CudaRuntime() {
+#if WPREP_HAVE_CUDA
+  static Cuda* runtime = new Cuda();
+#else
+  static NoCudaRuntime* runtime = new NoCudaRuntime();
+#endif
+  return *runtime;
+}
+
+}  // namespace wprep::server

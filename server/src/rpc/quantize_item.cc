@@ -1,0 +1,352 @@
+#include "rpc/quantize_item.h"
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "rpc/proto_translate.h"
+#include "wprep/proto/spec_codec.h"
+
+namespace wprep::server {
+
+namespace v1 = wprep::v1;
+
+namespace {
+
+absl::Status Bad(const std::string& msg) { return absl::InvalidArgumentError(msg); }
+
+absl::StatusOr<QuantDtype> DTypeFromProto(v1::QuantizeDType d, const std::string& field) {
+  switch (d) {
+    case v1::QUANTIZE_DTYPE_BFLOAT16:
+      return QuantDtype::kBfloat16;
+    case v1::QUANTIZE_DTYPE_FLOAT16:
+      return QuantDtype::kFloat16;
+    case v1::QUANTIZE_DTYPE_FLOAT32:
+      return QuantDtype::kFloat32;
+    default:
+      return Bad(absl::StrCat(field, " must be QUANTIZE_DTYPE_BFLOAT16, QUANTIZE_DTYPE_FLOAT16 or "
+                              "QUANTIZE_DTYPE_FLOAT32, got ", static_cast<int>(d)));
+  }
+}
+
+absl::StatusOr<ScaleRounding> RoundingFromProto(v1::ScaleRounding r, const std::string& field) {
+  switch (r) {
+    case v1::SCALE_ROUNDING_UNSPECIFIED:
+    case v1::SCALE_ROUNDING_UP:
+      return ScaleRounding::kUp;
+    case v1::SCALE_ROUNDING_DOWN:
+      return ScaleRounding::kDown;
+    default:
+      return Bad(absl::StrCat(field, " must be SCALE_ROUNDING_UP or SCALE_ROUNDING_DOWN, got ", static_cast<int>(r)));
+  }
+}
+
+const char* DTypeName(QuantDtype d) {
+  switch (d) {
+    case QuantDtype::kBfloat16:
+      return "bfloat16";
+    case QuantDtype::kFloat16:
+      return "float16";
+    case QuantDtype::kFloat32:
+      return "float32";
+  }
+  return "?";
+}
+
+std::vector<int64_t> RowMajorStrides(const std::vector<int64_t>& shape) {
+  std::vector<int64_t> s(shape.size(), 1);
+  for (size_t i = shape.size(); i-- > 1;) s[i - 1] = s[i] * shape[i];
+  return s;
+}
+
+absl::StatusOr<QuantizeJob> JobFromProto(const v1::QuantizeItem& item, const std::string& prefix,
+                                         const MoeLimits& limits) {
+  QuantizeJob job;
+  absl::StatusOr<QuantDtype> dtype = DTypeFromProto(item.dtype(), prefix + ".dtype");
+  if (!dtype.ok()) return dtype.status();
+  absl::StatusOr<ScaleRounding> rounding = RoundingFromProto(item.scale_rounding(), prefix + ".scale_rounding");
+  if (!rounding.ok()) return rounding.status();
+  if (item.layout() != v1::QUANTIZE_LAYOUT_UNSPECIFIED && item.layout() != v1::QUANTIZE_LAYOUT_CANONICAL &&
+      item.layout() != v1::QUANTIZE_LAYOUT_BLACKWELL) {
+    return Bad(absl::StrCat(prefix, ".layout must be QUANTIZE_LAYOUT_CANONICAL or QUANTIZE_LAYOUT_BLACKWELL, got ",
+                            static_cast<int>(item.layout())));
+  }
+  job.blackwell = item.layout() == v1::QUANTIZE_LAYOUT_BLACKWELL;
+  absl::StatusOr<QuantizePlan> plan = MakeQuantizePlan(*dtype, ShapeFromProto(item.shape()), *rounding);
+  if (!plan.ok()) return Bad(absl::StrCat(prefix, ".shape: ", plan.status().message()));
+  job.plan = *std::move(plan);
+  job.values_bytes = static_cast<uint64_t>(job.plan.values_bytes);
+  job.scales_bytes = static_cast<uint64_t>(job.plan.scales_bytes);
+  job.values_shape = job.plan.values_shape;
+  job.scales_shape = job.plan.scales_shape;
+  if (job.blackwell) {
+    absl::StatusOr<FusedBlackwellSizes> sizes = PlanQuantizeBlackwell(job.plan);
+    if (!sizes.ok()) return Bad(absl::StrCat(prefix, ".layout QUANTIZE_LAYOUT_BLACKWELL: ", sizes.status().message()));
+    job.values_bytes = static_cast<uint64_t>(sizes->values_bytes);
+    job.scales_bytes = static_cast<uint64_t>(sizes->scales_bytes);
+    const size_t r = job.plan.input_shape.size();
+    const int64_t n = job.plan.input_shape[r - 2], k = job.plan.q;
+    job.values_shape.assign(job.plan.input_shape.begin(), job.plan.input_shape.end() - 1);
+    job.values_shape.back() = n;
+    job.values_shape.push_back((k / 2 + 127) / 128 * 128);
+    const int64_t mats = n == 0 ? 0 : job.plan.rows / n;
+    job.scales_shape = {mats, job.scales_bytes == 0 || mats == 0 ? 0 : static_cast<int64_t>(job.scales_bytes) / mats};
+  }
+  const uint64_t input_bytes = static_cast<uint64_t>(job.plan.input_bytes);
+  const std::pair<const char*, uint64_t> sizes[] = {
+      {"source", input_bytes}, {"values", job.values_bytes}, {"scales", job.scales_bytes}};
+  for (const auto& [what, bytes] : sizes) {
+    if (bytes > limits.max_tensor_bytes) {
+      return absl::ResourceExhaustedError(absl::StrCat(prefix, ".", what, " has ", bytes,
+                                                       " bytes, more than --max-tensor-bytes=", limits.max_tensor_bytes));
+    }
+  }
+  const v1::TensorSource& src = item.source();
+  if (src.kind_case() == v1::TensorSource::KIND_NOT_SET) {
+    return Bad(absl::StrCat(prefix, ".source is not set: give inline_bytes or ipc"));
+  }
+  if (src.inline_strides_size() != 0) {
+    return Bad(absl::StrCat(prefix, ".source.inline_strides must be empty: the tensor is dense, row-major"));
+  }
+  job.ipc = src.has_ipc();
+  if (!job.ipc) {
+    if (src.inline_bytes().size() != input_bytes) {
+      return Bad(absl::StrCat(prefix, ".source.inline_bytes has ", src.inline_bytes().size(), " bytes; ",
+                              DTypeName(job.plan.dtype), " [", absl::StrJoin(job.plan.input_shape, ","), "] needs ",
+                              input_bytes));
+    }
+    if (item.values().has_ipc() || item.scales().has_ipc()) {
+      return Bad(absl::StrCat(prefix, item.values().has_ipc() ? ".values" : ".scales",
+                              ".ipc: an item with an inline source returns its outputs inline"));
+    }
+    job.input = src.inline_bytes();
+    return job;
+  }
+  absl::StatusOr<IpcRegion> in = DenseRegionFromProto(src.ipc(), input_bytes, prefix + ".source.ipc");
+  if (!in.ok()) return in.status();
+  job.input_ipc = *std::move(in);
+  const std::pair<const char*, const v1::TensorDestination*> outs[] = {{"values", &item.values()},
+                                                                       {"scales", &item.scales()}};
+  IpcRegion* regions[] = {&job.values_ipc, &job.scales_ipc};
+  const uint64_t out_bytes[] = {job.values_bytes, job.scales_bytes};
+  for (int j = 0; j < 2; ++j) {
+    const std::string field = absl::StrCat(prefix, ".", outs[j].first);
+    if (!outs[j].second->has_ipc()) {
+      return Bad(absl::StrCat(field, ".ipc is not set: an item with an IPC source writes both outputs to IPC "
+                              "memory on its GPU"));
+    }
+    absl::StatusOr<IpcRegion> r = DenseRegionFromProto(outs[j].second->ipc(), out_bytes[j], field + ".ipc");
+    if (!r.ok()) return r.status();
+    if (r->gpu != job.input_ipc.gpu) {
+      return Bad(absl::StrCat(field, ".ipc.device_uuid: the source and both outputs must be on one GPU"));
+    }
+    *regions[j] = *std::move(r);
+  }
+  // The kernel reads the source while it writes: no output may overlap it, or the other.
+  auto overlaps = [](const IpcRegion& a, uint64_t a_bytes, const IpcRegion& b, uint64_t b_bytes) {
+    return a.handle == b.handle && a.offset < b.offset + b_bytes && b.offset < a.offset + a_bytes;
+  };
+  for (int j = 0; j < 2; ++j) {
+    if (overlaps(*regions[j], out_bytes[j], job.input_ipc, input_bytes)) {
+      return Bad(absl::StrCat(prefix, ".", outs[j].first, ".ipc overlaps source.ipc: give another buffer"));
+    }
+  }
+  if (overlaps(job.values_ipc, job.values_bytes, job.scales_ipc, job.scales_bytes)) {
+    return Bad(absl::StrCat(prefix, ".scales.ipc overlaps values.ipc: give another buffer"));
+  }
+  return job;
+}
+
+// The identity of an output: what produced it, in the LayoutIdentity form of convert items.
+v1::LayoutIdentity IdentityOf(const QuantizeJob& job, bool values) {
+  const std::string quantize =
+      absl::StrCat(DTypeName(job.plan.dtype), " -> quantize_mxfp4(scale_rounding=",
+                   job.plan.rounding == ScaleRounding::kUp ? "up" : "down", ")");
+  v1::LayoutIdentity id;
+  if (job.blackwell) {
+    ConversionSpec spec;
+    spec.layout = values ? Layout::kBlackwellValue : Layout::kBlackwellScale;
+    spec.direction = Direction::kSwizzle;
+    spec.packing_axis = -2;
+    id = IdentityToProto(spec);
+    id.set_conversion(absl::StrCat(quantize, " -> ", id.conversion()));
+    return id;
+  }
+  id.set_layout(values ? "canonical(packing_axis=-1)" : "scales");
+  id.set_conversion(absl::StrCat(quantize, " -> ", id.layout()));
+  id.set_contract_version(kLayoutContractVersion);
+  return id;
+}
+
+void AddOutput(const QuantizeJob& job, bool values, v1::BatchItemResult* item) {
+  v1::TensorResult* t = item->add_outputs();
+  t->set_name(values ? "values" : "scales");
+  const std::vector<int64_t>& shape = values ? job.values_shape : job.scales_shape;
+  for (int64_t d : shape) t->add_shape(d);
+  for (int64_t s : RowMajorStrides(shape)) t->add_strides(s);
+  t->set_bytes(values ? job.values_bytes : job.scales_bytes);
+  *t->mutable_identity() = IdentityOf(job, values);
+}
+
+// An IPC job's GPU and mapped regions (leases held until its GPU's work is done).
+struct Mapped {
+  Gpu* gpu = nullptr;
+  IpcCache::Lease in, values, scales;
+};
+
+absl::StatusOr<Mapped> MapJob(const QuantizeJob& job, const std::string& prefix, const MoeEngines& engines) {
+  Mapped m;
+  absl::StatusOr<Gpu*> gpu = engines.devices->FindByUuid(job.input_ipc.gpu);
+  if (!gpu.ok()) {
+    return absl::Status(gpu.status().code(),
+                        absl::StrCat(prefix, ".source.ipc.device_uuid: ", gpu.status().message()));
+  }
+  m.gpu = *gpu;
+  const std::pair<const IpcRegion*, IpcCache::Lease*> regions[] = {
+      {&job.input_ipc, &m.in}, {&job.values_ipc, &m.values}, {&job.scales_ipc, &m.scales}};
+  const char* names[] = {"source", "values", "scales"};
+  for (int i = 0; i < 3; ++i) {
+    const IpcRegion& r = *regions[i].first;
+    absl::StatusOr<IpcCache::Lease> l = engines.ipc->Acquire(m.gpu->ordinal(), r.handle, r.offset, r.size);
+    if (!l.ok()) {
+      return absl::Status(l.status().code(), absl::StrCat(prefix, ".", names[i], ".ipc: ", l.status().message()));
+    }
+    *regions[i].second = *std::move(l);
+  }
+  return m;
+}
+
+
+// The IPC jobs of one GPU: queued on one stream, waited for once.
+struct Queued {
+  Gpu* gpu;
+  Gpu::StreamLease stream;
+  std::vector<size_t> jobs;
+};
+
+absl::Status Queue(const QuantizeJob& job, const Mapped& m, size_t index, absl::Time deadline,
+                   std::vector<Queued>& queues) {
+  Queued* q = nullptr;
+  for (Queued& x : queues) {
+    if (x.gpu == m.gpu) q = &x;
+  }
+  if (q == nullptr) {
+    absl::StatusOr<Gpu::StreamLease> stream = m.gpu->AcquireStream(deadline);
+    if (!stream.ok()) return stream.status();
+    queues.push_back(Queued{m.gpu, *std::move(stream), {}});
+    q = &queues.back();
+  }
+  if (absl::Status st = q->gpu->runtime().Quantize(q->gpu->ordinal(), job.plan, job.blackwell, m.in.ptr(),
+                                                   m.values.ptr(), m.scales.ptr(), q->stream.stream());
+      !st.ok()) {
+    return st;
+  }
+  q->jobs.push_back(index);
+  return absl::OkStatus();
+}
+
+absl::Status RunInline(const QuantizeJob& job, v1::BatchItemResult* item) {
+  std::string* values = item->mutable_outputs(0)->mutable_inline_bytes();
+  std::string* scales = item->mutable_outputs(1)->mutable_inline_bytes();
+  values->resize(job.values_bytes);
+  scales->resize(job.scales_bytes);
+  const auto* in = reinterpret_cast<const uint8_t*>(job.input.data());
+  auto* v = reinterpret_cast<uint8_t*>(values->data());
+  auto* s = reinterpret_cast<uint8_t*>(scales->data());
+  const absl::Time start = absl::Now();
+  absl::Status st = job.blackwell
+                        ? QuantizeBlackwellOnCpu(job.plan, in, job.input.size(), v, values->size(), s, scales->size())
+                        : QuantizeOnCpu(job.plan, in, job.input.size(), v, values->size(), s, scales->size());
+  item->set_engine("cpu");
+  item->set_kernel_seconds(absl::ToDoubleSeconds(absl::Now() - start));
+  return st;
+}
+
+}  // namespace
+
+bool HasQuantizeItems(const v1::ConvertBatchRequest& req) {
+  for (const v1::BatchItem& item : req.items()) {
+    if (item.has_quantize()) return true;
+  }
+  return false;
+}
+
+absl::StatusOr<std::vector<QuantizeJob>> QuantizeJobsFromProto(const v1::ConvertBatchRequest& req,
+                                                               const MoeLimits& limits) {
+  if (static_cast<uint64_t>(req.items_size()) > limits.max_items) {
+    return absl::ResourceExhaustedError(absl::StrCat("the batch has ", req.items_size(),
+                                                     " items, more than --max-batch-items=", limits.max_items,
+                                                     "; split it into several batches"));
+  }
+  if (const uint64_t n = req.ByteSizeLong(); n > limits.max_message_bytes) {
+    return absl::ResourceExhaustedError(absl::StrCat("ConvertBatch request of ", n,
+                                                     " bytes exceeds --max-message-bytes=", limits.max_message_bytes));
+  }
+  std::vector<QuantizeJob> jobs;
+  jobs.reserve(static_cast<size_t>(req.items_size()));
+  uint64_t inline_out = 0;
+  for (int i = 0; i < req.items_size(); ++i) {
+    const std::string prefix = absl::StrCat("items[", i, "]");
+    if (!req.items(i).has_quantize()) {
+      return Bad(absl::StrCat(prefix, ": a batch holds items of one kind (convert, moe or quantize); send the ",
+                              req.items(i).has_moe() ? "moe" : req.items(i).has_convert() ? "convert" : "unset",
+                              " item in another batch"));
+    }
+    absl::StatusOr<QuantizeJob> job = JobFromProto(req.items(i).quantize(), prefix + ".quantize", limits);
+    if (!job.ok()) return job.status();
+    if (!job->ipc) inline_out += job->values_bytes + job->scales_bytes;
+    jobs.push_back(*std::move(job));
+  }
+  if (inline_out > limits.max_message_bytes) {
+    return absl::ResourceExhaustedError(absl::StrCat("the batch's inline outputs total ", inline_out,
+                                                     " bytes, more than --max-message-bytes=",
+                                                     limits.max_message_bytes, "; split it or use IPC outputs"));
+  }
+  return jobs;
+}
+
+absl::Status RunQuantizeJobs(const std::vector<QuantizeJob>& jobs, const MoeEngines& engines, absl::Time deadline,
+                             v1::ConvertBatchResponse* resp) {
+  // Every IPC job's GPU and memory first: a bad one fails the batch before any work.
+  std::vector<Mapped> mapped(jobs.size());
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    if (!jobs[i].ipc) continue;
+    absl::StatusOr<Mapped> m = MapJob(jobs[i], absl::StrCat("items[", i, "].quantize"), engines);
+    if (!m.ok()) return m.status();
+    mapped[i] = *std::move(m);
+  }
+  // IPC jobs: one stream per GPU, every job queued on it, one wait per GPU.
+  std::vector<Queued> queues;
+  const absl::Time start = absl::Now();
+  absl::Status failed;
+  for (size_t i = 0; i < jobs.size() && failed.ok(); ++i) {
+    v1::BatchItemResult* item = resp->add_items();
+    AddOutput(jobs[i], true, item);
+    AddOutput(jobs[i], false, item);
+    if (jobs[i].ipc) {
+      failed = Queue(jobs[i], mapped[i], i, deadline, queues);
+    } else {
+      failed = RunInline(jobs[i], item);
+    }
+    if (!failed.ok()) failed = absl::Status(failed.code(), absl::StrCat("items[", i, "].quantize: ", failed.message()));
+  }
+  // Every queued stream is waited for, also after a failure: the mappings and the streams
+  // go back only once their work is done.
+  for (Queued& q : queues) {
+    absl::Status st = q.gpu->runtime().Synchronize(q.gpu->ordinal(), q.stream.stream());
+    if (failed.ok()) failed = st;
+    // The GPU's items ran together: each reports the batch's time on that GPU.
+    const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
+    for (size_t i : q.jobs) {
+      resp->mutable_items(static_cast<int>(i))->set_engine(q.gpu->engine_name());
+      resp->mutable_items(static_cast<int>(i))->set_kernel_seconds(seconds);
+    }
+  }
+  return failed;
+}
+
+}  // namespace wprep::server
