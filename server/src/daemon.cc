@@ -38,6 +38,7 @@
 #include "rpc_warmup.h"
 #include "service.h"
 #include "stream_pipeline.h"
+#include "peer_credentials.h"
 #include "tls_terminator.h"
 #include "wprep/spec/status_macros.h"
 
@@ -234,8 +235,10 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const Options& options, De
   grpc::Server* server = p->server.get();
   p->accept_loop = std::make_unique<AcceptLoop>(
       listeners, p->acceptor.get(),
-      [server, tls = p->tls.get(), plain = p->plain_sockets](int fd, size_t socket) {
+      [server, listeners, tls = p->tls.get(), plain = p->plain_sockets](int fd, size_t socket) {
         if (socket < plain) {
+          // A Unix client's credentials, for the VMM buffers it may send (peer_credentials.h).
+          if (listeners[socket]->is_unix()) UnixPeers::Global().Record(fd);
           grpc::AddInsecureChannelFromFd(server, fd);
         } else {
           tls->Serve(fd, [server](int plain_fd) { grpc::AddInsecureChannelFromFd(server, plain_fd); });

@@ -17,6 +17,7 @@
 #include "idle_spinners.h"
 #include "ipc_cache.h"
 #include "metrics.h"
+#include "vmm_import.h"
 #include "wprep/v1/wprep.grpc.pb.h"
 
 namespace wprep::server {
@@ -105,6 +106,7 @@ class WeightPrepService final : public wprep::v1::WeightPrep::Service {
   Admission* const admission_;
   DeviceManager* const devices_;
   IpcCache* const ipc_;
+  VmmImporter vmm_;  // CUDA virtual-memory buffers, resolved into ipc_'s handles
   Executor* const executor_;
   Metrics* const metrics_;
   HostBudget* const buffers_;
