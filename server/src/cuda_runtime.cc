@@ -93,12 +93,18 @@ bool Resolve(Fn* fn, const char* name) {
 const VmmDriver& Vmm() {
   static const VmmDriver d = [] {
     VmmDriver v;
-    v.ok = Resolve(&v.import_handle, "cuMemImportFromShareableHandle") &
-           Resolve(&v.reserve, "cuMemAddressReserve") & Resolve(&v.map, "cuMemMap") &
-           Resolve(&v.set_access, "cuMemSetAccess") & Resolve(&v.unmap, "cuMemUnmap") &
-           Resolve(&v.release, "cuMemRelease") & Resolve(&v.address_free, "cuMemAddressFree") &
-           Resolve(&v.properties, "cuMemGetAllocationPropertiesFromHandle") &
-           Resolve(&v.device_get, "cuDeviceGet") & Resolve(&v.attribute, "cuDeviceGetAttribute");
+    // Every one resolved (each tried, so that none is left unset by a short circuit).
+    v.ok = true;
+    v.ok = Resolve(&v.import_handle, "cuMemImportFromShareableHandle") && v.ok;
+    v.ok = Resolve(&v.reserve, "cuMemAddressReserve") && v.ok;
+    v.ok = Resolve(&v.map, "cuMemMap") && v.ok;
+    v.ok = Resolve(&v.set_access, "cuMemSetAccess") && v.ok;
+    v.ok = Resolve(&v.unmap, "cuMemUnmap") && v.ok;
+    v.ok = Resolve(&v.release, "cuMemRelease") && v.ok;
+    v.ok = Resolve(&v.address_free, "cuMemAddressFree") && v.ok;
+    v.ok = Resolve(&v.properties, "cuMemGetAllocationPropertiesFromHandle") && v.ok;
+    v.ok = Resolve(&v.device_get, "cuDeviceGet") && v.ok;
+    v.ok = Resolve(&v.attribute, "cuDeviceGetAttribute") && v.ok;
     return v;
   }();
   return d;
