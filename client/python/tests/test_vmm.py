@@ -104,3 +104,49 @@ def test_gpu_expandable_segment_handle_parses():
     for c in b.vmm.chunks:
         os.fstat(c.fd)  # open in this process
     assert b.offset + b.size <= sum(c.size for c in b.vmm.chunks)
+
+
+def test_gpu_expandable_segment_tensor_converts_byte_equal_to_the_bytes_path():
+    """End to end on a GPU: a fresh process with expandable segments sends a source and a
+    destination as CudaVmmBuffers to a daemon on its GPU; the output equals what the CPU
+    engine makes from the same bytes sent inline."""
+    _cuda_torch()
+    import subprocess
+    import sys
+    import textwrap
+    from pathlib import Path
+
+    from wprep.testing import LocalDaemon
+
+    package = Path(__file__).resolve().parents[1]
+    wprepd = os.environ.get("WPREPD") or str(package.parents[1] / "build" / "server" / "wprepd")
+    with LocalDaemon(wprepd, []) as gpu, LocalDaemon(wprepd, ["--devices=cpu", "--cpu-threads=2"]) as cpu:
+        script = textwrap.dedent(f"""
+            import sys, torch, grpc
+            sys.path.insert(0, {str(package)!r})
+            from wprep import Spec, _torch, _vmm
+            from wprep.v1 import wprep_pb2 as pb, wprep_pb2_grpc as pbg
+            shape = [4, 512, 1536]
+            src = torch.randint(0, 256, (4, 256, 1536), dtype=torch.uint8, device="cuda")
+            spec = Spec("hopper_value").to_proto()
+            cpu = pbg.WeightPrepStub(grpc.insecure_channel({cpu.target!r}))
+            want = cpu.Convert(pb.ConvertRequest(spec=spec, logical_shape=shape,
+                                                 source_bytes=src.cpu().numpy().tobytes()))
+            dst = torch.zeros(want.output_bytes, dtype=torch.uint8, device="cuda")
+            uuid = _torch.device_uuid(torch.cuda.current_device())
+            req = pb.ConvertRequest(spec=spec, logical_shape=shape)
+            req.source_ipc.CopyFrom(_vmm.share_expandable(src, uuid))
+            req.destination_ipc.CopyFrom(_vmm.share_expandable(dst, uuid))
+            req.source_ipc.size = src.numel()
+            req.destination_ipc.size = dst.numel()
+            torch.cuda.synchronize()
+            gpu = pbg.WeightPrepStub(grpc.insecure_channel({gpu.target!r}))
+            for _ in range(3):
+                gpu.Convert(req)
+            print("EQUAL" if dst.cpu().numpy().tobytes() == want.output_bytes_inline else "DIFFERENT",
+                  len(req.source_ipc.vmm.chunks), req.source_ipc.vmm.granularity)
+        """)
+        env = dict(os.environ, PYTORCH_CUDA_ALLOC_CONF="expandable_segments:True")
+        out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+        assert out.returncode == 0, out.stderr[-4000:]
+        assert out.stdout.startswith("EQUAL"), out.stdout
