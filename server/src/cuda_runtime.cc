@@ -401,19 +401,21 @@ class Cuda final : public DeviceRuntime {
       UnmapVmm(base, chunk_bytes, mapped);
       return s;
     }
-    absl::MutexLock lock(&Ranges().mu);
-    Ranges().chunks[base] = std::move(chunk_bytes);
+    VmmRanges& ranges = Ranges();
+    absl::MutexLock lock(&ranges.mu);
+    ranges.chunks[base] = std::move(chunk_bytes);
     return IpcMapping{reinterpret_cast<void*>(base), total};
   }
   absl::Status CloseVmm(int gpu, void* base) override {
     WPREP_CUDA_RETURN_IF_ERROR(cudaSetDevice(gpu));
     std::vector<uint64_t> chunk_bytes;
     {
-      absl::MutexLock lock(&Ranges().mu);
-      auto it = Ranges().chunks.find(reinterpret_cast<CUdeviceptr>(base));
-      if (it == Ranges().chunks.end()) return absl::NotFoundError("no VMM range at that address");
+      VmmRanges& ranges = Ranges();
+      absl::MutexLock lock(&ranges.mu);
+      auto it = ranges.chunks.find(reinterpret_cast<CUdeviceptr>(base));
+      if (it == ranges.chunks.end()) return absl::NotFoundError("no VMM range at that address");
       chunk_bytes = std::move(it->second);
-      Ranges().chunks.erase(it);
+      ranges.chunks.erase(it);
     }
     UnmapVmm(reinterpret_cast<CUdeviceptr>(base), chunk_bytes, chunk_bytes.size());
     return absl::OkStatus();
