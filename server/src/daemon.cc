@@ -39,6 +39,7 @@
 #include "rpc/rpc_warmup.h"
 #include "rpc/service.h"
 #include "rpc/stream_pipeline.h"
+#include "net/peer_credentials.h"
 #include "net/tls_terminator.h"
 #include "wprep/spec/status_macros.h"
 
@@ -238,8 +239,10 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const Options& options, De
   grpc::Server* server = p->server.get();
   p->accept_loop = std::make_unique<AcceptLoop>(
       listeners, p->acceptor.get(),
-      [server, tls = p->tls.get(), plain = p->plain_sockets](int fd, size_t socket) {
+      [server, listeners, tls = p->tls.get(), plain = p->plain_sockets](int fd, size_t socket) {
         if (socket < plain) {
+          // A Unix client's credentials, for the VMM buffers it may send (peer_credentials.h).
+          if (listeners[socket]->is_unix()) UnixPeers::Global().Record(fd);
           grpc::AddInsecureChannelFromFd(server, fd);
         } else {
           tls->Serve(fd, [server](int plain_fd) { grpc::AddInsecureChannelFromFd(server, plain_fd); });

@@ -1,5 +1,8 @@
 #include "fake_runtime.h"
 
+#include <sys/mman.h>
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <cstring>
 #include <new>
@@ -101,6 +104,10 @@ FakeRuntime::Counts FakeRuntime::totals() const {
     t.flag_writes += c.flag_writes;
     t.device_bytes_now += c.device_bytes_now;
     t.device_bytes_peak += c.device_bytes_peak;
+    t.vmm_opens += c.vmm_opens;
+    t.vmm_open_failures += c.vmm_open_failures;
+    t.vmm_closes += c.vmm_closes;
+    t.vmm_mapped_now += c.vmm_mapped_now;
   }
   for (const auto& [p, b] : pinned_) t.pinned_bytes_now += b;
   return t;
@@ -409,6 +416,55 @@ absl::Status FakeRuntime::CloseIpc(int gpu, void* base) {
   if (--it->second->open_mappings == 0) mapped_.erase(it);
   return absl::OkStatus();
 }
+
+absl::StatusOr<IpcMapping> FakeRuntime::OpenVmm(int gpu, const server::VmmImportSpec& spec) {
+  if (absl::Status s = CheckGpu(gpu); !s.ok()) return s;
+  auto fail = [&](absl::Status s) {
+    absl::MutexLock lock(&mu_);
+    counts_[static_cast<size_t>(gpu)].vmm_open_failures++;
+    return s;
+  };
+  if (spec.kind != server::VmmHandleKind::kPosixFd) return fail(absl::FailedPreconditionError("no fabric handles"));
+  uint64_t total = 0;
+  for (const server::VmmChunkHandle& c : spec.chunks) total += c.bytes;
+  if (total == 0) return fail(absl::InvalidArgumentError("no chunks"));
+  void* base = mmap(nullptr, total, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (base == MAP_FAILED) return fail(absl::ResourceExhaustedError("mmap of the range failed"));
+  uint64_t at = 0;
+  for (const server::VmmChunkHandle& c : spec.chunks) {
+    struct stat st;
+    if (fstat(c.fd, &st) != 0 || !S_ISREG(st.st_mode) || static_cast<uint64_t>(st.st_size) < c.bytes) {
+      munmap(base, total);
+      return fail(absl::InvalidArgumentError("CUDA_ERROR_INVALID_VALUE: the chunk is not an allocation of that size"));
+    }
+    if (mmap(static_cast<uint8_t*>(base) + at, c.bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, c.fd, 0) ==
+        MAP_FAILED) {
+      munmap(base, total);
+      return fail(absl::InvalidArgumentError("cuMemMap failed (mmap of the chunk)"));
+    }
+    at += c.bytes;
+  }
+  absl::MutexLock lock(&mu_);
+  Counts& counts = counts_[static_cast<size_t>(gpu)];
+  counts.vmm_opens++;
+  counts.vmm_mapped_now++;
+  vmm_ranges_[base] = total;
+  return IpcMapping{base, total};
+}
+
+absl::Status FakeRuntime::CloseVmm(int gpu, void* base) {
+  absl::MutexLock lock(&mu_);
+  auto it = vmm_ranges_.find(base);
+  if (it == vmm_ranges_.end()) return absl::InternalError("close of a VMM range that is not mapped");
+  munmap(base, it->second);
+  vmm_ranges_.erase(it);
+  Counts& counts = counts_[static_cast<size_t>(gpu)];
+  counts.vmm_closes++;
+  counts.vmm_mapped_now--;
+  return absl::OkStatus();
+}
+
+server::VmmSupport FakeRuntime::VmmImportSupport(int) { return server::VmmSupport{true, false}; }
 
 absl::Status FakeRuntime::Touch(int gpu, const void*, uint64_t) {
   if (absl::Status s = CheckGpu(gpu); !s.ok()) return s;

@@ -76,6 +76,10 @@ class FakeRuntime final : public server::DeviceRuntime {
     uint64_t device_bytes_now = 0;  // allocated and not yet freed, every GPU
     uint64_t device_bytes_peak = 0;  // the most device_bytes_now reached (totals: the GPUs' sum)
     uint64_t pinned_bytes_now = 0;
+    int vmm_opens = 0;         // OpenVmm calls that mapped
+    int vmm_open_failures = 0;  // OpenVmm calls that failed (nothing stays mapped)
+    int vmm_closes = 0;
+    int vmm_mapped_now = 0;    // ranges OpenVmm mapped, not yet closed
   };
   Counts counts(int gpu) const;
   Counts totals() const;
@@ -122,6 +126,13 @@ class FakeRuntime final : public server::DeviceRuntime {
   absl::StatusOr<void*> HostDevicePointer(int gpu, void* ptr) override;
   absl::StatusOr<IpcMapping> OpenIpc(int gpu, absl::string_view handle) override;
   absl::Status CloseIpc(int gpu, void* base) override;
+  // POSIX-fd chunks are files the daemon can mmap (a client's memfds, say): mapped shared,
+  // back to back, so the fake GPU reads and writes the client's memory. A chunk larger
+  // than its file, or a descriptor that is not a file, fails as cuMemMap would. Fabric
+  // handles are not supported (VmmImportSupport says so).
+  absl::StatusOr<IpcMapping> OpenVmm(int gpu, const server::VmmImportSpec& spec) override;
+  absl::Status CloseVmm(int gpu, void* base) override;
+  server::VmmSupport VmmImportSupport(int gpu) override;
   absl::Status Touch(int gpu, const void* ptr, uint64_t bytes) override;
   absl::StatusOr<std::vector<std::string>> ExportSampleHandles(int gpu, int count) override;
 
@@ -150,6 +161,7 @@ class FakeRuntime final : public server::DeviceRuntime {
     int gpu = 0;
     bool ipc = false;
   };
+  std::map<void*, uint64_t> vmm_ranges_ ABSL_GUARDED_BY(mu_);  // base -> bytes
   std::map<std::string, int> event_handles_ ABSL_GUARDED_BY(mu_);  // handle -> gpu
   std::set<Stream> waited_streams_ ABSL_GUARDED_BY(mu_);  // waited for a client's event
   bool hold_event_waits_ ABSL_GUARDED_BY(mu_) = false;

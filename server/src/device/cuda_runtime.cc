@@ -3,8 +3,12 @@
 // daemon needs, cuMemGetAddressRange, is resolved from the loaded driver at run time), so
 // wprepd starts on machines without a driver and serves with the CPU engine there.
 #include <cstring>
+#include <map>
+#include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "device/device_runtime.h"
 #include "wprep/kernels/cuda_engine.h"
 #include "wprep/config.h"
@@ -65,6 +69,73 @@ absl::Status StreamValue32(StreamValue32Fn fn, const char* name, int gpu, Stream
     return absl::InternalError(absl::StrCat(name, " failed with CUresult ", r));
   }
   return absl::OkStatus();
+}
+
+// The driver's virtual-memory calls, resolved once; `ok` when every one was found.
+struct VmmDriver {
+  CUresult (*import_handle)(CUmemGenericAllocationHandle*, void*, CUmemAllocationHandleType) = nullptr;
+  CUresult (*reserve)(CUdeviceptr*, size_t, size_t, CUdeviceptr, unsigned long long) = nullptr;
+  CUresult (*map)(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle, unsigned long long) = nullptr;
+  CUresult (*set_access)(CUdeviceptr, size_t, const CUmemAccessDesc*, size_t) = nullptr;
+  CUresult (*unmap)(CUdeviceptr, size_t) = nullptr;
+  CUresult (*release)(CUmemGenericAllocationHandle) = nullptr;
+  CUresult (*address_free)(CUdeviceptr, size_t) = nullptr;
+  CUresult (*properties)(CUmemAllocationProp*, CUmemGenericAllocationHandle) = nullptr;
+  CUresult (*device_get)(CUdevice*, int) = nullptr;
+  CUresult (*attribute)(int*, CUdevice_attribute, CUdevice) = nullptr;
+  bool ok = false;
+};
+
+template <typename Fn>
+bool Resolve(Fn* fn, const char* name) {
+  *fn = reinterpret_cast<Fn>(DriverEntryPoint(name));
+  return *fn != nullptr;
+}
+
+const VmmDriver& Vmm() {
+  static const VmmDriver d = [] {
+    VmmDriver v;
+    // Every one resolved (each tried, so that none is left unset by a short circuit).
+    v.ok = true;
+    v.ok = Resolve(&v.import_handle, "cuMemImportFromShareableHandle") && v.ok;
+    v.ok = Resolve(&v.reserve, "cuMemAddressReserve") && v.ok;
+    v.ok = Resolve(&v.map, "cuMemMap") && v.ok;
+    v.ok = Resolve(&v.set_access, "cuMemSetAccess") && v.ok;
+    v.ok = Resolve(&v.unmap, "cuMemUnmap") && v.ok;
+    v.ok = Resolve(&v.release, "cuMemRelease") && v.ok;
+    v.ok = Resolve(&v.address_free, "cuMemAddressFree") && v.ok;
+    v.ok = Resolve(&v.properties, "cuMemGetAllocationPropertiesFromHandle") && v.ok;
+    v.ok = Resolve(&v.device_get, "cuDeviceGet") && v.ok;
+    v.ok = Resolve(&v.attribute, "cuDeviceGetAttribute") && v.ok;
+    return v;
+  }();
+  return d;
+}
+
+absl::Status VmmError(const char* call, CUresult r) {
+  return absl::InvalidArgumentError(absl::StrCat(call, " failed with CUresult ", static_cast<int>(r)));
+}
+
+// The ranges OpenVmm mapped, by base: each chunk's bytes, to unmap them one by one.
+struct VmmRanges {
+  absl::Mutex mu;
+  std::map<CUdeviceptr, std::vector<uint64_t>> chunks ABSL_GUARDED_BY(mu);
+};
+VmmRanges& Ranges() {
+  static VmmRanges* r = new VmmRanges();
+  return *r;
+}
+
+// Unmaps the first `mapped` chunks of the range at `base` and frees the range.
+void UnmapVmm(CUdeviceptr base, const std::vector<uint64_t>& chunk_bytes, size_t mapped) {
+  const VmmDriver& d = Vmm();
+  uint64_t at = 0, total = 0;
+  for (size_t i = 0; i < chunk_bytes.size(); ++i) {
+    if (i < mapped) d.unmap(base + at, chunk_bytes[i]);
+    at += chunk_bytes[i];
+  }
+  total = at;
+  d.address_free(base, total);
 }
 
 class CudaTimer final : public DeviceTimer {
@@ -302,6 +373,72 @@ class Cuda final : public DeviceRuntime {
     WPREP_CUDA_RETURN_IF_ERROR(cudaSetDevice(gpu));
     return WPREP_CUDA_STATUS(cudaIpcCloseMemHandle(base));
   }
+  absl::StatusOr<IpcMapping> OpenVmm(int gpu, const VmmImportSpec& spec) override {
+    const VmmDriver& d = Vmm();
+    if (!d.ok) return absl::FailedPreconditionError("the CUDA driver lacks the virtual-memory API");
+    if (spec.chunks.empty()) return absl::InvalidArgumentError("no chunks to map");
+    WPREP_CUDA_RETURN_IF_ERROR(cudaSetDevice(gpu));  // the primary context is current
+    uint64_t total = 0;
+    std::vector<uint64_t> chunk_bytes;
+    for (const VmmChunkHandle& c : spec.chunks) {
+      total += c.bytes;
+      chunk_bytes.push_back(c.bytes);
+    }
+    CUdeviceptr base = 0;
+    if (CUresult r = d.reserve(&base, total, spec.granularity, 0, 0); r != CUDA_SUCCESS) {
+      return VmmError("cuMemAddressReserve", r);
+    }
+    size_t mapped = 0;
+    uint64_t at = 0;
+    absl::Status s;
+    for (const VmmChunkHandle& c : spec.chunks) {
+      s = MapChunk(gpu, spec.kind, c, base + at);
+      if (!s.ok()) break;
+      ++mapped;
+      at += c.bytes;
+    }
+    CUmemAccessDesc access{};
+    access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    access.location.id = gpu;
+    access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    if (s.ok()) {
+      if (CUresult r = d.set_access(base, total, &access, 1); r != CUDA_SUCCESS) s = VmmError("cuMemSetAccess", r);
+    }
+    if (!s.ok()) {
+      UnmapVmm(base, chunk_bytes, mapped);
+      return s;
+    }
+    VmmRanges& ranges = Ranges();
+    absl::MutexLock lock(&ranges.mu);
+    ranges.chunks[base] = std::move(chunk_bytes);
+    return IpcMapping{reinterpret_cast<void*>(base), total};
+  }
+  absl::Status CloseVmm(int gpu, void* base) override {
+    WPREP_CUDA_RETURN_IF_ERROR(cudaSetDevice(gpu));
+    std::vector<uint64_t> chunk_bytes;
+    {
+      VmmRanges& ranges = Ranges();
+      absl::MutexLock lock(&ranges.mu);
+      auto it = ranges.chunks.find(reinterpret_cast<CUdeviceptr>(base));
+      if (it == ranges.chunks.end()) return absl::NotFoundError("no VMM range at that address");
+      chunk_bytes = std::move(it->second);
+      ranges.chunks.erase(it);
+    }
+    UnmapVmm(reinterpret_cast<CUdeviceptr>(base), chunk_bytes, chunk_bytes.size());
+    return absl::OkStatus();
+  }
+  VmmSupport VmmImportSupport(int gpu) override {
+    const VmmDriver& d = Vmm();
+    VmmSupport out;
+    CUdevice dev = 0;
+    if (!d.ok || d.device_get(&dev, gpu) != CUDA_SUCCESS) return out;
+    int v = 0;
+    out.posix_fd = d.attribute(&v, CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED, dev) ==
+                       CUDA_SUCCESS && v != 0;
+    v = 0;
+    out.fabric = d.attribute(&v, CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED, dev) == CUDA_SUCCESS && v != 0;
+    return out;
+  }
   absl::Status Touch(int gpu, const void* ptr, uint64_t bytes) override {
     WPREP_CUDA_RETURN_IF_ERROR(cudaSetDevice(gpu));
     WPREP_RETURN_IF_ERROR(TouchOnCuda(ptr, bytes, cudaStreamPerThread));
@@ -326,6 +463,38 @@ class Cuda final : public DeviceRuntime {
     cudaGetLastError();
     if (!s.ok()) return s;
     return out;
+  }
+
+ private:
+  // Imports one chunk, checks it lives on `gpu`, and maps it at `at`; the imported handle
+  // is released again either way (the mapping keeps the memory).
+  static absl::Status MapChunk(int gpu, VmmHandleKind kind, const VmmChunkHandle& c, CUdeviceptr at) {
+    const VmmDriver& d = Vmm();
+    CUmemGenericAllocationHandle h = 0;
+    CUresult r;
+    if (kind == VmmHandleKind::kPosixFd) {
+      r = d.import_handle(&h, reinterpret_cast<void*>(static_cast<intptr_t>(c.fd)),
+                          CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+    } else {
+      CUmemFabricHandle fh{};
+      if (c.fabric.size() != sizeof(fh.data)) return absl::InvalidArgumentError("a fabric handle has 64 bytes");
+      std::memcpy(fh.data, c.fabric.data(), sizeof(fh.data));
+      r = d.import_handle(&h, &fh, CU_MEM_HANDLE_TYPE_FABRIC);
+    }
+    if (r != CUDA_SUCCESS) return VmmError("cuMemImportFromShareableHandle", r);
+    absl::Status s;
+    CUmemAllocationProp prop{};
+    if (CUresult pr = d.properties(&prop, h); pr != CUDA_SUCCESS) {
+      s = VmmError("cuMemGetAllocationPropertiesFromHandle", pr);
+    } else if (prop.location.type != CU_MEM_LOCATION_TYPE_DEVICE || prop.location.id != gpu) {
+      s = absl::InvalidArgumentError(absl::StrCat(
+          "the chunk's memory is not on the daemon's GPU ordinal ", gpu, " (it is on location ",
+          prop.location.id, "); send the device_uuid of the GPU that holds it"));
+    } else if (CUresult mr = d.map(at, c.bytes, 0, h, 0); mr != CUDA_SUCCESS) {
+      s = VmmError("cuMemMap", mr);
+    }
+    d.release(h);
+    return s;
   }
 };
 

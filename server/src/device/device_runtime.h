@@ -62,6 +62,26 @@ struct IpcMapping {
   uint64_t bytes = 0;
 };
 
+// A client's cuMem allocation to map (vmm_import.h): its physical chunks in address
+// order, each a descriptor of the daemon's (POSIX_FD; the caller keeps and closes it) or
+// 64 bytes of a fabric handle, and the granularity every chunk size is a multiple of.
+enum class VmmHandleKind { kPosixFd, kFabric };
+struct VmmChunkHandle {
+  int fd = -1;
+  std::string fabric;
+  uint64_t bytes = 0;
+};
+struct VmmImportSpec {
+  VmmHandleKind kind = VmmHandleKind::kPosixFd;
+  std::vector<VmmChunkHandle> chunks;
+  uint64_t granularity = 0;
+};
+// Which shareable handle types a GPU can import.
+struct VmmSupport {
+  bool posix_fd = false;
+  bool fabric = false;
+};
+
 class DeviceRuntime {
  public:
   virtual ~DeviceRuntime() = default;
@@ -143,6 +163,25 @@ class DeviceRuntime {
   // with the runtime's reason, when it cannot be opened.
   virtual absl::StatusOr<IpcMapping> OpenIpc(int gpu, absl::string_view handle) = 0;
   virtual absl::Status CloseIpc(int gpu, void* base) = 0;
+  // Maps the chunks of `spec` back to back into one fresh range of the daemon's address
+  // space on `gpu` (cuMemImportFromShareableHandle, cuMemAddressReserve, cuMemMap,
+  // cuMemSetAccess): the mapping's base and total bytes. Nothing stays mapped when it
+  // fails: InvalidArgument, with the runtime's reason, for a handle that cannot be
+  // imported; FailedPrecondition where the runtime or driver cannot import this kind.
+  virtual absl::StatusOr<IpcMapping> OpenVmm(int gpu, const VmmImportSpec& spec) {
+    (void)gpu, (void)spec;
+    return absl::FailedPreconditionError("this device runtime cannot import CUDA virtual-memory handles");
+  }
+  // Unmaps and frees a range OpenVmm returned.
+  virtual absl::Status CloseVmm(int gpu, void* base) {
+    (void)gpu, (void)base;
+    return absl::FailedPreconditionError("this device runtime cannot import CUDA virtual-memory handles");
+  }
+  // What OpenVmm can import on `gpu`.
+  virtual VmmSupport VmmImportSupport(int gpu) {
+    (void)gpu;
+    return {};
+  }
   // Reads one byte of every 64 KiB of [ptr, ptr + bytes) on `gpu` and waits for it, so
   // the GPU's first access to a new mapping is paid before the request that uses it.
   virtual absl::Status Touch(int gpu, const void* ptr, uint64_t bytes) = 0;

@@ -56,6 +56,24 @@ class IpcCache {
   // every cached mapping is in use.
   absl::StatusOr<Lease> Acquire(int ordinal, absl::string_view handle, uint64_t offset, uint64_t size);
 
+  // A CUDA virtual-memory allocation (vmm_import.h), cached under `key`, a 64-byte key of
+  // the importer's (IsVmmKey) that later Acquire and Release calls take as the handle.
+  // Opened with DeviceRuntime::OpenVmm from `spec` when new; an entry already cached under
+  // `key` is used only if its chunks are the same files as spec's (SameFile) and its
+  // owner still lives, else ABORTED (the importer retries under a fresh key). The entry
+  // keeps duplicates of spec's descriptors (to compare later ones with) and takes
+  // `owner_pidfd`, the client process: the mapping closes once that process has exited
+  // (checked on every sweep). With Acquire's range check.
+  absl::StatusOr<Lease> AcquireVmm(int ordinal, absl::string_view key, const VmmImportSpec& spec,
+                                   int owner_pidfd, uint64_t offset, uint64_t size);
+  // Whether `handle` is a key of AcquireVmm's (such a handle is never opened as a
+  // cudaIpcMemHandle_t).
+  static bool IsVmmKey(absl::string_view handle);
+  // A fresh, unguessable key for AcquireVmm; empty when no random bytes could be had.
+  static std::string NewVmmKey();
+  // Whether an entry is cached under (ordinal, handle).
+  bool Contains(int ordinal, absl::string_view handle) const;
+
   // Opens (or keeps) the mapping of `handle` on `ordinal` ahead of the requests that
   // will use it, with Acquire's checks but no range, and pays the GPU's first access to
   // it; it stays in the cache like any other.
@@ -84,8 +102,17 @@ class IpcCache {
   // The cached entry of (ordinal, handle), opened if new, after the owner check, with one
   // more reference for the caller; its last use is now. mu_ is released while a new
   // mapping opens, so other requests go on; requests for the same handle wait for it.
+  // `vmm`: how to open a VMM key's entry (nullptr: a legacy handle, or a VMM key that
+  // must be cached already).
+  struct VmmOpen {
+    const VmmImportSpec* spec;
+    int owner_pidfd;
+  };
   absl::StatusOr<std::shared_ptr<Entry>> FindOrOpen(int ordinal, absl::string_view handle,
-                                                    bool* was_open)
+                                                    bool* was_open, const VmmOpen* vmm = nullptr)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The lease of [offset, offset + size) of `entry`, or InvalidArgument (unreferenced).
+  absl::StatusOr<Lease> LeaseRange(std::shared_ptr<Entry> entry, uint64_t offset, uint64_t size)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Unref(const std::shared_ptr<Entry>& entry);
   void UnrefLocked(const std::shared_ptr<Entry>& entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

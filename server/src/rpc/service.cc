@@ -12,6 +12,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/clock.h"
 #include "net/log.h"
+#include "net/peer_credentials.h"
 #include "rpc/moe_item.h"
 #include "rpc/quantize_item.h"
 #include "rpc/proto_translate.h"
@@ -221,6 +222,7 @@ WeightPrepService::WeightPrepService(Admission* admission, DeviceManager* device
     : admission_(admission),
       devices_(devices),
       ipc_(ipc),
+      vmm_(ipc, devices),
       executor_(executor),
       metrics_(metrics),
       buffers_(buffers),
@@ -251,7 +253,12 @@ grpc::Status WeightPrepService::Convert(grpc::ServerContext* ctx, const v1::Conv
   return report.Run(
       [&]() -> absl::Status {
         WPREP_ASSIGN_OR_RETURN(Admission::Ticket ticket, admission_->Enter(report.caller()));
-        return DoConvert(ctx, *req, resp, report);
+        if (!HasVmm(*req)) return DoConvert(ctx, *req, resp, report);
+        // VMM buffers become handles of the IPC cache, held until the conversion has its leases.
+        v1::ConvertRequest resolved = *req;
+        std::vector<IpcCache::Lease> vmm_held;
+        WPREP_RETURN_IF_ERROR(vmm_.Resolve(UnixPeers::Global().Lookup(ctx->peer()), &resolved, &vmm_held));
+        return DoConvert(ctx, resolved, resp, report);
       },
       kConvertFields);
 }
@@ -374,7 +381,11 @@ grpc::Status WeightPrepService::ConvertBatch(grpc::ServerContext* ctx, const v1:
   return report.Run(
       [&]() -> absl::Status {
         WPREP_ASSIGN_OR_RETURN(Admission::Ticket ticket, admission_->Enter(report.caller()));
-        return DoConvertBatch(ctx, *req, resp, report, ticket);
+        if (!HasVmm(*req)) return DoConvertBatch(ctx, *req, resp, report, ticket);
+        v1::ConvertBatchRequest resolved = *req;
+        std::vector<IpcCache::Lease> vmm_held;
+        WPREP_RETURN_IF_ERROR(vmm_.Resolve(UnixPeers::Global().Lookup(ctx->peer()), &resolved, &vmm_held));
+        return DoConvertBatch(ctx, resolved, resp, report, ticket);
       },
       kBatchFields);
 }
@@ -401,6 +412,10 @@ grpc::Status WeightPrepService::ConvertBatches(
         [&]() -> absl::Status {
           WPREP_ASSIGN_OR_RETURN(Admission::Ticket ticket, admission_->Enter(report.caller()));
           admitted = true;
+          std::vector<IpcCache::Lease> vmm_held;
+          if (HasVmm(req)) {
+            WPREP_RETURN_IF_ERROR(vmm_.Resolve(UnixPeers::Global().Lookup(ctx->peer()), &req, &vmm_held));
+          }
           return DoConvertBatch(ctx, req, answer.mutable_batch(), report, ticket, &inline_charge, stream_id);
         },
         kBatchFields);
@@ -578,6 +593,11 @@ grpc::Status WeightPrepService::ListDevices(grpc::ServerContext* ctx, const v1::
       d->set_streams(g.streams());
       d->set_in_flight(g.in_flight());
       d->set_allocated_bytes(g.allocator().allocated());
+      const VmmSupport vmm = g.runtime().VmmImportSupport(g.ordinal());
+      v1::ImportCapabilities* caps = d->mutable_import_capabilities();
+      caps->set_legacy_ipc(true);
+      caps->set_posix_fd(vmm.posix_fd);
+      caps->set_fabric(vmm.fabric);
     }
     resp->set_cpu_engine(devices_->cpu_engine());
     resp->set_cpu_threads(devices_->cpu_threads());

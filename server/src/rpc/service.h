@@ -17,6 +17,7 @@
 #include "net/idle_spinners.h"
 #include "device/ipc_cache.h"
 #include "net/metrics.h"
+#include "rpc/vmm_import.h"
 #include "wprep/v1/wprep.grpc.pb.h"
 
 namespace wprep::server {
@@ -112,6 +113,7 @@ class WeightPrepService final : public wprep::v1::WeightPrep::Service {
   Admission* const admission_;
   DeviceManager* const devices_;
   IpcCache* const ipc_;
+  VmmImporter vmm_;  // CUDA virtual-memory buffers, resolved into ipc_'s handles
   Executor* const executor_;
   Metrics* const metrics_;
   HostBudget* const buffers_;

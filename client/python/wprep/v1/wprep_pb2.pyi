@@ -21,14 +21,29 @@ MOE_DTYPE_BFLOAT16: MoeDType
 MOE_DTYPE_FLOAT32: MoeDType
 MOE_DTYPE_UINT8: MoeDType
 MOE_DTYPE_UNSPECIFIED: MoeDType
+QUANTIZE_DTYPE_BFLOAT16: QuantizeDType
+QUANTIZE_DTYPE_FLOAT16: QuantizeDType
+QUANTIZE_DTYPE_FLOAT32: QuantizeDType
+QUANTIZE_DTYPE_UNSPECIFIED: QuantizeDType
+QUANTIZE_LAYOUT_BLACKWELL: QuantizeLayout
+QUANTIZE_LAYOUT_CANONICAL: QuantizeLayout
+QUANTIZE_LAYOUT_UNSPECIFIED: QuantizeLayout
+SCALE_ROUNDING_DOWN: ScaleRounding
+SCALE_ROUNDING_UNSPECIFIED: ScaleRounding
+SCALE_ROUNDING_UP: ScaleRounding
+VMM_HANDLE_TYPE_FABRIC: VmmHandleType
+VMM_HANDLE_TYPE_POSIX_FD: VmmHandleType
+VMM_HANDLE_TYPE_UNSPECIFIED: VmmHandleType
 
 class BatchItem(_message.Message):
-    __slots__ = ["convert", "moe"]
+    __slots__ = ["convert", "moe", "quantize"]
     CONVERT_FIELD_NUMBER: _ClassVar[int]
     MOE_FIELD_NUMBER: _ClassVar[int]
+    QUANTIZE_FIELD_NUMBER: _ClassVar[int]
     convert: ConvertItem
     moe: MoeItem
-    def __init__(self, convert: _Optional[_Union[ConvertItem, _Mapping]] = ..., moe: _Optional[_Union[MoeItem, _Mapping]] = ...) -> None: ...
+    quantize: QuantizeItem
+    def __init__(self, convert: _Optional[_Union[ConvertItem, _Mapping]] = ..., moe: _Optional[_Union[MoeItem, _Mapping]] = ..., quantize: _Optional[_Union[QuantizeItem, _Mapping]] = ...) -> None: ...
 
 class BatchItemResult(_message.Message):
     __slots__ = ["engine", "kernel_seconds", "outputs"]
@@ -167,18 +182,32 @@ class ConvertStreamResponse(_message.Message):
     def __init__(self, header: _Optional[_Union[StreamResponseHeader, _Mapping]] = ..., chunk: _Optional[_Union[DataChunk, _Mapping]] = ...) -> None: ...
 
 class CudaIpcBuffer(_message.Message):
-    __slots__ = ["device_uuid", "handle", "offset", "size", "strides"]
+    __slots__ = ["device_uuid", "handle", "offset", "size", "strides", "vmm"]
     DEVICE_UUID_FIELD_NUMBER: _ClassVar[int]
     HANDLE_FIELD_NUMBER: _ClassVar[int]
     OFFSET_FIELD_NUMBER: _ClassVar[int]
     SIZE_FIELD_NUMBER: _ClassVar[int]
     STRIDES_FIELD_NUMBER: _ClassVar[int]
+    VMM_FIELD_NUMBER: _ClassVar[int]
     device_uuid: bytes
     handle: bytes
     offset: int
     size: int
     strides: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, handle: _Optional[bytes] = ..., offset: _Optional[int] = ..., size: _Optional[int] = ..., device_uuid: _Optional[bytes] = ..., strides: _Optional[_Iterable[int]] = ...) -> None: ...
+    vmm: CudaVmmBuffer
+    def __init__(self, handle: _Optional[bytes] = ..., offset: _Optional[int] = ..., size: _Optional[int] = ..., device_uuid: _Optional[bytes] = ..., strides: _Optional[_Iterable[int]] = ..., vmm: _Optional[_Union[CudaVmmBuffer, _Mapping]] = ...) -> None: ...
+
+class CudaVmmBuffer(_message.Message):
+    __slots__ = ["chunks", "granularity", "handle_type", "pid"]
+    CHUNKS_FIELD_NUMBER: _ClassVar[int]
+    GRANULARITY_FIELD_NUMBER: _ClassVar[int]
+    HANDLE_TYPE_FIELD_NUMBER: _ClassVar[int]
+    PID_FIELD_NUMBER: _ClassVar[int]
+    chunks: _containers.RepeatedCompositeFieldContainer[VmmChunk]
+    granularity: int
+    handle_type: VmmHandleType
+    pid: int
+    def __init__(self, handle_type: _Optional[_Union[VmmHandleType, str]] = ..., pid: _Optional[int] = ..., chunks: _Optional[_Iterable[_Union[VmmChunk, _Mapping]]] = ..., granularity: _Optional[int] = ...) -> None: ...
 
 class DataChunk(_message.Message):
     __slots__ = ["data", "offset"]
@@ -189,10 +218,11 @@ class DataChunk(_message.Message):
     def __init__(self, offset: _Optional[int] = ..., data: _Optional[bytes] = ...) -> None: ...
 
 class DeviceInfo(_message.Message):
-    __slots__ = ["allocated_bytes", "compute_capability_major", "compute_capability_minor", "in_flight", "name", "ordinal", "streams", "total_memory_bytes", "uuid", "warm"]
+    __slots__ = ["allocated_bytes", "compute_capability_major", "compute_capability_minor", "import_capabilities", "in_flight", "name", "ordinal", "streams", "total_memory_bytes", "uuid", "warm"]
     ALLOCATED_BYTES_FIELD_NUMBER: _ClassVar[int]
     COMPUTE_CAPABILITY_MAJOR_FIELD_NUMBER: _ClassVar[int]
     COMPUTE_CAPABILITY_MINOR_FIELD_NUMBER: _ClassVar[int]
+    IMPORT_CAPABILITIES_FIELD_NUMBER: _ClassVar[int]
     IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     ORDINAL_FIELD_NUMBER: _ClassVar[int]
@@ -203,6 +233,7 @@ class DeviceInfo(_message.Message):
     allocated_bytes: int
     compute_capability_major: int
     compute_capability_minor: int
+    import_capabilities: ImportCapabilities
     in_flight: int
     name: str
     ordinal: int
@@ -210,7 +241,7 @@ class DeviceInfo(_message.Message):
     total_memory_bytes: int
     uuid: bytes
     warm: bool
-    def __init__(self, uuid: _Optional[bytes] = ..., name: _Optional[str] = ..., ordinal: _Optional[int] = ..., compute_capability_major: _Optional[int] = ..., compute_capability_minor: _Optional[int] = ..., total_memory_bytes: _Optional[int] = ..., warm: bool = ..., streams: _Optional[int] = ..., in_flight: _Optional[int] = ..., allocated_bytes: _Optional[int] = ...) -> None: ...
+    def __init__(self, uuid: _Optional[bytes] = ..., name: _Optional[str] = ..., ordinal: _Optional[int] = ..., compute_capability_major: _Optional[int] = ..., compute_capability_minor: _Optional[int] = ..., total_memory_bytes: _Optional[int] = ..., warm: bool = ..., streams: _Optional[int] = ..., in_flight: _Optional[int] = ..., allocated_bytes: _Optional[int] = ..., import_capabilities: _Optional[_Union[ImportCapabilities, _Mapping]] = ...) -> None: ...
 
 class Fence(_message.Message):
     __slots__ = ["event", "word"]
@@ -245,6 +276,16 @@ class HopperValueParams(_message.Message):
     mma_version: int
     mx_axis: int
     def __init__(self, mx_axis: _Optional[int] = ..., mma_version: _Optional[int] = ...) -> None: ...
+
+class ImportCapabilities(_message.Message):
+    __slots__ = ["fabric", "legacy_ipc", "posix_fd"]
+    FABRIC_FIELD_NUMBER: _ClassVar[int]
+    LEGACY_IPC_FIELD_NUMBER: _ClassVar[int]
+    POSIX_FD_FIELD_NUMBER: _ClassVar[int]
+    fabric: bool
+    legacy_ipc: bool
+    posix_fd: bool
+    def __init__(self, legacy_ipc: bool = ..., posix_fd: bool = ..., fabric: bool = ...) -> None: ...
 
 class IpcEventRef(_message.Message):
     __slots__ = ["device_uuid", "handle"]
@@ -386,6 +427,24 @@ class PlanResponse(_message.Message):
     output_strides: _containers.RepeatedScalarFieldContainer[int]
     def __init__(self, input_shape: _Optional[_Iterable[int]] = ..., input_strides: _Optional[_Iterable[int]] = ..., input_bytes: _Optional[int] = ..., output_shape: _Optional[_Iterable[int]] = ..., output_strides: _Optional[_Iterable[int]] = ..., output_bytes: _Optional[int] = ..., description: _Optional[str] = ..., identity: _Optional[_Union[LayoutIdentity, _Mapping]] = ...) -> None: ...
 
+class QuantizeItem(_message.Message):
+    __slots__ = ["dtype", "layout", "scale_rounding", "scales", "shape", "source", "values"]
+    DTYPE_FIELD_NUMBER: _ClassVar[int]
+    LAYOUT_FIELD_NUMBER: _ClassVar[int]
+    SCALES_FIELD_NUMBER: _ClassVar[int]
+    SCALE_ROUNDING_FIELD_NUMBER: _ClassVar[int]
+    SHAPE_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    VALUES_FIELD_NUMBER: _ClassVar[int]
+    dtype: QuantizeDType
+    layout: QuantizeLayout
+    scale_rounding: ScaleRounding
+    scales: TensorDestination
+    shape: _containers.RepeatedScalarFieldContainer[int]
+    source: TensorSource
+    values: TensorDestination
+    def __init__(self, dtype: _Optional[_Union[QuantizeDType, str]] = ..., shape: _Optional[_Iterable[int]] = ..., scale_rounding: _Optional[_Union[ScaleRounding, str]] = ..., layout: _Optional[_Union[QuantizeLayout, str]] = ..., source: _Optional[_Union[TensorSource, _Mapping]] = ..., values: _Optional[_Union[TensorDestination, _Mapping]] = ..., scales: _Optional[_Union[TensorDestination, _Mapping]] = ...) -> None: ...
+
 class RegisterIpcHandlesRequest(_message.Message):
     __slots__ = ["handles"]
     HANDLES_FIELD_NUMBER: _ClassVar[int]
@@ -484,10 +543,32 @@ class TensorSource(_message.Message):
     ipc: CudaIpcBuffer
     def __init__(self, inline_bytes: _Optional[bytes] = ..., ipc: _Optional[_Union[CudaIpcBuffer, _Mapping]] = ..., inline_strides: _Optional[_Iterable[int]] = ...) -> None: ...
 
+class VmmChunk(_message.Message):
+    __slots__ = ["fabric_handle", "fd", "size"]
+    FABRIC_HANDLE_FIELD_NUMBER: _ClassVar[int]
+    FD_FIELD_NUMBER: _ClassVar[int]
+    SIZE_FIELD_NUMBER: _ClassVar[int]
+    fabric_handle: bytes
+    fd: int
+    size: int
+    def __init__(self, fd: _Optional[int] = ..., fabric_handle: _Optional[bytes] = ..., size: _Optional[int] = ...) -> None: ...
+
 class Layout(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = []
 
 class Direction(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = []
+
+class VmmHandleType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = []
+
+class QuantizeDType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = []
+
+class ScaleRounding(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = []
+
+class QuantizeLayout(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = []
 
 class MoeDType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):

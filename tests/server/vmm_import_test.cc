@@ -1,0 +1,574 @@
+// CUDA virtual-memory buffers (vmm_import.h) without a GPU: the checks of a VMM buffer's
+// fields, pidfd_getfd of a real child process's descriptor, and the daemon in this
+// process on a fake GPU that maps files (fake_runtime.h), on a real Unix socket and a
+// loopback TCP port, with real client processes (wprep_vmm_client) whose memfds stand in
+// for a cuMem allocation's chunks.
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "fake_runtime.h"
+#include "golden.h"
+#include "golden_rpc.h"
+#include "grpc/health/v1/health.grpc.pb.h"
+#include "grpcpp/create_channel.h"
+#include "gtest/gtest.h"
+#include "net/peer_credentials.h"
+#include "rpc/vmm_import.h"
+#include "wprep/server/daemon.h"
+#include "wprep/server/options.h"
+#include "wprep/v1/wprep.grpc.pb.h"
+
+extern char** environ;
+
+namespace wprep::testing {
+namespace {
+
+namespace v1 = wprep::v1;
+namespace server = wprep::server;
+
+constexpr uint64_t kGranularity = 4096;
+
+uint64_t RoundUp(uint64_t n) { return (n + kGranularity - 1) / kGranularity * kGranularity; }
+
+// Polls `cond` until true or a minute passes (a bound against hangs, not a timing check).
+bool WaitFor(const std::function<bool()>& cond) {
+  for (const absl::Time end = absl::Now() + absl::Seconds(60); absl::Now() < end;) {
+    if (cond()) return true;
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  return cond();
+}
+
+std::string ReadAll(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+void WriteAll(const std::string& path, const std::string& data) { std::ofstream(path, std::ios::binary) << data; }
+
+// A buffer of one POSIX-fd chunk per (fd, size), granularity kGranularity.
+v1::CudaIpcBuffer VmmBuffer(int pid, const std::vector<std::pair<int, uint64_t>>& chunks, uint64_t offset,
+                            uint64_t size, const std::string& uuid) {
+  v1::CudaIpcBuffer b;
+  b.set_offset(offset);
+  b.set_size(size);
+  b.set_device_uuid(uuid);
+  v1::CudaVmmBuffer* v = b.mutable_vmm();
+  v->set_handle_type(v1::VMM_HANDLE_TYPE_POSIX_FD);
+  v->set_pid(pid);
+  v->set_granularity(kGranularity);
+  for (auto [fd, bytes] : chunks) {
+    v1::VmmChunk* c = v->add_chunks();
+    c->set_fd(fd);
+    c->set_size(bytes);
+  }
+  return b;
+}
+
+// ---------------------------------------------------------------------------------------
+// The fields of a VMM buffer.
+
+TEST(VmmValidate, RefusesMalformedBuffersWithTheirField) {
+  const std::string uuid(16, '\1');
+  const v1::CudaIpcBuffer good = VmmBuffer(1234, {{3, 8192}, {4, 4096}}, 100, 12000, uuid);
+  EXPECT_TRUE(server::VmmImporter::Validate(good, "source_ipc").ok());
+  struct Case {
+    const char* what;
+    std::function<void(v1::CudaIpcBuffer*)> edit;
+    const char* message_part;
+  };
+  const std::vector<Case> cases = {
+      {"zero chunks", [](v1::CudaIpcBuffer* b) { b->mutable_vmm()->clear_chunks(); }, "chunks is empty"},
+      {"size not a multiple of the granularity",
+       [](v1::CudaIpcBuffer* b) { b->mutable_vmm()->mutable_chunks(1)->set_size(4000); }, "chunks[1].size"},
+      {"zero-sized chunk", [](v1::CudaIpcBuffer* b) { b->mutable_vmm()->mutable_chunks(0)->set_size(0); },
+       "chunks[0].size"},
+      {"offset past the end", [](v1::CudaIpcBuffer* b) { b->set_offset(12289); b->set_size(0); },
+       "reaches beyond the VMM allocation"},
+      {"range past the end", [](v1::CudaIpcBuffer* b) { b->set_size(12189); }, "reaches beyond the VMM allocation"},
+      {"granularity not a power of two", [](v1::CudaIpcBuffer* b) { b->mutable_vmm()->set_granularity(3000); },
+       "granularity"},
+      {"granularity zero", [](v1::CudaIpcBuffer* b) { b->mutable_vmm()->set_granularity(0); }, "granularity"},
+      {"negative fd", [](v1::CudaIpcBuffer* b) { b->mutable_vmm()->mutable_chunks(0)->set_fd(-1); }, "chunks[0].fd"},
+      {"no pid", [](v1::CudaIpcBuffer* b) { b->mutable_vmm()->set_pid(0); }, "pid"},
+      {"no handle type",
+       [](v1::CudaIpcBuffer* b) { b->mutable_vmm()->set_handle_type(v1::VMM_HANDLE_TYPE_UNSPECIFIED); },
+       "handle_type"},
+      {"legacy handle too", [](v1::CudaIpcBuffer* b) { b->set_handle(std::string(64, 'x')); }, "not both"},
+      {"fabric handle of the wrong length",
+       [](v1::CudaIpcBuffer* b) {
+         b->mutable_vmm()->set_handle_type(v1::VMM_HANDLE_TYPE_FABRIC);
+         b->mutable_vmm()->mutable_chunks(0)->set_fabric_handle("short");
+       },
+       "fabric_handle"},
+  };
+  for (const Case& c : cases) {
+    v1::CudaIpcBuffer b = good;
+    c.edit(&b);
+    absl::Status s = server::VmmImporter::Validate(b, "source_ipc");
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << c.what << ": " << s;
+    EXPECT_TRUE(absl::StrContains(s.message(), "source_ipc")) << c.what << ": " << s;
+    EXPECT_TRUE(absl::StrContains(s.message(), c.message_part)) << c.what << ": " << s;
+  }
+}
+
+TEST(VmmValidate, VmmKeysAreUnguessableAndNeverLegacyHandles) {
+  const std::string a = server::IpcCache::NewVmmKey(), b = server::IpcCache::NewVmmKey();
+  ASSERT_EQ(a.size(), server::kIpcHandleBytes);
+  EXPECT_NE(a, b);
+  EXPECT_TRUE(server::IpcCache::IsVmmKey(a));
+  EXPECT_FALSE(server::IpcCache::IsVmmKey(std::string(64, '\0')));
+}
+
+// ---------------------------------------------------------------------------------------
+// Child processes.
+
+// A wprep_vmm_client process with pipes on its stdin and stdout.
+class Child {
+ public:
+  explicit Child(const std::vector<std::string>& args) {
+    int in[2], out[2];
+    if (pipe2(in, O_CLOEXEC) != 0 || pipe2(out, O_CLOEXEC) != 0) return;
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_adddup2(&fa, in[0], 0);
+    posix_spawn_file_actions_adddup2(&fa, out[1], 1);
+    std::vector<std::string> all = {WPREP_VMM_CLIENT_PATH};
+    all.insert(all.end(), args.begin(), args.end());
+    std::vector<char*> argv;
+    for (std::string& a : all) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    if (posix_spawn(&pid_, argv[0], &fa, nullptr, argv.data(), environ) != 0) pid_ = -1;
+    posix_spawn_file_actions_destroy(&fa);
+    close(in[0]);
+    close(out[1]);
+    stdin_ = in[1];
+    out_ = fdopen(out[0], "r");
+  }
+  ~Child() {
+    CloseStdin();
+    if (pid_ > 0) {
+      kill(pid_, SIGKILL);
+      Wait();
+    }
+    if (out_ != nullptr) fclose(out_);
+  }
+  pid_t pid() const { return pid_; }
+  // The next line it printed, without the newline; "" at its end.
+  std::string Line() {
+    char buf[4096];
+    if (out_ == nullptr || fgets(buf, sizeof(buf), out_) == nullptr) return "";
+    std::string s = buf;
+    if (!s.empty() && s.back() == '\n') s.pop_back();
+    return s;
+  }
+  // Its descriptor of memfd k, from the "memfd K FD" lines (read in order).
+  int MemfdLine() {
+    std::vector<std::string> parts = absl::StrSplit(Line(), ' ');
+    int fd = -1;
+    if (parts.size() != 3 || parts[0] != "memfd" || !absl::SimpleAtoi(parts[2], &fd)) return -1;
+    return fd;
+  }
+  void CloseStdin() {
+    if (stdin_ >= 0) close(stdin_);
+    stdin_ = -1;
+  }
+  int Wait() {
+    int status = -1;
+    if (pid_ > 0) waitpid(pid_, &status, 0);
+    pid_ = -1;
+    return status;
+  }
+
+ private:
+  pid_t pid_ = -1;
+  int stdin_ = -1;
+  FILE* out_ = nullptr;
+};
+
+class TempDir {
+ public:
+  TempDir() {
+    char tmpl[] = "/tmp/wprep-vmm-XXXXXX";
+    path_ = mkdtemp(tmpl) != nullptr ? tmpl : "/tmp";
+  }
+  ~TempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path_, ec);
+  }
+  std::string File(const std::string& name) const { return path_ + "/" + name; }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+TEST(VmmFdPassing, TakesAChildProcessMemfdWithPidfdGetfd) {
+  TempDir dir;
+  const std::string content = absl::StrCat("wprep vmm probe ", getpid());
+  WriteAll(dir.File("content"), content);
+  Child child({"--memfd=4096:" + dir.File("content"), "--hold"});
+  ASSERT_GT(child.pid(), 0);
+  const int child_fd = child.MemfdLine();
+  ASSERT_GE(child_fd, 0);
+  ASSERT_EQ(child.Line(), "holding");
+  absl::StatusOr<int> pidfd = server::OpenPidfd(child.pid());
+  if (pidfd.status().code() == absl::StatusCode::kFailedPrecondition) GTEST_SKIP() << pidfd.status();
+  ASSERT_TRUE(pidfd.ok()) << pidfd.status();
+  absl::StatusOr<int> fd = server::TakeFd(*pidfd, child_fd);
+  if (fd.status().code() == absl::StatusCode::kPermissionDenied ||
+      fd.status().code() == absl::StatusCode::kFailedPrecondition) {
+    close(*pidfd);
+    GTEST_SKIP() << "pidfd_getfd is not allowed here (needs ptrace access): " << fd.status();
+  }
+  ASSERT_TRUE(fd.ok()) << fd.status();
+  // The same file: its contents, and its inode as the child's /proc entry shows it.
+  std::string got(content.size(), '\0');
+  ASSERT_EQ(pread(*fd, got.data(), got.size(), 0), static_cast<ssize_t>(got.size()));
+  EXPECT_EQ(got, content);
+  struct stat mine, theirs;
+  ASSERT_EQ(fstat(*fd, &mine), 0);
+  ASSERT_EQ(stat(absl::StrCat("/proc/", child.pid(), "/fd/", child_fd).c_str(), &theirs), 0);
+  EXPECT_EQ(mine.st_ino, theirs.st_ino);
+  EXPECT_EQ(mine.st_dev, theirs.st_dev);
+  // A number that is not open there is refused as such.
+  EXPECT_EQ(server::TakeFd(*pidfd, 987).status().code(), absl::StatusCode::kInvalidArgument);
+  // And the exit of the process shows on its pidfd.
+  EXPECT_FALSE(server::ProcessExited(*pidfd));
+  child.CloseStdin();
+  child.Wait();
+  EXPECT_TRUE(server::ProcessExited(*pidfd));
+  close(*fd);
+  close(*pidfd);
+}
+
+TEST(VmmFdPassing, SameFileTellsDuplicatesFromOtherFiles) {
+  const int a = memfd_create("a", MFD_CLOEXEC), b = memfd_create("b", MFD_CLOEXEC);
+  const int a2 = dup(a);
+  EXPECT_TRUE(server::SameFile(a, a2));
+  EXPECT_FALSE(server::SameFile(a, b));
+  close(a);
+  close(a2);
+  close(b);
+}
+
+// ---------------------------------------------------------------------------------------
+// The daemon in this process on one fake GPU that maps files.
+
+class FakeGpuDaemon {
+ public:
+  FakeGpuDaemon() {
+    target_ = "unix://" + dir_.File("wprepd.sock");
+    std::vector<std::string> flags = {"--listen=" + target_, "--listen=127.0.0.1:0",
+                                      "--metrics-address=127.0.0.1:0", "--port-file=" + dir_.File("ports"),
+                                      "--cpu-threads=2", "--drain-timeout=10s"};
+    absl::StatusOr<server::Options> o = server::ParseOptions(flags);
+    if (!o.ok()) {
+      error_ = o.status().ToString();
+      return;
+    }
+    absl::StatusOr<std::unique_ptr<server::Daemon>> d = server::Daemon::Start(*o, runtime_.get());
+    if (!d.ok()) {
+      error_ = d.status().ToString();
+      return;
+    }
+    daemon_ = *std::move(d);
+    thread_ = std::thread([this] {
+      if (absl::Status s = daemon_->WarmUp(); s.ok()) daemon_->Serve();
+      daemon_->Drain("test over");
+    });
+    std::ifstream ports(dir_.File("ports"));
+    for (std::string kind, addr; ports >> kind >> addr;) {
+      if (kind == "grpc" && !absl::StartsWith(addr, "unix:")) tcp_target_ = addr;
+    }
+    auto health = grpc::health::v1::Health::NewStub(grpc::CreateChannel(target_, grpc::InsecureChannelCredentials()));
+    serving_ = WaitFor([&] {
+      grpc::ClientContext ctx;
+      grpc::health::v1::HealthCheckRequest req;
+      grpc::health::v1::HealthCheckResponse resp;
+      return health->Check(&ctx, req, &resp).ok() && resp.status() == grpc::health::v1::HealthCheckResponse::SERVING;
+    });
+  }
+  ~FakeGpuDaemon() {
+    if (daemon_ != nullptr) {
+      daemon_->RequestStop();
+      thread_.join();
+      // Kept, as wprepd keeps its own at exit (fault_test.cc says why).
+      static auto* const stopped =
+          new std::vector<std::pair<std::unique_ptr<server::Daemon>, std::unique_ptr<FakeRuntime>>>();
+      stopped->emplace_back(std::move(daemon_), std::move(runtime_));
+    }
+  }
+  bool ok() const { return serving_; }
+  const std::string& error() const { return error_; }
+  const std::string& target() const { return target_; }
+  const std::string& tcp_target() const { return tcp_target_; }
+  FakeRuntime& fake() { return *runtime_; }
+  const TempDir& dir() const { return dir_; }
+  static std::string Uuid() {
+    const server::Uuid u = FakeRuntime::FakeUuid(0);
+    return std::string(reinterpret_cast<const char*>(u.data()), u.size());
+  }
+
+ private:
+  TempDir dir_;
+  std::unique_ptr<FakeRuntime> runtime_ = std::make_unique<FakeRuntime>(1);  // outlives the daemon
+  std::string target_, tcp_target_, error_;
+  std::unique_ptr<server::Daemon> daemon_;
+  std::thread thread_;
+  bool serving_ = false;
+};
+
+// A golden case with an input above one granule, so that it can span two chunks.
+const GoldenCase& SpanningCase() {
+  for (const GoldenCase& g : GoldenCases()) {
+    if (!g.error && !g.output_file.empty() && g.input_bytes > kGranularity + 512) return g;
+  }
+  ADD_FAILURE() << "no golden case above 4.5 KiB";
+  return GoldenCases().front();
+}
+
+v1::ConvertRequest VmmRequestFor(const GoldenCase& g, const v1::CudaIpcBuffer& src, const v1::CudaIpcBuffer& dst) {
+  v1::ConvertRequest r = ConvertRequestFor(g.spec, g.logical_shape, {});
+  r.clear_source_bytes();
+  *r.mutable_source_ipc() = src;
+  *r.mutable_destination_ipc() = dst;
+  return r;
+}
+
+std::unique_ptr<v1::WeightPrep::Stub> Stub(const std::string& target) {
+  return v1::WeightPrep::NewStub(grpc::CreateChannel(target, grpc::InsecureChannelCredentials()));
+}
+
+grpc::Status Convert(const std::string& target, const v1::ConvertRequest& req, v1::ConvertResponse* resp = nullptr) {
+  v1::ConvertResponse ignored;
+  grpc::ClientContext ctx;
+  return Stub(target)->Convert(&ctx, req, resp != nullptr ? resp : &ignored);
+}
+
+// A memfd of this process of `size` bytes, holding `content` at `offset`.
+int Memfd(uint64_t size, const std::string& content = "", uint64_t offset = 0) {
+  const int fd = memfd_create("wprep-vmm-test", MFD_CLOEXEC);
+  EXPECT_GE(fd, 0);
+  EXPECT_EQ(ftruncate(fd, static_cast<off_t>(size)), 0);
+  if (!content.empty()) {
+    EXPECT_EQ(pwrite(fd, content.data(), content.size(), static_cast<off_t>(offset)),
+              static_cast<ssize_t>(content.size()));
+  }
+  return fd;
+}
+
+std::string ReadMemfd(int fd, uint64_t bytes) {
+  std::string out(bytes, '\0');
+  EXPECT_EQ(pread(fd, out.data(), bytes, 0), static_cast<ssize_t>(bytes));
+  return out;
+}
+
+// Whether this process may take its own descriptors with pidfd_getfd (what every
+// in-process client below relies on); the reason when not.
+std::string PidfdGetfdUnavailable() {
+  absl::StatusOr<int> pidfd = server::OpenPidfd(getpid());
+  if (!pidfd.ok()) return pidfd.status().ToString();
+  absl::StatusOr<int> fd = server::TakeFd(*pidfd, 0);
+  close(*pidfd);
+  if (!fd.ok() && fd.status().code() != absl::StatusCode::kInvalidArgument) return fd.status().ToString();
+  if (fd.ok()) close(*fd);
+  return "";
+}
+
+#define SKIP_WITHOUT_PIDFD_GETFD()                                                          \
+  if (const std::string why = PidfdGetfdUnavailable(); !why.empty()) {                        \
+    GTEST_SKIP() << "pidfd_getfd cannot run here: " << why;                                    \
+  }
+
+TEST(VmmDaemon, ConvertsAChildProcessChunksAndReusesTheMappingUntilItExits) {
+  SKIP_WITHOUT_PIDFD_GETFD();
+  FakeGpuDaemon d;
+  ASSERT_TRUE(d.ok()) << d.error();
+  const GoldenCase& g = SpanningCase();
+  const std::string input = AsString(GoldenInput(g));
+  // The source starts 512 bytes before the end of its first chunk and runs into the
+  // second: the chunks must map back to back.
+  const uint64_t offset = kGranularity - 512;
+  const uint64_t second = RoundUp(offset + input.size() - kGranularity);
+  std::string whole(kGranularity + second, '\0');
+  whole.replace(offset, input.size(), input);
+  WriteAll(d.dir().File("chunk0"), whole.substr(0, kGranularity));
+  WriteAll(d.dir().File("chunk1"), whole.substr(kGranularity));
+  const uint64_t out_bytes = RoundUp(g.output_bytes);
+  // pid 0 and fds -1, -2, -3: the client fills in its own pid and memfds.
+  const v1::ConvertRequest req =
+      VmmRequestFor(g, VmmBuffer(0, {{-1, kGranularity}, {-2, second}}, offset, input.size(), d.Uuid()),
+                    VmmBuffer(0, {{-3, out_bytes}}, 0, g.output_bytes, d.Uuid()));
+  WriteAll(d.dir().File("request"), req.SerializeAsString());
+  Child child({"--target=" + d.target(), "--request=" + d.dir().File("request"),
+               absl::StrCat("--memfd=", kGranularity, ":", d.dir().File("chunk0")),
+               absl::StrCat("--memfd=", second, ":", d.dir().File("chunk1")), absl::StrCat("--memfd=", out_bytes),
+               "--out=2:" + d.dir().File("out"), "--repeat=2", "--hold"});
+  ASSERT_GT(child.pid(), 0);
+  for (int k = 0; k < 3; ++k) ASSERT_GE(child.MemfdLine(), 0);
+  EXPECT_EQ(child.Line(), "code=0 ");
+  EXPECT_EQ(child.Line(), "code=0 ");
+  ASSERT_EQ(child.Line(), "holding");
+  const std::string out = ReadAll(d.dir().File("out"));
+  ASSERT_GE(out.size(), g.output_bytes);
+  EXPECT_TRUE(MatchesGolden(g, out.substr(0, g.output_bytes))) << g.name;
+  // Two calls, one mapping each of source and destination.
+  EXPECT_EQ(d.fake().totals().vmm_opens, 2);
+  EXPECT_EQ(d.fake().totals().vmm_mapped_now, 2);
+  // The client exits: its mappings close (the daemon's janitor sweeps every second).
+  child.CloseStdin();
+  child.Wait();
+  EXPECT_TRUE(WaitFor([&] { return d.fake().totals().vmm_mapped_now == 0; }))
+      << "mapped now: " << d.fake().totals().vmm_mapped_now;
+  EXPECT_EQ(d.fake().totals().vmm_closes, 2);
+}
+
+TEST(VmmDaemon, RefusesAPidThatIsNotThePeerWithNothingMapped) {
+  SKIP_WITHOUT_PIDFD_GETFD();
+  FakeGpuDaemon d;
+  ASSERT_TRUE(d.ok()) << d.error();
+  const GoldenCase& g = SpanningCase();
+  // Another process, whose memfds the daemon could take: this client names it.
+  Child other({"--memfd=" + std::to_string(RoundUp(g.input_bytes)), "--memfd=" + std::to_string(RoundUp(g.output_bytes)),
+               "--hold"});
+  ASSERT_GT(other.pid(), 0);
+  const int src_fd = other.MemfdLine(), dst_fd = other.MemfdLine();
+  ASSERT_EQ(other.Line(), "holding");
+  const FakeRuntime::Counts before = d.fake().totals();  // the warm-up's conversions
+  const v1::ConvertRequest req =
+      VmmRequestFor(g, VmmBuffer(other.pid(), {{src_fd, RoundUp(g.input_bytes)}}, 0, g.input_bytes, d.Uuid()),
+                    VmmBuffer(other.pid(), {{dst_fd, RoundUp(g.output_bytes)}}, 0, g.output_bytes, d.Uuid()));
+  grpc::Status s = Convert(d.target(), req);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED) << s.error_message();
+  EXPECT_TRUE(absl::StrContains(s.error_message(), "source_ipc.vmm.pid")) << s.error_message();
+  // A batch is refused the same way.
+  v1::ConvertBatchRequest batch;
+  v1::ConvertItem* item = batch.add_items()->mutable_convert();
+  *item->mutable_spec() = req.spec();
+  *item->mutable_logical_shape() = req.logical_shape();
+  *item->mutable_source()->mutable_ipc() = req.source_ipc();
+  *item->mutable_destination()->mutable_ipc() = req.destination_ipc();
+  grpc::ClientContext ctx;
+  v1::ConvertBatchResponse resp;
+  s = Stub(d.target())->ConvertBatch(&ctx, batch, &resp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED) << s.error_message();
+  EXPECT_TRUE(absl::StrContains(s.error_message(), "items[0].convert.source.ipc.vmm.pid")) << s.error_message();
+  const FakeRuntime::Counts c = d.fake().totals();
+  EXPECT_EQ(c.vmm_opens, 0);
+  EXPECT_EQ(c.vmm_open_failures, 0);
+  EXPECT_EQ(c.converts, before.converts);
+}
+
+TEST(VmmDaemon, RefusesVmmBuffersOverTcp) {
+  SKIP_WITHOUT_PIDFD_GETFD();
+  FakeGpuDaemon d;
+  ASSERT_TRUE(d.ok()) << d.error();
+  ASSERT_FALSE(d.tcp_target().empty());
+  const GoldenCase& g = SpanningCase();
+  const int src = Memfd(RoundUp(g.input_bytes)), dst = Memfd(RoundUp(g.output_bytes));
+  const v1::ConvertRequest req =
+      VmmRequestFor(g, VmmBuffer(getpid(), {{src, RoundUp(g.input_bytes)}}, 0, g.input_bytes, d.Uuid()),
+                    VmmBuffer(getpid(), {{dst, RoundUp(g.output_bytes)}}, 0, g.output_bytes, d.Uuid()));
+  grpc::Status s = Convert(d.tcp_target(), req);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED) << s.error_message();
+  EXPECT_TRUE(absl::StrContains(s.error_message(), "Unix socket")) << s.error_message();
+  EXPECT_EQ(d.fake().totals().vmm_opens, 0);
+  // The same request on the Unix socket, from this process: served.
+  s = Convert(d.target(), req);
+  EXPECT_TRUE(s.ok()) << s.error_message();
+  close(src);
+  close(dst);
+}
+
+TEST(VmmDaemon, MalformedBuffersGetTheirStatusAndTheDaemonKeepsServing) {
+  SKIP_WITHOUT_PIDFD_GETFD();
+  FakeGpuDaemon d;
+  ASSERT_TRUE(d.ok()) << d.error();
+  const GoldenCase& g = SpanningCase();
+  const std::string input = AsString(GoldenInput(g));
+  const uint64_t in_bytes = RoundUp(input.size()), out_bytes = RoundUp(g.output_bytes);
+  const int src = Memfd(in_bytes, input), dst = Memfd(out_bytes);
+  const int pid = getpid();
+  auto good = [&] {
+    return VmmRequestFor(g, VmmBuffer(pid, {{src, in_bytes}}, 0, input.size(), d.Uuid()),
+                         VmmBuffer(pid, {{dst, out_bytes}}, 0, g.output_bytes, d.Uuid()));
+  };
+  struct Case {
+    const char* what;
+    std::function<void(v1::ConvertRequest*)> edit;
+    grpc::StatusCode code;
+  };
+  const std::vector<Case> cases = {
+      {"a descriptor not open in the client",
+       [](v1::ConvertRequest* r) { r->mutable_source_ipc()->mutable_vmm()->mutable_chunks(0)->set_fd(1000); },
+       grpc::StatusCode::INVALID_ARGUMENT},
+      {"a chunk larger than its allocation (wrong size)",
+       [&](v1::ConvertRequest* r) { r->mutable_source_ipc()->mutable_vmm()->mutable_chunks(0)->set_size(in_bytes * 4); },
+       grpc::StatusCode::INVALID_ARGUMENT},
+      {"an offset past the end", [&](v1::ConvertRequest* r) { r->mutable_source_ipc()->set_offset(in_bytes + 1); },
+       grpc::StatusCode::INVALID_ARGUMENT},
+      {"a size that is not a multiple of the granularity",
+       [&](v1::ConvertRequest* r) { r->mutable_destination_ipc()->mutable_vmm()->mutable_chunks(0)->set_size(out_bytes - 1); },
+       grpc::StatusCode::INVALID_ARGUMENT},
+      {"zero chunks", [](v1::ConvertRequest* r) { r->mutable_source_ipc()->mutable_vmm()->clear_chunks(); },
+       grpc::StatusCode::INVALID_ARGUMENT},
+      {"a GPU the daemon does not have",
+       [](v1::ConvertRequest* r) { r->mutable_source_ipc()->set_device_uuid(std::string(16, '\x7f')); },
+       grpc::StatusCode::INVALID_ARGUMENT},
+      {"a fabric handle (not importable here)",
+       [](v1::ConvertRequest* r) {
+         v1::CudaVmmBuffer* v = r->mutable_source_ipc()->mutable_vmm();
+         v->set_handle_type(v1::VMM_HANDLE_TYPE_FABRIC);
+         v->mutable_chunks(0)->set_fabric_handle(std::string(64, 'f'));
+       },
+       grpc::StatusCode::FAILED_PRECONDITION},
+      {"a pid that does not exist", [](v1::ConvertRequest* r) { r->mutable_source_ipc()->mutable_vmm()->set_pid(0x3fffffff); },
+       grpc::StatusCode::PERMISSION_DENIED},
+  };
+  for (const Case& c : cases) {
+    v1::ConvertRequest r = good();
+    c.edit(&r);
+    const FakeRuntime::Counts before = d.fake().totals();
+    grpc::Status s = Convert(d.target(), r);
+    EXPECT_EQ(s.error_code(), c.code) << c.what << ": " << s.error_message();
+    // Nothing new stays mapped, and nothing was converted.
+    EXPECT_EQ(d.fake().totals().vmm_mapped_now, before.vmm_mapped_now) << c.what;
+    EXPECT_EQ(d.fake().totals().converts, before.converts) << c.what;
+    // The daemon still serves a good request.
+    ASSERT_EQ(pwrite(dst, std::string(g.output_bytes, '\xAB').data(), g.output_bytes, 0),
+              static_cast<ssize_t>(g.output_bytes));
+    s = Convert(d.target(), good());
+    EXPECT_TRUE(s.ok()) << "after " << c.what << ": " << s.error_message();
+    EXPECT_TRUE(MatchesGolden(g, ReadMemfd(dst, g.output_bytes))) << "after " << c.what;
+  }
+  // The good requests shared one mapping of each buffer.
+  EXPECT_EQ(d.fake().totals().vmm_opens, 2);
+  close(src);
+  close(dst);
+}
+
+}  // namespace
+}  // namespace wprep::testing
