@@ -13,11 +13,16 @@
 #include "flags.h"
 #include "local_convert.h"
 #include "wprep/kernels/quantize.h"
+#if defined(WPREP_CLI_REMOTE)
+#include "wprep/client/client.h"
+#include "wprep/v1/wprep.pb.h"
+#endif
 
 namespace wprep::cli {
 
 const char kQuantizeUsage[] =
-    "usage: wprep quantize --local [--device cpu] --dtype bfloat16|float16|float32\n"
+    "usage: wprep quantize (--local [--device cpu] | --target unix:///path.sock|HOST:PORT)\n"
+    "         --dtype bfloat16|float16|float32\n"
     "         --shape D0,...,Q [--scale-rounding up|down] --input FILE\n"
     "         --values-output FILE --scales-output FILE\n"
     "Quantizes little-endian row-major weights [..., Q] to canonical MXFP4 values\n"
@@ -25,8 +30,8 @@ const char kQuantizeUsage[] =
     "docs/LAYOUTS.md, \"Quantization to MXFP4\").\n"
     "  --layout blackwell_value  a weight stored [..., N, K]: write blackwell_value values and\n"
     "                            blackwell_scale scales directly (fused, K even)\n"
-    "Not yet available: --target (daemon), --device cuda:N, the Hopper and Blackwell\n"
-    "shuffled fused layouts.\n";
+    "With --target the daemon quantizes (a quantize batch item, on its CPU engine).\n"
+    "Not yet available: --device cuda:N, the Hopper and Blackwell shuffled fused layouts.\n";
 
 namespace {
 
@@ -34,6 +39,45 @@ int Fail(const absl::Status& s) {
   std::fprintf(stderr, "%s: %s\n", absl::StatusCodeToString(s.code()).c_str(),
                std::string(s.message()).c_str());
   return 2;
+}
+
+// The daemon at `target` quantizes `input` as one quantize batch item; its two inline
+// outputs must be exactly the sizes the local planner gives (`values` and `scales` are
+// sized so).
+absl::Status QuantizeRemote(const std::string& target, const QuantizePlan& plan, bool blackwell,
+                            const std::vector<uint8_t>& input, std::vector<uint8_t>* values,
+                            std::vector<uint8_t>* scales) {
+#if defined(WPREP_CLI_REMOTE)
+  namespace v1 = wprep::v1;
+  v1::ConvertBatchRequest req;
+  v1::QuantizeItem* item = req.add_items()->mutable_quantize();
+  item->set_dtype(plan.dtype == QuantDtype::kBfloat16  ? v1::QUANTIZE_DTYPE_BFLOAT16
+                  : plan.dtype == QuantDtype::kFloat16 ? v1::QUANTIZE_DTYPE_FLOAT16
+                                                       : v1::QUANTIZE_DTYPE_FLOAT32);
+  for (int64_t d : plan.input_shape) item->add_shape(d);
+  item->set_scale_rounding(plan.rounding == ScaleRounding::kDown ? v1::SCALE_ROUNDING_DOWN : v1::SCALE_ROUNDING_UP);
+  item->set_layout(blackwell ? v1::QUANTIZE_LAYOUT_BLACKWELL : v1::QUANTIZE_LAYOUT_CANONICAL);
+  item->mutable_source()->set_inline_bytes(input.data(), input.size());
+  client::Client client(target, 1);
+  absl::StatusOr<v1::ConvertBatchResponse> resp = client.ConvertBatch(req);
+  if (!resp.ok()) return resp.status();
+  if (resp->items_size() != 1 || resp->items(0).outputs_size() != 2) {
+    return absl::DataLossError("the daemon answered a quantize item without its two outputs");
+  }
+  for (int j = 0; j < 2; ++j) {
+    const std::string& got = resp->items(0).outputs(j).inline_bytes();
+    std::vector<uint8_t>* out = j == 0 ? values : scales;
+    if (got.size() != out->size()) {
+      return absl::DataLossError(absl::StrCat("the daemon answered ", got.size(), " bytes of ",
+                                              resp->items(0).outputs(j).name(), "; the plan has ", out->size()));
+    }
+    out->assign(got.begin(), got.end());
+  }
+  return absl::OkStatus();
+#else
+  (void)target, (void)plan, (void)blackwell, (void)input, (void)values, (void)scales;
+  return absl::UnimplementedError("--target: this wprep was built without the RPC client; use --local");
+#endif
 }
 
 absl::Status Run(const std::vector<std::string>& args) {
@@ -45,12 +89,12 @@ absl::Status Run(const std::vector<std::string>& args) {
   spec.switches = {"--local"};
   auto flags = Flags::Parse(args, spec);
   if (!flags.ok()) return flags.status();
-  if (flags->Has("--target")) {
-    return absl::UnimplementedError(
-        "quantize --target: the daemon does not serve quantization yet; use --local");
+  const bool remote = flags->Has("--target");
+  if (remote == flags->Has("--local")) {
+    return absl::InvalidArgumentError("quantize: give one of --local and --target (see wprep quantize --help)");
   }
-  if (!flags->Has("--local")) {
-    return absl::InvalidArgumentError("quantize: --local is required (see wprep quantize --help)");
+  if (remote && flags->Has("--device")) {
+    return absl::InvalidArgumentError("--device is for --local; with --target the daemon picks the engine");
   }
   // Fused output: only the Blackwell pair so far (values blackwell_value, scales
   // blackwell_scale, for a weight stored [..., N, K]).
@@ -110,12 +154,13 @@ absl::Status Run(const std::vector<std::string>& args) {
   }
   std::vector<uint8_t> values(static_cast<size_t>(values_bytes));
   std::vector<uint8_t> scales(static_cast<size_t>(scales_bytes));
-  if (absl::Status s = blackwell ? QuantizeBlackwellOnCpu(*plan, input->data(), input->size(),
-                                                         values.data(), values.size(),
-                                                         scales.data(), scales.size())
-                                 : QuantizeOnCpu(*plan, input->data(), input->size(),
-                                                 values.data(), values.size(), scales.data(),
-                                                 scales.size());
+  if (absl::Status s = remote ? QuantizeRemote(*flags->Get("--target"), *plan, blackwell, *input, &values, &scales)
+                       : blackwell ? QuantizeBlackwellOnCpu(*plan, input->data(), input->size(),
+                                                            values.data(), values.size(),
+                                                            scales.data(), scales.size())
+                                   : QuantizeOnCpu(*plan, input->data(), input->size(),
+                                                   values.data(), values.size(), scales.data(),
+                                                   scales.size());
       !s.ok()) {
     return s;
   }

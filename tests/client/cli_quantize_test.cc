@@ -88,7 +88,7 @@ TEST_F(CliTest, QuantizeRefusesBadRequestsWithExit2AndNoFiles) {
       {"--local --dtype bfloat16 --shape 4,64 --device tpu:0" + io, "INVALID_ARGUMENT: ", "--device"},
       {"--local --dtype bfloat16 --shape 4,64 --bogus 1" + io, "INVALID_ARGUMENT: ", "--bogus"},
       {"--dtype bfloat16 --shape 4,64" + io, "INVALID_ARGUMENT: ", "--local"},
-      {"--target localhost:1 --dtype bfloat16 --shape 4,64" + io, "UNIMPLEMENTED: ", "--target"},
+      {"--local --target localhost:1 --dtype bfloat16 --shape 4,64" + io, "INVALID_ARGUMENT: ", "--target"},
   };
   for (const Bad& b : cases) {
     SCOPED_TRACE(b.flags);
