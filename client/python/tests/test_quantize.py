@@ -301,7 +301,8 @@ def _torch_cuda():
 
 @pytest.fixture(scope="module")
 def gpu_client():
-    """A daemon serving the GPUs (the session's `client` is pinned to the CPU engine)."""
+    """A daemon serving the GPUs (the session's `client` is pinned to the CPU engine). The tests
+    that use it have "gpu" in their names, for `pytest -k gpu` on a GPU machine."""
     _torch_cuda()
     from conftest import wprepd_path
     from wprep.testing import LocalDaemon
@@ -323,7 +324,7 @@ def _bytes(t):
 
 @pytest.mark.parametrize("layout", [None, "blackwell_value"])
 @pytest.mark.parametrize("case", CASES[::3], ids=[c["name"] for c in CASES[::3]])
-def test_cuda_tensors_are_quantized_in_place_and_equal_the_cpu_engine(client, gpu_client, case, layout):
+def test_gpu_cuda_tensors_are_quantized_in_place_and_equal_the_cpu_engine(client, gpu_client, case, layout):
     torch = _torch_cuda()
     x = _cuda_bf16(torch, _input(case))
     cpu = wprep.quantize_mxfp4(_input(case), layout=layout, scale_rounding=_rounding(case), client=client)
@@ -345,7 +346,7 @@ def test_cuda_tensors_are_quantized_in_place_and_equal_the_cpu_engine(client, gp
 
 
 @pytest.mark.parametrize("dtype", ["float16", "float32"])
-def test_cuda_float16_and_float32_equal_the_cpu_engine(client, gpu_client, dtype):
+def test_gpu_cuda_float16_and_float32_equal_the_cpu_engine(client, gpu_client, dtype):
     torch = _torch_cuda()
     x = _random(np.random.default_rng(3), (3, 130, 96), dtype)
     cpu = wprep.quantize_mxfp4(x, layout="blackwell_value", client=client)
@@ -353,7 +354,7 @@ def test_cuda_float16_and_float32_equal_the_cpu_engine(client, gpu_client, dtype
     assert _bytes(q.values) == cpu.values.tobytes() and _bytes(q.scales) == cpu.scales.tobytes()
 
 
-def test_cuda_bad_inputs_are_refused(gpu_client):
+def test_gpu_cuda_bad_inputs_are_refused(gpu_client):
     torch = _torch_cuda()
     x = torch.zeros((64, 64), dtype=torch.bfloat16, device="cuda")
     assert "dtype" in _invalid(lambda: wprep.quantize_mxfp4(x.to(torch.float64), client=gpu_client))
