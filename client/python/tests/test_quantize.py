@@ -1,9 +1,11 @@
 """wprep.quantize_mxfp4 against a real wprepd on the CPU engine (numpy, inline bytes): every
 case of tests/data/golden_quant byte for byte, the fused Blackwell layout equal to quantize
 then the two swizzles (the daemon's convert) and to the CLI's in-process engine
-(`wprep quantize --local`), float16 and float32 inputs, out= in place, and the errors; and,
-with torch and a GPU (skipped otherwise), CUDA tensors quantized in place through IPC on a GPU
-daemon, bytes equal to the CPU engine's."""
+(`wprep quantize --local`), float16 and float32 inputs, out= in place, and the errors. The
+CUDA request (IPC offsets and sizes, outputs allocated or given, the stream synchronized, the
+errors before any export) against a stand-in for torch; and, with torch and a GPU (skipped
+otherwise), CUDA tensors quantized in place through IPC on a GPU daemon, bytes equal to the
+CPU engine's."""
 
 import json
 import os
@@ -366,3 +368,237 @@ def test_gpu_cuda_bad_inputs_are_refused(gpu_client):
     with pytest.raises(WprepError) as e:
         wprep.quantize_mxfp4(x, completion="stream", client=gpu_client)
     assert e.value.code == grpc.StatusCode.UNIMPLEMENTED
+
+
+# -- the CUDA request, against a stand-in for torch (machines without a GPU) -------------------
+
+
+class _DType:
+    def __init__(self, name, itemsize):
+        self.name, self.itemsize = name, itemsize
+
+    def __repr__(self):
+        return f"torch.{self.name}"
+
+
+class _Device:
+    type = "cuda"
+
+    def __init__(self, index):
+        self.index = index
+
+    def __eq__(self, other):
+        return isinstance(other, _Device) and other.index == self.index
+
+    def __repr__(self):
+        return f"cuda:{self.index}"
+
+
+def _fake_torch(rec):
+    """What quantize_mxfp4 uses of torch: dtypes, contiguous views, byte views, _share_cuda_'s
+    8-tuple (version byte + b"c" + the 64-byte handle, the storage's offset in its block)."""
+    import types
+
+    torch = types.ModuleType("torch")
+    dtypes = {n: _DType(n, s) for n, s in (("bfloat16", 2), ("float16", 2), ("float32", 4), ("float64", 8),
+                                            ("uint8", 1))}
+
+    class Storage:
+        def __init__(self, base, block_offset, nbytes):
+            self.base, self.block_offset, self._nbytes = base, block_offset, nbytes
+
+        def data_ptr(self):
+            return self.base + self.block_offset
+
+        def nbytes(self):
+            return self._nbytes
+
+        def _share_cuda_(self):
+            rec["shared"] += 1
+            handle = b"\x02c" + self.base.to_bytes(8, "little") * 8
+            return (0, handle, self._nbytes, self.block_offset, b"/refs", rec["shared"], b"\0" * 64, True)
+
+    class Tensor:
+        is_cuda = True
+
+        def __init__(self, storage, shape, strides, offset, dtype, device=0):
+            self._storage, self.shape, self._strides = storage, tuple(shape), tuple(strides)
+            self._offset, self.dtype, self.device = offset, dtype, _Device(device)
+
+        def stride(self):
+            return self._strides
+
+        def storage_offset(self):
+            return self._offset
+
+        def untyped_storage(self):
+            return self._storage
+
+        def element_size(self):
+            return self.dtype.itemsize
+
+        def numel(self):
+            return int(np.prod(self.shape, dtype=np.int64))
+
+        def is_contiguous(self):
+            return self._strides == tuple(np.cumprod((1, *self.shape[:0:-1]))[::-1].tolist())
+
+        def detach(self):
+            return self
+
+        def reshape(self, *shape):
+            assert shape == (-1,) and self.is_contiguous()
+            return Tensor(self._storage, (self.numel(),), (1,), self._offset, self.dtype, self.device.index)
+
+        def view(self, dtype):
+            assert len(self.shape) == 1 and self.dtype.itemsize % dtype.itemsize == 0
+            r = self.dtype.itemsize // dtype.itemsize
+            return Tensor(self._storage, (self.numel() * r,), (1,), self._offset * r, dtype, self.device.index)
+
+        def t(self):
+            return Tensor(self._storage, self.shape[::-1], self._strides[::-1], self._offset, self.dtype,
+                          self.device.index)
+
+    class UntypedStorage:
+        @staticmethod
+        def _release_ipc_counter_cuda(handle, offset):
+            rec["released"] += 1
+
+    bases = [1 << 40]
+
+    def empty(shape, dtype=None, device=None):
+        bases[0] += 1 << 30
+        n = int(np.prod(shape, dtype=np.int64))
+        rec["allocated"].append((tuple(shape), dtype))
+        strides = tuple(np.cumprod((1, *shape[:0:-1]))[::-1].tolist()) if shape else ()
+        return Tensor(Storage(bases[0], 0, n), shape, strides, 0, dtype, device.index)
+
+    class Stream:
+        def __init__(self, d):
+            self.d = d
+
+        def synchronize(self):
+            rec["synced"].append(self.d)
+
+    torch.Tensor, torch.UntypedStorage, torch.empty, torch.__version__ = Tensor, UntypedStorage, empty, "fake"
+    torch.cuda = types.SimpleNamespace(
+        current_stream=Stream,
+        get_device_properties=lambda i: types.SimpleNamespace(uuid=types.SimpleNamespace(bytes=[i] * 16)))
+    torch.Storage = Storage
+    for n, d in dtypes.items():
+        setattr(torch, n, d)
+    return torch
+
+
+@pytest.fixture
+def fake_torch(monkeypatch):
+    import sys
+
+    from wprep import _torch
+
+    rec = {"shared": 0, "released": 0, "synced": [], "allocated": []}
+    torch = _fake_torch(rec)
+    monkeypatch.setitem(sys.modules, "torch", torch)
+    _torch.device_uuid.cache_clear()
+    yield torch, rec
+    _torch.device_uuid.cache_clear()
+
+
+class _Recording:
+    """A client that records the request and answers as a GPU daemon would."""
+
+    def __init__(self):
+        import wprep._torch as t
+
+        self._registry = t.Registry()
+        self.requests = []
+
+    def _unary(self, method, req, timeout):
+        self.requests.append((method, req))
+        q = req.items[0].quantize
+        shapes = output_shapes(q.shape, "blackwell_value" if q.layout == pb.QUANTIZE_LAYOUT_BLACKWELL else None)
+        resp = pb.ConvertBatchResponse()
+        item = resp.items.add(engine="cuda:GPU-fake", kernel_seconds=0.5)
+        for name, shape in zip(("values", "scales"), shapes):
+            item.outputs.add(name=name, shape=shape, bytes=int(np.prod(shape, dtype=np.int64)))
+        return resp
+
+
+def _fake_x(torch, shape=(2, 64, 96), dtype="bfloat16", block_offset=4096, offset=10):
+    dt = getattr(torch, dtype)
+    n = int(np.prod(shape))
+    storage = torch.Storage(1 << 36, block_offset, (n + offset) * dt.itemsize)
+    strides = tuple(np.cumprod((1, *shape[:0:-1]))[::-1].tolist())
+    return torch.Tensor(storage, shape, strides, offset, dt)
+
+
+@pytest.mark.parametrize("layout", [None, "blackwell_value"])
+def test_a_cuda_tensor_goes_by_ipc_with_outputs_allocated_on_its_gpu(fake_torch, layout):
+    torch, rec = fake_torch
+    x = _fake_x(torch)
+    c = _Recording()
+    q = wprep.quantize_mxfp4(x, layout=layout, scale_rounding="down", client=c)
+    (method, req), = c.requests
+    assert method == "ConvertBatch" and len(req.items) == 1 and not req.HasField("wait_for")
+    item = req.items[0].quantize
+    assert item.dtype == pb.QUANTIZE_DTYPE_BFLOAT16 and list(item.shape) == [2, 64, 96]
+    assert item.scale_rounding == pb.SCALE_ROUNDING_DOWN
+    assert item.layout == (pb.QUANTIZE_LAYOUT_BLACKWELL if layout else pb.QUANTIZE_LAYOUT_CANONICAL)
+    # The source: its block's handle, at the block offset plus the view's offset in bytes.
+    src = item.source.ipc
+    assert len(src.handle) == 64 and src.offset == 4096 + 10 * 2 and src.size == 2 * 64 * 96 * 2
+    assert src.device_uuid == bytes(16) and not src.strides
+    vshape, sshape = output_shapes((2, 64, 96), layout)
+    assert rec["allocated"] == [(vshape, torch.uint8), (sshape, torch.uint8)]
+    assert item.values.ipc.size == np.prod(vshape) and item.scales.ipc.size == np.prod(sshape)
+    assert item.values.ipc.handle != src.handle != item.scales.ipc.handle
+    # Exported once each, their ref counters released; the stream synchronized before sending.
+    assert rec["shared"] == 3 and rec["released"] == 3 and rec["synced"] == [0]
+    assert tuple(q.values.shape) == vshape and tuple(q.scales.shape) == sshape and q.engine == "cuda:GPU-fake"
+
+
+def test_cuda_out_is_written_in_place(fake_torch):
+    torch, rec = fake_torch
+    x = _fake_x(torch, (4, 64), "float32")
+    out = (torch.empty((4, 32), dtype=torch.uint8, device=_Device(0)),
+           torch.empty((8,), dtype=torch.uint8, device=_Device(0)))  # any shape of the right bytes
+    rec["allocated"].clear()
+    c = _Recording()
+    q = wprep.quantize_mxfp4(x, out=out, client=c)
+    assert q.values is out[0] and q.scales is out[1] and rec["allocated"] == []
+    item = c.requests[0][1].items[0].quantize
+    assert item.dtype == pb.QUANTIZE_DTYPE_FLOAT32 and item.values.ipc.size == 128 and item.scales.ipc.size == 8
+
+
+def test_cuda_bad_inputs_are_refused_before_any_export(fake_torch):
+    torch, rec = fake_torch
+    c = _Recording()
+    x = _fake_x(torch, (64, 64))
+    assert "dtype" in _invalid(lambda: wprep.quantize_mxfp4(_fake_x(torch, (4, 64), "float64"), client=c))
+    assert "contiguous" in _invalid(lambda: wprep.quantize_mxfp4(x.t(), client=c))
+    other = (torch.empty((64, 32), dtype=torch.uint8, device=_Device(1)),
+             torch.empty((64, 2), dtype=torch.uint8, device=_Device(1)))
+    assert "share a GPU" in _invalid(lambda: wprep.quantize_mxfp4(x, out=other, client=c))
+    short = (torch.empty((64, 32), dtype=torch.uint8, device=_Device(0)),
+             torch.empty((64, 1), dtype=torch.uint8, device=_Device(0)))
+    assert "out scales" in _invalid(lambda: wprep.quantize_mxfp4(x, out=short, client=c))
+    wide = (torch.empty((64, 32), dtype=torch.uint8, device=_Device(0)),
+            torch.empty((64, 1), dtype=torch.bfloat16, device=_Device(0)))
+    assert "one-byte" in _invalid(lambda: wprep.quantize_mxfp4(x, out=wide, client=c))
+    host = (np.zeros((64, 32), np.uint8), np.zeros((64, 2), np.uint8))
+    assert "CUDA tensor" in _invalid(lambda: wprep.quantize_mxfp4(x, out=host, client=c))
+    assert "even K" in _invalid(lambda: wprep.quantize_mxfp4(_fake_x(torch, (4, 33)), layout="blackwell_value",
+                                                            client=c))
+    with pytest.raises(WprepError) as e:
+        wprep.quantize_mxfp4(x, completion="async", client=c)
+    assert e.value.code == grpc.StatusCode.UNIMPLEMENTED
+    assert rec["shared"] == 0 and rec["synced"] == [] and c.requests == []
+
+
+def test_the_cpu_daemon_takes_the_ipc_request_up_to_finding_the_gpu(fake_torch, client):
+    # The request is well formed for the daemon (handles, sizes, one GPU, no overlap): the
+    # CPU-only daemon refuses it only where it looks for the source's GPU.
+    torch, _ = fake_torch
+    with pytest.raises(WprepError) as e:
+        wprep.quantize_mxfp4(_fake_x(torch), layout="blackwell_value", client=client)
+    assert e.value.details.startswith("items[0].quantize.source.ipc.device_uuid"), e.value
