@@ -173,6 +173,8 @@ absl::StatusOr<Options> ParseOptions(const std::vector<std::string>& args) {
        }},
       {"ipc-idle-expiry", [&](const std::string& v) { return ParseDuration("ipc-idle-expiry", v, &o.ipc_idle_expiry); }},
       {"port-file", [&](const std::string& v) { o.port_file = v; return absl::OkStatus(); }},
+      {"weights-root", [&](const std::string& v) { o.weights_root = v; return absl::OkStatus(); }},
+      {"weights-budget", [&](const std::string& v) { return ParseBytes("weights-budget", v, &o.weights_budget); }},
   };
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];
@@ -304,6 +306,12 @@ Flags (--name=value or --name value):
                            request may use at once (default 4096)
   --ipc-idle-expiry D      unused IPC mappings close after this (default 5m)
   --port-file PATH         write the bound addresses here once listening
+  --weights-root DIR       the directory LoadWeights may read checkpoints from (paths
+                           outside it, '..' and symlinks out are refused); default
+                           none: loading weight sets from files is off
+  --weights-budget N       bytes all resident weight sets may hold together, e.g.
+                           40G; a load that would pass it is refused (default 0 =
+                           unlimited)
 )";
 }
 
