@@ -14,6 +14,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -332,6 +333,14 @@ TEST_F(WeightsTest, LoadsAppliesRulesAndAttachesTheSameBytes) {
   EXPECT_EQ(list.sets(0).attachments(), 1u);
   EXPECT_EQ(list.sets(0).manifest().tensors_size(), 0);  // without with_tensors
   EXPECT_EQ(list.resident_bytes(), last.manifest().total_bytes());
+  {
+    const std::string m = HttpGet(daemon_->metrics_address(), "/metrics");
+    EXPECT_EQ(MetricValue(m, "wprep_weight_set_resident_bytes", {{"set", "gpt"}}),
+              static_cast<double>(last.manifest().total_bytes()));
+    EXPECT_EQ(MetricValue(m, "wprep_weight_attachments"), 1.0);
+    EXPECT_EQ(MetricValue(m, "wprep_weight_load_seconds_count"), 1.0);
+    EXPECT_EQ(MetricValue(m, "wprep_weight_loads_failed_total"), 0.0);
+  }
 
   // Attached: a plain drop is refused and changes nothing; detaching ends the stream OK.
   EXPECT_EQ(Drop("gpt", false).error_code(), grpc::StatusCode::FAILED_PRECONDITION);
@@ -352,6 +361,11 @@ TEST_F(WeightsTest, LoadsAppliesRulesAndAttachesTheSameBytes) {
   EXPECT_EQ(SetCount(), 0);
   EXPECT_EQ(Resident(), 0u);
   EXPECT_NE(access(a.shm_path().c_str(), F_OK), 0) << "a dropped set's file stays";
+  {
+    const std::string m = HttpGet(daemon_->metrics_address(), "/metrics");
+    EXPECT_EQ(MetricValue(m, "wprep_weight_set_resident_bytes", {{"set", "gpt"}}), std::nullopt);
+    EXPECT_EQ(MetricValue(m, "wprep_weight_attachments"), 0.0);
+  }
   EXPECT_EQ(Drop("gpt", false).error_code(), grpc::StatusCode::NOT_FOUND);
 }
 
@@ -426,6 +440,7 @@ TEST_F(WeightsTest, OverBudgetIsRefusedBeforeAnythingChanges) {
   EXPECT_EQ(list.sets(0).manifest().name(), "a");
   EXPECT_EQ(list.resident_bytes(), one);
   EXPECT_EQ(list.budget_bytes(), one + one / 2);
+  EXPECT_EQ(MetricValue(HttpGet(daemon_->metrics_address(), "/metrics"), "wprep_weight_loads_failed_total"), 1.0);
   // Freed room is usable again.
   ASSERT_TRUE(Drop("a", false).ok());
   EXPECT_TRUE(Load("b", "model.safetensors").status.ok());
@@ -584,6 +599,63 @@ TEST_F(WeightsTest, KilledClientIsDetached) {
   EXPECT_TRUE(WaitAttachments("s", 0)) << "the killed client is still attached";
   EXPECT_TRUE(Drop("s", false).ok());
   EXPECT_EQ(daemon_->Health(), 1);
+}
+
+// Runs `wprep ARGS` and returns its exit status and what it printed (stdout and stderr).
+int RunCli(const std::string& args, std::string* output) {
+  const std::string cmd = absl::StrCat(WPREP_CLI_PATH, " ", args, " 2>&1");
+  std::unique_ptr<FILE, int (*)(FILE*)> p(popen(cmd.c_str(), "r"), pclose);
+  char buf[4096];
+  size_t n;
+  while (p && (n = fread(buf, 1, sizeof buf, p.get())) > 0) output->append(buf, n);
+  const int status = pclose(p.release());
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+TEST_F(WeightsTest, CliLoadsListsShowsAndDrops) {
+  StartDaemon();
+  WriteSafetensors(root_ + "/model.safetensors", Checkpoint());
+  const std::string target = "--target " + daemon_->unix_target();
+  std::string out;
+  ASSERT_EQ(RunCli(absl::StrCat("weights load cli model.safetensors ", target,
+                                " --progress none --rules 'lm_head*=verbatim;*_blocks=hopper_value;"
+                                "*.experts_scales=hopper_scale:mx_axis=-2'"),
+                   &out),
+            0)
+      << out;
+  EXPECT_NE(out.find("cli  model.safetensors"), std::string::npos) << out;
+  // The same rules as Rules(): the same set.
+  {
+    grpc::ClientContext actx;
+    v1::AttachWeightsRequest areq;
+    areq.set_name("cli");
+    auto attach = stub_->AttachWeights(&actx, areq);
+    v1::AttachWeightsResponse a;
+    ASSERT_TRUE(attach->Read(&a));
+    ExpectPrepared(Checkpoint(), a.manifest(), a.shm_path());
+    actx.TryCancel();
+    attach->Finish();
+  }
+  ASSERT_TRUE(WaitAttachments("cli", 0));
+  out.clear();
+  ASSERT_EQ(RunCli("weights list " + target, &out), 0) << out;
+  EXPECT_NE(out.find("cli  model.safetensors"), std::string::npos) << out;
+  EXPECT_NE(out.find("budget unlimited"), std::string::npos) << out;
+  out.clear();
+  ASSERT_EQ(RunCli("weights show cli " + target, &out), 0) << out;
+  EXPECT_NE(out.find("HopperMXValueLayout"), std::string::npos) << out;
+  EXPECT_NE(out.find("embed.weight"), std::string::npos) << out;
+  out.clear();
+  EXPECT_EQ(RunCli("weights load x ../escape " + target, &out), 2);
+  EXPECT_EQ(out.rfind("PERMISSION_DENIED", 0), 0u) << out;
+  out.clear();
+  EXPECT_EQ(RunCli("weights load x model.safetensors --rules 'a=nolayout' " + target, &out), 2);
+  EXPECT_EQ(out.rfind("INVALID_ARGUMENT", 0), 0u) << out;
+  out.clear();
+  ASSERT_EQ(RunCli("weights drop cli " + target, &out), 0) << out;
+  out.clear();
+  EXPECT_EQ(RunCli("weights show cli " + target, &out), 2);
+  EXPECT_EQ(out.rfind("NOT_FOUND", 0), 0u) << out;
 }
 
 }  // namespace

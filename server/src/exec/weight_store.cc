@@ -428,7 +428,7 @@ absl::StatusOr<std::shared_ptr<const WeightManifestData>> WeightStore::Load(
       }
     }
     ++p.tensors_done;
-    p.bytes_done = e.offset + e.bytes;
+    p.bytes_done = AlignUp(e.offset + e.bytes);
     if (!progress(p)) return fail(absl::CancelledError("the load was cancelled"));
   }
   if (set->base != nullptr) mprotect(set->base, set->size, PROT_READ);  // read-only from here on
