@@ -1,5 +1,7 @@
 #include "wprep/server/options.h"
 
+#include <sys/stat.h>
+
 #include <functional>
 #include <map>
 
@@ -208,6 +210,9 @@ absl::StatusOr<Options> ParseOptions(const std::vector<std::string>& args) {
 
 absl::Status ValidateOptions(const Options& o) {
   if (o.listen.empty()) return absl::InvalidArgumentError("at least one --listen address is needed");
+  if (struct stat st {}; !o.weights_root.empty() && (stat(o.weights_root.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))) {
+    return absl::InvalidArgumentError(absl::StrCat("--weights-root ", o.weights_root, ": not a directory"));
+  }
   for (const std::string& a : o.listen) {
     if (absl::Status s = ValidateAddress(a); !s.ok()) return s;
   }

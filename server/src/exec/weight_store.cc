@@ -482,21 +482,25 @@ absl::StatusOr<WeightAttachment> WeightStore::Attach(const std::string& name) {
 }
 
 absl::Status WeightStore::Hold(uint64_t id, absl::FunctionRef<bool()> cancelled) {
+  const bool* ended = nullptr;  // only Hold erases an attachment, so this stays valid
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = held_.find(id);
+    if (it == held_.end()) return absl::NotFoundError(absl::StrCat("no attachment ", id));
+    ended = &it->second.ended;
+  }
+  // The caller's cancellation wakes nobody, so it is polled between waits.
+  for (;;) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (mu_.AwaitWithTimeout(absl::Condition(ended), kHoldPoll)) break;
+    }
+    if (cancelled()) break;
+  }
   absl::MutexLock lock(&mu_);
   auto it = held_.find(id);
-  if (it == held_.end()) return absl::NotFoundError(absl::StrCat("no attachment ", id));
-  Held* held = &it->second;
-  // The caller's cancellation wakes nobody, so it is polled between waits.
-  while (!held->ended) {
-    mu_.AwaitWithTimeout(absl::Condition(&held->ended), kHoldPoll);
-    if (held->ended) break;
-    mu_.Unlock();
-    const bool gone = cancelled();
-    mu_.Lock();
-    if (gone) break;
-  }
-  absl::Status end = held->ended ? held->end : absl::OkStatus();
-  held_.erase(id);
+  absl::Status end = it->second.ended ? it->second.end : absl::OkStatus();
+  held_.erase(it);
   if (observer_.attachments) observer_.attachments(-1);
   return end;
 }
