@@ -196,7 +196,9 @@ absl::StatusOr<std::vector<Shard>> ReadCheckpoint(const std::string& root, const
     shard_index[file] = shards.size();
     shards.push_back(std::move(shard));
   }
-  for (const auto& [tensor, file] : shard_of) {
+  for (const auto& entry : shard_of) {
+    const std::string& tensor = entry.first;
+    const std::string& file = entry.second;
     const cli::SafetensorsHeader& h = shards[shard_index[file]].header;
     const bool held = std::any_of(h.tensors.begin(), h.tensors.end(),
                                   [&](const cli::SafetensorsTensor& t) { return t.name == tensor; });
