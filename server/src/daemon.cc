@@ -224,7 +224,8 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const Options& options, De
       p->spinners.get());
 
   p->weights = std::make_unique<WeightStore>(options.weights_root, options.weights_budget, options.cpu_threads,
-                                             "/dev/shm", WeightMetrics(p->metrics.get()));
+                                             options.weights_shm_dir, WeightMetrics(p->metrics.get()));
+  p->weights->RemoveStaleFiles();
   p->weights_service = std::make_unique<WeightSetsService>(p->weights.get());
 
   p->watch_slots = std::make_unique<WatchSlots>(options.max_watch_streams);

@@ -162,6 +162,8 @@ class WeightsTest : public ::testing::Test {
     outside_ = dir_ + "/outside";
     ASSERT_EQ(mkdir(root_.c_str(), 0755), 0);
     ASSERT_EQ(mkdir(outside_.c_str(), 0755), 0);
+    shm_ = dir_ + "/shm";
+    ASSERT_EQ(mkdir(shm_.c_str(), 0700), 0);
   }
   void TearDown() override {
     daemon_.reset();
@@ -172,6 +174,7 @@ class WeightsTest : public ::testing::Test {
   void StartDaemon(uint64_t budget = 0, bool with_root = true) {
     std::vector<std::string> args = {"--devices=cpu", "--cpu-threads=2"};
     if (with_root) args.push_back("--weights-root=" + root_);
+    args.push_back("--weights-shm-dir=" + shm_);  // the harness kills its daemons; no leftovers
     if (budget != 0) args.push_back(absl::StrCat("--weights-budget=", budget));
     std::string error;
     daemon_ = Daemon::Start(args, &error);
@@ -252,7 +255,7 @@ class WeightsTest : public ::testing::Test {
     EXPECT_EQ(SetCount(), 0);
   }
 
-  std::string dir_, root_, outside_;
+  std::string dir_, root_, outside_, shm_;
   std::unique_ptr<Daemon> daemon_;
   std::unique_ptr<v1::WeightSets::Stub> stub_;
 };
@@ -424,7 +427,7 @@ TEST_F(WeightsTest, OverBudgetIsRefusedBeforeAnythingChanges) {
   const std::string shm_prefix = absl::StrCat("wprep-weights-", daemon_->pid(), "-");
   auto shm_files = [&] {
     int n = 0;
-    std::unique_ptr<FILE, int (*)(FILE*)> ls(popen("ls /dev/shm", "r"), pclose);
+    std::unique_ptr<FILE, int (*)(FILE*)> ls(popen(("ls " + shm_).c_str(), "r"), pclose);
     char line[512];
     while (ls && fgets(line, sizeof line, ls.get()) != nullptr) n += std::string(line).rfind(shm_prefix, 0) == 0;
     return n;
@@ -599,6 +602,26 @@ TEST_F(WeightsTest, KilledClientIsDetached) {
   EXPECT_TRUE(WaitAttachments("s", 0)) << "the killed client is still attached";
   EXPECT_TRUE(Drop("s", false).ok());
   EXPECT_EQ(daemon_->Health(), 1);
+}
+
+// SIGTERM with an engine attached: the attachment ends UNAVAILABLE and the daemon exits
+// (an attachment holds its handler, which must not hold up the drain).
+TEST_F(WeightsTest, DrainEndsAttachments) {
+  StartDaemon();
+  WriteSafetensors(root_ + "/model.safetensors", Checkpoint());
+  ASSERT_TRUE(Load("s", "model.safetensors").status.ok());
+  grpc::ClientContext actx;
+  v1::AttachWeightsRequest areq;
+  areq.set_name("s");
+  auto attach = stub_->AttachWeights(&actx, areq);
+  v1::AttachWeightsResponse a;
+  ASSERT_TRUE(attach->Read(&a));
+  daemon_->Signal(SIGTERM);
+  EXPECT_FALSE(attach->Read(&a));
+  EXPECT_EQ(attach->Finish().error_code(), grpc::StatusCode::UNAVAILABLE);
+  const int status = daemon_->WaitExit();
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status << daemon_->Log();
+  EXPECT_NE(access(a.shm_path().c_str(), F_OK), 0) << "a stopped daemon's set file stays";
 }
 
 // Runs `wprep ARGS` and returns its exit status and what it printed (stdout and stderr).

@@ -1,5 +1,6 @@
 #include "exec/weight_store.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <fnmatch.h>
 #include <sys/mman.h>
@@ -544,14 +545,41 @@ absl::StatusOr<uint64_t> WeightStore::Drop(const std::string& name, bool force) 
   return gone->size;  // the memory goes with `gone`; clients' mappings stay valid
 }
 
+void WeightStore::RemoveStaleFiles() {
+  DIR* dir = opendir(shm_dir_.c_str());
+  if (dir == nullptr) return;
+  const std::string mine = absl::StrCat("wprep-weights-", getpid(), "-");
+  while (const dirent* e = readdir(dir)) {
+    const std::string name = e->d_name;
+    if (name.rfind(mine, 0) == 0) unlinkat(dirfd(dir), name.c_str(), 0);
+  }
+  closedir(dir);
+}
+
 void WeightStore::Close() {
-  absl::MutexLock lock(&mu_);
-  closed_ = true;
-  for (auto& [id, h] : held_) {
-    if (!h.ended) {
-      h.ended = true;
-      h.end = absl::UnavailableError("the daemon is stopping");
+  std::vector<std::shared_ptr<Set>> gone;
+  {
+    absl::MutexLock lock(&mu_);
+    closed_ = true;
+    for (auto& [id, h] : held_) {
+      if (!h.ended) {
+        h.ended = true;
+        h.end = absl::UnavailableError("the daemon is stopping");
+      }
     }
+    // The files go now, not at exit: a daemon that stops leaves nothing in shm_dir_.
+    for (auto it = sets_.begin(); it != sets_.end();) {
+      if (it->second == nullptr) {
+        ++it;  // a load in progress; it finds closed_ and frees its own
+        continue;
+      }
+      gone.push_back(std::move(it->second));
+      reserved_ -= gone.back()->size;
+      it = sets_.erase(it);
+    }
+  }
+  for (const auto& set : gone) {
+    if (observer_.set_resident) observer_.set_resident(set->manifest->name, 0);
   }
 }
 

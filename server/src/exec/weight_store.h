@@ -119,7 +119,12 @@ class WeightStore {
   // Frees set `name`: NOT_FOUND if none, FAILED_PRECONDITION while attached unless
   // `force` (its attachments then end ABORTED). Returns the bytes freed.
   absl::StatusOr<uint64_t> Drop(const std::string& name, bool force);
-  // Ends every attachment (the daemon is stopping); loads and attaches fail afterwards.
+  // Removes the files a killed daemon of this pid left in shm_dir (a container's daemon
+  // restarts with the pid it had); call before the first load. Files are named
+  // wprep-weights-PID-N-SET.
+  void RemoveStaleFiles();
+  // Ends every attachment and frees every set (the daemon is stopping); loads and
+  // attaches fail afterwards.
   void Close();
 
  private:

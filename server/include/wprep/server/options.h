@@ -84,6 +84,8 @@ struct Options {
   // loading from files is refused), and the bytes all sets may hold (0 = unlimited).
   std::string weights_root;
   uint64_t weights_budget = 0;
+  // Where the sets' shared-memory files go (clients open them there): a tmpfs.
+  std::string weights_shm_dir = "/dev/shm";
 };
 
 // Parses flags ("--name=value" or "--name value"); args excludes argv[0]. A repeated
