@@ -96,7 +96,12 @@ def test_ports_paths_and_probes_agree_with_the_command_line(variant):
     # Resources and a non-root user.
     assert c["resources"]["requests"]["cpu"] and c["resources"]["limits"]["memory"]
     sc = c["securityContext"]
-    assert sc["runAsNonRoot"] and sc["runAsUser"] != 0 and not sc["allowPrivilegeEscalation"]
+    assert not sc["allowPrivilegeEscalation"]
+    if variant == "sidecar-vmm":
+        # Root for pidfd_getfd, with SYS_PTRACE as its only capability (checked in full below).
+        assert sc["capabilities"]["add"] == ["SYS_PTRACE"], sc
+    else:
+        assert sc["runAsNonRoot"] and sc["runAsUser"] != 0
 
     # The metrics Service selects these pods on the named port, and the ServiceMonitor
     # scrapes that Service.
@@ -141,6 +146,26 @@ def test_sidecar_shares_socket_pid_namespace_and_gpu():
     for s in serving:
         assert any(m["name"] == shm["name"] and m["mountPath"] == "/dev/shm" for m in s["volumeMounts"])
     assert next(v for v in spec["volumes"] if v["name"] == shm["name"])["emptyDir"]["medium"] == "Memory"
+
+
+def test_the_vmm_sidecar_may_take_the_engines_descriptors_and_the_plain_one_may_not():
+    # pidfd_getfd needs ptrace rights over the engine: CAP_SYS_PTRACE (also what the default
+    # seccomp profile asks before it allows the call) and the pod's one PID namespace. Only
+    # the overlay grants it; the plain sidecar keeps every capability dropped, as non-root.
+    vmm_spec = pod_spec(workload("sidecar-vmm"))
+    vmm = wprepd_container(vmm_spec)["securityContext"]
+    assert vmm_spec["shareProcessNamespace"] is True
+    assert vmm["capabilities"] == {"drop": ["ALL"], "add": ["SYS_PTRACE"]}
+    assert vmm["runAsUser"] == 0 and vmm["allowPrivilegeEscalation"] is False
+    assert vmm["seccompProfile"] == {"type": "RuntimeDefault"}
+    plain = wprepd_container(pod_spec(workload("sidecar")))["securityContext"]
+    assert plain["runAsNonRoot"] is True and plain["capabilities"] == {"drop": ["ALL"]}
+    # Everything else is the sidecar's.
+    base = copy.deepcopy(pod_spec(workload("sidecar")))
+    other = copy.deepcopy(vmm_spec)
+    for spec in (base, other):
+        wprepd_container(spec).pop("securityContext")
+    assert base == other
 
 
 def test_daemonset_runs_on_gpu_nodes_with_the_socket_on_the_node():

@@ -117,6 +117,27 @@ def test_prepare_layer_is_w13_and_w2_in_one_batch(client):
     assert e.value.details.startswith("items[1].moe.scales"), e.value.details
 
 
+def test_prepare_layers_is_every_layer_in_one_batch(client):
+    c13 = next(c for c in GOOD if c["name"] == "prepare_w13_nvfp4_e2_i48_h160_pad")
+    c2 = next(c for c in GOOD if c["name"] == "prepare_w2_nvfp4_e2_h160_i48_pad")
+    x13, x2 = _inputs(c13), _inputs(c2)
+    p = {k: v for k, v in c13["params"].items() if k != "gated"}
+    layer = ((x13["values"], x13["scales"]), (x2["values"], x2["scales"]))
+    results = tg.prepare_layers([layer, layer, layer], gated=True, client=client, **p)
+    assert len(results) == 3
+    for r13, r2 in results:
+        for r, c in ((r13, c13), (r2, c2)):
+            for o in c["outputs"]:
+                assert sha256(r.outputs[o["name"]].tobytes()) == o["sha256"], (c["name"], o["name"])
+    # A bad w2 in the third layer rejects the whole batch, naming its item (the sixth).
+    bad = ((x13["values"], x13["scales"]), (x2["values"], x2["scales"][:, :, :2]))
+    with pytest.raises(WprepError) as e:
+        tg.prepare_layers([layer, layer, bad], gated=True, client=client, **p)
+    assert e.value.details.startswith("items[5].moe.scales"), e.value.details
+    with pytest.raises(WprepError):
+        tg.prepare_layers([layer, layer], out=[(None, None)], gated=True, client=client, **p)
+
+
 def test_unknown_param_is_refused_before_sending(client):
     with pytest.raises(WprepError) as e:
         tg.run_op("row_shuffle", np.zeros((1, 64, 4), np.uint8), tile=128, client=client)

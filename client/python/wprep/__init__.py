@@ -8,6 +8,9 @@
     # In a vLLM or SGLang loader, in place of _swizzle_mxfp4 (CUDA tensors, one round trip):
     w, flex, s = wprep.swizzle_mxfp4(values, scales, num_warps).as_triton()
 
+    # bf16/fp16/fp32 weights to MXFP4 values and scales (numpy inline, CUDA tensors in place):
+    values, scales = wprep.quantize_mxfp4(w, layout="blackwell_value")
+
 numpy is required; torch is imported only when torch tensors are passed (CUDA IPC), and
 triton_kernels only to build its Tensor objects. See docs/GUIDE.md, "From Python".
 """
@@ -25,6 +28,7 @@ from ._mxfp4 import (
     swizzle_mxfp4_batch,
     wait_async,
 )
+from ._quantize import QuantizedMXFP4, quantize_mxfp4
 from ._spec import Direction, Layout, LayoutIdentity, Spec
 from ._torch import ExpandableSegmentsError, StreamMemOpsError
 from ._types import BatchResult, Device, Devices, Item, Plan, Result
@@ -44,6 +48,7 @@ __all__ = [
     "Layout",
     "LayoutIdentity",
     "Plan",
+    "QuantizedMXFP4",
     "Result",
     "Spec",
     "StreamMemOpsError",
@@ -53,6 +58,7 @@ __all__ = [
     "default_target",
     "empty_swizzled_mxfp4",
     "mxfp4_specs",
+    "quantize_mxfp4",
     "set_default_client",
     "swizzle_mxfp4",
     "swizzle_mxfp4_batch",

@@ -299,16 +299,37 @@ def prepare_layer(w13: Sequence[Any], w2: Sequence[Any], *, format: Optional[str
     """w13 and w2 of one layer in one ConvertBatch: `w13` and `w2` are (values, scales,
     bias) tuples (shorter where the format has fewer tensors). Both are validated before
     either runs."""
+    return prepare_layers([(w13, w2)], format=format, gated=gated, align=align, align_h=align_h, align_i=align_i,
+                          out=None if out13 is None and out2 is None else [(out13, out2)], client=client,
+                          timeout=timeout)[0]
+
+
+def prepare_layers(layers: Sequence[Tuple[Sequence[Any], Sequence[Any]]], *, format: Optional[str] = None,
+                   gated: Optional[bool] = None, align: Optional[int] = None, align_h: Optional[int] = None,
+                   align_i: Optional[int] = None,
+                   out: Optional[Sequence[Tuple[Optional[Sequence[Any]], Optional[Sequence[Any]]]]] = None,
+                   client: Any = None, timeout: Optional[float] = None) -> List[Tuple[MoeResult, MoeResult]]:
+    """Many layers' w13 and w2 in one ConvertBatch: `layers` is a sequence of (w13, w2), each
+    as prepare_layer takes it; `out`, when given, one (out13, out2) per layer. Every item is
+    validated before any runs; the daemon queues the CUDA IPC items of one GPU on one stream
+    and waits once, so a whole model costs one round trip and one synchronization."""
     def pad(t: Sequence[Any]) -> List[Any]:
         return list(t) + [None] * (3 - len(t))
 
-    v13, s13, b13 = pad(w13)
-    v2, s2, b2 = pad(w2)
+    if out is not None and len(out) != len(layers):
+        raise _bad(f"out has {len(out)} entries; give one (out13, out2) per layer ({len(layers)})")
     p13 = dict(format=format, gated=gated, align=align, align_h=align_h, align_i=align_i)
     p2 = dict(format=format, align=align, align_h=align_h, align_i=align_i)
-    r = _call([_prepare_spec("prepare_w13", v13, s13, b13, p13), _prepare_spec("prepare_w2", v2, s2, b2, p2)],
-              [out13, out2], client, timeout)
-    return r[0], r[1]
+    specs: List[Tuple[str, List[Tuple[str, Any]], Dict[str, Any]]] = []
+    outs: List[Optional[Sequence[Any]]] = []
+    for k, (w13, w2) in enumerate(layers):
+        v13, s13, b13 = pad(w13)
+        v2, s2, b2 = pad(w2)
+        specs += [_prepare_spec("prepare_w13", v13, s13, b13, p13), _prepare_spec("prepare_w2", v2, s2, b2, p2)]
+        o13, o2 = (None, None) if out is None else out[k]
+        outs += [o13, o2]
+    r = _call(specs, outs, client, timeout)
+    return [(r[2 * k], r[2 * k + 1]) for k in range(len(layers))]
 
 
 def run_op(op: str, x: Any, *, out: Any = None, client: Any = None, timeout: Optional[float] = None,

@@ -9,6 +9,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "exec/gpu_queues.h"
 #include "rpc/proto_translate.h"
 #include "wprep/proto/spec_codec.h"
 
@@ -353,21 +354,18 @@ absl::StatusOr<MappedJob> MapJob(const MoeJob& job, size_t index, const MoeEngin
   return m;
 }
 
-absl::Status RunOnGpu(const MoeJob& job, const MappedJob& m, absl::Time deadline, v1::BatchItemResult* item) {
+// Queues an IPC job on its GPU's stream of the batch.
+absl::Status QueueOnGpu(const MoeJob& job, const MappedJob& m, size_t index, GpuQueues& queues) {
   std::vector<const void*> ins;
   std::vector<void*> outs;
   ins.reserve(m.inputs.size());
   outs.reserve(m.outputs.size());
   for (const IpcCache::Lease& l : m.inputs) ins.push_back(l.ptr());
   for (const IpcCache::Lease& l : m.outputs) outs.push_back(l.ptr());
-  absl::StatusOr<Gpu::StreamLease> stream = m.gpu->AcquireStream(deadline);
+  absl::StatusOr<Stream> stream = queues.StreamOf(*m.gpu);
   if (!stream.ok()) return stream.status();
-  const absl::Time start = absl::Now();
-  DeviceRuntime& rt = m.gpu->runtime();
-  if (absl::Status s = rt.ConvertMoe(m.gpu->ordinal(), job.plan, ins, outs, stream->stream()); !s.ok()) return s;
-  if (absl::Status s = rt.Synchronize(m.gpu->ordinal(), stream->stream()); !s.ok()) return s;
-  item->set_engine(m.gpu->engine_name());
-  item->set_kernel_seconds(absl::ToDoubleSeconds(absl::Now() - start));
+  if (absl::Status s = m.gpu->runtime().ConvertMoe(m.gpu->ordinal(), job.plan, ins, outs, *stream); !s.ok()) return s;
+  queues.Queued(*m.gpu, index);
   return absl::OkStatus();
 }
 
@@ -383,7 +381,10 @@ absl::Status RunMoeJobs(const std::vector<MoeJob>& jobs, const MoeEngines& engin
     if (!m.ok()) return m.status();
     mapped[i] = *std::move(m);
   }
-  for (size_t i = 0; i < jobs.size(); ++i) {
+  // IPC jobs: one stream per GPU, every job queued on it in order, one wait per GPU.
+  GpuQueues queues(deadline);
+  absl::Status failed;
+  for (size_t i = 0; i < jobs.size() && failed.ok(); ++i) {
     const MoePlan& plan = jobs[i].plan;
     v1::BatchItemResult* item = resp->add_items();
     const v1::MoeIdentity identity = IdentityOf(plan);
@@ -404,7 +405,7 @@ absl::Status RunMoeJobs(const std::vector<MoeJob>& jobs, const MoeEngines& engin
     }
     absl::Status s;
     if (jobs[i].ipc()) {
-      s = RunOnGpu(jobs[i], mapped[i], deadline, item);
+      s = QueueOnGpu(jobs[i], mapped[i], i, queues);
     } else {
       std::vector<absl::Span<const uint8_t>> ins;
       ins.reserve(jobs[i].inputs.size());
@@ -414,9 +415,17 @@ absl::Status RunMoeJobs(const std::vector<MoeJob>& jobs, const MoeEngines& engin
       item->set_engine("cpu");
       item->set_kernel_seconds(absl::ToDoubleSeconds(absl::Now() - start));
     }
-    if (!s.ok()) return absl::Status(s.code(), absl::StrCat("items[", i, "].moe: ", s.message()));
+    if (!s.ok()) failed = absl::Status(s.code(), absl::StrCat("items[", i, "].moe: ", s.message()));
   }
-  return absl::OkStatus();
+  // Every queued stream is waited for, also after a failure. The GPU's items ran together:
+  // each reports the batch's time on that GPU.
+  absl::Status waited = queues.WaitAll([&](Gpu& gpu, const std::vector<size_t>& items, double seconds) {
+    for (size_t i : items) {
+      resp->mutable_items(static_cast<int>(i))->set_engine(gpu.engine_name());
+      resp->mutable_items(static_cast<int>(i))->set_kernel_seconds(seconds);
+    }
+  });
+  return failed.ok() ? waited : failed;
 }
 
 }  // namespace wprep::server

@@ -8,7 +8,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
+#include "exec/gpu_queues.h"
 #include "rpc/proto_translate.h"
+#include "wprep/spec/status_macros.h"
 #include "wprep/proto/spec_codec.h"
 
 namespace wprep::server {
@@ -221,31 +223,13 @@ absl::StatusOr<Mapped> MapJob(const QuantizeJob& job, const std::string& prefix,
 }
 
 
-// The IPC jobs of one GPU: queued on one stream, waited for once.
-struct Queued {
-  Gpu* gpu;
-  Gpu::StreamLease stream;
-  std::vector<size_t> jobs;
-};
-
-absl::Status Queue(const QuantizeJob& job, const Mapped& m, size_t index, absl::Time deadline,
-                   std::vector<Queued>& queues) {
-  Queued* q = nullptr;
-  for (Queued& x : queues) {
-    if (x.gpu == m.gpu) q = &x;
-  }
-  if (q == nullptr) {
-    absl::StatusOr<Gpu::StreamLease> stream = m.gpu->AcquireStream(deadline);
-    if (!stream.ok()) return stream.status();
-    queues.push_back(Queued{m.gpu, *std::move(stream), {}});
-    q = &queues.back();
-  }
-  if (absl::Status st = q->gpu->runtime().Quantize(q->gpu->ordinal(), job.plan, job.blackwell, m.in.ptr(),
-                                                   m.values.ptr(), m.scales.ptr(), q->stream.stream());
-      !st.ok()) {
-    return st;
-  }
-  q->jobs.push_back(index);
+// Queues an IPC job on its GPU's stream of the batch.
+absl::Status Queue(const QuantizeJob& job, const Mapped& m, size_t index, GpuQueues& queues) {
+  absl::StatusOr<Stream> stream = queues.StreamOf(*m.gpu);
+  if (!stream.ok()) return stream.status();
+  WPREP_RETURN_IF_ERROR(m.gpu->runtime().Quantize(m.gpu->ordinal(), job.plan, job.blackwell, m.in.ptr(),
+                                                  m.values.ptr(), m.scales.ptr(), *stream));
+  queues.Queued(*m.gpu, index);
   return absl::OkStatus();
 }
 
@@ -320,33 +304,24 @@ absl::Status RunQuantizeJobs(const std::vector<QuantizeJob>& jobs, const MoeEngi
     mapped[i] = *std::move(m);
   }
   // IPC jobs: one stream per GPU, every job queued on it, one wait per GPU.
-  std::vector<Queued> queues;
-  const absl::Time start = absl::Now();
+  GpuQueues queues(deadline);
   absl::Status failed;
   for (size_t i = 0; i < jobs.size() && failed.ok(); ++i) {
     v1::BatchItemResult* item = resp->add_items();
     AddOutput(jobs[i], true, item);
     AddOutput(jobs[i], false, item);
-    if (jobs[i].ipc) {
-      failed = Queue(jobs[i], mapped[i], i, deadline, queues);
-    } else {
-      failed = RunInline(jobs[i], item);
-    }
+    failed = jobs[i].ipc ? Queue(jobs[i], mapped[i], i, queues) : RunInline(jobs[i], item);
     if (!failed.ok()) failed = absl::Status(failed.code(), absl::StrCat("items[", i, "].quantize: ", failed.message()));
   }
-  // Every queued stream is waited for, also after a failure: the mappings and the streams
-  // go back only once their work is done.
-  for (Queued& q : queues) {
-    absl::Status st = q.gpu->runtime().Synchronize(q.gpu->ordinal(), q.stream.stream());
-    if (failed.ok()) failed = st;
-    // The GPU's items ran together: each reports the batch's time on that GPU.
-    const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
-    for (size_t i : q.jobs) {
-      resp->mutable_items(static_cast<int>(i))->set_engine(q.gpu->engine_name());
+  // Every queued stream is waited for, also after a failure. The GPU's items ran together:
+  // each reports the batch's time on that GPU.
+  absl::Status waited = queues.WaitAll([&](Gpu& gpu, const std::vector<size_t>& items, double seconds) {
+    for (size_t i : items) {
+      resp->mutable_items(static_cast<int>(i))->set_engine(gpu.engine_name());
       resp->mutable_items(static_cast<int>(i))->set_kernel_seconds(seconds);
     }
-  }
-  return failed;
+  });
+  return failed.ok() ? waited : failed;
 }
 
 }  // namespace wprep::server
