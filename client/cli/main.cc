@@ -16,6 +16,7 @@
 #include "convert_safetensors.h"
 #include "health.h"
 #include "remote_convert.h"
+#include "weights.h"
 #endif
 
 namespace {
@@ -30,7 +31,8 @@ constexpr char kUsage[] =
     "  bench     latency and throughput of a running wprepd (wprep bench --help)\n"
     "  convert-safetensors  convert an MXFP4 checkpoint's tensors (wprep convert-safetensors --help)\n"
     "  moe       trtllm-gen MoE weight preparation of raw tensor files (wprep moe --help)\n"
-    "  quantize  bf16/fp16/fp32 weights to MXFP4 values and scales (wprep quantize --help)\n";
+    "  quantize  bf16/fp16/fp32 weights to MXFP4 values and scales (wprep quantize --help)\n"
+    "  weights   a running wprepd's resident weight sets: load, list, show, drop (wprep weights --help)\n";
 
 // One line, beginning with the status code name; exit status 2.
 int Fail(const absl::Status& s) {
@@ -104,8 +106,9 @@ int main(int argc, char** argv) {
 #if defined(WPREP_CLI_REMOTE)
   if (command == "bench") return wprep::cli::BenchCommand(args);
   if (command == "convert-safetensors") return wprep::cli::ConvertSafetensorsCommand(args);
+  if (command == "weights") return wprep::cli::WeightsCommand(args);
 #else
-  if (command == "bench" || command == "convert-safetensors") {
+  if (command == "bench" || command == "convert-safetensors" || command == "weights") {
     return Fail(absl::UnimplementedError("this wprep build has no gRPC client (built without gRPC)"));
   }
 #endif

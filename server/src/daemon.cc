@@ -38,6 +38,7 @@
 #include "net/metrics.h"
 #include "rpc/rpc_warmup.h"
 #include "rpc/service.h"
+#include "rpc/weights_service.h"
 #include "rpc/stream_pipeline.h"
 #include "net/peer_credentials.h"
 #include "net/tls_terminator.h"
@@ -110,6 +111,16 @@ absl::Status WritePortFile(const std::string& path, const std::string& text) {
   return absl::OkStatus();
 }
 
+// The weight store's reports, into the daemon's metrics.
+WeightStoreObserver WeightMetrics(Metrics* m) {
+  WeightStoreObserver o;
+  o.set_resident = [m](const std::string& set, uint64_t bytes) { m->SetWeightSetBytes(set, bytes); };
+  o.attachments = [m](int64_t delta) { m->weight_attachments().Increment(static_cast<double>(delta)); };
+  o.loaded = [m](double seconds) { m->weight_load_seconds().Observe(seconds); };
+  o.load_failed = [m] { m->weight_loads_failed().Increment(); };
+  return o;
+}
+
 }  // namespace
 
 // Everything the phases share. Declared in the order of construction; destroyed in
@@ -134,6 +145,8 @@ struct DaemonParts {
   std::string warmup_token;
   std::unique_ptr<IdleSpinners> spinners;  // outlives the service and the servers
   std::unique_ptr<WeightPrepService> service;
+  std::unique_ptr<WeightStore> weights;
+  std::unique_ptr<WeightSetsService> weights_service;
   std::unique_ptr<WatchSlots> watch_slots;      // both health services' Watch bound
   std::unique_ptr<HealthService> health;        // on the API listeners
   std::unique_ptr<HealthService> probe_health;  // on --health-listen
@@ -210,6 +223,11 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const Options& options, De
       RequestLimits{options.max_message_bytes, options.max_tensor_bytes, options.max_batch_items}, p->warmup_token,
       p->spinners.get());
 
+  p->weights = std::make_unique<WeightStore>(options.weights_root, options.weights_budget, options.cpu_threads,
+                                             options.weights_shm_dir, WeightMetrics(p->metrics.get()));
+  p->weights->RemoveStaleFiles();
+  p->weights_service = std::make_unique<WeightSetsService>(p->weights.get());
+
   p->watch_slots = std::make_unique<WatchSlots>(options.max_watch_streams);
   p->health = std::make_unique<HealthService>(p->watch_slots.get());
   p->probe_health = std::make_unique<HealthService>(p->watch_slots.get());
@@ -223,9 +241,10 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const Options& options, De
       static_cast<int>(std::max<int64_t>(options.max_message_bytes, kMaxChunkBytes + (64 << 10))));
   builder.SetMaxSendMessageSize(static_cast<int>(options.max_message_bytes + (64 << 10)));
   builder.RegisterService(p->service.get());
+  builder.RegisterService(p->weights_service.get());
   builder.RegisterService(p->health.get());
   p->reflection_v1 = std::make_unique<ReflectionV1Service>(std::vector<std::string>{
-      "wprep.v1.WeightPrep", "grpc.health.v1.Health", "grpc.reflection.v1.ServerReflection",
+      "wprep.v1.WeightPrep", "wprep.v1.WeightSets", "grpc.health.v1.Health", "grpc.reflection.v1.ServerReflection",
       "grpc.reflection.v1alpha.ServerReflection"});
   builder.RegisterService(p->reflection_v1.get());
   std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> interceptors;
@@ -377,6 +396,7 @@ bool Daemon::Drain(absl::string_view why) {
   p.health_socket.reset();
   p.health->Shutdown();
   p.probe_health->Shutdown();
+  p.weights->Close();  // attachments hold their handlers until they end
   // A handler that returned has not necessarily sent its final status yet: give gRPC a
   // second to deliver those (it takes microseconds), then cancel whatever remains.
   const absl::Time grace = drained ? absl::Now() + absl::Seconds(1) : absl::Now();

@@ -1,5 +1,7 @@
 #include "wprep/server/options.h"
 
+#include <sys/stat.h>
+
 #include <functional>
 #include <map>
 
@@ -173,6 +175,9 @@ absl::StatusOr<Options> ParseOptions(const std::vector<std::string>& args) {
        }},
       {"ipc-idle-expiry", [&](const std::string& v) { return ParseDuration("ipc-idle-expiry", v, &o.ipc_idle_expiry); }},
       {"port-file", [&](const std::string& v) { o.port_file = v; return absl::OkStatus(); }},
+      {"weights-root", [&](const std::string& v) { o.weights_root = v; return absl::OkStatus(); }},
+      {"weights-budget", [&](const std::string& v) { return ParseBytes("weights-budget", v, &o.weights_budget); }},
+      {"weights-shm-dir", [&](const std::string& v) { o.weights_shm_dir = v; return absl::OkStatus(); }},
   };
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];
@@ -206,6 +211,13 @@ absl::StatusOr<Options> ParseOptions(const std::vector<std::string>& args) {
 
 absl::Status ValidateOptions(const Options& o) {
   if (o.listen.empty()) return absl::InvalidArgumentError("at least one --listen address is needed");
+  if (struct stat st {}; !o.weights_root.empty() && (stat(o.weights_root.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))) {
+    return absl::InvalidArgumentError(absl::StrCat("--weights-root ", o.weights_root, ": not a directory"));
+  }
+  // Only a daemon that can load sets needs the directory.
+  if (struct stat st {}; !o.weights_root.empty() && (stat(o.weights_shm_dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))) {
+    return absl::InvalidArgumentError(absl::StrCat("--weights-shm-dir ", o.weights_shm_dir, ": not a directory"));
+  }
   for (const std::string& a : o.listen) {
     if (absl::Status s = ValidateAddress(a); !s.ok()) return s;
   }
@@ -304,6 +316,14 @@ Flags (--name=value or --name value):
                            request may use at once (default 4096)
   --ipc-idle-expiry D      unused IPC mappings close after this (default 5m)
   --port-file PATH         write the bound addresses here once listening
+  --weights-root DIR       the directory LoadWeights may read checkpoints from (paths
+                           outside it, '..' and symlinks out are refused); default
+                           none: loading weight sets from files is off
+  --weights-budget N       bytes all resident weight sets may hold together, e.g.
+                           40G; a load that would pass it is refused (default 0 =
+                           unlimited)
+  --weights-shm-dir DIR    where each weight set's shared-memory file goes; attaching
+                           clients open it there (default /dev/shm)
 )";
 }
 

@@ -140,7 +140,7 @@ TEST_F(Reflection, ListsWeightPrepHealthAndReflection) {
     names.push_back(service.name());
   }
   for (const char* want :
-       {kWeightPrep, "grpc.health.v1.Health", "grpc.reflection.v1alpha.ServerReflection",
+       {kWeightPrep, "wprep.v1.WeightSets", "grpc.health.v1.Health", "grpc.reflection.v1alpha.ServerReflection",
         "grpc.reflection.v1.ServerReflection"}) {
     EXPECT_NE(std::find(names.begin(), names.end(), want), names.end())
         << want << " not listed; got " << ::testing::PrintToString(names);

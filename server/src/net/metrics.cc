@@ -196,6 +196,25 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(const std::string& addr
                             .Help("1 while grpc.health.v1 answers SERVING (warm, not draining), else 0")
                             .Register(reg)
                             .Add({});
+  m->weight_set_bytes_ = &prometheus::BuildGauge()
+                              .Name("wprep_weight_set_resident_bytes")
+                              .Help("Bytes a resident weight set holds, by set")
+                              .Register(reg);
+  m->weight_attachments_ = &prometheus::BuildGauge()
+                                .Name("wprep_weight_attachments")
+                                .Help("Open attachments to resident weight sets")
+                                .Register(reg)
+                                .Add({});
+  m->weight_load_seconds_ = &prometheus::BuildHistogram()
+                                 .Name("wprep_weight_load_seconds")
+                                 .Help("How long successful LoadWeights calls took, planning to the last tensor")
+                                 .Register(reg)
+                                 .Add({}, SecondsBuckets());
+  m->weight_loads_failed_ = &prometheus::BuildCounter()
+                                 .Name("wprep_weight_loads_failed_total")
+                                 .Help("LoadWeights calls refused or failed (bad request, checkpoint, path or budget)")
+                                 .Register(reg)
+                                 .Add({});
   m->connections_refused_ = &prometheus::BuildCounter()
                                  .Name("wprep_connections_refused_total")
                                  .Help("Connections closed unserved: over the limit, or shed while descriptors ran out")
@@ -345,6 +364,15 @@ void Metrics::RecordRequest(const RequestRecord& r) {
             return peak_extra_bytes_->Add({{"transport", TransportName(r.transport)}}, BytesBuckets());
           })
         .Observe(static_cast<double>(*r.peak_extra_device_bytes));
+  }
+}
+
+void Metrics::SetWeightSetBytes(const std::string& set, uint64_t bytes) {
+  prometheus::Gauge& g = weight_set_bytes_->Add({{"set", set}});
+  if (bytes == 0) {
+    weight_set_bytes_->Remove(&g);
+  } else {
+    g.Set(static_cast<double>(bytes));
   }
 }
 

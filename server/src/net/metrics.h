@@ -129,6 +129,14 @@ class Metrics {
   prometheus::Counter& ready_words_released_timeout() { return *ready_released_timeout_; }
   prometheus::Counter& ready_words_released_client_gone() { return *ready_released_gone_; }
 
+  // Resident weight sets (exec/weight_store.h): bytes per set (the series goes when
+  // the set is dropped; set names are bounded by the store's name rule and budget),
+  // open attachments, load durations and failed loads.
+  void SetWeightSetBytes(const std::string& set, uint64_t bytes);
+  prometheus::Gauge& weight_attachments() { return *weight_attachments_; }
+  prometheus::Histogram& weight_load_seconds() { return *weight_load_seconds_; }
+  prometheus::Counter& weight_loads_failed() { return *weight_loads_failed_; }
+
   prometheus::Registry& registry() { return *registry_; }
 
  private:
@@ -171,6 +179,10 @@ class Metrics {
   prometheus::Counter* ready_released_timeout_ = nullptr;
   prometheus::Counter* ready_released_gone_ = nullptr;
   prometheus::Gauge* health_serving_ = nullptr;
+  prometheus::Family<prometheus::Gauge>* weight_set_bytes_ = nullptr;
+  prometheus::Gauge* weight_attachments_ = nullptr;
+  prometheus::Histogram* weight_load_seconds_ = nullptr;
+  prometheus::Counter* weight_loads_failed_ = nullptr;
   std::vector<DeviceMetrics> devices_;
 };
 

@@ -35,6 +35,22 @@ VMM_HANDLE_TYPE_FABRIC: VmmHandleType
 VMM_HANDLE_TYPE_POSIX_FD: VmmHandleType
 VMM_HANDLE_TYPE_UNSPECIFIED: VmmHandleType
 
+class AttachWeightsRequest(_message.Message):
+    __slots__ = ["name"]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    def __init__(self, name: _Optional[str] = ...) -> None: ...
+
+class AttachWeightsResponse(_message.Message):
+    __slots__ = ["attachment_id", "manifest", "shm_path"]
+    ATTACHMENT_ID_FIELD_NUMBER: _ClassVar[int]
+    MANIFEST_FIELD_NUMBER: _ClassVar[int]
+    SHM_PATH_FIELD_NUMBER: _ClassVar[int]
+    attachment_id: int
+    manifest: WeightManifest
+    shm_path: str
+    def __init__(self, attachment_id: _Optional[int] = ..., manifest: _Optional[_Union[WeightManifest, _Mapping]] = ..., shm_path: _Optional[str] = ...) -> None: ...
+
 class BatchItem(_message.Message):
     __slots__ = ["convert", "moe", "quantize"]
     CONVERT_FIELD_NUMBER: _ClassVar[int]
@@ -217,6 +233,16 @@ class DataChunk(_message.Message):
     offset: int
     def __init__(self, offset: _Optional[int] = ..., data: _Optional[bytes] = ...) -> None: ...
 
+class DetachWeightsRequest(_message.Message):
+    __slots__ = ["attachment_id"]
+    ATTACHMENT_ID_FIELD_NUMBER: _ClassVar[int]
+    attachment_id: int
+    def __init__(self, attachment_id: _Optional[int] = ...) -> None: ...
+
+class DetachWeightsResponse(_message.Message):
+    __slots__ = []
+    def __init__(self) -> None: ...
+
 class DeviceInfo(_message.Message):
     __slots__ = ["allocated_bytes", "compute_capability_major", "compute_capability_minor", "import_capabilities", "in_flight", "name", "ordinal", "streams", "total_memory_bytes", "uuid", "warm"]
     ALLOCATED_BYTES_FIELD_NUMBER: _ClassVar[int]
@@ -242,6 +268,20 @@ class DeviceInfo(_message.Message):
     uuid: bytes
     warm: bool
     def __init__(self, uuid: _Optional[bytes] = ..., name: _Optional[str] = ..., ordinal: _Optional[int] = ..., compute_capability_major: _Optional[int] = ..., compute_capability_minor: _Optional[int] = ..., total_memory_bytes: _Optional[int] = ..., warm: bool = ..., streams: _Optional[int] = ..., in_flight: _Optional[int] = ..., allocated_bytes: _Optional[int] = ..., import_capabilities: _Optional[_Union[ImportCapabilities, _Mapping]] = ...) -> None: ...
+
+class DropWeightsRequest(_message.Message):
+    __slots__ = ["force", "name"]
+    FORCE_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    force: bool
+    name: str
+    def __init__(self, name: _Optional[str] = ..., force: bool = ...) -> None: ...
+
+class DropWeightsResponse(_message.Message):
+    __slots__ = ["freed_bytes"]
+    FREED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    freed_bytes: int
+    def __init__(self, freed_bytes: _Optional[int] = ...) -> None: ...
 
 class Fence(_message.Message):
     __slots__ = ["event", "word"]
@@ -326,6 +366,50 @@ class ListDevicesResponse(_message.Message):
     cpu_threads: int
     devices: _containers.RepeatedCompositeFieldContainer[DeviceInfo]
     def __init__(self, devices: _Optional[_Iterable[_Union[DeviceInfo, _Mapping]]] = ..., cpu_engine: bool = ..., cpu_threads: _Optional[int] = ...) -> None: ...
+
+class ListWeightsRequest(_message.Message):
+    __slots__ = ["with_tensors"]
+    WITH_TENSORS_FIELD_NUMBER: _ClassVar[int]
+    with_tensors: bool
+    def __init__(self, with_tensors: bool = ...) -> None: ...
+
+class ListWeightsResponse(_message.Message):
+    __slots__ = ["budget_bytes", "resident_bytes", "sets"]
+    BUDGET_BYTES_FIELD_NUMBER: _ClassVar[int]
+    RESIDENT_BYTES_FIELD_NUMBER: _ClassVar[int]
+    SETS_FIELD_NUMBER: _ClassVar[int]
+    budget_bytes: int
+    resident_bytes: int
+    sets: _containers.RepeatedCompositeFieldContainer[WeightSetInfo]
+    def __init__(self, sets: _Optional[_Iterable[_Union[WeightSetInfo, _Mapping]]] = ..., budget_bytes: _Optional[int] = ..., resident_bytes: _Optional[int] = ...) -> None: ...
+
+class LoadWeightsRequest(_message.Message):
+    __slots__ = ["device_uuid", "name", "path", "rules"]
+    DEVICE_UUID_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    RULES_FIELD_NUMBER: _ClassVar[int]
+    device_uuid: bytes
+    name: str
+    path: str
+    rules: _containers.RepeatedCompositeFieldContainer[WeightRule]
+    def __init__(self, name: _Optional[str] = ..., path: _Optional[str] = ..., rules: _Optional[_Iterable[_Union[WeightRule, _Mapping]]] = ..., device_uuid: _Optional[bytes] = ...) -> None: ...
+
+class LoadWeightsResponse(_message.Message):
+    __slots__ = ["bytes_done", "bytes_total", "load_seconds", "manifest", "tensors_done", "tensors_total"]
+    BYTES_DONE_FIELD_NUMBER: _ClassVar[int]
+    BYTES_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    LOAD_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    MANIFEST_FIELD_NUMBER: _ClassVar[int]
+    TENSORS_DONE_FIELD_NUMBER: _ClassVar[int]
+    TENSORS_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    bytes_done: int
+    bytes_total: int
+    load_seconds: float
+    manifest: WeightManifest
+    tensors_done: int
+    tensors_total: int
+    def __init__(self, tensors_done: _Optional[int] = ..., tensors_total: _Optional[int] = ..., bytes_done: _Optional[int] = ..., bytes_total: _Optional[int] = ..., manifest: _Optional[_Union[WeightManifest, _Mapping]] = ..., load_seconds: _Optional[float] = ...) -> None: ...
 
 class MoeIdentity(_message.Message):
     __slots__ = ["contract_version", "description", "format", "op", "params"]
@@ -552,6 +636,60 @@ class VmmChunk(_message.Message):
     fd: int
     size: int
     def __init__(self, fd: _Optional[int] = ..., fabric_handle: _Optional[bytes] = ..., size: _Optional[int] = ...) -> None: ...
+
+class WeightManifest(_message.Message):
+    __slots__ = ["device_uuid", "name", "path", "source_checksum", "tensors", "total_bytes"]
+    DEVICE_UUID_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_CHECKSUM_FIELD_NUMBER: _ClassVar[int]
+    TENSORS_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
+    device_uuid: bytes
+    name: str
+    path: str
+    source_checksum: bytes
+    tensors: _containers.RepeatedCompositeFieldContainer[WeightTensor]
+    total_bytes: int
+    def __init__(self, name: _Optional[str] = ..., path: _Optional[str] = ..., tensors: _Optional[_Iterable[_Union[WeightTensor, _Mapping]]] = ..., total_bytes: _Optional[int] = ..., source_checksum: _Optional[bytes] = ..., device_uuid: _Optional[bytes] = ...) -> None: ...
+
+class WeightRule(_message.Message):
+    __slots__ = ["convert", "pattern", "verbatim"]
+    CONVERT_FIELD_NUMBER: _ClassVar[int]
+    PATTERN_FIELD_NUMBER: _ClassVar[int]
+    VERBATIM_FIELD_NUMBER: _ClassVar[int]
+    convert: ConversionSpec
+    pattern: str
+    verbatim: bool
+    def __init__(self, pattern: _Optional[str] = ..., convert: _Optional[_Union[ConversionSpec, _Mapping]] = ..., verbatim: bool = ...) -> None: ...
+
+class WeightSetInfo(_message.Message):
+    __slots__ = ["attachments", "manifest"]
+    ATTACHMENTS_FIELD_NUMBER: _ClassVar[int]
+    MANIFEST_FIELD_NUMBER: _ClassVar[int]
+    attachments: int
+    manifest: WeightManifest
+    def __init__(self, manifest: _Optional[_Union[WeightManifest, _Mapping]] = ..., attachments: _Optional[int] = ...) -> None: ...
+
+class WeightTensor(_message.Message):
+    __slots__ = ["bytes", "dtype", "identity", "name", "offset", "rule", "shape", "strides"]
+    BYTES_FIELD_NUMBER: _ClassVar[int]
+    DTYPE_FIELD_NUMBER: _ClassVar[int]
+    IDENTITY_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    RULE_FIELD_NUMBER: _ClassVar[int]
+    SHAPE_FIELD_NUMBER: _ClassVar[int]
+    STRIDES_FIELD_NUMBER: _ClassVar[int]
+    bytes: int
+    dtype: str
+    identity: LayoutIdentity
+    name: str
+    offset: int
+    rule: int
+    shape: _containers.RepeatedScalarFieldContainer[int]
+    strides: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, name: _Optional[str] = ..., dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., strides: _Optional[_Iterable[int]] = ..., bytes: _Optional[int] = ..., offset: _Optional[int] = ..., identity: _Optional[_Union[LayoutIdentity, _Mapping]] = ..., rule: _Optional[int] = ...) -> None: ...
 
 class Layout(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = []

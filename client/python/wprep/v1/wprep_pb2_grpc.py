@@ -313,3 +313,211 @@ class WeightPrep(object):
             wprep_dot_v1_dot_wprep__pb2.ReleaseIpcHandlesResponse.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+
+class WeightSetsStub(object):
+    """Resident weight sets.
+    """
+
+    def __init__(self, channel):
+        """Constructor.
+
+        Args:
+            channel: A grpc.Channel.
+        """
+        self.LoadWeights = channel.unary_stream(
+                '/wprep.v1.WeightSets/LoadWeights',
+                request_serializer=wprep_dot_v1_dot_wprep__pb2.LoadWeightsRequest.SerializeToString,
+                response_deserializer=wprep_dot_v1_dot_wprep__pb2.LoadWeightsResponse.FromString,
+                )
+        self.ListWeights = channel.unary_unary(
+                '/wprep.v1.WeightSets/ListWeights',
+                request_serializer=wprep_dot_v1_dot_wprep__pb2.ListWeightsRequest.SerializeToString,
+                response_deserializer=wprep_dot_v1_dot_wprep__pb2.ListWeightsResponse.FromString,
+                )
+        self.AttachWeights = channel.unary_stream(
+                '/wprep.v1.WeightSets/AttachWeights',
+                request_serializer=wprep_dot_v1_dot_wprep__pb2.AttachWeightsRequest.SerializeToString,
+                response_deserializer=wprep_dot_v1_dot_wprep__pb2.AttachWeightsResponse.FromString,
+                )
+        self.DetachWeights = channel.unary_unary(
+                '/wprep.v1.WeightSets/DetachWeights',
+                request_serializer=wprep_dot_v1_dot_wprep__pb2.DetachWeightsRequest.SerializeToString,
+                response_deserializer=wprep_dot_v1_dot_wprep__pb2.DetachWeightsResponse.FromString,
+                )
+        self.DropWeights = channel.unary_unary(
+                '/wprep.v1.WeightSets/DropWeights',
+                request_serializer=wprep_dot_v1_dot_wprep__pb2.DropWeightsRequest.SerializeToString,
+                response_deserializer=wprep_dot_v1_dot_wprep__pb2.DropWeightsResponse.FromString,
+                )
+
+
+class WeightSetsServicer(object):
+    """Resident weight sets.
+    """
+
+    def LoadWeights(self, request, context):
+        """Loads and prepares a set, streaming progress. INVALID_ARGUMENT for a bad name, rule
+        or checkpoint (naming the file and the tensor), PERMISSION_DENIED for a path outside
+        --weights-root (or none configured), ALREADY_EXISTS for a taken name,
+        RESOURCE_EXHAUSTED when the set would exceed --weights-budget (checked before any
+        allocation; nothing changes).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListWeights(self, request, context):
+        """The sets and their attachment counts.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def AttachWeights(self, request, context):
+        """Attaches to a set: the first message carries the manifest and the memory, and the
+        attachment lasts as long as the stream: until the client cancels it, calls
+        DetachWeights, or its connection ends (a client that exits or is killed is detached).
+        The attached bytes are read-only by contract.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DetachWeights(self, request, context):
+        """Ends an attachment (its stream finishes OK). NOT_FOUND for an unknown id.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DropWeights(self, request, context):
+        """Frees a set. FAILED_PRECONDITION while attached unless force.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+
+def add_WeightSetsServicer_to_server(servicer, server):
+    rpc_method_handlers = {
+            'LoadWeights': grpc.unary_stream_rpc_method_handler(
+                    servicer.LoadWeights,
+                    request_deserializer=wprep_dot_v1_dot_wprep__pb2.LoadWeightsRequest.FromString,
+                    response_serializer=wprep_dot_v1_dot_wprep__pb2.LoadWeightsResponse.SerializeToString,
+            ),
+            'ListWeights': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListWeights,
+                    request_deserializer=wprep_dot_v1_dot_wprep__pb2.ListWeightsRequest.FromString,
+                    response_serializer=wprep_dot_v1_dot_wprep__pb2.ListWeightsResponse.SerializeToString,
+            ),
+            'AttachWeights': grpc.unary_stream_rpc_method_handler(
+                    servicer.AttachWeights,
+                    request_deserializer=wprep_dot_v1_dot_wprep__pb2.AttachWeightsRequest.FromString,
+                    response_serializer=wprep_dot_v1_dot_wprep__pb2.AttachWeightsResponse.SerializeToString,
+            ),
+            'DetachWeights': grpc.unary_unary_rpc_method_handler(
+                    servicer.DetachWeights,
+                    request_deserializer=wprep_dot_v1_dot_wprep__pb2.DetachWeightsRequest.FromString,
+                    response_serializer=wprep_dot_v1_dot_wprep__pb2.DetachWeightsResponse.SerializeToString,
+            ),
+            'DropWeights': grpc.unary_unary_rpc_method_handler(
+                    servicer.DropWeights,
+                    request_deserializer=wprep_dot_v1_dot_wprep__pb2.DropWeightsRequest.FromString,
+                    response_serializer=wprep_dot_v1_dot_wprep__pb2.DropWeightsResponse.SerializeToString,
+            ),
+    }
+    generic_handler = grpc.method_handlers_generic_handler(
+            'wprep.v1.WeightSets', rpc_method_handlers)
+    server.add_generic_rpc_handlers((generic_handler,))
+
+
+ # This class is part of an EXPERIMENTAL API.
+class WeightSets(object):
+    """Resident weight sets.
+    """
+
+    @staticmethod
+    def LoadWeights(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(request, target, '/wprep.v1.WeightSets/LoadWeights',
+            wprep_dot_v1_dot_wprep__pb2.LoadWeightsRequest.SerializeToString,
+            wprep_dot_v1_dot_wprep__pb2.LoadWeightsResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def ListWeights(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/wprep.v1.WeightSets/ListWeights',
+            wprep_dot_v1_dot_wprep__pb2.ListWeightsRequest.SerializeToString,
+            wprep_dot_v1_dot_wprep__pb2.ListWeightsResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def AttachWeights(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(request, target, '/wprep.v1.WeightSets/AttachWeights',
+            wprep_dot_v1_dot_wprep__pb2.AttachWeightsRequest.SerializeToString,
+            wprep_dot_v1_dot_wprep__pb2.AttachWeightsResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def DetachWeights(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/wprep.v1.WeightSets/DetachWeights',
+            wprep_dot_v1_dot_wprep__pb2.DetachWeightsRequest.SerializeToString,
+            wprep_dot_v1_dot_wprep__pb2.DetachWeightsResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def DropWeights(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/wprep.v1.WeightSets/DropWeights',
+            wprep_dot_v1_dot_wprep__pb2.DropWeightsRequest.SerializeToString,
+            wprep_dot_v1_dot_wprep__pb2.DropWeightsResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)

@@ -80,6 +80,12 @@ struct Options {
   // When set, a file the daemon writes once it listens: one "grpc ADDR" line per
   // listening address (TCP ones with their bound port) and one "metrics HOST:PORT" line.
   std::string port_file;
+  // Resident weight sets (WeightSets): the directory checkpoints are loaded from (empty =
+  // loading from files is refused), and the bytes all sets may hold (0 = unlimited).
+  std::string weights_root;
+  uint64_t weights_budget = 0;
+  // Where the sets' shared-memory files go (clients open them there): a tmpfs.
+  std::string weights_shm_dir = "/dev/shm";
 };
 
 // Parses flags ("--name=value" or "--name value"); args excludes argv[0]. A repeated

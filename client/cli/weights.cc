@@ -1,0 +1,204 @@
+#include "weights.h"
+
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_replace.h"
+#include "absl/strings/str_split.h"
+#include "flags.h"
+#include "progress.h"
+#include "wprep/client/client.h"
+#include "wprep/proto/spec_codec.h"
+#include "wprep/spec/status_macros.h"
+#include "wprep/v1/wprep.grpc.pb.h"
+
+namespace wprep::cli {
+namespace {
+
+namespace v1 = wprep::v1;
+
+constexpr char kWeightsUsage[] =
+    "usage: wprep weights load NAME PATH [--rules RULES] [CONVERSION FLAGS] [--progress MODE]\n"
+    "       wprep weights list [--tensors]\n"
+    "       wprep weights show NAME\n"
+    "       wprep weights drop NAME [--force]\n"
+    "  every form takes --target unix:///path.sock|HOST:PORT (default unix:///tmp/wprepd.sock)\n"
+    "Resident weight sets of a running wprepd. `load` has the daemon read PATH (relative\n"
+    "to its --weights-root: a .safetensors file, or a directory with\n"
+    "model.safetensors.index.json or model.safetensors), convert the tensors RULES name,\n"
+    "copy the rest, and keep the set as NAME.\n"
+    "  --rules     PATTERN=LAYOUT[:param=value...] separated by ';', first match wins;\n"
+    "              LAYOUT is a layout name (hopper_value, hopper_scale, ...) swizzled\n"
+    "              from the tensor's bytes, or 'verbatim'. Params: mx_axis, mma_version,\n"
+    "              num_warps, packing_axis, block_k, block_n. Example:\n"
+    "              '*_blocks=hopper_value:packing_axis=-2;*_scales=hopper_scale'\n"
+    "  --progress  auto (a bar on a terminal), bar, lines or none (default auto)\n"
+    "  --force     drop even while engines are attached (their attachments end)\n"
+    "Exit status 0, or 2 with the daemon's error on stderr.\n";
+
+int Fail(const absl::Status& s) {
+  std::fprintf(stderr, "%s: %s\n", absl::StatusCodeToString(s.code()).c_str(), std::string(s.message()).c_str());
+  return 2;
+}
+
+std::string Shape(const google::protobuf::RepeatedField<int64_t>& shape) {
+  return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
+}
+
+std::string Hex(const std::string& bytes) {
+  static const char kDigits[] = "0123456789abcdef";
+  std::string out;
+  for (unsigned char c : bytes) {
+    out.push_back(kDigits[c >> 4]);
+    out.push_back(kDigits[c & 15]);
+  }
+  return out;
+}
+
+void PrintManifest(const v1::WeightManifest& m, uint32_t attachments, bool tensors) {
+  std::printf("%s  %s  %s  %d tensors  attachments %u  sha256 %s\n", m.name().c_str(), m.path().c_str(),
+              Progress::Bytes(m.total_bytes()).c_str(), m.tensors_size(), attachments,
+              Hex(m.source_checksum()).c_str());
+  if (!tensors) return;
+  for (const v1::WeightTensor& t : m.tensors()) {
+    std::printf("  %-48s %-5s %-20s strides %-20s %10llu bytes @ %llu  %s\n", t.name().c_str(), t.dtype().c_str(),
+                Shape(t.shape()).c_str(), Shape(t.strides()).c_str(), static_cast<unsigned long long>(t.bytes()),
+                static_cast<unsigned long long>(t.offset()),
+                t.has_identity() ? t.identity().layout().c_str() : "verbatim");
+  }
+}
+
+absl::Status Load(v1::WeightSets::Stub& stub, const Flags& flags) {
+  v1::LoadWeightsRequest req;
+  req.set_name(flags.positional()[1]);
+  req.set_path(flags.positional()[2]);
+  if (const std::string* rules = flags.Get("--rules")) {
+    WPREP_ASSIGN_OR_RETURN(std::vector<v1::WeightRule> parsed, ParseWeightRules(*rules));
+    for (auto& r : parsed) *req.add_rules() = std::move(r);
+  }
+  const std::string* mode_flag = flags.Get("--progress");
+  WPREP_ASSIGN_OR_RETURN(ProgressMode mode, ParseProgressMode(mode_flag ? *mode_flag : "auto", stderr));
+  grpc::ClientContext ctx;
+  auto reader = stub.LoadWeights(&ctx, req);
+  v1::LoadWeightsResponse msg;
+  std::unique_ptr<Progress> progress;
+  uint64_t shown_bytes = 0, shown_items = 0;
+  v1::LoadWeightsResponse last;
+  while (reader->Read(&msg)) {
+    if (progress == nullptr) {
+      progress = std::make_unique<Progress>(mode, msg.bytes_total(), static_cast<int>(msg.tensors_total()));
+    }
+    progress->AddBytes(msg.bytes_done() - shown_bytes);
+    shown_bytes = msg.bytes_done();
+    for (; shown_items < msg.tensors_done() && !msg.has_manifest(); ++shown_items) progress->ItemDone("tensor");
+    if (msg.has_manifest()) last = msg;
+  }
+  if (progress != nullptr) progress->Finish();
+  WPREP_RETURN_IF_ERROR(client::FromGrpcStatus(reader->Finish()));
+  PrintManifest(last.manifest(), 0, false);
+  std::printf("loaded in %.3f s\n", last.load_seconds());
+  return absl::OkStatus();
+}
+
+absl::Status List(v1::WeightSets::Stub& stub, const std::string* name, bool tensors) {
+  grpc::ClientContext ctx;
+  v1::ListWeightsRequest req;
+  req.set_with_tensors(tensors);
+  v1::ListWeightsResponse resp;
+  WPREP_RETURN_IF_ERROR(client::FromGrpcStatus(stub.ListWeights(&ctx, req, &resp)));
+  bool found = false;
+  for (const v1::WeightSetInfo& s : resp.sets()) {
+    if (name != nullptr && s.manifest().name() != *name) continue;
+    found = true;
+    PrintManifest(s.manifest(), s.attachments(), tensors);
+  }
+  if (name != nullptr && !found) return absl::NotFoundError(absl::StrCat("no weight set '", *name, "'"));
+  if (name == nullptr) {
+    std::printf("resident %s of budget %s\n", Progress::Bytes(resp.resident_bytes()).c_str(),
+                resp.budget_bytes() == 0 ? "unlimited" : Progress::Bytes(resp.budget_bytes()).c_str());
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Drop(v1::WeightSets::Stub& stub, const std::string& name, bool force) {
+  grpc::ClientContext ctx;
+  v1::DropWeightsRequest req;
+  req.set_name(name);
+  req.set_force(force);
+  v1::DropWeightsResponse resp;
+  WPREP_RETURN_IF_ERROR(client::FromGrpcStatus(stub.DropWeights(&ctx, req, &resp)));
+  std::printf("dropped %s (%s)\n", name.c_str(), Progress::Bytes(resp.freed_bytes()).c_str());
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<v1::WeightRule>> ParseWeightRules(const std::string& text) {
+  std::vector<v1::WeightRule> rules;
+  for (absl::string_view part : absl::StrSplit(text, ';', absl::SkipWhitespace())) {
+    const std::string where = absl::StrCat("--rules '", part, "'");
+    const size_t eq = part.rfind('=', part.find(':'));
+    if (eq == absl::string_view::npos || eq == 0) {
+      return absl::InvalidArgumentError(absl::StrCat(where, ": want PATTERN=LAYOUT[:param=value...]"));
+    }
+    v1::WeightRule rule;
+    rule.set_pattern(std::string(part.substr(0, eq)));
+    std::vector<std::string> fields = absl::StrSplit(part.substr(eq + 1), ':');
+    if (fields[0] == "verbatim" && fields.size() == 1) {
+      rule.set_verbatim(true);
+      rules.push_back(std::move(rule));
+      continue;
+    }
+    absl::StatusOr<Layout> layout = ParseLayout(fields[0]);
+    if (!layout.ok()) return absl::InvalidArgumentError(absl::StrCat(where, ": ", layout.status().message()));
+    std::vector<std::string> args;
+    for (size_t i = 1; i < fields.size(); ++i) {
+      std::vector<std::string> kv = absl::StrSplit(fields[i], absl::MaxSplits('=', 1));
+      if (kv.size() != 2) return absl::InvalidArgumentError(absl::StrCat(where, ": '", fields[i], "' is not param=value"));
+      args.push_back(absl::StrCat("--", absl::StrReplaceAll(kv[0], {{"_", "-"}}), "=", kv[1]));
+    }
+    FlagSpec spec{"weights", kSpecFlags, {}, 0, 0};
+    absl::StatusOr<Flags> parsed = Flags::Parse(args, spec);
+    if (!parsed.ok()) return absl::InvalidArgumentError(absl::StrCat(where, ": ", parsed.status().message()));
+    absl::StatusOr<ConversionSpec> conv = ParseSpecFlags(*parsed, *layout, Direction::kSwizzle);
+    if (!conv.ok()) return absl::InvalidArgumentError(absl::StrCat(where, ": ", conv.status().message()));
+    *rule.mutable_convert() = SpecToProto(*conv);
+    rules.push_back(std::move(rule));
+  }
+  return rules;
+}
+
+int WeightsCommand(const std::vector<std::string>& args) {
+  for (const auto& a : args) {
+    if (a == "--help" || a == "-h") {
+      std::fputs(kWeightsUsage, stdout);
+      return 0;
+    }
+  }
+  FlagSpec spec{"weights", {"--target", "--rules", "--progress"}, {"--force", "--tensors"}, 1, 3};
+  absl::StatusOr<Flags> flags = Flags::Parse(args, spec);
+  if (!flags.ok()) return Fail(flags.status());
+  const std::vector<std::string>& pos = flags->positional();
+  const std::string& verb = pos[0];
+  const size_t want = verb == "load" ? 3 : verb == "list" ? 1 : 2;
+  if ((verb != "load" && verb != "list" && verb != "show" && verb != "drop") || pos.size() != want) {
+    return Fail(absl::InvalidArgumentError(absl::StrCat("usage: see wprep weights --help")));
+  }
+  if (verb != "load" && flags->Has("--rules")) return Fail(absl::InvalidArgumentError("--rules is for load"));
+  if (verb != "drop" && flags->Has("--force")) return Fail(absl::InvalidArgumentError("--force is for drop"));
+  const std::string* target = flags->Get("--target");
+  auto stub = v1::WeightSets::NewStub(client::MakeChannel(target ? *target : "unix:///tmp/wprepd.sock"));
+  absl::Status s;
+  if (verb == "load") s = Load(*stub, *flags);
+  if (verb == "list") s = List(*stub, nullptr, flags->Has("--tensors"));
+  if (verb == "show") s = List(*stub, &pos[1], true);
+  if (verb == "drop") s = Drop(*stub, pos[1], flags->Has("--force"));
+  return s.ok() ? 0 : Fail(s);
+}
+
+}  // namespace wprep::cli

@@ -1,0 +1,586 @@
+#include "exec/weight_store.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <fnmatch.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <climits>
+#include <cstdlib>
+#include <cstring>
+#include <set>
+#include <utility>
+
+#include "absl/cleanup/cleanup.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "nlohmann/json.hpp"
+#include "openssl/evp.h"
+#include "safetensors.h"
+#include "wprep/kernels/cpu_engine.h"
+#include "wprep/kernels/plan.h"
+#include "wprep/spec/status_macros.h"
+
+namespace wprep::server {
+namespace {
+
+// How long Hold sleeps between looks at its caller's cancellation (gRPC's synchronous
+// API has no wake-up for it).
+constexpr absl::Duration kHoldPoll = absl::Milliseconds(50);
+
+std::string ErrnoText(int err) { return std::strerror(err); }
+
+std::string Sha256(const void* data, size_t size) {
+  unsigned char digest[EVP_MAX_MD_SIZE];
+  unsigned int len = 0;
+  EVP_Digest(data, size, digest, &len, EVP_sha256(), nullptr);
+  return std::string(reinterpret_cast<const char*>(digest), len);
+}
+
+// `rel` (relative to `root`) resolved, refusing every way out of the root: an absolute
+// path, a `..` component, and symlinks whose target lies outside (the realpath check).
+absl::StatusOr<std::string> ResolveInRoot(const std::string& root, const std::string& rel) {
+  if (root.empty()) {
+    return absl::PermissionDeniedError("loading weights from files is off: the daemon has no --weights-root");
+  }
+  if (rel.empty()) return absl::InvalidArgumentError("path is empty");
+  if (rel[0] == '/') return absl::PermissionDeniedError(absl::StrCat("path '", rel, "' is absolute; give it relative to --weights-root"));
+  for (absl::string_view part : absl::StrSplit(rel, '/')) {
+    if (part == "..") return absl::PermissionDeniedError(absl::StrCat("path '", rel, "' climbs out of --weights-root ('..')"));
+  }
+  char real_root[PATH_MAX];
+  if (realpath(root.c_str(), real_root) == nullptr) {
+    return absl::FailedPreconditionError(absl::StrCat("--weights-root ", root, ": ", ErrnoText(errno)));
+  }
+  const std::string joined = absl::StrCat(root, "/", rel);
+  char real[PATH_MAX];
+  if (realpath(joined.c_str(), real) == nullptr) {
+    const int err = errno;
+    if (err == ENOENT || err == ENOTDIR) return absl::NotFoundError(absl::StrCat("'", rel, "': no such file under --weights-root"));
+    return absl::InvalidArgumentError(absl::StrCat("'", rel, "': ", ErrnoText(err)));
+  }
+  const std::string prefix = absl::StrCat(real_root, std::string(real_root) == "/" ? "" : "/");
+  const std::string resolved = real;
+  if (resolved != real_root && resolved.rfind(prefix, 0) != 0) {
+    return absl::PermissionDeniedError(absl::StrCat("'", rel, "' resolves outside --weights-root (a symlink out)"));
+  }
+  return resolved;
+}
+
+// A read-only descriptor, closed on destruction.
+class Fd {
+ public:
+  explicit Fd(int fd) : fd_(fd) {}
+  ~Fd() {
+    if (fd_ >= 0) close(fd_);
+  }
+  Fd(const Fd&) = delete;
+  Fd& operator=(const Fd&) = delete;
+  int get() const { return fd_; }
+
+ private:
+  int fd_;
+};
+
+absl::Status ReadAt(int fd, uint64_t offset, uint8_t* out, uint64_t size, const std::string& file) {
+  while (size > 0) {
+    const ssize_t n = pread(fd, out, std::min<uint64_t>(size, 1ull << 30), static_cast<off_t>(offset));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      return absl::DataLossError(absl::StrCat(file, ": read failed at byte ", offset, ": ",
+                                              n == 0 ? "unexpected end of file" : ErrnoText(errno)));
+    }
+    out += n;
+    offset += static_cast<uint64_t>(n);
+    size -= static_cast<uint64_t>(n);
+  }
+  return absl::OkStatus();
+}
+
+// One safetensors file of a checkpoint, its header parsed and hashed.
+struct Shard {
+  std::string display;  // the path as the client knows it (relative to the root)
+  std::string real;
+  cli::SafetensorsHeader header;
+  std::string header_sha256;
+};
+
+absl::StatusOr<Shard> ReadShard(const std::string& root, const std::string& rel) {
+  Shard shard;
+  shard.display = rel;
+  WPREP_ASSIGN_OR_RETURN(shard.real, ResolveInRoot(root, rel));
+  Fd fd(open(shard.real.c_str(), O_RDONLY | O_CLOEXEC));
+  if (fd.get() < 0) return absl::InvalidArgumentError(absl::StrCat(rel, ": ", ErrnoText(errno)));
+  struct stat st {};
+  if (fstat(fd.get(), &st) != 0 || !S_ISREG(st.st_mode)) {
+    return absl::InvalidArgumentError(absl::StrCat(rel, ": not a regular file"));
+  }
+  const uint64_t size = static_cast<uint64_t>(st.st_size);
+  uint8_t len_bytes[8] = {};
+  uint64_t want = std::min<uint64_t>(size, 8);
+  WPREP_RETURN_IF_ERROR(ReadAt(fd.get(), 0, len_bytes, want, rel));
+  if (size >= 8) {
+    uint64_t n = 0;
+    for (int i = 7; i >= 0; --i) n = (n << 8) | len_bytes[i];
+    want = std::min<uint64_t>(size, 8 + std::min<uint64_t>(n, cli::kMaxSafetensorsHeaderBytes));
+  }
+  std::vector<uint8_t> head(want);
+  WPREP_RETURN_IF_ERROR(ReadAt(fd.get(), 0, head.data(), want, rel));
+  absl::StatusOr<cli::SafetensorsHeader> header = cli::ParseSafetensorsHeader(head, size);
+  if (!header.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(rel, ": ", header.status().message()));
+  }
+  shard.header = *std::move(header);
+  shard.header_sha256 = Sha256(head.data(), 8 + shard.header.header_bytes);
+  return shard;
+}
+
+std::string DirName(const std::string& rel) {
+  const size_t slash = rel.rfind('/');
+  return slash == std::string::npos ? "" : rel.substr(0, slash + 1);
+}
+
+// The files of checkpoint `rel`: itself, or a directory's index's shards (sorted), or
+// its model.safetensors.
+absl::StatusOr<std::vector<Shard>> ReadCheckpoint(const std::string& root, const std::string& rel) {
+  WPREP_ASSIGN_OR_RETURN(const std::string real, ResolveInRoot(root, rel));
+  struct stat st {};
+  if (stat(real.c_str(), &st) != 0) return absl::NotFoundError(absl::StrCat(rel, ": ", ErrnoText(errno)));
+  std::vector<Shard> shards;
+  if (!S_ISDIR(st.st_mode)) {
+    WPREP_ASSIGN_OR_RETURN(Shard one, ReadShard(root, rel));
+    shards.push_back(std::move(one));
+    return shards;
+  }
+  const std::string dir = rel.back() == '/' ? rel : rel + "/";
+  const std::string index_rel = dir + "model.safetensors.index.json";
+  absl::StatusOr<std::string> index_real = ResolveInRoot(root, index_rel);
+  if (absl::IsNotFound(index_real.status())) {
+    WPREP_ASSIGN_OR_RETURN(Shard one, ReadShard(root, dir + "model.safetensors"));
+    shards.push_back(std::move(one));
+    return shards;
+  }
+  WPREP_RETURN_IF_ERROR(index_real.status());
+  Fd fd(open(index_real->c_str(), O_RDONLY | O_CLOEXEC));
+  if (fd.get() < 0 || fstat(fd.get(), &st) != 0 || !S_ISREG(st.st_mode)) {
+    return absl::InvalidArgumentError(absl::StrCat(index_rel, ": not a readable file"));
+  }
+  if (static_cast<uint64_t>(st.st_size) > cli::kMaxSafetensorsHeaderBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(index_rel, ": ", st.st_size, " bytes is absurd for an index"));
+  }
+  std::string text(static_cast<size_t>(st.st_size), '\0');
+  WPREP_RETURN_IF_ERROR(ReadAt(fd.get(), 0, reinterpret_cast<uint8_t*>(text.data()), text.size(), index_rel));
+  const nlohmann::json index = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (!index.is_object() || !index.contains("weight_map") || !index["weight_map"].is_object()) {
+    return absl::InvalidArgumentError(absl::StrCat(index_rel, ": not JSON with a \"weight_map\" object"));
+  }
+  std::map<std::string, std::string> shard_of;  // tensor -> file
+  std::set<std::string> files;
+  for (const auto& [tensor, file] : index["weight_map"].items()) {
+    if (!file.is_string()) {
+      return absl::InvalidArgumentError(absl::StrCat(index_rel, ": weight_map[\"", tensor, "\"] is not a file name"));
+    }
+    shard_of[tensor] = file.get<std::string>();
+    files.insert(file.get<std::string>());
+  }
+  if (files.empty()) return absl::InvalidArgumentError(absl::StrCat(index_rel, ": weight_map names no file"));
+  std::map<std::string, size_t> shard_index;
+  for (const std::string& file : files) {
+    WPREP_ASSIGN_OR_RETURN(Shard shard, ReadShard(root, DirName(index_rel) + file));
+    shard_index[file] = shards.size();
+    shards.push_back(std::move(shard));
+  }
+  for (const auto& entry : shard_of) {
+    const std::string& tensor = entry.first;
+    const std::string& file = entry.second;
+    const cli::SafetensorsHeader& h = shards[shard_index[file]].header;
+    const bool held = std::any_of(h.tensors.begin(), h.tensors.end(),
+                                  [&](const cli::SafetensorsTensor& t) { return t.name == tensor; });
+    if (!held) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(index_rel, ": tensor '", tensor, "' is mapped to ", file, ", which does not hold it"));
+    }
+  }
+  return shards;
+}
+
+// The logical shape of a swizzle whose dense canonical input is `storage`.
+absl::StatusOr<std::vector<int64_t>> LogicalShape(const ConversionSpec& spec, const std::vector<int64_t>& storage) {
+  std::vector<int64_t> logical = storage;
+  if (!IsValueLayout(spec.layout)) return logical;
+  if (storage.size() < 2) return absl::InvalidArgumentError("a value layout needs a tensor of rank >= 2");
+  const size_t r = storage.size();
+  if (spec.packing_axis == -2) {  // [..., D1, D0/2] -> [..., D0, D1]
+    logical[r - 2] = storage[r - 1] * 2;
+    logical[r - 1] = storage[r - 2];
+  } else {  // [..., D0, D1/2] -> [..., D0, D1]
+    logical[r - 1] = storage[r - 1] * 2;
+  }
+  return logical;
+}
+
+uint64_t AlignUp(uint64_t n) { return (n + kWeightAlignment - 1) / kWeightAlignment * kWeightAlignment; }
+
+// Where a tensor's bytes come from.
+struct Source {
+  size_t shard = 0;
+  uint64_t file_offset = 0;
+  uint64_t bytes = 0;
+  std::optional<Plan> plan;
+};
+
+// Every tensor of `shards` matched against `rules` and planned; `entries` and `sources`
+// in order. INVALID_ARGUMENT naming the file and tensor.
+absl::Status PlanTensors(const std::vector<Shard>& shards, const std::vector<WeightRuleSpec>& rules,
+                         std::vector<WeightEntry>* entries, std::vector<Source>* sources, uint64_t* total) {
+  std::set<std::string> seen;
+  uint64_t offset = 0;
+  for (size_t s = 0; s < shards.size(); ++s) {
+    for (const cli::SafetensorsTensor& t : shards[s].header.tensors) {
+      const std::string where = absl::StrCat(shards[s].display, ": tensor '", t.name, "'");
+      if (!seen.insert(t.name).second) return absl::InvalidArgumentError(absl::StrCat(where, " appears in two shards"));
+      WeightEntry e;
+      e.name = t.name;
+      Source src{s, shards[s].header.data_offset() + t.begin, t.bytes(), std::nullopt};
+      for (size_t r = 0; r < rules.size(); ++r) {
+        if (fnmatch(rules[r].pattern.c_str(), t.name.c_str(), 0) == 0) {
+          e.rule = static_cast<int>(r);
+          break;
+        }
+      }
+      const WeightRuleSpec* rule = e.rule >= 0 ? &rules[static_cast<size_t>(e.rule)] : nullptr;
+      if (rule != nullptr && rule->convert.has_value()) {
+        if (t.dtype != cli::Dtype::kU8 && t.dtype != cli::Dtype::kF8E8M0) {
+          return absl::InvalidArgumentError(absl::StrCat(where, " is ", cli::DtypeName(t.dtype), "; rule ", e.rule,
+                                                         " converts packed bytes (U8 or F8_E8M0)"));
+        }
+        absl::StatusOr<std::vector<int64_t>> logical = LogicalShape(*rule->convert, t.shape);
+        absl::StatusOr<Plan> plan =
+            logical.ok() ? MakePlan(*rule->convert, *logical) : absl::StatusOr<Plan>(logical.status());
+        if (!plan.ok()) {
+          return absl::InvalidArgumentError(absl::StrCat(where, ", rule ", e.rule, ": ", plan.status().message()));
+        }
+        if (plan->input_bytes != t.bytes()) {
+          return absl::InvalidArgumentError(absl::StrCat(where, ", rule ", e.rule, ": the conversion reads ",
+                                                         plan->input_bytes, " bytes, the tensor has ", t.bytes()));
+        }
+        e.dtype = "U8";
+        e.shape = plan->output_shape;
+        e.strides = plan->output_strides;
+        e.bytes = plan->output_bytes;
+        e.spec = rule->convert;
+        src.plan = *std::move(plan);
+      } else {
+        e.dtype = std::string(cli::DtypeName(t.dtype));
+        e.shape = t.shape;
+        e.strides = DenseStrides(t.shape);
+        e.bytes = t.bytes();
+      }
+      e.offset = offset;
+      offset = AlignUp(offset + e.bytes);
+      entries->push_back(std::move(e));
+      sources->push_back(std::move(src));
+    }
+  }
+  *total = offset;
+  return absl::OkStatus();
+}
+
+std::atomic<uint64_t> g_file_counter{0};
+
+}  // namespace
+
+bool ValidWeightSetName(const std::string& name) {
+  if (name.empty() || name.size() > 64) return false;
+  return std::all_of(name.begin(), name.end(), [](char c) {
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' || c == '_' ||
+           c == '-';
+  });
+}
+
+// A set's memory: a shared-memory file mapped into the daemon.
+struct WeightStore::Set {
+  std::shared_ptr<const WeightManifestData> manifest;
+  std::string shm_path;
+  uint8_t* base = nullptr;
+  uint64_t size = 0;
+
+  ~Set() {
+    if (base != nullptr) munmap(base, size);
+    if (!shm_path.empty()) unlink(shm_path.c_str());
+  }
+};
+
+WeightStore::WeightStore(std::string root, uint64_t budget_bytes, int cpu_threads, std::string shm_dir,
+                         WeightStoreObserver observer)
+    : root_(std::move(root)),
+      budget_bytes_(budget_bytes),
+      cpu_threads_(cpu_threads),
+      shm_dir_(std::move(shm_dir)),
+      observer_(std::move(observer)) {}
+
+WeightStore::~WeightStore() = default;
+
+absl::Status WeightStore::ReserveLocked(const std::string& name, uint64_t bytes) {
+  if (closed_) return absl::UnavailableError("the daemon is stopping");
+  if (sets_.count(name) != 0) return absl::AlreadyExistsError(absl::StrCat("weight set '", name, "' exists"));
+  if (budget_bytes_ != 0 && (bytes > budget_bytes_ || reserved_ > budget_bytes_ - bytes)) {
+    return absl::ResourceExhaustedError(absl::StrCat("weight set '", name, "' needs ", bytes, " bytes; ",
+                                                     reserved_, " of --weights-budget ", budget_bytes_,
+                                                     " are held"));
+  }
+  sets_[name] = nullptr;
+  reserved_ += bytes;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::shared_ptr<const WeightManifestData>> WeightStore::Load(
+    const std::string& name, const std::string& path, const std::vector<WeightRuleSpec>& rules,
+    absl::FunctionRef<bool(const WeightLoadProgress&)> progress) {
+  const absl::Time start = absl::Now();
+  bool counted = false;
+  auto fail = [&](absl::Status status) {
+    if (!counted && observer_.load_failed) observer_.load_failed();
+    counted = true;
+    return status;
+  };
+  if (!ValidWeightSetName(name)) {
+    return fail(absl::InvalidArgumentError(absl::StrCat("name '", name.substr(0, 80),
+                                                        "': a set name is 1 to 64 of [A-Za-z0-9._-]")));
+  }
+  absl::StatusOr<std::vector<Shard>> shards = ReadCheckpoint(root_, path);
+  if (!shards.ok()) return fail(shards.status());
+  auto manifest = std::make_shared<WeightManifestData>();
+  manifest->name = name;
+  manifest->path = path;
+  std::vector<Source> sources;
+  absl::Status planned = PlanTensors(*shards, rules, &manifest->tensors, &sources, &manifest->total_bytes);
+  if (!planned.ok()) return fail(planned);
+  std::string hashes;
+  for (const Shard& s : *shards) hashes += s.header_sha256;
+  manifest->source_checksum = Sha256(hashes.data(), hashes.size());
+
+  {
+    absl::MutexLock lock(&mu_);
+    absl::Status reserved = ReserveLocked(name, manifest->total_bytes);
+    if (!reserved.ok()) return fail(reserved);
+  }
+  bool done = false;
+  absl::Cleanup release = [&] {
+    if (done) return;
+    absl::MutexLock lock(&mu_);
+    sets_.erase(name);
+    reserved_ -= manifest->total_bytes;
+  };
+
+  auto set = std::make_shared<Set>();
+  set->size = manifest->total_bytes;
+  set->shm_path = absl::StrCat(shm_dir_, "/wprep-weights-", getpid(), "-", g_file_counter.fetch_add(1), "-", name);
+  const int shm_fd = open(set->shm_path.c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
+  if (shm_fd < 0) {
+    const int err = errno;
+    set->shm_path.clear();
+    return fail(absl::ResourceExhaustedError(absl::StrCat("weight set '", name, "': ", shm_dir_, ": ", ErrnoText(err))));
+  }
+  Fd shm(shm_fd);
+  if (set->size > 0) {
+    if (ftruncate(shm.get(), static_cast<off_t>(set->size)) != 0) {
+      return fail(absl::ResourceExhaustedError(absl::StrCat("weight set '", name, "': ", ErrnoText(errno))));
+    }
+    void* base = mmap(nullptr, set->size, PROT_READ | PROT_WRITE, MAP_SHARED, shm.get(), 0);
+    if (base == MAP_FAILED) {
+      return fail(absl::ResourceExhaustedError(absl::StrCat("weight set '", name, "': mmap: ", ErrnoText(errno))));
+    }
+    set->base = static_cast<uint8_t*>(base);
+  }
+
+  WeightLoadProgress p;
+  p.tensors_total = manifest->tensors.size();
+  p.bytes_total = manifest->total_bytes;
+  if (!progress(p)) return fail(absl::CancelledError("the load was cancelled"));
+  std::vector<std::unique_ptr<Fd>> files;
+  for (const Shard& s : *shards) {
+    files.push_back(std::make_unique<Fd>(open(s.real.c_str(), O_RDONLY | O_CLOEXEC)));
+    if (files.back()->get() < 0) return fail(absl::DataLossError(absl::StrCat(s.display, ": ", ErrnoText(errno))));
+  }
+  std::vector<uint8_t> staging;  // a converted tensor's input; one tensor at a time
+  CpuOptions cpu;
+  cpu.threads = cpu_threads_;
+  for (size_t i = 0; i < sources.size(); ++i) {
+    const Source& src = sources[i];
+    const WeightEntry& e = manifest->tensors[i];
+    const std::string& file = (*shards)[src.shard].display;
+    uint8_t* out = set->base + e.offset;
+    if (!src.plan.has_value()) {
+      absl::Status read = ReadAt(files[src.shard]->get(), src.file_offset, out, src.bytes, file);
+      if (!read.ok()) return fail(read);
+    } else {
+      staging.resize(src.bytes);
+      absl::Status read = ReadAt(files[src.shard]->get(), src.file_offset, staging.data(), src.bytes, file);
+      if (!read.ok()) return fail(read);
+      absl::Status converted = ConvertOnCpu(*src.plan, staging.data(), staging.size(), out, e.bytes, cpu);
+      if (!converted.ok()) {
+        return fail(absl::Status(converted.code(), absl::StrCat(file, ": tensor '", e.name, "': ", converted.message())));
+      }
+    }
+    ++p.tensors_done;
+    p.bytes_done = AlignUp(e.offset + e.bytes);
+    if (!progress(p)) return fail(absl::CancelledError("the load was cancelled"));
+  }
+  if (set->base != nullptr) mprotect(set->base, set->size, PROT_READ);  // read-only from here on
+  set->manifest = manifest;
+  {
+    absl::MutexLock lock(&mu_);
+    if (closed_) return fail(absl::UnavailableError("the daemon is stopping"));
+    sets_[name] = set;
+    done = true;
+  }
+  if (observer_.set_resident) observer_.set_resident(name, manifest->total_bytes);
+  if (observer_.loaded) observer_.loaded(absl::ToDoubleSeconds(absl::Now() - start));
+  return std::shared_ptr<const WeightManifestData>(manifest);
+}
+
+std::vector<WeightSetSummary> WeightStore::List() const {
+  absl::MutexLock lock(&mu_);
+  std::map<std::string, uint32_t> attached;
+  for (const auto& [id, h] : held_) ++attached[h.set];
+  std::vector<WeightSetSummary> out;
+  for (const auto& [name, set] : sets_) {
+    if (set == nullptr) continue;  // still loading
+    out.push_back({set->manifest, attached[name]});
+  }
+  return out;
+}
+
+uint64_t WeightStore::resident_bytes() const {
+  absl::MutexLock lock(&mu_);
+  uint64_t total = 0;
+  for (const auto& [name, set] : sets_) {
+    if (set != nullptr) total += set->size;
+  }
+  return total;
+}
+
+absl::StatusOr<WeightAttachment> WeightStore::Attach(const std::string& name) {
+  absl::MutexLock lock(&mu_);
+  if (closed_) return absl::UnavailableError("the daemon is stopping");
+  auto it = sets_.find(name);
+  if (it == sets_.end() || it->second == nullptr) {
+    return absl::NotFoundError(absl::StrCat("no weight set '", name.substr(0, 80), "'"));
+  }
+  WeightAttachment a;
+  a.id = next_id_++;
+  a.manifest = it->second->manifest;
+  a.shm_path = it->second->shm_path;
+  held_[a.id] = Held{name, absl::OkStatus(), false};
+  if (observer_.attachments) observer_.attachments(1);
+  return a;
+}
+
+absl::Status WeightStore::Hold(uint64_t id, absl::FunctionRef<bool()> cancelled) {
+  const bool* ended = nullptr;  // only Hold erases an attachment, so this stays valid
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = held_.find(id);
+    if (it == held_.end()) return absl::NotFoundError(absl::StrCat("no attachment ", id));
+    ended = &it->second.ended;
+  }
+  // The caller's cancellation wakes nobody, so it is polled between waits.
+  for (;;) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (mu_.AwaitWithTimeout(absl::Condition(ended), kHoldPoll)) break;
+    }
+    if (cancelled()) break;
+  }
+  absl::MutexLock lock(&mu_);
+  auto it = held_.find(id);
+  absl::Status end = it->second.ended ? it->second.end : absl::OkStatus();
+  held_.erase(it);
+  if (observer_.attachments) observer_.attachments(-1);
+  return end;
+}
+
+absl::Status WeightStore::Detach(uint64_t id) {
+  absl::MutexLock lock(&mu_);
+  auto it = held_.find(id);
+  if (it == held_.end() || it->second.ended) return absl::NotFoundError(absl::StrCat("no attachment ", id));
+  it->second.ended = true;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<uint64_t> WeightStore::Drop(const std::string& name, bool force) {
+  std::shared_ptr<Set> gone;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = sets_.find(name);
+    if (it == sets_.end()) return absl::NotFoundError(absl::StrCat("no weight set '", name.substr(0, 80), "'"));
+    if (it->second == nullptr) {
+      return absl::FailedPreconditionError(absl::StrCat("weight set '", name, "' is still loading"));
+    }
+    uint32_t attached = 0;
+    for (const auto& [id, h] : held_) attached += (h.set == name && !h.ended) ? 1 : 0;
+    if (attached > 0 && !force) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("weight set '", name, "' has ", attached, " attachment(s); detach them or drop with force"));
+    }
+    for (auto& [id, h] : held_) {
+      if (h.set == name && !h.ended) {
+        h.ended = true;
+        h.end = absl::AbortedError(absl::StrCat("weight set '", name, "' was dropped"));
+      }
+    }
+    gone = std::move(it->second);
+    sets_.erase(it);
+    reserved_ -= gone->size;
+  }
+  if (observer_.set_resident) observer_.set_resident(name, 0);
+  return gone->size;  // the memory goes with `gone`; clients' mappings stay valid
+}
+
+void WeightStore::RemoveStaleFiles() {
+  DIR* dir = opendir(shm_dir_.c_str());
+  if (dir == nullptr) return;
+  const std::string mine = absl::StrCat("wprep-weights-", getpid(), "-");
+  while (const dirent* e = readdir(dir)) {
+    const std::string name = e->d_name;
+    if (name.rfind(mine, 0) == 0) unlinkat(dirfd(dir), name.c_str(), 0);
+  }
+  closedir(dir);
+}
+
+void WeightStore::Close() {
+  std::vector<std::shared_ptr<Set>> gone;
+  {
+    absl::MutexLock lock(&mu_);
+    closed_ = true;
+    for (auto& [id, h] : held_) {
+      if (!h.ended) {
+        h.ended = true;
+        h.end = absl::UnavailableError("the daemon is stopping");
+      }
+    }
+    // The files go now, not at exit: a daemon that stops leaves nothing in shm_dir_.
+    for (auto it = sets_.begin(); it != sets_.end();) {
+      if (it->second == nullptr) {
+        ++it;  // a load in progress; it finds closed_ and frees its own
+        continue;
+      }
+      gone.push_back(std::move(it->second));
+      reserved_ -= gone.back()->size;
+      it = sets_.erase(it);
+    }
+  }
+  for (const auto& set : gone) {
+    if (observer_.set_resident) observer_.set_resident(set->manifest->name, 0);
+  }
+}
+
+}  // namespace wprep::server

@@ -1,0 +1,141 @@
+#include "rpc/weights_service.h"
+
+#include <atomic>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "rpc/service.h"
+#include "rpc/status.h"
+#include "wprep/proto/spec_codec.h"
+#include "wprep/spec/status_macros.h"
+
+namespace wprep::server {
+namespace {
+
+std::atomic<uint64_t> g_weights_request_id{1ull << 62};  // apart from the converter's ids
+
+absl::StatusOr<std::vector<WeightRuleSpec>> RulesFromProto(
+    const google::protobuf::RepeatedPtrField<wprep::v1::WeightRule>& rules) {
+  std::vector<WeightRuleSpec> out;
+  for (int i = 0; i < rules.size(); ++i) {
+    const wprep::v1::WeightRule& r = rules[i];
+    const std::string field = absl::StrCat("rules[", i, "]");
+    if (r.pattern().empty()) {
+      return WithFieldViolation(absl::InvalidArgumentError(absl::StrCat(field, ".pattern: empty")),
+                                field + ".pattern");
+    }
+    WeightRuleSpec rule;
+    rule.pattern = r.pattern();
+    if (r.action_case() == wprep::v1::WeightRule::kConvert) {
+      absl::StatusOr<ConversionSpec> spec = SpecFromProto(r.convert(), field + ".convert");
+      if (!spec.ok()) return WithFieldViolation(spec.status(), field + ".convert");
+      if (spec->direction != Direction::kSwizzle) {
+        return WithFieldViolation(
+            absl::InvalidArgumentError(absl::StrCat(field, ".convert.direction: a rule prepares checkpoint "
+                                                    "tensors, so it takes swizzles only")),
+            field + ".convert.direction");
+      }
+      rule.convert = *spec;
+    }
+    out.push_back(std::move(rule));
+  }
+  return out;
+}
+
+}  // namespace
+
+void WeightManifestToProto(const WeightManifestData& manifest, bool with_tensors, wprep::v1::WeightManifest* out) {
+  out->set_name(manifest.name);
+  out->set_path(manifest.path);
+  out->set_total_bytes(manifest.total_bytes);
+  out->set_source_checksum(manifest.source_checksum);
+  if (!with_tensors) return;
+  for (const WeightEntry& e : manifest.tensors) {
+    wprep::v1::WeightTensor* t = out->add_tensors();
+    t->set_name(e.name);
+    t->set_dtype(e.dtype);
+    for (int64_t d : e.shape) t->add_shape(d);
+    for (int64_t s : e.strides) t->add_strides(s);
+    t->set_bytes(e.bytes);
+    t->set_offset(e.offset);
+    t->set_rule(e.rule);
+    if (e.spec.has_value()) *t->mutable_identity() = IdentityToProto(*e.spec);
+  }
+}
+
+grpc::Status WeightSetsService::LoadWeights(grpc::ServerContext* ctx, const wprep::v1::LoadWeightsRequest* req,
+                                            grpc::ServerWriter<wprep::v1::LoadWeightsResponse>* writer) {
+  return ToGrpcStatus(BoundMessage(RunGuarded(
+      [&]() -> absl::Status {
+        if (!req->device_uuid().empty()) {
+          return WithFieldViolation(
+              absl::UnimplementedError("device_uuid: sets are kept in host memory; GPU residency is not built yet"),
+              "device_uuid");
+        }
+        WPREP_ASSIGN_OR_RETURN(std::vector<WeightRuleSpec> rules, RulesFromProto(req->rules()));
+        const absl::Time start = absl::Now();
+        auto progress = [&](const WeightLoadProgress& p) {
+          if (ctx->IsCancelled()) return false;
+          wprep::v1::LoadWeightsResponse msg;
+          msg.set_tensors_done(p.tensors_done);
+          msg.set_tensors_total(p.tensors_total);
+          msg.set_bytes_done(p.bytes_done);
+          msg.set_bytes_total(p.bytes_total);
+          return writer->Write(msg);
+        };
+        WPREP_ASSIGN_OR_RETURN(std::shared_ptr<const WeightManifestData> manifest,
+                               store_->Load(req->name(), req->path(), rules, progress));
+        wprep::v1::LoadWeightsResponse last;
+        last.set_tensors_done(manifest->tensors.size());
+        last.set_tensors_total(manifest->tensors.size());
+        last.set_bytes_done(manifest->total_bytes);
+        last.set_bytes_total(manifest->total_bytes);
+        last.set_load_seconds(absl::ToDoubleSeconds(absl::Now() - start));
+        WeightManifestToProto(*manifest, /*with_tensors=*/true, last.mutable_manifest());
+        writer->Write(last);  // a client gone by now finds the set listed
+        return absl::OkStatus();
+      },
+      g_weights_request_id.fetch_add(1))));
+}
+
+grpc::Status WeightSetsService::ListWeights(grpc::ServerContext* /*ctx*/, const wprep::v1::ListWeightsRequest* req,
+                                            wprep::v1::ListWeightsResponse* resp) {
+  for (const WeightSetSummary& s : store_->List()) {
+    wprep::v1::WeightSetInfo* info = resp->add_sets();
+    WeightManifestToProto(*s.manifest, req->with_tensors(), info->mutable_manifest());
+    info->set_attachments(s.attachments);
+  }
+  resp->set_budget_bytes(store_->budget_bytes());
+  resp->set_resident_bytes(store_->resident_bytes());
+  return grpc::Status::OK;
+}
+
+grpc::Status WeightSetsService::AttachWeights(grpc::ServerContext* ctx, const wprep::v1::AttachWeightsRequest* req,
+                                              grpc::ServerWriter<wprep::v1::AttachWeightsResponse>* writer) {
+  absl::StatusOr<WeightAttachment> a = store_->Attach(req->name());
+  if (!a.ok()) return ToGrpcStatus(a.status());
+  wprep::v1::AttachWeightsResponse msg;
+  msg.set_attachment_id(a->id);
+  msg.set_shm_path(a->shm_path);
+  WeightManifestToProto(*a->manifest, /*with_tensors=*/true, msg.mutable_manifest());
+  // A client gone before the manifest reached it is detached at once.
+  const bool sent = writer->Write(msg);
+  return ToGrpcStatus(store_->Hold(a->id, [&] { return !sent || ctx->IsCancelled(); }));
+}
+
+grpc::Status WeightSetsService::DetachWeights(grpc::ServerContext* /*ctx*/, const wprep::v1::DetachWeightsRequest* req,
+                                              wprep::v1::DetachWeightsResponse* /*resp*/) {
+  return ToGrpcStatus(store_->Detach(req->attachment_id()));
+}
+
+grpc::Status WeightSetsService::DropWeights(grpc::ServerContext* /*ctx*/, const wprep::v1::DropWeightsRequest* req,
+                                            wprep::v1::DropWeightsResponse* resp) {
+  absl::StatusOr<uint64_t> freed = store_->Drop(req->name(), req->force());
+  if (!freed.ok()) return ToGrpcStatus(freed.status());
+  resp->set_freed_bytes(*freed);
+  return grpc::Status::OK;
+}
+
+}  // namespace wprep::server
