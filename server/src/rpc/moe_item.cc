@@ -231,17 +231,14 @@ absl::StatusOr<MoeJob> JobFromProto(const v1::MoeItem& item, const std::string& 
                               job.plan.inputs[0].name, " is on another"));
     }
     // The engine gathers: an output over an input (or another output) would read moved bytes.
-    auto overlaps = [&](const IpcRegion& a, uint64_t a_bytes, const IpcRegion& b, uint64_t b_bytes) {
-      return a.handle == b.handle && a.offset < b.offset + b_bytes && b.offset < a.offset + a_bytes;
-    };
     for (size_t i = 0; i < job.input_ipc.size(); ++i) {
-      if (overlaps(*r, job.plan.output_bytes[j], job.input_ipc[i], job.plan.input_bytes[i])) {
+      if (IpcRegionsOverlap(*r, job.plan.output_bytes[j], job.input_ipc[i], job.plan.input_bytes[i])) {
         return Bad(absl::StrCat(field, ".ipc overlaps ", job.plan.inputs[i].name,
                                 ".source.ipc: outputs are written apart from the inputs; give another buffer"));
       }
     }
     for (size_t k = 0; k < job.output_ipc.size(); ++k) {
-      if (overlaps(*r, job.plan.output_bytes[j], job.output_ipc[k], job.plan.output_bytes[k])) {
+      if (IpcRegionsOverlap(*r, job.plan.output_bytes[j], job.output_ipc[k], job.plan.output_bytes[k])) {
         return Bad(absl::StrCat(field, ".ipc overlaps ", job.plan.outputs[k].name, ".destination.ipc"));
       }
     }
@@ -273,7 +270,11 @@ bool HasMoeItems(const v1::ConvertBatchRequest& req) {
   return false;
 }
 
-absl::StatusOr<std::vector<MoeJob>> MoeJobsFromProto(const v1::ConvertBatchRequest& req, const MoeLimits& limits) {
+bool IpcRegionsOverlap(const IpcRegion& a, uint64_t a_bytes, const IpcRegion& b, uint64_t b_bytes) {
+  return a.handle == b.handle && a.offset < b.offset + b_bytes && b.offset < a.offset + a_bytes;
+}
+
+absl::Status CheckBatchSize(const v1::ConvertBatchRequest& req, const MoeLimits& limits) {
   if (static_cast<uint64_t>(req.items_size()) > limits.max_items) {
     return absl::ResourceExhaustedError(absl::StrCat("the batch has ", req.items_size(),
                                                      " items, more than --max-batch-items=", limits.max_items,
@@ -283,6 +284,11 @@ absl::StatusOr<std::vector<MoeJob>> MoeJobsFromProto(const v1::ConvertBatchReque
     return absl::ResourceExhaustedError(absl::StrCat("ConvertBatch request of ", n,
                                                      " bytes exceeds --max-message-bytes=", limits.max_message_bytes));
   }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<MoeJob>> MoeJobsFromProto(const v1::ConvertBatchRequest& req, const MoeLimits& limits) {
+  if (absl::Status s = CheckBatchSize(req, limits); !s.ok()) return s;
   std::vector<MoeJob> jobs;
   uint64_t inline_out = 0;
   for (int i = 0; i < req.items_size(); ++i) {

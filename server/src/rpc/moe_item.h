@@ -39,6 +39,9 @@ struct MoeJob {
 absl::StatusOr<IpcRegion> DenseRegionFromProto(const wprep::v1::CudaIpcBuffer& b, uint64_t bytes,
                                                const std::string& field);
 
+// Whether [a.offset, +a_bytes) and [b.offset, +b_bytes) of one allocation (same handle) meet.
+bool IpcRegionsOverlap(const IpcRegion& a, uint64_t a_bytes, const IpcRegion& b, uint64_t b_bytes);
+
 // Whether any item of `req` is a MoE item (the batch is then served by MoeJobsFromProto and
 // RunMoeJobs alone).
 bool HasMoeItems(const wprep::v1::ConvertBatchRequest& req);
@@ -48,6 +51,10 @@ struct MoeLimits {
   uint64_t max_tensor_bytes = 64ull << 30;   // each input and output
   uint64_t max_items = 4096;
 };
+
+// The limits every batch of MoE or quantize items is held to before any item is read:
+// RESOURCE_EXHAUSTED past --max-batch-items or --max-message-bytes.
+absl::Status CheckBatchSize(const wprep::v1::ConvertBatchRequest& req, const MoeLimits& limits);
 
 // Every item of a batch of MoE items, checked and planned: INVALID_ARGUMENT naming the
 // field (items[i].moe.inputs[1].dtype, items[i].moe.scales, ...) for a malformed one,

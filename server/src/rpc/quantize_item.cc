@@ -10,6 +10,7 @@
 #include "absl/time/clock.h"
 #include "exec/gpu_queues.h"
 #include "rpc/proto_translate.h"
+#include "wprep/kernels/plan.h"
 #include "wprep/spec/status_macros.h"
 #include "wprep/proto/spec_codec.h"
 
@@ -57,12 +58,6 @@ const char* DTypeName(QuantDtype d) {
       return "float32";
   }
   return "?";
-}
-
-std::vector<int64_t> RowMajorStrides(const std::vector<int64_t>& shape) {
-  std::vector<int64_t> s(shape.size(), 1);
-  for (size_t i = shape.size(); i-- > 1;) s[i - 1] = s[i] * shape[i];
-  return s;
 }
 
 absl::StatusOr<QuantizeJob> JobFromProto(const v1::QuantizeItem& item, const std::string& prefix,
@@ -149,15 +144,12 @@ absl::StatusOr<QuantizeJob> JobFromProto(const v1::QuantizeItem& item, const std
     *regions[j] = *std::move(r);
   }
   // The kernel reads the source while it writes: no output may overlap it, or the other.
-  auto overlaps = [](const IpcRegion& a, uint64_t a_bytes, const IpcRegion& b, uint64_t b_bytes) {
-    return a.handle == b.handle && a.offset < b.offset + b_bytes && b.offset < a.offset + a_bytes;
-  };
   for (int j = 0; j < 2; ++j) {
-    if (overlaps(*regions[j], out_bytes[j], job.input_ipc, input_bytes)) {
+    if (IpcRegionsOverlap(*regions[j], out_bytes[j], job.input_ipc, input_bytes)) {
       return Bad(absl::StrCat(prefix, ".", outs[j].first, ".ipc overlaps source.ipc: give another buffer"));
     }
   }
-  if (overlaps(job.values_ipc, job.values_bytes, job.scales_ipc, job.scales_bytes)) {
+  if (IpcRegionsOverlap(job.values_ipc, job.values_bytes, job.scales_ipc, job.scales_bytes)) {
     return Bad(absl::StrCat(prefix, ".scales.ipc overlaps values.ipc: give another buffer"));
   }
   return job;
@@ -189,7 +181,7 @@ void AddOutput(const QuantizeJob& job, bool values, v1::BatchItemResult* item) {
   t->set_name(values ? "values" : "scales");
   const std::vector<int64_t>& shape = values ? job.values_shape : job.scales_shape;
   for (int64_t d : shape) t->add_shape(d);
-  for (int64_t s : RowMajorStrides(shape)) t->add_strides(s);
+  for (int64_t s : DenseStrides(shape)) t->add_strides(s);
   t->set_bytes(values ? job.values_bytes : job.scales_bytes);
   *t->mutable_identity() = IdentityOf(job, values);
 }
@@ -261,15 +253,7 @@ bool HasQuantizeItems(const v1::ConvertBatchRequest& req) {
 
 absl::StatusOr<std::vector<QuantizeJob>> QuantizeJobsFromProto(const v1::ConvertBatchRequest& req,
                                                                const MoeLimits& limits) {
-  if (static_cast<uint64_t>(req.items_size()) > limits.max_items) {
-    return absl::ResourceExhaustedError(absl::StrCat("the batch has ", req.items_size(),
-                                                     " items, more than --max-batch-items=", limits.max_items,
-                                                     "; split it into several batches"));
-  }
-  if (const uint64_t n = req.ByteSizeLong(); n > limits.max_message_bytes) {
-    return absl::ResourceExhaustedError(absl::StrCat("ConvertBatch request of ", n,
-                                                     " bytes exceeds --max-message-bytes=", limits.max_message_bytes));
-  }
+  if (absl::Status s = CheckBatchSize(req, limits); !s.ok()) return s;
   std::vector<QuantizeJob> jobs;
   jobs.reserve(static_cast<size_t>(req.items_size()));
   uint64_t inline_out = 0;
