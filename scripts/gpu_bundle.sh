@@ -16,7 +16,7 @@ rm -rf .bundle
 mkdir -p .bundle/bin .bundle/lib
 mapfile -t bins < <(find "$BUILD" -type f -executable \
   \( -name '*_test' -o -name 'wprep' -o -name 'wprepd' -o -name 'wprep_bench' -o -name 'wprep_quantize_bench' \
-     -o -name 'wprep_rpc_bench' -o -name 'wprep_ipc_*' -o -name 'wprep_fault_client' -o -name 'wprep_memory_soak' -o -name 'wprep_loader_bench' -o -name 'wprep_fake_checkpoint' \) -not -path '*/CMakeFiles/*')
+     -o -name 'wprep_rpc_bench' -o -name 'wprep_ipc_*' -o -name 'wprep_fault_client' -o -name 'wprep_vmm_client' -o -name 'wprep_memory_soak' -o -name 'wprep_loader_bench' -o -name 'wprep_fake_checkpoint' \) -not -path '*/CMakeFiles/*')
 if [[ -n ${TARGETS:-} ]]; then
   mapfile -t bins < <(for b in "${bins[@]}"; do [[ " $TARGETS " == *" $(basename "$b") "* ]] && echo "$b"; done)
 fi

@@ -17,6 +17,7 @@ export WPREP_CLI=$PWD/.bundle/bin/wprep
 export WPREPD=$PWD/.bundle/bin/wprepd
 export WPREP_IPC_CLIENT_PATH=$PWD/.bundle/bin/wprep_ipc_client
 export WPREP_FAULT_CLIENT_PATH=$PWD/.bundle/bin/wprep_fault_client
+export WPREP_VMM_CLIENT_PATH=$PWD/.bundle/bin/wprep_vmm_client
 summary=()
 
 { date -u; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv; nproc; } > "$OUT/machine.txt" 2>&1

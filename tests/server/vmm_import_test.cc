@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -155,7 +156,9 @@ class Child {
     posix_spawn_file_actions_init(&fa);
     posix_spawn_file_actions_adddup2(&fa, in[0], 0);
     posix_spawn_file_actions_adddup2(&fa, out[1], 1);
-    std::vector<std::string> all = {WPREP_VMM_CLIENT_PATH};
+    // $WPREP_VMM_CLIENT_PATH overrides the built path (the GPU bundle moves binaries).
+    const char* env = std::getenv("WPREP_VMM_CLIENT_PATH");
+    std::vector<std::string> all = {env != nullptr && *env != '\0' ? env : WPREP_VMM_CLIENT_PATH};
     all.insert(all.end(), args.begin(), args.end());
     std::vector<char*> argv;
     for (std::string& a : all) argv.push_back(a.data());

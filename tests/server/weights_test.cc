@@ -626,7 +626,9 @@ TEST_F(WeightsTest, DrainEndsAttachments) {
 
 // Runs `wprep ARGS` and returns its exit status and what it printed (stdout and stderr).
 int RunCli(const std::string& args, std::string* output) {
-  const std::string cmd = absl::StrCat(WPREP_CLI_PATH, " ", args, " 2>&1");
+  const char* env = std::getenv("WPREP_CLI");  // set where the build tree moved (GPU bundle)
+  const std::string cmd =
+      absl::StrCat(env != nullptr && *env != '\0' ? env : WPREP_CLI_PATH, " ", args, " 2>&1");
   std::unique_ptr<FILE, int (*)(FILE*)> p(popen(cmd.c_str(), "r"), pclose);
   char buf[4096];
   size_t n;
