@@ -1,7 +1,8 @@
 // wprep_bench --moe: trtllm-gen MoE preparation (prepare_w13, prepare_w2: values + scales
 // + bias, each one RunMoeCuda call) next to a cudaMemcpyAsync device-to-device copy of
 // the same input bytes, for one gpt-oss-120b layer (MXFP4) and one DeepSeek-V3-shaped
-// layer (256 experts, H 7168, I 2048) in MXFP4, NVFP4 and fp8_block.
+// layer (256 experts, H 7168, I 2048) in every format: MXFP4, NVFP4, MXFP8, FP8,
+// fp8_block and BF16.
 // CUDA events around each call; warm-up, then the median of --moe_iters calls, copy and
 // preparation interleaved so both see the same conditions.
 #include <algorithm>
@@ -65,6 +66,18 @@ std::vector<MoeCase> MoeCases() {
        {{"values", D::kUint8, {de, 2 * di, dh}}, {"scales", D::kFloat32, {de, 2 * di / 128, dh / 128}}}},
       {"DeepSeek-V3 fp8_block", MoeOp::kPrepareW2, {{"format", "fp8_block"}},
        {{"values", D::kUint8, {de, dh, di}}, {"scales", D::kFloat32, {de, dh / 128, di / 128}}}},
+      {"DeepSeek-V3 mxfp8", MoeOp::kPrepareW13, {{"format", "mxfp8"}, {"gated", "true"}},
+       {{"values", D::kUint8, {de, 2 * di, dh}}, {"scales", D::kUint8, {de, 2 * di, dh / 32}}}},
+      {"DeepSeek-V3 mxfp8", MoeOp::kPrepareW2, {{"format", "mxfp8"}},
+       {{"values", D::kUint8, {de, dh, di}}, {"scales", D::kUint8, {de, dh, di / 32}}}},
+      {"DeepSeek-V3 fp8", MoeOp::kPrepareW13, {{"format", "fp8"}, {"gated", "true"}, {"align_i", "1"}},
+       {{"values", D::kUint8, {de, 2 * di, dh}}}},
+      {"DeepSeek-V3 fp8", MoeOp::kPrepareW2, {{"format", "fp8"}, {"align_i", "1"}},
+       {{"values", D::kUint8, {de, dh, di}}}},
+      {"DeepSeek-V3 bf16", MoeOp::kPrepareW13, {{"format", "bf16"}, {"gated", "true"}, {"align_i", "1"}},
+       {{"values", D::kBfloat16, {de, 2 * di, dh}}}},
+      {"DeepSeek-V3 bf16", MoeOp::kPrepareW2, {{"format", "bf16"}, {"align_i", "1"}},
+       {{"values", D::kBfloat16, {de, dh, di}}}},
       // Where the time goes: the values pass and the scale pass alone, as single steps
       // of the same sizes (unpadded).
       {"gpt-oss-120b w13 values", MoeOp::kRowShuffle, {{"epilogue_tile_m", "128"}},
