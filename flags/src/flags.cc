@@ -344,6 +344,7 @@ std::string FlagSet::Usage() const {
   const std::string pad(kNameWidth + kIndent, ' ');
   for (const Flag& f : flags_) {
     std::string head = absl::StrCat(std::string(kIndent, ' '), "--", f.name);
+    if (f.kind == Kind::kBool) absl::StrAppend(&head, "[=true|false]");
     if (!f.value_name.empty()) absl::StrAppend(&head, " ", f.value_name);
     const std::string def = f.default_text.empty() ? "" : absl::StrCat("(default ", f.default_text, ")");
     std::vector<std::string> lines = Wrap(f.help, def, kWidth - pad.size());

@@ -122,7 +122,7 @@ TEST(FlagSet, UsageIsGeneratedFromTheDeclarations) {
   const std::string u = Example().Usage();
   EXPECT_EQ(u.rfind("usage: example [flags] FILE\n", 0), 0u) << u;
   EXPECT_NE(u.find("  --local                  convert in this process\n"), std::string::npos) << u;
-  EXPECT_NE(u.find("  --gpu                    time the GPU (default true)\n"), std::string::npos) << u;
+  EXPECT_NE(u.find("  --gpu[=true|false]       time the GPU (default true)\n"), std::string::npos) << u;
   EXPECT_NE(u.find("  --threads N              worker threads (default 4)\n"), std::string::npos) << u;
   EXPECT_NE(u.find("  --budget N               memory budget (default 1G)\n"), std::string::npos) << u;
   EXPECT_NE(u.find("  --wait D                 how long to wait (default 10s)\n"), std::string::npos) << u;
