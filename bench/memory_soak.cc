@@ -458,6 +458,8 @@ int ParseArgs(int argc, char** argv, Args* a) {
       .HideDefault();
   fs.String("metrics", "HOST:PORT", a->metrics, "with --target: the daemon's metrics address");
   fs.AllowRest();
+  // scripts/soak.sh passes its defaults, then the caller's flags: the later value wins.
+  fs.LastWins();
   if (absl::Status s = fs.Parse(std::vector<std::string>(argv + 1, argv + argc)); !s.ok()) {
     std::fprintf(stderr, "wprep_memory_soak: %s\n", std::string(s.message()).c_str());
     return 2;
