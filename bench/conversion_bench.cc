@@ -4,7 +4,7 @@
 // GPU next to a device-to-device copy of the same bytes, and on the CPU next to a memcpy,
 // in one run.
 // GPU: CUDA events around each call (warm-up, then the median of --iters calls), copy and
-// conversion interleaved so both see the same conditions. CPU: median of --cpu-reps.
+// conversion interleaved so both see the same conditions. CPU: median of --cpu_reps.
 // Prints a markdown table; --csv FILE also writes every figure.
 #include <algorithm>
 #include <chrono>
@@ -15,37 +15,48 @@
 #include <thread>
 #include <vector>
 
-#include "absl/flags/declare.h"
-#include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "wprep/kernels/cpu_engine.h"
 #include "wprep/kernels/cuda_engine.h"
 #include "wprep/kernels/plan.h"
 #include "wprep/config.h"
+#include "wprep/flags/flags.h"
 
 #if WPREP_HAVE_CUDA
 #include <cuda_runtime.h>
 #endif
 
-ABSL_FLAG(std::vector<std::string>, shapes, std::vector<std::string>({"16x4096x4096", "1x256x256"}),
-          "logical shapes to time, dims joined by x");
-ABSL_FLAG(int, iters, 200, "timed GPU calls per conversion (median reported)");
-ABSL_FLAG(int, warmup, 20, "untimed GPU calls first");
-ABSL_FLAG(bool, gpu, true, "time the CUDA engine");
-ABSL_FLAG(bool, cpu, true, "time the CPU engine");
-ABSL_FLAG(std::string, cpu_shape, "16x4096x4096", "logical shape for the CPU engine");
-ABSL_FLAG(std::vector<std::string>, cpu_threads, std::vector<std::string>({"1", "0"}),
-          "CPU thread counts (0 = all hardware threads)");
-ABSL_FLAG(int, cpu_reps, 3, "timed CPU runs per conversion (median reported)");
-ABSL_FLAG(std::string, csv, "", "also write results to this CSV file");
-ABSL_FLAG(std::string, only, "", "time only conversions whose name contains this text");
-ABSL_FLAG(std::string, scale_shape, "16x4096x128",
-          "shape of the scale tensors the scale rows time (8 MiB: [16, 4096, 128])");
-
 namespace wprep {
 namespace {
+
+// The bench's flags (absl-style names: scripts and docs pass them so).
+flags::FlagSet& Flags() {
+  static flags::FlagSet* fs = [] {
+    auto* f = new flags::FlagSet("wprep_bench",
+                                 "usage: wprep_bench [flags]\n"
+                                 "Times every conversion on the GPU next to a device copy of the same bytes,\n"
+                                 "and on the CPU next to a memcpy; prints a markdown table.\n");
+    f->List("shapes", "S,...", {"16x4096x4096", "1x256x256"}, "logical shapes to time, dims joined by x");
+    f->Int("iters", "N", 200, "timed GPU calls per conversion (median reported)", 1, 1 << 20);
+    f->Int("warmup", "N", 20, "untimed GPU calls first", 0, 1 << 20);
+    f->Bool("gpu", true, "time the CUDA engine");
+    f->Bool("cpu", true, "time the CPU engine");
+    f->String("cpu_shape", "S", "16x4096x4096", "logical shape for the CPU engine");
+    f->List("cpu_threads", "N,...", {"1", "0"}, "CPU thread counts (0 = all hardware threads)");
+    f->Int("cpu_reps", "N", 3, "timed CPU runs per conversion (median reported)", 1, 1 << 20);
+    f->String("csv", "FILE", "", "also write results to this CSV file");
+    f->String("only", "TEXT", "", "time only conversions whose name contains this text");
+    f->String("scale_shape", "S", "16x4096x128",
+              "shape of the scale tensors the scale rows time (8 MiB: [16, 4096, 128])");
+    f->Bool("moe", false, "time the trtllm-gen MoE preparation instead of the conversions");
+    f->Int("moe_iters", "N", 20, "timed calls per MoE preparation (median reported)", 1, 1 << 20);
+    f->Int("moe_warmup", "N", 3, "untimed MoE calls first", 0, 1 << 20);
+    return f;
+  }();
+  return *fs;
+}
+
 
 struct Case {
   std::string name;
@@ -112,7 +123,7 @@ std::vector<Case> Cases() {
     cases.push_back({"blackwell_value unswizzle" + p, blackwell_value(Direction::kUnswizzle, packing)});
   }
   // Scales of the same weights' size class: [E, K/32, N]-shaped scale tensors.
-  const std::vector<int64_t> ss = ParseShape(absl::GetFlag(FLAGS_scale_shape));
+  const std::vector<int64_t> ss = ParseShape(Flags().GetString("scale_shape"));
   const int64_t rows = ss[ss.size() - 2], cols = ss.back();
   const std::vector<int64_t> transposed = {rows * cols, 1, rows};  // over a dense [E, cols, rows]
   for (Direction d : {Direction::kSwizzle, Direction::kUnswizzle}) {
@@ -133,7 +144,7 @@ std::vector<Case> Cases() {
     cases.push_back({"blackwell_scale swizzle transposed view",
                      scale(Layout::kBlackwellScale, -2, 8, Direction::kSwizzle), ss, transposed});
   }
-  const std::string only = absl::GetFlag(FLAGS_only);
+  const std::string only = Flags().GetString("only");
   std::erase_if(cases, [&](const Case& c) { return c.name.find(only) == std::string::npos; });
   return cases;
 }
@@ -180,12 +191,12 @@ std::vector<uint8_t> RandomBytes(uint64_t n) {
 
 void TimeGpu(const std::vector<int64_t>& shape, const std::string& shape_name,
              std::vector<Row>* rows) {
-  const int iters = absl::GetFlag(FLAGS_iters), warmup = absl::GetFlag(FLAGS_warmup);
+  const int iters = static_cast<int>(Flags().GetInt("iters")), warmup = static_cast<int>(Flags().GetInt("warmup"));
   cudaStream_t stream;
   CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   for (const Case& c : Cases()) {
     // Scale rows have their own shape: run them once, with the first --shapes entry.
-    if (!c.shape.empty() && shape_name != absl::GetFlag(FLAGS_shapes).front()) continue;
+    if (!c.shape.empty() && shape_name != Flags().GetList("shapes").front()) continue;
     const std::vector<int64_t>& case_shape = c.shape.empty() ? shape : c.shape;
     auto plan = MakePlan(c.spec, case_shape, InputBinding{c.strides, {}});
     if (!plan.ok()) {
@@ -236,7 +247,7 @@ void TimeGpu(const std::vector<int64_t>& shape, const std::string& shape_name,
       copy.push_back(b);
     }
     for (auto& e : ev) cudaEventDestroy(e);
-    rows->push_back({"cuda", c.shape.empty() ? shape_name : absl::GetFlag(FLAGS_scale_shape),
+    rows->push_back({"cuda", c.shape.empty() ? shape_name : Flags().GetString("scale_shape"),
                      c.name, Median(conv), Median(copy), in_bytes,
                      absl::StrFormat("baseline: cudaMemcpyAsync D2D of the input bytes; host "
                                      "call %.1f us vs copy call %.1f us",
@@ -251,8 +262,8 @@ void TimeGpu(const std::vector<int64_t>& shape, const std::string& shape_name,
 
 void TimeCpu(const std::vector<int64_t>& shape, const std::string& shape_name,
              std::vector<Row>* rows) {
-  const int reps = absl::GetFlag(FLAGS_cpu_reps);
-  for (const std::string& t : absl::GetFlag(FLAGS_cpu_threads)) {
+  const int reps = static_cast<int>(Flags().GetInt("cpu_reps"));
+  for (const std::string& t : Flags().GetList("cpu_threads")) {
     int threads = std::stoi(t);
     if (threads == 0) threads = static_cast<int>(std::thread::hardware_concurrency());
     for (const Case& c : Cases()) {
@@ -273,7 +284,7 @@ void TimeCpu(const std::vector<int64_t>& shape, const std::string& shape_name,
         memcpy_ms.push_back(std::chrono::duration<double, std::milli>(t2 - t1).count());
       }
       rows->push_back({absl::StrFormat("cpu x%d", threads),
-                       c.shape.empty() ? shape_name : absl::GetFlag(FLAGS_scale_shape), c.name,
+                       c.shape.empty() ? shape_name : Flags().GetString("scale_shape"), c.name,
                        Median(conv),
                        Median(memcpy_ms), plan->input_bytes,
                        "baseline: one-thread memcpy of the input bytes"});
@@ -284,17 +295,26 @@ void TimeCpu(const std::vector<int64_t>& shape, const std::string& shape_name,
 }  // namespace
 }  // namespace wprep
 
-ABSL_DECLARE_FLAG(bool, moe);
 namespace wprep {
-int RunMoeBench();  // bench/moe_bench.cc
+int RunMoeBench(int iters, int warmup);  // bench/moe_bench.cc
 }  // namespace wprep
 
 int main(int argc, char** argv) {
-  absl::ParseCommandLine(argc, argv);
   using namespace wprep;
-  if (absl::GetFlag(FLAGS_moe)) return RunMoeBench();
+  if (absl::Status s = Flags().Parse(std::vector<std::string>(argv + 1, argv + argc)); !s.ok()) {
+    std::fprintf(stderr, "wprep_bench: %s\n", std::string(s.message()).c_str());
+    return 2;
+  }
+  if (Flags().help()) {
+    std::fputs(Flags().Usage().c_str(), stdout);
+    return 0;
+  }
+  if (Flags().GetBool("moe")) {
+    return RunMoeBench(static_cast<int>(Flags().GetInt("moe_iters")),
+                       static_cast<int>(Flags().GetInt("moe_warmup")));
+  }
   std::vector<Row> rows;
-  if (absl::GetFlag(FLAGS_gpu)) {
+  if (Flags().GetBool("gpu")) {
 #if WPREP_HAVE_CUDA
     if (CudaDeviceCount() > 0) {
       cudaDeviceProp prop{};
@@ -307,7 +327,7 @@ int main(int argc, char** argv) {
         CHECK_CUDA(cudaDeviceSynchronize());
         CHECK_CUDA(cudaFree(buf));
       }
-      for (const std::string& s : absl::GetFlag(FLAGS_shapes)) TimeGpu(ParseShape(s), s, &rows);
+      for (const std::string& s : Flags().GetList("shapes")) TimeGpu(ParseShape(s), s, &rows);
     } else {
       std::printf("GPU: none found, GPU timings skipped\n");
     }
@@ -315,9 +335,9 @@ int main(int argc, char** argv) {
     std::printf("GPU: built without CUDA, GPU timings skipped\n");
 #endif
   }
-  if (absl::GetFlag(FLAGS_cpu)) {
+  if (Flags().GetBool("cpu")) {
     std::printf("CPU: %u hardware threads\n", std::thread::hardware_concurrency());
-    const std::string s = absl::GetFlag(FLAGS_cpu_shape);
+    const std::string s = Flags().GetString("cpu_shape");
     TimeCpu(ParseShape(s), s, &rows);
   }
   std::printf("\n| engine | shape | conversion | time ms | baseline ms | ratio | GB/s in+out | note |\n");
@@ -327,7 +347,7 @@ int main(int argc, char** argv) {
                 r.shape.c_str(), r.conversion.c_str(), r.ms, r.baseline_ms, r.ms / r.baseline_ms,
                 2.0 * r.bytes / (r.ms * 1e6), r.note.c_str());
   }
-  if (const std::string path = absl::GetFlag(FLAGS_csv); !path.empty()) {
+  if (const std::string path = Flags().GetString("csv"); !path.empty()) {
     std::ofstream f(path);
     f << "engine,shape,conversion,ms,baseline_ms,ratio,bytes,note\n";
     for (const Row& r : rows) {

@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 #include "wprep/config.h"
+#include "wprep/flags/flags.h"
 
 #if WPREP_HAVE_CUDA
 #include <cuda.h>
@@ -202,26 +203,31 @@ int Importer(int open_device, int count, const std::vector<cudaIpcMemHandle_t>& 
 #endif
 
 int main(int argc, char** argv) {
+  wprep::flags::FlagSet fs("wprep_ipc_probe",
+                           "usage: wprep_ipc_probe [flags]\n"
+                           "What opening CUDA IPC handles costs, and what an importer learns about their owner.\n");
+  fs.Int("alloc-device", "A", 0, "the GPU the owner process allocates on", 0, 1024);
+  fs.Int("open-device", "B", 0, "the GPU the importing process opens the handles on", 0, 1024);
+  fs.Int("count", "N", 8, "allocations (handles) to export", 1, 1 << 20);
+  fs.Bytes("size", "BYTES", 1 << 20, "bytes of each allocation", 1);
+  fs.Switch("prewarm", "create the importer's CUDA context before timing the opens");
+  if (absl::Status s = fs.Parse(std::vector<std::string>(argv + 1, argv + argc)); !s.ok()) {
+    std::fprintf(stderr, "wprep_ipc_probe: %s\n", std::string(s.message()).c_str());
+    return 2;
+  }
+  if (fs.help()) {
+    std::fputs(fs.Usage().c_str(), stdout);
+    return 0;
+  }
 #if !WPREP_HAVE_CUDA
-  (void)argc, (void)argv;
   std::printf("built without CUDA\n");
   return 3;
 #else
-  int alloc_device = 0, open_device = 0, count = 8;
-  size_t size = 1 << 20;
-  bool prewarm = false;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a.rfind("--alloc-device=", 0) == 0) alloc_device = std::atoi(a.c_str() + 15);
-    else if (a.rfind("--open-device=", 0) == 0) open_device = std::atoi(a.c_str() + 14);
-    else if (a.rfind("--count=", 0) == 0) count = std::max(1, std::atoi(a.c_str() + 8));
-    else if (a.rfind("--size=", 0) == 0) size = std::strtoull(a.c_str() + 7, nullptr, 10);
-    else if (a == "--prewarm") prewarm = true;
-    else {
-      std::fprintf(stderr, "usage: wprep_ipc_probe [--alloc-device=A] [--open-device=B] [--count=N] [--size=BYTES] [--prewarm]\n");
-      return 2;
-    }
-  }
+  const int alloc_device = static_cast<int>(fs.GetInt("alloc-device"));
+  const int open_device = static_cast<int>(fs.GetInt("open-device"));
+  const int count = static_cast<int>(fs.GetInt("count"));
+  const size_t size = fs.GetBytes("size");
+  const bool prewarm = fs.GetSwitch("prewarm");
   int handle_pipe[2], done_pipe[2];
   if (pipe(handle_pipe) != 0 || pipe(done_pipe) != 0) return 1;
   const pid_t child = fork();

@@ -14,11 +14,8 @@
 // cudaMemcpyAsync of every input tensor (events, one stream). Layer 0's outputs are
 // checked byte for byte against the CPU engine, after the early-answer variants ran last.
 //
-//   wprep_loader_bench [--layers=N] [--inflight=K] [--reps=R] [--target=unix:///...]
-//                      [--daemon-arg=FLAG ...]
-//
-// Without --target it starts its own wprepd (harness), with each --daemon-arg. Needs a
-// GPU; exits 3 without one.
+// Without --target it starts its own wprepd (harness), with each --daemon-arg; its flags:
+// wprep_loader_bench --help. Needs a GPU; exits 3 without one.
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -38,6 +35,7 @@
 #include "daemon_harness.h"
 #include "wprep/client/client.h"
 #include "wprep/client/cuda_ipc.h"
+#include "wprep/flags/flags.h"
 #include "wprep/kernels/cpu_engine.h"
 #include "wprep/kernels/plan.h"
 #include "wprep/config.h"
@@ -47,6 +45,13 @@
 #endif
 
 namespace {
+
+// What the command line asks for (main parses it).
+struct LoaderArgs {
+  int layers = 0, inflight = 4, reps = 3;
+  std::string target;
+  std::vector<std::string> daemon_flags;
+};
 
 namespace v1 = wprep::v1;
 
@@ -149,22 +154,12 @@ void AddItems(const std::vector<Tensor>& layer, const std::string& uuid, v1::Con
   }
 }
 
-int Main(int argc, char** argv) {
-  int layers = 0, inflight = 4, reps = 3;
-  std::string target;
+int Main(const LoaderArgs& args) {
+  int layers = args.layers;
+  const int inflight = args.inflight, reps = args.reps;
+  std::string target = args.target;
   std::vector<std::string> daemon_flags = {"--devices=0"};
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a.rfind("--layers=", 0) == 0) absl::SimpleAtoi(a.substr(9), &layers);
-    else if (a.rfind("--inflight=", 0) == 0) absl::SimpleAtoi(a.substr(11), &inflight);
-    else if (a.rfind("--reps=", 0) == 0) absl::SimpleAtoi(a.substr(7), &reps);
-    else if (a.rfind("--target=", 0) == 0) target = a.substr(9);
-    else if (a.rfind("--daemon-arg=", 0) == 0) daemon_flags.push_back(a.substr(13));
-    else {
-      std::fprintf(stderr, "unknown argument %s\n", a.c_str());
-      return 2;
-    }
-  }
+  daemon_flags.insert(daemon_flags.end(), args.daemon_flags.begin(), args.daemon_flags.end());
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
   Progress("start");
   int count = 0;
@@ -467,7 +462,7 @@ int Main(int argc, char** argv) {
 
 #else
 
-int Main(int, char**) {
+int Main(const LoaderArgs&) {
   std::printf("no GPU (built without CUDA)\n");
   return 3;
 }
@@ -476,4 +471,30 @@ int Main(int, char**) {
 
 }  // namespace
 
-int main(int argc, char** argv) { return Main(argc, argv); }
+int main(int argc, char** argv) {
+  wprep::flags::FlagSet fs("wprep_loader_bench",
+                           "usage: wprep_loader_bench [flags]\n"
+                           "A gpt-oss-120b-shaped model's expert weights prepared for Hopper through wprepd,\n"
+                           "next to a device copy of the same bytes. Needs a GPU; exits 3 without one.\n");
+  fs.Int("layers", "N", 0, "layers to prepare; 0 = as many as fit on the GPU, at most 36", 0, 1 << 20);
+  fs.Int("inflight", "K", 4, "batches in flight in the several-in-flight variant", 1, 1 << 10);
+  fs.Int("reps", "R", 3, "timed repetitions of each variant (after one untimed)", 0, 1 << 20);
+  fs.String("target", "ADDR", "", "a running wprepd (unix:///... or HOST:PORT); without it the bench "
+                                  "starts its own");
+  fs.String("daemon-arg", "FLAG", "", "a flag for the wprepd the bench starts; repeatable").Repeatable();
+  if (absl::Status s = fs.Parse(std::vector<std::string>(argv + 1, argv + argc)); !s.ok()) {
+    std::fprintf(stderr, "wprep_loader_bench: %s\n", std::string(s.message()).c_str());
+    return 2;
+  }
+  if (fs.help()) {
+    std::fputs(fs.Usage().c_str(), stdout);
+    return 0;
+  }
+  LoaderArgs args;
+  args.layers = static_cast<int>(fs.GetInt("layers"));
+  args.inflight = static_cast<int>(fs.GetInt("inflight"));
+  args.reps = static_cast<int>(fs.GetInt("reps"));
+  args.target = fs.GetString("target");
+  args.daemon_flags = fs.GetList("daemon-arg");
+  return Main(args);
+}

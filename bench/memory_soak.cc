@@ -3,9 +3,7 @@
 // level afterwards? (a program: `make soak-memory`, scripts/soak.sh, and in CI the ctest
 // load_cpu_10k).
 //
-//   wprep_memory_soak [--requests=N] [--threads=T] [--clients=K] [--stream-every=S]
-//       [--tolerance-mib=H] [--cuda-tolerance-mib=C] [--target=ADDR [--pid=PID] [--metrics=HOST:PORT]]
-//       [-- wprepd flags]
+//   wprep_memory_soak [flags] [-- wprepd flags]     (wprep_memory_soak --help lists them)
 //
 // Without --target it starts wprepd itself (daemon_harness.h). K clients (default 2), each
 // a wprep::client::Client on its own connection, alternately over the daemon's Unix socket
@@ -36,12 +34,15 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "daemon_harness.h"
 #include "golden.h"
@@ -50,6 +51,7 @@
 #include "wprep/kernels/cuda_engine.h"
 #include "wprep/kernels/plan.h"
 #include "wprep/config.h"
+#include "wprep/flags/flags.h"
 
 #if WPREP_HAVE_CUDA
 #include <cuda_runtime.h>
@@ -435,31 +437,59 @@ class Soak {
 
 }  // namespace
 
-int main(int argc, char** argv) {
-  Args a;
-  for (int i = 1; i < argc; ++i) {
-    const std::string s = argv[i];
-    auto val = [&](const char* flag) { return s.rfind(flag, 0) == 0 ? argv[i] + std::strlen(flag) : nullptr; };
-    if (s == "--") {
-      a.daemon_args.assign(argv + i + 1, argv + argc);
-      break;
-    }
-    if (const char* v = val("--target=")) a.target = v;
-    else if (const char* v = val("--pid=")) a.pid = std::atoi(v);
-    else if (const char* v = val("--metrics=")) a.metrics = v;
-    else if (const char* v = val("--requests=")) a.requests = std::max(1, std::atoi(v));
-    else if (const char* v = val("--threads=")) a.threads = std::max(1, std::atoi(v));
-    else if (const char* v = val("--clients=")) a.clients = std::max(1, std::atoi(v));
-    else if (const char* v = val("--stream-every=")) a.stream_every = std::max(1, std::atoi(v));
-    else if (const char* v = val("--tolerance-mib=")) a.tolerance_mib = std::atof(v);
-    else if (const char* v = val("--cuda-tolerance-mib=")) a.cuda_tolerance_mib = std::atof(v);
-    else {
-      std::fprintf(stderr, "usage: wprep_memory_soak [--requests=N] [--threads=T] [--clients=K] [--stream-every=S]\n"
-                           "  [--tolerance-mib=H] [--cuda-tolerance-mib=C] [--target=ADDR [--pid=PID] [--metrics=HOST:PORT]]\n"
-                           "  [-- wprepd flags]\n");
+// The command line, or an exit status (2 on bad flags, 0 after --help).
+int ParseArgs(int argc, char** argv, Args* a) {
+  wprep::flags::FlagSet fs("wprep_memory_soak",
+                           "usage: wprep_memory_soak [flags] [-- wprepd flags]\n"
+                           "The daemon's load and soak test: a long mixed load from many clients, every output\n"
+                           "checked, and the daemon's memory back at its idle level afterwards. Without\n"
+                           "--target it starts wprepd itself, with the flags after --.\n");
+  fs.Int("requests", "N", a->requests, "requests to send", 1, 1 << 30);
+  fs.Int("threads", "T", a->threads, "sending threads", 1, 1 << 16);
+  fs.Int("clients", "K", a->clients, "clients, each on its own connection", 1, 1 << 16);
+  fs.Int("stream-every", "S", a->stream_every, "every S-th request is a 16 MiB ConvertStream", 1, 1 << 30);
+  fs.String("tolerance-mib", "H", absl::StrCat(a->tolerance_mib),
+            "MiB the daemon's host memory may stay above its idle level");
+  fs.String("cuda-tolerance-mib", "C", absl::StrCat(a->cuda_tolerance_mib),
+            "MiB each GPU's used memory may stay above its idle level");
+  fs.String("target", "ADDR", a->target, "a running wprepd instead of one of its own");
+  fs.Int("pid", "PID", a->pid, "with --target: the daemon's process, for its memory", -1,
+         std::numeric_limits<int>::max())
+      .HideDefault();
+  fs.String("metrics", "HOST:PORT", a->metrics, "with --target: the daemon's metrics address");
+  fs.AllowRest();
+  // scripts/soak.sh passes its defaults, then the caller's flags: the later value wins.
+  fs.LastWins();
+  if (absl::Status s = fs.Parse(std::vector<std::string>(argv + 1, argv + argc)); !s.ok()) {
+    std::fprintf(stderr, "wprep_memory_soak: %s\n", std::string(s.message()).c_str());
+    return 2;
+  }
+  if (fs.help()) {
+    std::fputs(fs.Usage().c_str(), stdout);
+    return 0;
+  }
+  a->requests = static_cast<int>(fs.GetInt("requests"));
+  a->threads = static_cast<int>(fs.GetInt("threads"));
+  a->clients = static_cast<int>(fs.GetInt("clients"));
+  a->stream_every = static_cast<int>(fs.GetInt("stream-every"));
+  for (auto [flag, out] : {std::pair<const char*, double*>{"tolerance-mib", &a->tolerance_mib},
+                           {"cuda-tolerance-mib", &a->cuda_tolerance_mib}}) {
+    if (!absl::SimpleAtod(fs.GetString(flag), out) || *out < 0) {
+      std::fprintf(stderr, "wprep_memory_soak: --%s=%s is not valid: expected a number of MiB\n", flag,
+                   fs.GetString(flag).c_str());
       return 2;
     }
   }
+  a->target = fs.GetString("target");
+  a->pid = static_cast<pid_t>(fs.GetInt("pid"));
+  a->metrics = fs.GetString("metrics");
+  a->daemon_args = fs.rest();
+  return -1;
+}
+
+int main(int argc, char** argv) {
+  Args a;
+  if (const int rc = ParseArgs(argc, argv, &a); rc >= 0) return rc;
   std::unique_ptr<wprep::testing::Daemon> daemon;
   std::vector<std::string> targets = {a.target};
   Probe probe{a.pid, a.metrics, {"cpu"}, 0, {}, {}};

@@ -10,7 +10,6 @@
 #include <string>
 #include <vector>
 
-#include "absl/flags/flag.h"
 #include "wprep/kernels/cuda_engine.h"
 #include "wprep/kernels/moe.h"
 #include "wprep/config.h"
@@ -19,13 +18,9 @@
 #include <cuda_runtime.h>
 #endif
 
-ABSL_FLAG(bool, moe, false, "time the trtllm-gen MoE preparation instead of the conversions");
-ABSL_FLAG(int, moe_iters, 20, "timed calls per MoE preparation (median reported)");
-ABSL_FLAG(int, moe_warmup, 3, "untimed MoE calls first");
-
 namespace wprep {
 
-int RunMoeBench();
+int RunMoeBench(int iters, int warmup);
 
 #if WPREP_HAVE_CUDA
 namespace {
@@ -109,7 +104,7 @@ double Median(std::vector<double> v) {
     }                                                                           \
   } while (0)
 
-int RunMoeBench() {
+int RunMoeBench(int iters, int warmup) {
   if (CudaDeviceCount() == 0) {
     std::printf("GPU: none found, MoE timings skipped\n");
     return 0;
@@ -117,7 +112,6 @@ int RunMoeBench() {
   cudaDeviceProp prop{};
   MOE_CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
   std::printf("GPU: %s (%d SMs)\n", prop.name, prop.multiProcessorCount);
-  const int iters = absl::GetFlag(FLAGS_moe_iters), warmup = absl::GetFlag(FLAGS_moe_warmup);
   cudaStream_t stream;
   MOE_CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   std::printf("\n| layer | op | in GB | out GB | prepare ms | copy ms | ratio | GB/s in+out |\n");
@@ -201,7 +195,7 @@ int RunMoeBench() {
   return 0;
 }
 #else
-int RunMoeBench() {
+int RunMoeBench(int /*iters*/, int /*warmup*/) {
   std::printf("GPU: built without CUDA, MoE timings skipped\n");
   return 0;
 }

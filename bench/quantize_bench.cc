@@ -11,6 +11,7 @@
 
 #include "wprep/kernels/quantize.h"
 #include "wprep/config.h"
+#include "wprep/flags/flags.h"
 
 #if WPREP_HAVE_CUDA
 #include <cuda_runtime.h>
@@ -139,7 +140,19 @@ void Bench(const std::vector<int64_t>& shape, wprep::ScaleRounding rounding, boo
 }  // namespace
 
 int main(int argc, char** argv) {
-  const int iters = argc > 1 ? std::atoi(argv[1]) : 50;
+  wprep::flags::FlagSet fs("wprep_quantize_bench",
+                           "usage: wprep_quantize_bench [flags]\n"
+                           "quantize_mxfp4 on the GPU next to a device copy of as many bytes.\n");
+  fs.Int("iters", "N", 50, "timed calls per shape (median reported)", 1, 1 << 20);
+  if (absl::Status s = fs.Parse(std::vector<std::string>(argv + 1, argv + argc)); !s.ok()) {
+    std::fprintf(stderr, "wprep_quantize_bench: %s\n", std::string(s.message()).c_str());
+    return 2;
+  }
+  if (fs.help()) {
+    std::fputs(fs.Usage().c_str(), stdout);
+    return 0;
+  }
+  const int iters = static_cast<int>(fs.GetInt("iters"));
   int n = 0;
   if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
     std::fprintf(stderr, "no CUDA device\n");
@@ -156,6 +169,7 @@ int main(int argc, char** argv) {
 }
 #else
 int main() {
+  // Nothing to time; the flags (--iters) are those of a CUDA build.
   std::fprintf(stderr, "wprep_quantize_bench: built without CUDA\n");
   return 1;
 }

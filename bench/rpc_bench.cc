@@ -1,7 +1,6 @@
 // wprep_rpc_bench: end-to-end figures of wprepd (a program, not a test).
 //
-//   wprep_rpc_bench [--target=unix:///path] [--iters=N] [--stream-runs=N] [--fresh-runs=N]
-//                   [-- wprepd flags]
+//   wprep_rpc_bench [flags] [-- wprepd flags]     (wprep_rpc_bench --help lists them)
 //
 // Without --target it starts wprepd itself (WPREPD env or the built binary) on a Unix
 // socket and reports start-to-SERVING. Then, with a GPU: 1 MiB and 128 MiB Hopper
@@ -32,6 +31,7 @@
 #include "wprep/kernels/cuda_engine.h"
 #include "wprep/kernels/plan.h"
 #include "wprep/config.h"
+#include "wprep/flags/flags.h"
 
 #if WPREP_HAVE_CUDA
 #include <cuda_runtime.h>
@@ -345,25 +345,28 @@ bool FreshDaemonRun(const std::vector<std::string>& daemon_args, wprep::testing:
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string target;
-  int iters = 100, stream_runs = 5;
-  [[maybe_unused]] int fresh_runs = 3;  // GPU builds only
-  std::vector<std::string> daemon_args;
-  for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i];
-    if (a == "--") {
-      daemon_args.assign(argv + i + 1, argv + argc);
-      break;
-    }
-    if (a.rfind("--target=", 0) == 0) target = a.substr(9);
-    else if (a.rfind("--iters=", 0) == 0) iters = std::max(1, std::atoi(a.c_str() + 8));
-    else if (a.rfind("--stream-runs=", 0) == 0) stream_runs = std::max(1, std::atoi(a.c_str() + 14));
-    else if (a.rfind("--fresh-runs=", 0) == 0) fresh_runs = std::max(0, std::atoi(a.c_str() + 13));
-    else {
-      std::fprintf(stderr, "usage: wprep_rpc_bench [--target=ADDR] [--iters=N] [--stream-runs=N] [--fresh-runs=N] [-- wprepd flags]\n");
-      return 2;
-    }
+  wprep::flags::FlagSet fs("wprep_rpc_bench",
+                           "usage: wprep_rpc_bench [flags] [-- wprepd flags]\n"
+                           "End-to-end figures of wprepd. Without --target it starts wprepd itself, with the\n"
+                           "flags after --.\n");
+  fs.String("target", "ADDR", "", "a running wprepd (unix:///path) instead of one of its own");
+  fs.Int("iters", "N", 100, "timed calls per figure", 1, 1 << 20);
+  fs.Int("stream-runs", "N", 5, "timed ConvertStream runs per figure", 1, 1 << 20);
+  fs.Int("fresh-runs", "N", 3, "fresh daemons per first-request variant (GPU builds)", 0, 1 << 10);
+  fs.AllowRest();
+  if (absl::Status s = fs.Parse(std::vector<std::string>(argv + 1, argv + argc)); !s.ok()) {
+    std::fprintf(stderr, "wprep_rpc_bench: %s\n", std::string(s.message()).c_str());
+    return 2;
   }
+  if (fs.help()) {
+    std::fputs(fs.Usage().c_str(), stdout);
+    return 0;
+  }
+  std::string target = fs.GetString("target");
+  [[maybe_unused]] const int iters = static_cast<int>(fs.GetInt("iters"));  // GPU builds only
+  const int stream_runs = static_cast<int>(fs.GetInt("stream-runs"));
+  [[maybe_unused]] const int fresh_runs = static_cast<int>(fs.GetInt("fresh-runs"));  // GPU builds only
+  const std::vector<std::string>& daemon_args = fs.rest();
   wprep::client::TuneHeapForStreaming();
   std::unique_ptr<wprep::testing::Daemon> daemon;
   if (target.empty()) {

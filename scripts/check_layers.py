@@ -125,7 +125,7 @@ def check_links(root):
 
 
 CONFIG_MACROS = ["WPREP_HAVE_CUDA"]
-CONFIG_FOLDERS = ["spec", "kernels", "proto", "server", "client", "tests", "bench"]
+CONFIG_FOLDERS = ["spec", "flags", "kernels", "proto", "server", "client", "tests", "bench"]
 
 
 def check_config(root):

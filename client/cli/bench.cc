@@ -27,30 +27,6 @@
 
 namespace wprep::cli {
 
-const char kBenchUsage[] =
-    "usage: wprep bench [--target unix:///path.sock|HOST:PORT]\n"
-    "         [--modes unary,stream,batch,ipc]   transports (default unary,stream): Convert with\n"
-    "                                      inline bytes, ConvertStream, ConvertBatch of\n"
-    "                                      --batch-items items, Convert IPC -> IPC (needs CUDA\n"
-    "                                      in this build and a GPU)\n"
-    "         [--layouts L1,L2,...]        default hopper_value\n"
-    "         [--direction swizzle|unswizzle|retile]  default swizzle\n"
-    "         [--shapes 2880x2880,4x2880x2880,...]  logical shapes (default 2880x2880)\n"
-    "         [--concurrency 1,4,...]      requests in flight, each on its own connection\n"
-    "         [--requests N] [--warmup N]  timed requests per row (default 20), untimed\n"
-    "                                      ones per connection first (default 2)\n"
-    "         [--batch-items N]            items per ConvertBatch (default 8)\n"
-    "         [--mx-axis ...] [--mma-version ...] [--num-warps ...] [--packing-axis ...]\n"
-    "         [--block-k ...] [--block-n ...] [--to-block-k ...] [--to-block-n ...]\n"
-    "         [--safetensors FILE [--scale-layout L]]  instead of --shapes: every MXFP4 tensor\n"
-    "                                      of a checkpoint, its bytes read into memory first, one\n"
-    "                                      ConvertStream each (values as convert-safetensors\n"
-    "                                      converts them, scales as their dense [..., N, K/32]\n"
-    "                                      tensor); --layouts names the value layout; requests\n"
-    "                                      defaults to the number of tensors\n"
-    "Prints one row per mode, layout, shape and concurrency: the latency percentiles of the\n"
-    "timed requests and GB/s, the input bytes they converted per second of wall time.\n";
-
 namespace {
 
 namespace v1 = wprep::v1;
@@ -291,37 +267,62 @@ absl::Status CheckpointItems(const std::string& path, const ConversionSpec& valu
   return absl::OkStatus();
 }
 
+// `wprep bench`'s flags: the parser and --help.
+flags::FlagSet BenchFlags() {
+  flags::FlagSet fs = CommandFlags(
+      "bench",
+      "usage: wprep bench [flags]\n"
+      "Prints one row per mode, layout, shape and concurrency: the latency percentiles of the\n"
+      "timed requests and GB/s, the input bytes they converted per second of wall time.\n");
+  fs.String("target", "ADDR", "unix:///tmp/wprepd.sock", "the daemon: unix:///path.sock or HOST:PORT");
+  fs.String("modes", "M,...", "unary,stream",
+            "transports: unary (Convert with inline bytes), stream (ConvertStream), batch "
+            "(ConvertBatch of --batch-items items), ipc (Convert IPC -> IPC; needs CUDA in this "
+            "build and a GPU)");
+  fs.String("layouts", "L,...", "hopper_value", "layouts to time");
+  fs.String("direction", "D", "swizzle", "swizzle, unswizzle or retile");
+  fs.String("shapes", "S,...", "2880x2880", "logical shapes, dims joined by x: 2880x2880,4x2880x2880");
+  fs.String("concurrency", "N,...", "1", "requests in flight, each on its own connection");
+  fs.String("requests", "N", "20", "timed requests per row (with --safetensors: the number of tensors)");
+  fs.String("warmup", "N", "2", "untimed requests per connection first (with --safetensors: 0)");
+  fs.String("batch-items", "N", "8", "items per ConvertBatch");
+  AddSpecFlags(&fs);
+  fs.String("safetensors", "FILE", "",
+            "instead of --shapes: every MXFP4 tensor of a checkpoint, its bytes read into memory "
+            "first, one ConvertStream each (values as convert-safetensors converts them, scales as "
+            "their dense [..., N, K/32] tensor); --layouts names the value layout");
+  fs.String("scale-layout", "L", "", "with --safetensors: the scales' layout (default: the value layout's)");
+  return fs;
+}
+
 int Bench(const std::vector<std::string>& args) {
-  FlagSpec fs;
-  fs.command = "bench";
-  fs.with_value = {"--target",   "--modes",  "--layouts",     "--direction",   "--shapes",      "--concurrency",
-                   "--requests", "--warmup", "--batch-items", "--safetensors", "--scale-layout"};
-  fs.with_value.insert(fs.with_value.end(), kSpecFlags.begin(), kSpecFlags.end());
-  absl::StatusOr<Flags> flags = Flags::Parse(args, fs);
+  const flags::FlagSet declared = BenchFlags();
+  absl::StatusOr<Flags> flags = Flags::Parse(args, declared);
   if (!flags.ok()) return FailLine(flags.status());
-  auto text = [&](const char* name, const char* fallback) {
+  // A flag's value, else its declared default.
+  auto text = [&](const char* name) {
     const std::string* v = flags->Get(name);
-    return v != nullptr ? *v : std::string(fallback);
+    return v != nullptr ? *v : declared.GetString(absl::string_view(name).substr(2));
   };
   Settings s;
-  s.target = text("--target", "unix:///tmp/wprepd.sock");
+  s.target = text("--target");
   std::vector<Mode> modes;
-  for (absl::string_view m : absl::StrSplit(text("--modes", "unary,stream"), ',')) {
+  for (absl::string_view m : absl::StrSplit(text("--modes"), ',')) {
     absl::StatusOr<Mode> mode = ParseMode(m);
     if (!mode.ok()) return FailLine(mode.status());
     modes.push_back(*mode);
   }
-  absl::StatusOr<Direction> direction = ParseDirection(text("--direction", "swizzle"));
+  absl::StatusOr<Direction> direction = ParseDirection(text("--direction"));
   if (!direction.ok()) return FailLine(direction.status());
   std::vector<ConversionSpec> specs;
-  for (absl::string_view l : absl::StrSplit(text("--layouts", "hopper_value"), ',')) {
+  for (absl::string_view l : absl::StrSplit(text("--layouts"), ',')) {
     absl::StatusOr<Layout> layout = ParseLayout(std::string(l));
     if (!layout.ok()) return FailLine(layout.status());
     absl::StatusOr<ConversionSpec> spec = ParseSpecFlags(*flags, *layout, *direction);
     if (!spec.ok()) return FailLine(spec.status());
     specs.push_back(*spec);
   }
-  absl::StatusOr<std::vector<int64_t>> conc = ParseIntList("--concurrency", text("--concurrency", "1"));
+  absl::StatusOr<std::vector<int64_t>> conc = ParseIntList("--concurrency", text("--concurrency"));
   if (!conc.ok()) return FailLine(conc.status());
   for (int64_t c : *conc) {
     if (c < 1 || c > 256) return FailLine(absl::InvalidArgumentError(absl::StrCat("--concurrency must be in [1, 256], got ", c)));
@@ -384,7 +385,7 @@ int Bench(const std::vector<std::string>& args) {
     sets.push_back(std::move(set));
   } else {
     std::vector<std::vector<int64_t>> shapes;
-    for (absl::string_view sh : absl::StrSplit(text("--shapes", "2880x2880"), ',')) {
+    for (absl::string_view sh : absl::StrSplit(text("--shapes"), ',')) {
       absl::StatusOr<std::vector<int64_t>> shape = ParseShape(sh);
       if (!shape.ok()) return FailLine(shape.status());
       shapes.push_back(*shape);
@@ -431,7 +432,7 @@ int Bench(const std::vector<std::string>& args) {
 int BenchCommand(const std::vector<std::string>& args) {
   for (const std::string& a : args) {
     if (a == "--help" || a == "-h") {
-      std::fputs(kBenchUsage, stdout);
+      std::fputs(BenchFlags().Usage().c_str(), stdout);
       return 0;
     }
   }

@@ -26,8 +26,6 @@ struct BenchItem {
 // Exit status: 0 done, 2 bad usage or an error (one line on stderr).
 int BenchCommand(const std::vector<std::string>& args);
 
-extern const char kBenchUsage[];
-
 }  // namespace wprep::cli
 
 #endif  // WPREP_CLIENT_CLI_BENCH_H_

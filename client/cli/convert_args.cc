@@ -9,25 +9,37 @@
 
 namespace wprep::cli {
 
-const char kConvertUsage[] =
-    "usage: wprep convert (--local | --target unix:///path.sock|HOST:PORT)\n"
-    "         --layout hopper_value|blackwell_shuffled_value|blackwell_value|hopper_scale|blackwell_scale\n"
-    "         --direction swizzle|unswizzle|retile\n"
-    "         --shape D0,D1,...            logical shape (FP4 values; for scales, the scale tensor)\n"
-    "         [--mx-axis -1|-2]            hopper_value and hopper_scale (default -2)\n"
-    "         [--mma-version 2|3]          hopper_value (default 3)\n"
-    "         [--num-warps N]              hopper_scale: a power of two (default 8)\n"
-    "         [--packing-axis -1|-2]       value layouts: how the canonical side (swizzle input,\n"
-    "                                      unswizzle output) packs: -1 [..., D0, D1/2] (default),\n"
-    "                                      -2 checkpoint order [..., D1, D0/2]\n"
-    "         [--input-strides S0,S1,...]  byte strides of the input file's view (default dense)\n"
-    "         [--block-k N] [--block-n N]  blackwell tiling (default 128, 256; input tiling for retile)\n"
-    "         [--to-block-k N] [--to-block-n N]  retile output tiling (required for retile)\n"
-    "         [--device cpu|cuda:N]        where a local conversion runs (default cpu)\n"
-    "         [--threads N]                CPU engine threads (default: all)\n"
-    "         --input FILE --output FILE   storage bytes in memory order\n"
-    "On success prints the output shape and strides. On bad input exits 2 with one line\n"
-    "beginning with the status code (e.g. INVALID_ARGUMENT:) and writes no output file.\n";
+namespace {
+
+// `wprep convert`'s flags: the parser and --help.
+flags::FlagSet ConvertFlags() {
+  flags::FlagSet fs = CommandFlags(
+      "convert",
+      "usage: wprep convert (--local | --target ADDR) --layout L --direction D --shape D0,D1,...\n"
+      "         --input FILE --output FILE [flags]\n"
+      "Converts one tensor file between MXFP4 layouts: storage bytes in memory order in, the\n"
+      "converted storage bytes out.\n");
+  fs.Switch("local", "convert in this process");
+  fs.String("target", "ADDR", "", "convert on a running wprepd: unix:///path.sock or HOST:PORT");
+  fs.String("layout", "L", "",
+            "hopper_value, blackwell_shuffled_value, blackwell_value, hopper_scale or blackwell_scale");
+  fs.String("direction", "D", "", "swizzle, unswizzle or retile");
+  fs.String("shape", "D0,D1,...", "", "logical shape (FP4 values; for scales, the scale tensor)");
+  AddSpecFlags(&fs);
+  fs.String("input-strides", "S0,S1,...", "", "byte strides of the input file's view (default dense)");
+  fs.String("device", "cpu|cuda:N", "cpu", "where a local conversion runs");
+  fs.String("threads", "N", "0", "CPU engine threads, 0 = all");
+  fs.String("input", "FILE", "", "the input's storage bytes");
+  fs.String("output", "FILE", "", "where the output's storage bytes go");
+  fs.Footer(
+      "On success prints the output shape and strides. On bad input exits 2 with one line\n"
+      "beginning with the status code (e.g. INVALID_ARGUMENT:) and writes no output file.\n");
+  return fs;
+}
+
+}  // namespace
+
+std::string ConvertUsage() { return ConvertFlags().Usage(); }
 
 namespace {
 
@@ -43,13 +55,7 @@ absl::StatusOr<int> ParseDevice(const std::string& device) {
 }
 
 absl::StatusOr<ConvertArgs> ParseConvertArgs(const std::vector<std::string>& args) {
-  FlagSpec fs;
-  fs.command = "convert";
-  fs.switches = {"--local"};
-  fs.with_value = {"--layout", "--direction", "--shape", "--input-strides", "--device",
-                   "--threads", "--input",     "--output", "--target"};
-  fs.with_value.insert(fs.with_value.end(), kSpecFlags.begin(), kSpecFlags.end());
-  absl::StatusOr<Flags> flags = Flags::Parse(args, fs);
+  absl::StatusOr<Flags> flags = Flags::Parse(args, ConvertFlags());
   if (!flags.ok()) return flags.status();
   ConvertArgs out;
   out.local = flags->Has("--local");

@@ -27,8 +27,8 @@ struct ConvertArgs {
 // naming the flag and the value.
 absl::StatusOr<ConvertArgs> ParseConvertArgs(const std::vector<std::string>& args);
 
-// "--flag VALUE" help text for `wprep convert --help`.
-extern const char kConvertUsage[];
+// `wprep convert --help`, generated from the flags' declarations.
+std::string ConvertUsage();
 
 // Parses "cpu" or "cuda:N"; returns -1 for cpu.
 absl::StatusOr<int> ParseDevice(const std::string& device);

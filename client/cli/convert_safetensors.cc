@@ -37,35 +37,6 @@
 
 namespace wprep::cli {
 
-const char kConvertSafetensorsUsage[] =
-    "usage: wprep convert-safetensors IN OUT --layout hopper_value|blackwell_value|blackwell_shuffled_value\n"
-    "         [--scale-layout hopper_scale|blackwell_scale]  (default: hopper_scale for hopper_value,\n"
-    "                                      blackwell_scale for the Blackwell layouts)\n"
-    "         [--mx-axis -1|-2] [--mma-version 2|3]   hopper_value (defaults -2, 3); --mx-axis is\n"
-    "                                      also hopper_scale's (default -2)\n"
-    "         [--num-warps N]              hopper_scale (default 8)\n"
-    "         [--block-k N] [--block-n N]  blackwell_shuffled_value (defaults 128, 256)\n"
-    "         [--target unix:///path.sock|HOST:PORT]  the wprepd (default unix:///tmp/wprepd.sock)\n"
-    "         [--verify]                   unswizzle every output back and compare with the input\n"
-    "         [--jobs N]                   requests in flight (default 4)\n"
-    "         [--progress auto|bar|lines|none]  on stderr (default auto: a bar on a terminal)\n"
-    "         [--fsync]                    fsync the outputs before renaming them into place\n"
-    "         [--piece-bytes N] [--stream-min-bytes N] [--batch-bytes N]  how the work is cut:\n"
-    "                                      value tensors of at least --stream-min-bytes (1 MiB)\n"
-    "                                      stream in pieces of whole matrices of at most\n"
-    "                                      --piece-bytes (64 MiB) in and out; the rest, and the\n"
-    "                                      scales, go in ConvertBatch calls of at most\n"
-    "                                      --batch-bytes (16 MiB) in and out\n"
-    "IN is a .safetensors file, a model.safetensors.index.json, or a folder holding one index;\n"
-    "OUT is then a file, or a folder for the converted shards and their index.\n"
-    "Every MXFP4 pair of a gpt-oss-style checkpoint, NAME_blocks U8 [..., N, K/32, 16] and\n"
-    "NAME_scales U8 [..., N, K/32], is converted: the blocks as the checkpoint-order storage\n"
-    "of the weight [..., K, N], the scales through the view [..., K/32, N]. Each keeps its name\n"
-    "and takes the storage shape the daemon reports; every other tensor is copied byte for\n"
-    "byte; __metadata__ records the layouts, their parameters and each tensor's shapes.\n"
-    "Nothing is written at OUT unless all of it converted. On error exits 2 with one line\n"
-    "beginning with the status code.\n";
-
 namespace {
 
 namespace fs = std::filesystem;
@@ -938,15 +909,50 @@ class Converter {
 
 }  // namespace
 
+namespace {
+
+// `wprep convert-safetensors`' flags: the parser and --help.
+flags::FlagSet ConvertSafetensorsFlags() {
+  const ConvertSafetensorsArgs d;
+  flags::FlagSet fs = CommandFlags(
+      "convert-safetensors",
+      "usage: wprep convert-safetensors IN OUT --layout L [flags]\n"
+      "IN is a .safetensors file, a model.safetensors.index.json, or a folder holding one index;\n"
+      "OUT is then a file, or a folder for the converted shards and their index.\n"
+      "Every MXFP4 pair of a gpt-oss-style checkpoint, NAME_blocks U8 [..., N, K/32, 16] and\n"
+      "NAME_scales U8 [..., N, K/32], is converted: the blocks as the checkpoint-order storage\n"
+      "of the weight [..., K, N], the scales through the view [..., K/32, N]. Each keeps its name\n"
+      "and takes the storage shape the daemon reports; every other tensor is copied byte for\n"
+      "byte; __metadata__ records the layouts, their parameters and each tensor's shapes.\n");
+  fs.String("layout", "L", "", "the values' layout: hopper_value, blackwell_value or blackwell_shuffled_value");
+  fs.String("scale-layout", "L", "",
+            "hopper_scale or blackwell_scale (default: hopper_scale for hopper_value, "
+            "blackwell_scale for the Blackwell layouts)");
+  AddSpecFlags(&fs, {"mx-axis", "mma-version", "num-warps", "block-k", "block-n"});
+  fs.String("target", "ADDR", d.target, "the wprepd: unix:///path.sock or HOST:PORT");
+  fs.Switch("verify", "unswizzle every output back and compare with the input");
+  fs.String("jobs", "N", absl::StrCat(d.jobs), "requests in flight, 1 to 64");
+  fs.String("progress", "MODE", "auto", "auto (a bar on a terminal), bar, lines or none; on stderr");
+  fs.Switch("fsync", "fsync the outputs before renaming them into place");
+  fs.String("piece-bytes", "N", absl::StrCat(d.piece_bytes),
+            "value tensors of at least --stream-min-bytes stream in pieces of whole matrices of "
+            "at most this many bytes in and out");
+  fs.String("stream-min-bytes", "N", absl::StrCat(d.stream_min_bytes),
+            "value tensors smaller than this, and the scales, go in ConvertBatch calls");
+  fs.String("batch-bytes", "N", absl::StrCat(d.batch_bytes), "bytes in and out of one ConvertBatch call");
+  fs.Positional(2, 2);
+  fs.Footer(
+      "Nothing is written at OUT unless all of it converted. On error exits 2 with one line\n"
+      "beginning with the status code.\n");
+  return fs;
+}
+
+}  // namespace
+
+std::string ConvertSafetensorsUsage() { return ConvertSafetensorsFlags().Usage(); }
+
 absl::StatusOr<ConvertSafetensorsArgs> ParseConvertSafetensorsArgs(const std::vector<std::string>& args) {
-  FlagSpec fs;
-  fs.command = "convert-safetensors";
-  fs.switches = {"--verify", "--fsync"};
-  fs.with_value = {"--layout",  "--scale-layout", "--target",      "--jobs",          "--progress",
-                   "--mx-axis", "--mma-version",  "--num-warps",   "--block-k",       "--block-n",
-                   "--piece-bytes", "--stream-min-bytes", "--batch-bytes"};
-  fs.min_positional = fs.max_positional = 2;
-  absl::StatusOr<Flags> flags = Flags::Parse(args, fs);
+  absl::StatusOr<Flags> flags = Flags::Parse(args, ConvertSafetensorsFlags());
   if (!flags.ok()) return flags.status();
   ConvertSafetensorsArgs out;
   out.input = flags->positional()[0];
@@ -1009,7 +1015,7 @@ absl::StatusOr<ConvertSafetensorsSummary> RunConvertSafetensors(const ConvertSaf
 int ConvertSafetensorsCommand(const std::vector<std::string>& args) {
   for (const std::string& a : args) {
     if (a == "--help" || a == "-h") {
-      std::fputs(kConvertSafetensorsUsage, stdout);
+      std::fputs(ConvertSafetensorsUsage().c_str(), stdout);
       return 0;
     }
   }

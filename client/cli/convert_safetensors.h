@@ -57,7 +57,7 @@ std::string FormatSummary(const ConvertSafetensorsArgs& args, const ConvertSafet
 // Exit status 0 done, 2 bad usage or an error.
 int ConvertSafetensorsCommand(const std::vector<std::string>& args);
 
-extern const char kConvertSafetensorsUsage[];
+std::string ConvertSafetensorsUsage();
 
 }  // namespace wprep::cli
 

@@ -1,8 +1,10 @@
 #include "flags.h"
 
 #include <algorithm>
+#include <utility>
 
 #include "absl/status/status.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -18,70 +20,66 @@ absl::StatusOr<int64_t> ParseInt(absl::string_view flag, absl::string_view value
   return v;
 }
 
-bool Contains(const std::vector<std::string>& v, absl::string_view s) {
-  return std::find(v.begin(), v.end(), s) != v.end();
+// "--name" -> "name", the FlagSet's spelling.
+absl::string_view Bare(absl::string_view flag) {
+  return absl::StartsWith(flag, "--") ? flag.substr(2) : flag;
 }
+
+// Declares the flags `only` names (every one when it is empty).
+struct SpecFlagAdder {
+  flags::FlagSet* set;
+  std::initializer_list<absl::string_view> only;
+  void String(absl::string_view name, absl::string_view value, const std::string& def, absl::string_view help) {
+    if (only.size() != 0 && std::find(only.begin(), only.end(), name) == only.end()) return;
+    set->String(name, value, def, help);
+  }
+};
 
 }  // namespace
 
-const std::vector<std::string> kSpecFlags = {"--mx-axis",  "--mma-version", "--num-warps",
-                                             "--packing-axis", "--block-k", "--block-n",
-                                             "--to-block-k", "--to-block-n"};
+flags::FlagSet CommandFlags(absl::string_view command, absl::string_view header) {
+  return flags::FlagSet(absl::StrCat("wprep ", command), std::string(header));
+}
 
-absl::StatusOr<Flags> Flags::Parse(const std::vector<std::string>& args, const FlagSpec& spec) {
-  Flags out;
-  for (size_t i = 0; i < args.size(); ++i) {
-    std::string a = args[i];
-    if (a.rfind("--", 0) != 0) {
-      if (out.positional_.size() >= spec.max_positional) {
-        return Bad(absl::StrCat("unexpected argument '", a, "'; see wprep ", spec.command, " --help"));
-      }
-      out.positional_.push_back(a);
-      continue;
-    }
-    std::string value;
-    const size_t eq = a.find('=');
-    if (eq != std::string::npos) {
-      value = a.substr(eq + 1);
-      a.resize(eq);
-    }
-    if (Contains(spec.switches, a)) {
-      if (eq != std::string::npos) return Bad(absl::StrCat(a, " takes no value"));
-    } else if (Contains(spec.with_value, a)) {
-      if (eq == std::string::npos) {
-        if (i + 1 >= args.size()) return Bad(absl::StrCat(a, " needs a value"));
-        value = args[++i];
-      }
-    } else {
-      return Bad(absl::StrCat("unknown flag ", a, "; see wprep ", spec.command, " --help"));
-    }
-    if (out.values_.count(a)) return Bad(absl::StrCat(a, " given twice"));
-    out.values_[a] = value;
-  }
-  if (out.positional_.size() < spec.min_positional) {
-    return Bad(absl::StrCat("wprep ", spec.command, " needs ", spec.min_positional,
-                            " arguments; see wprep ", spec.command, " --help"));
-  }
-  return out;
+absl::StatusOr<Flags> Flags::Parse(const std::vector<std::string>& args, flags::FlagSet set) {
+  if (absl::Status s = set.Parse(args); !s.ok()) return s;
+  return Flags(std::move(set));
 }
 
 const std::string* Flags::Get(absl::string_view name) const {
-  auto it = values_.find(name);
-  return it == values_.end() ? nullptr : &it->second;
+  return Has(name) ? &set_.GetString(Bare(name)) : nullptr;
 }
 
-bool Flags::Has(absl::string_view name) const { return values_.find(name) != values_.end(); }
+bool Flags::Has(absl::string_view name) const { return set_.Declared(Bare(name)) && set_.Has(Bare(name)); }
 
 absl::StatusOr<int64_t> Flags::Int(absl::string_view name, int64_t fallback) const {
-  const std::string* v = Get(name);
-  if (v == nullptr) return fallback;
-  return ParseInt(name, *v);
+  if (!set_.Declared(Bare(name))) return fallback;
+  const std::string& v = set_.GetString(Bare(name));
+  if (!set_.Has(Bare(name)) && v.empty()) return fallback;
+  return ParseInt(name, v);
 }
+
+const std::vector<std::string>& Flags::List(absl::string_view name) const { return set_.GetList(Bare(name)); }
 
 absl::StatusOr<std::vector<int64_t>> Flags::IntList(absl::string_view name) const {
   const std::string* v = Get(name);
   if (v == nullptr) return std::vector<int64_t>();
   return ParseIntList(name, *v);
+}
+
+void AddSpecFlags(flags::FlagSet* set, std::initializer_list<absl::string_view> only) {
+  const ConversionSpec d;
+  SpecFlagAdder add{set, only};
+  add.String("mx-axis", "-1|-2", absl::StrCat(d.hopper.mx_axis), "hopper_value and hopper_scale: the MX axis");
+  add.String("mma-version", "2|3", absl::StrCat(d.hopper.mma_version), "hopper_value: the MMA tiles");
+  add.String("num-warps", "N", absl::StrCat(d.hopper_scale.num_warps), "hopper_scale: a power of two");
+  add.String("packing-axis", "-1|-2", absl::StrCat(d.packing_axis),
+              "value layouts: how the canonical side (swizzle input, unswizzle output) packs: -1 "
+              "[..., D0, D1/2], -2 checkpoint order [..., D1, D0/2]");
+  add.String("block-k", "N", absl::StrCat(d.blackwell.block_k), "blackwell tiling (input tiling for retile)");
+  add.String("block-n", "N", absl::StrCat(d.blackwell.block_n), "blackwell tiling (input tiling for retile)");
+  add.String("to-block-k", "N", "", "retile output tiling (required for retile)");
+  add.String("to-block-n", "N", "", "retile output tiling (required for retile)");
 }
 
 absl::StatusOr<std::vector<int64_t>> ParseIntList(absl::string_view flag, absl::string_view value) {

@@ -6,6 +6,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "flags.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
@@ -13,51 +14,45 @@
 
 namespace wprep::cli {
 
-const char kHealthUsage[] =
-    "usage: wprep health [--target unix:///path.sock|HOST:PORT] [--service NAME]\n"
-    "                    [--timeout DURATION]\n"
-    "  --target    the daemon's listener, or its --health-listen address\n"
-    "              (default unix:///tmp/wprepd.sock)\n"
-    "  --service   \"\" for the whole daemon (default) or wprep.v1.WeightPrep\n"
-    "  --timeout   deadline of the check, e.g. 2s or 500ms (default 5s)\n"
-    "Calls grpc.health.v1.Health/Check once, plaintext, and prints one line: SERVING,\n"
-    "NOT_SERVING, UNKNOWN, or the gRPC error (NOT_FOUND: unknown service, ...).\n"
-    "Exit status: 0 SERVING; 1 any other answer; 2 usage error, or no answer\n"
-    "(UNAVAILABLE, DEADLINE_EXCEEDED).\n";
+namespace {
+
+// `wprep health`'s flags: the parser and --help.
+flags::FlagSet HealthFlags() {
+  const HealthArgs d;
+  flags::FlagSet fs = CommandFlags(
+      "health",
+      "usage: wprep health [flags]\n"
+      "Calls grpc.health.v1.Health/Check once, plaintext, and prints one line: SERVING,\n"
+      "NOT_SERVING, UNKNOWN, or the gRPC error (NOT_FOUND: unknown service, ...).\n");
+  fs.String("target", "ADDR", d.target, "the daemon's listener, or its --health-listen address");
+  fs.String("service", "NAME", d.service, "\"\" for the whole daemon (the default) or wprep.v1.WeightPrep");
+  fs.String("timeout", "DURATION", absl::FormatDuration(d.timeout), "deadline of the check, e.g. 2s or 500ms");
+  fs.Footer(
+      "Exit status: 0 SERVING; 1 any other answer; 2 usage error, or no answer\n"
+      "(UNAVAILABLE, DEADLINE_EXCEEDED).\n");
+  return fs;
+}
+
+}  // namespace
+
+std::string HealthUsage() { return HealthFlags().Usage(); }
 
 absl::StatusOr<HealthArgs> ParseHealthArgs(const std::vector<std::string>& args) {
+  absl::StatusOr<Flags> flags = Flags::Parse(args, HealthFlags());
+  if (!flags.ok()) return flags.status();
   HealthArgs out;
-  std::map<std::string, std::string> seen;
-  for (size_t i = 0; i < args.size(); ++i) {
-    std::string a = args[i];
-    if (a.rfind("--", 0) != 0) {
-      return absl::InvalidArgumentError(absl::StrCat("unexpected argument '", a, "'"));
+  if (const std::string* t = flags->Get("--target")) {
+    if (t->empty()) return absl::InvalidArgumentError("--target must not be empty");
+    out.target = *t;
+  }
+  if (const std::string* s = flags->Get("--service")) out.service = *s;
+  if (const std::string* t = flags->Get("--timeout")) {
+    absl::Duration d;
+    if (!absl::ParseDuration(*t, &d) || d <= absl::ZeroDuration()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--timeout must be a positive duration such as 2s or 500ms, got '", *t, "'"));
     }
-    std::string value;
-    if (const size_t eq = a.find('='); eq != std::string::npos) {
-      value = a.substr(eq + 1);
-      a.resize(eq);
-    } else {
-      if (i + 1 >= args.size()) return absl::InvalidArgumentError(absl::StrCat(a, " needs a value"));
-      value = args[++i];
-    }
-    if (seen.count(a)) return absl::InvalidArgumentError(absl::StrCat(a, " given twice"));
-    seen[a] = value;
-    if (a == "--target") {
-      if (value.empty()) return absl::InvalidArgumentError("--target must not be empty");
-      out.target = value;
-    } else if (a == "--service") {
-      out.service = value;
-    } else if (a == "--timeout") {
-      absl::Duration d;
-      if (!absl::ParseDuration(value, &d) || d <= absl::ZeroDuration()) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "--timeout must be a positive duration such as 2s or 500ms, got '", value, "'"));
-      }
-      out.timeout = d;
-    } else {
-      return absl::InvalidArgumentError(absl::StrCat("unknown flag ", a, "; see wprep health --help"));
-    }
+    out.timeout = d;
   }
   return out;
 }

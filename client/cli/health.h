@@ -37,8 +37,8 @@ struct HealthOutcome {
 // Thread-compatible; blocks at most args.timeout (plus channel teardown).
 HealthOutcome RunHealth(const HealthArgs& args);
 
-// Help text for `wprep health --help`.
-extern const char kHealthUsage[];
+// `wprep health --help`, generated from the flags' declarations.
+std::string HealthUsage();
 
 }  // namespace wprep::cli
 

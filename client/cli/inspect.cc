@@ -15,32 +15,41 @@
 
 namespace wprep::cli {
 
-const char kPlanUsage[] =
-    "usage: wprep plan --layout L --direction swizzle|unswizzle|retile --shape D0,D1,...\n"
-    "         [--mx-axis -1|-2] [--mma-version 2|3] [--num-warps N] [--packing-axis -1|-2]\n"
-    "         [--block-k N] [--block-n N] [--to-block-k N] [--to-block-n N]\n"
-    "         [--input-strides S0,S1,...] [--input-bytes N]\n"
-    "         [--target unix:///path.sock|HOST:PORT]   ask a running wprepd (default: plan here)\n"
-    "Prints what the conversion reads and writes (shapes, byte strides, byte counts) and the\n"
-    "layout it produces, without converting anything. Flags as for wprep convert.\n"
-    "On bad input exits 2 with one line beginning with the status code.\n";
-
-const char kDevicesUsage[] =
-    "usage: wprep devices [--target unix:///path.sock|HOST:PORT] [--timeout DURATION]\n"
-    "Prints the engines a running wprepd converts with: one line for the CPU engine, one\n"
-    "per GPU (UUID, name, compute capability, memory, warm, streams, load).\n"
-    "--target defaults to unix:///tmp/wprepd.sock, --timeout to 5s.\n"
-    "On error exits 2 with one line beginning with the status code (UNAVAILABLE: ...).\n";
-
 namespace {
 
 constexpr char kDefaultTarget[] = "unix:///tmp/wprepd.sock";
 
-bool WantsHelp(const std::vector<std::string>& args) {
-  for (const std::string& a : args) {
-    if (a == "--help" || a == "-h") return true;
-  }
-  return false;
+// `wprep plan`'s flags: the parser and --help.
+flags::FlagSet PlanFlags() {
+  flags::FlagSet fs = CommandFlags(
+      "plan",
+      "usage: wprep plan --layout L --direction swizzle|unswizzle|retile --shape D0,D1,... [flags]\n"
+      "Prints what the conversion reads and writes (shapes, byte strides, byte counts) and the\n"
+      "layout it produces, without converting anything. Flags as for wprep convert.\n");
+  fs.String("layout", "L", "",
+            "hopper_value, blackwell_shuffled_value, blackwell_value, hopper_scale or blackwell_scale");
+  fs.String("direction", "D", "", "swizzle, unswizzle or retile");
+  fs.String("shape", "D0,D1,...", "", "logical shape (FP4 values; for scales, the scale tensor)");
+  AddSpecFlags(&fs);
+  fs.String("input-strides", "S0,S1,...", "", "byte strides of the input's view (default dense)");
+  fs.String("input-bytes", "N", "", "bytes of the input's buffer, checked against the view");
+  fs.String("target", "ADDR", "", "ask a running wprepd (unix:///path.sock or HOST:PORT); "
+                                  "default: plan here");
+  fs.Footer("On bad input exits 2 with one line beginning with the status code.\n");
+  return fs;
+}
+
+// `wprep devices`' flags: the parser and --help.
+flags::FlagSet DevicesFlags() {
+  flags::FlagSet fs = CommandFlags(
+      "devices",
+      "usage: wprep devices [flags]\n"
+      "Prints the engines a running wprepd converts with: one line for the CPU engine, one\n"
+      "per GPU (UUID, name, compute capability, memory, warm, streams, load).\n");
+  fs.String("target", "ADDR", kDefaultTarget, "the daemon: unix:///path.sock or HOST:PORT");
+  fs.String("timeout", "DURATION", "5s", "deadline of the call");
+  fs.Footer("On error exits 2 with one line beginning with the status code (UNAVAILABLE: ...).\n");
+  return fs;
 }
 
 std::string List(const auto& v) { return absl::StrCat("[", absl::StrJoin(v, ", "), "]"); }
@@ -79,15 +88,11 @@ int FailLine(const absl::Status& s) {
 }
 
 int PlanCommand(const std::vector<std::string>& args) {
-  if (WantsHelp(args)) {
-    std::fputs(kPlanUsage, stdout);
+  if (flags::WantsHelp(args)) {
+    std::fputs(PlanFlags().Usage().c_str(), stdout);
     return 0;
   }
-  FlagSpec fs;
-  fs.command = "plan";
-  fs.with_value = {"--layout", "--direction", "--shape", "--input-strides", "--input-bytes", "--target"};
-  fs.with_value.insert(fs.with_value.end(), kSpecFlags.begin(), kSpecFlags.end());
-  absl::StatusOr<Flags> flags = Flags::Parse(args, fs);
+  absl::StatusOr<Flags> flags = Flags::Parse(args, PlanFlags());
   if (!flags.ok()) return FailLine(flags.status());
   const std::string* layout = flags->Get("--layout");
   const std::string* direction = flags->Get("--direction");
@@ -143,14 +148,11 @@ int PlanCommand(const std::vector<std::string>& args) {
 }
 
 int DevicesCommand(const std::vector<std::string>& args) {
-  if (WantsHelp(args)) {
-    std::fputs(kDevicesUsage, stdout);
+  if (flags::WantsHelp(args)) {
+    std::fputs(DevicesFlags().Usage().c_str(), stdout);
     return 0;
   }
-  FlagSpec fs;
-  fs.command = "devices";
-  fs.with_value = {"--target", "--timeout"};
-  absl::StatusOr<Flags> flags = Flags::Parse(args, fs);
+  absl::StatusOr<Flags> flags = Flags::Parse(args, DevicesFlags());
   if (!flags.ok()) return FailLine(flags.status());
   absl::Duration timeout = absl::Seconds(5);
   if (const std::string* t = flags->Get("--timeout")) {

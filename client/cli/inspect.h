@@ -19,8 +19,6 @@ int FailLine(const absl::Status& s);
 int PlanCommand(const std::vector<std::string>& args);
 int DevicesCommand(const std::vector<std::string>& args);
 
-extern const char kPlanUsage[];
-extern const char kDevicesUsage[];
 
 }  // namespace wprep::cli
 

@@ -44,7 +44,7 @@ int Fail(const absl::Status& s) {
 int Convert(const std::vector<std::string>& args) {
   for (const auto& a : args) {
     if (a == "--help" || a == "-h") {
-      std::fputs(wprep::cli::kConvertUsage, stdout);
+      std::fputs(wprep::cli::ConvertUsage().c_str(), stdout);
       return 0;
     }
   }
@@ -69,7 +69,7 @@ int Health(const std::vector<std::string>& args) {
 #if defined(WPREP_CLI_REMOTE)
   for (const auto& a : args) {
     if (a == "--help" || a == "-h") {
-      std::fputs(wprep::cli::kHealthUsage, stdout);
+      std::fputs(wprep::cli::HealthUsage().c_str(), stdout);
       return 0;
     }
   }

@@ -28,24 +28,6 @@
 
 namespace wprep::cli {
 
-const char kMoeUsage[] =
-    "usage: wprep moe (--local | --target unix:///path.sock|HOST:PORT) [--device cpu|cuda:N]\n"
-    "         --op OP [--param KEY=VALUE]...\n"
-    "         --input NAME:DTYPE:D0,D1,...=PATH ...  --output NAME=PATH ...\n"
-    "trtllm-gen MoE weight preparation (FlashInfer's Blackwell fused MoE), as the contract\n"
-    "TRTLLM_GEN.md and its reference trtllm_ref.run_op define it.\n"
-    "  OP      swap_pairs gated_act_reorder row_shuffle swap_halves block_layout bias_shuffle\n"
-    "          scale_row_shuffle block_scale_interleave shuffle_sf_a prepare_w13 prepare_w2\n"
-    "  KEY     format (mxfp4|nvfp4|mxfp8|fp8|fp8_block|bf16), gated (true|false), align_h,\n"
-    "          align_i, block_k, axis, epilogue_tile_m, num_elts_per_sf, align (decimal)\n"
-    "  NAME    x (input) and y (output) of a single step; values, scales, bias of prepare_*\n"
-    "  DTYPE   uint8 | float32 | bfloat16\n"
-    "  PATH    raw bytes in memory order (row-major, dense)\n"
-    "  [--threads N]   CPU engine threads (--local --device cpu; default: all)\n"
-    "Outputs not named with --output are not written. On success prints one line per output\n"
-    "and the identity. On bad input exits 2 with one line beginning with the status code\n"
-    "(e.g. INVALID_ARGUMENT:) and writes no output file.\n";
-
 namespace {
 
 absl::Status Bad(const std::string& msg) { return absl::InvalidArgumentError(msg); }
@@ -277,71 +259,90 @@ absl::StatusOr<MoeResult> RunRemote(const MoeArgs& args) {
 
 }  // namespace
 
+namespace {
+
+// `wprep moe`'s flags: the parser and --help.
+flags::FlagSet MoeFlags() {
+  flags::FlagSet fs = CommandFlags(
+      "moe",
+      "usage: wprep moe (--local | --target ADDR) --op OP [--param KEY=VALUE]...\n"
+      "         --input NAME:DTYPE:D0,D1,...=PATH ...  --output NAME=PATH ... [flags]\n"
+      "trtllm-gen MoE weight preparation (FlashInfer's Blackwell fused MoE), as the contract\n"
+      "TRTLLM_GEN.md and its reference trtllm_ref.run_op define it.\n");
+  fs.Switch("local", "prepare in this process");
+  fs.String("target", "ADDR", "", "prepare on a running wprepd: unix:///path.sock or HOST:PORT");
+  fs.String("device", "cpu|cuda:N", "cpu", "with --local: where it runs");
+  fs.String("threads", "N", "0", "CPU engine threads (--local --device cpu), 0 = all");
+  fs.String("op", "OP", "",
+            "swap_pairs, gated_act_reorder, row_shuffle, swap_halves, block_layout, bias_shuffle, "
+            "scale_row_shuffle, block_scale_interleave, shuffle_sf_a, prepare_w13 or prepare_w2");
+  fs.String("param", "KEY=VALUE", "",
+            "repeatable; KEY: format (mxfp4|nvfp4|mxfp8|fp8|fp8_block|bf16), gated (true|false), "
+            "align_h, align_i, block_k, axis, epilogue_tile_m, num_elts_per_sf, align (decimal)")
+      .Repeatable();
+  fs.String("input", "NAME:DTYPE:D0,D1,...=PATH", "",
+            "repeatable; NAME: x (input) of a single step, or values, scales, bias of prepare_*; "
+            "DTYPE: uint8, float32 or bfloat16; PATH: raw bytes in memory order (row-major, dense)")
+      .Repeatable();
+  fs.String("output", "NAME=PATH", "",
+            "repeatable; NAME: y (output) of a single step, or values, scales, bias of prepare_*")
+      .Repeatable();
+  fs.Footer(
+      "Outputs not named with --output are not written. On success prints one line per output\n"
+      "and the identity. On bad input exits 2 with one line beginning with the status code\n"
+      "(e.g. INVALID_ARGUMENT:) and writes no output file.\n");
+  return fs;
+}
+
+}  // namespace
+
 absl::StatusOr<MoeArgs> ParseMoeArgs(const std::vector<std::string>& args) {
+  absl::StatusOr<Flags> flags = Flags::Parse(args, MoeFlags());
+  if (!flags.ok()) return flags.status();
   MoeArgs out;
-  bool have_op = false, have_device = false, have_threads = false;
+  out.local = flags->Has("--local");
+  if (const std::string* t = flags->Get("--target")) out.target = *t;
+  if (const std::string* d = flags->Get("--device")) out.device = *d;
+  if (const std::string* t = flags->Get("--threads")) {
+    if (!absl::SimpleAtoi(*t, &out.threads) || out.threads < 0) {
+      return Bad(absl::StrCat("--threads must be a non-negative integer, got '", *t, "'"));
+    }
+  }
+  const bool have_op = flags->Has("--op");
+  if (have_op) {
+    const std::string& value = *flags->Get("--op");
+    absl::StatusOr<MoeOp> op = ParseMoeOp(value);
+    if (!op.ok()) return Bad(absl::StrCat("--op: ", op.status().message()));
+    out.op = *op;
+    out.op_name = value;
+  }
   std::set<std::string> param_keys, input_names, output_names;
-  for (size_t i = 0; i < args.size(); ++i) {
-    std::string flag = args[i], value;
-    const bool is_switch = flag == "--local";
-    if (!is_switch) {
-      if (const size_t eq = flag.find('='); flag.rfind("--", 0) == 0 && eq != std::string::npos) {
-        value = flag.substr(eq + 1);
-        flag.resize(eq);
-      } else if (i + 1 < args.size()) {
-        value = args[++i];
-      } else {
-        return Bad(absl::StrCat(flag, " needs a value; see wprep moe --help"));
-      }
+  for (const std::string& value : flags->List("--param")) {
+    const size_t eq = value.find('=');
+    if (eq == std::string::npos || eq == 0) {
+      return Bad(absl::StrCat("--param must be KEY=VALUE, got '", value, "'"));
     }
-    if (flag == "--local") {
-      out.local = true;
-    } else if (flag == "--target") {
-      out.target = value;
-    } else if (flag == "--device") {
-      if (have_device) return Bad("--device is given twice");
-      have_device = true;
-      out.device = value;
-    } else if (flag == "--threads") {
-      if (have_threads) return Bad("--threads is given twice");
-      have_threads = true;
-      if (!absl::SimpleAtoi(value, &out.threads) || out.threads < 0) {
-        return Bad(absl::StrCat("--threads must be a non-negative integer, got '", value, "'"));
-      }
-    } else if (flag == "--op") {
-      if (have_op) return Bad("--op is given twice");
-      have_op = true;
-      absl::StatusOr<MoeOp> op = ParseMoeOp(value);
-      if (!op.ok()) return Bad(absl::StrCat("--op: ", op.status().message()));
-      out.op = *op;
-      out.op_name = value;
-    } else if (flag == "--param") {
-      const size_t eq = value.find('=');
-      if (eq == std::string::npos || eq == 0) {
-        return Bad(absl::StrCat("--param must be KEY=VALUE, got '", value, "'"));
-      }
-      const std::string key = value.substr(0, eq), v = value.substr(eq + 1);
-      if (!param_keys.insert(key).second) return Bad(absl::StrCat("--param ", key, " is given twice"));
-      if (absl::Status s = SetMoeParam(out.params, key, v); !s.ok()) {
-        return Bad(absl::StrCat("--param ", key, "=", v, ": ", s.message()));
-      }
-      out.raw_params.emplace_back(key, v);
-    } else if (flag == "--input") {
-      absl::StatusOr<MoeInputArg> in = ParseInput(value);
-      if (!in.ok()) return in.status();
-      if (!input_names.insert(in->desc.name).second) return Bad(absl::StrCat("--input ", in->desc.name, " is given twice"));
-      out.inputs.push_back(*std::move(in));
-    } else if (flag == "--output") {
-      const size_t eq = value.find('=');
-      if (eq == std::string::npos || eq == 0 || eq + 1 == value.size()) {
-        return Bad(absl::StrCat("--output must be NAME=PATH, got '", value, "'"));
-      }
-      MoeOutputArg o{value.substr(0, eq), value.substr(eq + 1)};
-      if (!output_names.insert(o.name).second) return Bad(absl::StrCat("--output ", o.name, " is given twice"));
-      out.outputs.push_back(std::move(o));
-    } else {
-      return Bad(absl::StrCat("unknown flag '", flag, "'; see wprep moe --help"));
+    const std::string key = value.substr(0, eq), v = value.substr(eq + 1);
+    if (!param_keys.insert(key).second) return Bad(absl::StrCat("--param ", key, " is given twice"));
+    if (absl::Status s = SetMoeParam(out.params, key, v); !s.ok()) {
+      return Bad(absl::StrCat("--param ", key, "=", v, ": ", s.message()));
     }
+    out.raw_params.emplace_back(key, v);
+  }
+  for (const std::string& value : flags->List("--input")) {
+    absl::StatusOr<MoeInputArg> in = ParseInput(value);
+    if (!in.ok()) return in.status();
+    if (!input_names.insert(in->desc.name).second) return Bad(absl::StrCat("--input ", in->desc.name, " is given twice"));
+    out.inputs.push_back(*std::move(in));
+  }
+  for (const std::string& value : flags->List("--output")) {
+    const size_t eq = value.find('=');
+    if (eq == std::string::npos || eq == 0 || eq + 1 == value.size()) {
+      return Bad(absl::StrCat("--output must be NAME=PATH, got '", value, "'"));
+    }
+    MoeOutputArg o{value.substr(0, eq), value.substr(eq + 1)};
+    if (!output_names.insert(o.name).second) return Bad(absl::StrCat("--output ", o.name, " is given twice"));
+    out.outputs.push_back(std::move(o));
   }
   if (out.local == !out.target.empty()) return Bad("give exactly one of --local and --target ADDRESS");
   if (!have_op) return Bad("--op is required; see wprep moe --help");
@@ -350,6 +351,8 @@ absl::StatusOr<MoeArgs> ParseMoeArgs(const std::vector<std::string>& args) {
   if (absl::StatusOr<int> dev = ParseDevice(out.device); !dev.ok()) return dev.status();
   return out;
 }
+
+std::string MoeUsage() { return MoeFlags().Usage(); }
 
 absl::StatusOr<MoeResult> RunMoe(const MoeArgs& args) {
   if (args.local) return RunLocal(args);
@@ -363,7 +366,7 @@ absl::StatusOr<MoeResult> RunMoe(const MoeArgs& args) {
 int MoeCommand(const std::vector<std::string>& args) {
   for (const std::string& a : args) {
     if (a == "--help" || a == "-h") {
-      std::fputs(kMoeUsage, stdout);
+      std::fputs(MoeUsage().c_str(), stdout);
       return 0;
     }
   }

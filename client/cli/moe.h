@@ -64,7 +64,8 @@ absl::StatusOr<MoeResult> RunMoe(const MoeArgs& args);
 // `wprep moe ARGS`: the exit status (0; 2 with one status line on stderr).
 int MoeCommand(const std::vector<std::string>& args);
 
-extern const char kMoeUsage[];
+// `wprep moe --help`, generated from the flags' declarations.
+std::string MoeUsage();
 
 }  // namespace wprep::cli
 

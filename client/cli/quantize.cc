@@ -20,19 +20,6 @@
 
 namespace wprep::cli {
 
-const char kQuantizeUsage[] =
-    "usage: wprep quantize (--local [--device cpu] | --target unix:///path.sock|HOST:PORT)\n"
-    "         --dtype bfloat16|float16|float32\n"
-    "         --shape D0,...,Q [--scale-rounding up|down] --input FILE\n"
-    "         --values-output FILE --scales-output FILE\n"
-    "Quantizes little-endian row-major weights [..., Q] to canonical MXFP4 values\n"
-    "[..., ceil(Q/2)] and e8m0 scales [..., ceil(Q/32)] (groups of 32 along the last axis;\n"
-    "docs/LAYOUTS.md, \"Quantization to MXFP4\").\n"
-    "  --layout blackwell_value  a weight stored [..., N, K]: write blackwell_value values and\n"
-    "                            blackwell_scale scales directly (fused, K even)\n"
-    "With --target the daemon quantizes (a quantize batch item, on its CPU engine).\n"
-    "Not yet available: --device cuda:N, the Hopper and Blackwell shuffled fused layouts.\n";
-
 namespace {
 
 int Fail(const absl::Status& s) {
@@ -80,14 +67,35 @@ absl::Status QuantizeRemote(const std::string& target, const QuantizePlan& plan,
 #endif
 }
 
+// `wprep quantize`'s flags: the parser and --help.
+flags::FlagSet QuantizeFlags() {
+  flags::FlagSet fs = CommandFlags(
+      "quantize",
+      "usage: wprep quantize (--local | --target ADDR) --dtype T --shape D0,...,Q --input FILE\n"
+      "         --values-output FILE --scales-output FILE [flags]\n"
+      "Quantizes little-endian row-major weights [..., Q] to canonical MXFP4 values\n"
+      "[..., ceil(Q/2)] and e8m0 scales [..., ceil(Q/32)] (groups of 32 along the last axis;\n"
+      "docs/LAYOUTS.md, \"Quantization to MXFP4\").\n");
+  fs.Switch("local", "quantize in this process");
+  fs.String("target", "ADDR", "",
+            "the daemon quantizes (a quantize batch item, on its CPU engine): unix:///path.sock or "
+            "HOST:PORT");
+  fs.String("device", "cpu", "cpu", "with --local: where it runs (cuda:N is not yet available)");
+  fs.String("dtype", "T", "", "the input's type: bfloat16, float16 or float32");
+  fs.String("shape", "D0,...,Q", "", "the input's shape");
+  fs.String("scale-rounding", "up|down", "up", "how a group's scale rounds");
+  fs.String("layout", "blackwell_value", "",
+            "a weight stored [..., N, K]: write blackwell_value values and blackwell_scale scales "
+            "directly (fused, K even); the Hopper and Blackwell shuffled fused layouts are not "
+            "yet available");
+  fs.String("input", "FILE", "", "the weights");
+  fs.String("values-output", "FILE", "", "where the MXFP4 values go");
+  fs.String("scales-output", "FILE", "", "where the e8m0 scales go");
+  return fs;
+}
+
 absl::Status Run(const std::vector<std::string>& args) {
-  FlagSpec spec;
-  spec.command = "quantize";
-  spec.with_value = {"--device",       "--dtype",         "--shape",
-                     "--scale-rounding", "--input",       "--values-output",
-                     "--scales-output",  "--target",      "--layout"};
-  spec.switches = {"--local"};
-  auto flags = Flags::Parse(args, spec);
+  auto flags = Flags::Parse(args, QuantizeFlags());
   if (!flags.ok()) return flags.status();
   const bool remote = flags->Has("--target");
   if (remote == flags->Has("--local")) {
@@ -192,7 +200,7 @@ absl::Status Run(const std::vector<std::string>& args) {
 int QuantizeCommand(const std::vector<std::string>& args) {
   for (const auto& a : args) {
     if (a == "--help" || a == "-h") {
-      std::fputs(kQuantizeUsage, stdout);
+      std::fputs(QuantizeFlags().Usage().c_str(), stdout);
       return 0;
     }
   }

@@ -7,8 +7,6 @@
 
 namespace wprep::cli {
 
-extern const char kQuantizeUsage[];
-
 // Runs the command; returns the process exit status (0, or 2 with one
 // "<STATUS_CODE>: message" line on stderr and no output files).
 int QuantizeCommand(const std::vector<std::string>& args);

@@ -22,24 +22,31 @@ namespace {
 
 namespace v1 = wprep::v1;
 
-constexpr char kWeightsUsage[] =
-    "usage: wprep weights load NAME PATH [--rules RULES] [CONVERSION FLAGS] [--progress MODE]\n"
-    "       wprep weights list [--tensors]\n"
-    "       wprep weights show NAME\n"
-    "       wprep weights drop NAME [--force]\n"
-    "  every form takes --target unix:///path.sock|HOST:PORT (default unix:///tmp/wprepd.sock)\n"
-    "Resident weight sets of a running wprepd. `load` has the daemon read PATH (relative\n"
-    "to its --weights-root: a .safetensors file, or a directory with\n"
-    "model.safetensors.index.json or model.safetensors), convert the tensors RULES name,\n"
-    "copy the rest, and keep the set as NAME.\n"
-    "  --rules     PATTERN=LAYOUT[:param=value...] separated by ';', first match wins;\n"
-    "              LAYOUT is a layout name (hopper_value, hopper_scale, ...) swizzled\n"
-    "              from the tensor's bytes, or 'verbatim'. Params: mx_axis, mma_version,\n"
-    "              num_warps, packing_axis, block_k, block_n. Example:\n"
-    "              '*_blocks=hopper_value:packing_axis=-2;*_scales=hopper_scale'\n"
-    "  --progress  auto (a bar on a terminal), bar, lines or none (default auto)\n"
-    "  --force     drop even while engines are attached (their attachments end)\n"
-    "Exit status 0, or 2 with the daemon's error on stderr.\n";
+// `wprep weights`' flags: the parser and --help.
+flags::FlagSet WeightsFlags() {
+  flags::FlagSet fs = CommandFlags(
+      "weights",
+      "usage: wprep weights load NAME PATH [--rules RULES] [--progress MODE]\n"
+      "       wprep weights list [--tensors]\n"
+      "       wprep weights show NAME\n"
+      "       wprep weights drop NAME [--force]\n"
+      "Resident weight sets of a running wprepd. `load` has the daemon read PATH (relative\n"
+      "to its --weights-root: a .safetensors file, or a directory with\n"
+      "model.safetensors.index.json or model.safetensors), convert the tensors RULES name,\n"
+      "copy the rest, and keep the set as NAME.\n");
+  fs.String("target", "ADDR", "unix:///tmp/wprepd.sock", "the daemon, for every form: unix:///path.sock or HOST:PORT");
+  fs.String("rules", "RULES",  "",
+            "load: PATTERN=LAYOUT[:param=value...] separated by ';', first match wins; LAYOUT is a "
+            "layout name (hopper_value, hopper_scale, ...) swizzled from the tensor's bytes, or "
+            "'verbatim'. Params: mx_axis, mma_version, num_warps, packing_axis, block_k, block_n. "
+            "Example: '*_blocks=hopper_value:packing_axis=-2;*_scales=hopper_scale'");
+  fs.String("progress", "MODE", "auto", "load: auto (a bar on a terminal), bar, lines or none");
+  fs.Switch("tensors", "list: every set's tensors too");
+  fs.Switch("force", "drop: even while engines are attached (their attachments end)");
+  fs.Positional(1, 3);
+  fs.Footer("Exit status 0, or 2 with the daemon's error on stderr.\n");
+  return fs;
+}
 
 int Fail(const absl::Status& s) {
   std::fprintf(stderr, "%s: %s\n", absl::StatusCodeToString(s.code()).c_str(), std::string(s.message()).c_str());
@@ -162,8 +169,9 @@ absl::StatusOr<std::vector<v1::WeightRule>> ParseWeightRules(const std::string& 
       if (kv.size() != 2) return absl::InvalidArgumentError(absl::StrCat(where, ": '", fields[i], "' is not param=value"));
       args.push_back(absl::StrCat("--", absl::StrReplaceAll(kv[0], {{"_", "-"}}), "=", kv[1]));
     }
-    FlagSpec spec{"weights", kSpecFlags, {}, 0, 0};
-    absl::StatusOr<Flags> parsed = Flags::Parse(args, spec);
+    flags::FlagSet params = CommandFlags("weights", "");
+    AddSpecFlags(&params);
+    absl::StatusOr<Flags> parsed = Flags::Parse(args, std::move(params));
     if (!parsed.ok()) return absl::InvalidArgumentError(absl::StrCat(where, ": ", parsed.status().message()));
     absl::StatusOr<ConversionSpec> conv = ParseSpecFlags(*parsed, *layout, Direction::kSwizzle);
     if (!conv.ok()) return absl::InvalidArgumentError(absl::StrCat(where, ": ", conv.status().message()));
@@ -176,12 +184,11 @@ absl::StatusOr<std::vector<v1::WeightRule>> ParseWeightRules(const std::string& 
 int WeightsCommand(const std::vector<std::string>& args) {
   for (const auto& a : args) {
     if (a == "--help" || a == "-h") {
-      std::fputs(kWeightsUsage, stdout);
+      std::fputs(WeightsFlags().Usage().c_str(), stdout);
       return 0;
     }
   }
-  FlagSpec spec{"weights", {"--target", "--rules", "--progress"}, {"--force", "--tensors"}, 1, 3};
-  absl::StatusOr<Flags> flags = Flags::Parse(args, spec);
+  absl::StatusOr<Flags> flags = Flags::Parse(args, WeightsFlags());
   if (!flags.ok()) return Fail(flags.status());
   const std::vector<std::string>& pos = flags->positional();
   const std::string& verb = pos[0];

@@ -2,64 +2,15 @@
 
 #include <sys/stat.h>
 
-#include <functional>
-#include <map>
-
 #include "absl/status/status.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_split.h"
 #include "net/listener.h"
+#include "wprep/flags/flags.h"
 
 namespace wprep::server {
 namespace {
-
-absl::Status BadValue(const std::string& flag, const std::string& value, const char* want) {
-  return absl::InvalidArgumentError(
-      absl::StrCat("--", flag, "=", value, " is not valid: expected ", want));
-}
-
-absl::Status ParseInt(const std::string& flag, const std::string& v, int64_t lo, int64_t hi,
-                      int64_t* out) {
-  int64_t x = 0;
-  if (!absl::SimpleAtoi(v, &x) || x < lo || x > hi) {
-    return BadValue(flag, v, absl::StrCat("an integer in [", lo, ", ", hi, "]").c_str());
-  }
-  *out = x;
-  return absl::OkStatus();
-}
-
-// Sizes accept a K/M/G/T suffix (binary units): "512M", "80G".
-absl::Status ParseBytes(const std::string& flag, const std::string& v, uint64_t* out) {
-  std::string digits = v;
-  uint64_t mult = 1;
-  if (!digits.empty()) {
-    switch (digits.back()) {
-      case 'K': case 'k': mult = 1ull << 10; break;
-      case 'M': case 'm': mult = 1ull << 20; break;
-      case 'G': case 'g': mult = 1ull << 30; break;
-      case 'T': case 't': mult = 1ull << 40; break;
-      default: break;
-    }
-    if (mult != 1) digits.pop_back();
-  }
-  uint64_t x = 0;
-  if (!absl::SimpleAtoi(digits, &x) || x > (~0ull) / mult) {
-    return BadValue(flag, v, "a byte count such as 1073741824, 512M or 80G");
-  }
-  *out = x * mult;
-  return absl::OkStatus();
-}
-
-absl::Status ParseDuration(const std::string& flag, const std::string& v, absl::Duration* out) {
-  absl::Duration d;
-  if (!absl::ParseDuration(v, &d) || d < absl::ZeroDuration()) {
-    return BadValue(flag, v, "a non-negative duration such as 30s or 500ms");
-  }
-  *out = d;
-  return absl::OkStatus();
-}
 
 absl::Status ValidateAddress(const std::string& addr) {
   if (absl::StartsWith(addr, "unix://")) {
@@ -77,134 +28,142 @@ absl::Status ValidateAddress(const std::string& addr) {
   return absl::OkStatus();
 }
 
+constexpr char kHeader[] =
+    "wprepd: the wprep weight conversion daemon (gRPC service wprep.v1.WeightPrep)\n"
+    "usage: wprepd [flags]\n";
+
+constexpr char kFooter[] =
+    "Sizes take K, M, G, T suffixes (powers of 1024: 8G); durations are absl durations\n"
+    "(50ms, 10s, 5m).\n";
+
+// Every flag of wprepd, declared once: the parser and --help both come from here. The
+// defaults are Options' own, so the struct stays the one place they are written.
+flags::FlagSet DaemonFlags() {
+  const Options d;
+  flags::FlagSet fs("wprepd", kHeader);
+  fs.String("listen", "ADDR", d.listen.front(),
+            "unix:///path or HOST:PORT; repeatable. The socket file is mode 0660: its group may "
+            "convert. Loopback TCP admits every local user; other TCP addresses need --tls-cert "
+            "and --tls-key")
+      .Repeatable();
+  fs.String("health-listen", "H:P", d.health_listen,
+            "plaintext listener serving only grpc.health.v1, for Kubernetes gRPC probes on the "
+            "pod IP; none when not given");
+  fs.String("metrics-address", "H:P", d.metrics_address,
+            "Prometheus /metrics address; \"\" turns it off");
+  fs.String("tls-cert", "PEM", d.tls_cert_file,
+            "server certificate chain: TLS on every TCP --listen (the Unix socket stays plain); "
+            "needs --tls-key");
+  fs.String("tls-key", "PEM", d.tls_key_file, "the private key of --tls-cert");
+  fs.String("tls-client-ca", "PEM", d.tls_client_ca_file,
+            "mutual TLS: clients must present a certificate of this CA");
+  fs.Duration("tls-handshake-timeout", "D", d.tls_handshake_timeout,
+              "a TLS connection that has not completed its handshake by then is closed");
+  fs.List("devices", "LIST", d.devices,
+          "GPUs by ordinal or UUID, comma separated; \"cpu\" = use no GPU, the CPU engine serves "
+          "every request; repeatable; all GPUs when not given")
+      .Repeatable();
+  fs.Int("streams-per-device", "N", d.streams_per_device,
+         "CUDA streams (= concurrent requests) per GPU", 1, 64);
+  fs.Int("cpu-threads", "N", d.cpu_threads, "CPU engine threads per request, 0 = one per core", 0,
+         1024);
+  fs.Bytes("max-device-bytes", "N", d.max_device_bytes,
+           "device bytes budget per GPU, e.g. 8G; 0 = unlimited");
+  fs.Duration("memory-wait", "D", d.memory_wait, "how long work waits for device memory");
+  fs.Duration("ready-timeout", "D", d.ready_timeout,
+              "how long a batch waits on the GPU for its client's ready word in /dev/shm before "
+              "the daemon writes it; a ConvertBatches client that goes away has its words "
+              "written at once");
+  fs.Duration("drain-timeout", "D", d.drain_timeout, "time for in-flight work after SIGTERM");
+  fs.Duration("keep-cpus-awake", "D", d.keep_cpus_awake,
+              "while requests come, an idle-priority spinner per CPU keeps the CPUs from halting "
+              "until D after the last one: faster round trips on VMs, at the cost of busy cores; "
+              "0 = off");
+  fs.Bytes("max-message-bytes", "N", static_cast<uint64_t>(d.max_message_bytes),
+           "largest unary message", 1u << 10, 2047ull << 20);
+  fs.Bytes("max-tensor-bytes", "N", d.max_tensor_bytes,
+           "largest input or output of one conversion");
+  fs.Bytes("max-stream-matrix-bytes", "N", d.max_stream_matrix_bytes,
+           "largest matrix of a ConvertStream; a stream holds about 7 of them in "
+           "--max-buffered-bytes");
+  fs.Bytes("max-buffered-bytes", "N", d.max_buffered_bytes,
+           "host memory for inline data and stream buffers");
+  fs.Duration("max-queue-wait", "D", d.max_queue_wait,
+              "how long a request waits, in FIFO order, for --max-buffered-bytes to have room "
+              "before RESOURCE_EXHAUSTED; its deadline may end the wait sooner; 0 = refuse at "
+              "once");
+  fs.Int("max-queued-requests", "N", d.max_queued_requests,
+         "requests waiting for host memory at once; more are refused RESOURCE_EXHAUSTED", 1,
+         1 << 20);
+  fs.Int("max-batch-items", "N", static_cast<int64_t>(d.max_batch_items),
+         "items of one ConvertBatch", 1, 1 << 20);
+  fs.Int("max-connections", "N", d.max_connections,
+         "open connections, all listeners together; TLS connections are also held to N by "
+         "themselves",
+         1, 1 << 20);
+  fs.Int("max-concurrent-streams", "N", d.max_concurrent_streams,
+         "concurrent calls per connection (on --health-listen: --max-watch-streams)", 1, 1 << 16);
+  fs.Int("max-watch-streams", "N", d.max_watch_streams,
+         "open health Watch calls, all listeners together; more get RESOURCE_EXHAUSTED", 1,
+         1 << 20);
+  fs.Int("ipc-cache-entries", "N", d.ipc_cache_entries,
+         "cached CUDA IPC mappings; also the most handles one request may use at once", 1,
+         1 << 20);
+  fs.Duration("ipc-idle-expiry", "D", d.ipc_idle_expiry,
+              "unused IPC mappings close after this");
+  fs.String("port-file", "PATH", d.port_file, "write the bound addresses here once listening");
+  fs.String("weights-root", "DIR", d.weights_root,
+            "the directory LoadWeights may read checkpoints from (paths outside it, '..' and "
+            "symlinks out are refused); when not given, loading weight sets from files is off");
+  fs.Bytes("weights-budget", "N", d.weights_budget,
+           "bytes all resident weight sets may hold together, e.g. 40G; a load that would pass "
+           "it is refused; 0 = unlimited");
+  fs.String("weights-shm-dir", "DIR", d.weights_shm_dir,
+            "where each weight set's shared-memory file goes; attaching clients open it there");
+  fs.Footer(kFooter);
+  // Launchers (the tests' harnesses, a container's CMD plus its args) append overrides to a
+  // base command line, so a later value replaces an earlier one.
+  fs.LastWins();
+  return fs;
+}
+
 }  // namespace
 
 absl::StatusOr<Options> ParseOptions(const std::vector<std::string>& args) {
+  flags::FlagSet fs = DaemonFlags();
+  if (absl::Status s = fs.Parse(args); !s.ok()) return s;
   Options o;
-  bool listen_seen = false, devices_seen = false;
-  using Setter = std::function<absl::Status(const std::string&)>;
-  const std::map<std::string, Setter> setters = {
-      {"listen", [&](const std::string& v) {
-         if (!listen_seen) o.listen.clear();
-         listen_seen = true;
-         o.listen.push_back(v);
-         return absl::OkStatus();
-       }},
-      {"metrics-address", [&](const std::string& v) { o.metrics_address = v; return absl::OkStatus(); }},
-      {"health-listen", [&](const std::string& v) { o.health_listen = v; return absl::OkStatus(); }},
-      {"tls-cert", [&](const std::string& v) { o.tls_cert_file = v; return absl::OkStatus(); }},
-      {"tls-key", [&](const std::string& v) { o.tls_key_file = v; return absl::OkStatus(); }},
-      {"tls-client-ca", [&](const std::string& v) { o.tls_client_ca_file = v; return absl::OkStatus(); }},
-      {"max-tensor-bytes", [&](const std::string& v) { return ParseBytes("max-tensor-bytes", v, &o.max_tensor_bytes); }},
-      {"max-stream-matrix-bytes", [&](const std::string& v) {
-         return ParseBytes("max-stream-matrix-bytes", v, &o.max_stream_matrix_bytes);
-       }},
-      {"max-buffered-bytes", [&](const std::string& v) { return ParseBytes("max-buffered-bytes", v, &o.max_buffered_bytes); }},
-      {"max-queue-wait", [&](const std::string& v) { return ParseDuration("max-queue-wait", v, &o.max_queue_wait); }},
-      {"max-queued-requests", [&](const std::string& v) {
-         int64_t x;
-         auto s = ParseInt("max-queued-requests", v, 1, 1 << 20, &x);
-         o.max_queued_requests = static_cast<int>(x);
-         return s;
-       }},
-      {"max-batch-items", [&](const std::string& v) {
-         int64_t x;
-         auto s = ParseInt("max-batch-items", v, 1, 1 << 20, &x);
-         o.max_batch_items = static_cast<uint64_t>(x);
-         return s;
-       }},
-      {"max-connections", [&](const std::string& v) {
-         int64_t x;
-         auto s = ParseInt("max-connections", v, 1, 1 << 20, &x);
-         o.max_connections = static_cast<int>(x);
-         return s;
-       }},
-      {"max-concurrent-streams", [&](const std::string& v) {
-         int64_t x;
-         auto s = ParseInt("max-concurrent-streams", v, 1, 1 << 16, &x);
-         o.max_concurrent_streams = static_cast<int>(x);
-         return s;
-       }},
-      {"max-watch-streams", [&](const std::string& v) {
-         int64_t x;
-         auto s = ParseInt("max-watch-streams", v, 1, 1 << 20, &x);
-         o.max_watch_streams = static_cast<int>(x);
-         return s;
-       }},
-      {"devices", [&](const std::string& v) {
-         if (!devices_seen) o.devices.clear();
-         devices_seen = true;
-         for (absl::string_view d : absl::StrSplit(v, ',', absl::SkipEmpty())) {
-           o.devices.emplace_back(d);
-         }
-         return absl::OkStatus();
-       }},
-      {"streams-per-device", [&](const std::string& v) {
-         int64_t x;
-         auto s = ParseInt("streams-per-device", v, 1, 64, &x);
-         o.streams_per_device = static_cast<int>(x);
-         return s;
-       }},
-      {"cpu-threads", [&](const std::string& v) {
-         int64_t x;
-         auto s = ParseInt("cpu-threads", v, 0, 1024, &x);
-         o.cpu_threads = static_cast<int>(x);
-         return s;
-       }},
-      {"max-device-bytes", [&](const std::string& v) { return ParseBytes("max-device-bytes", v, &o.max_device_bytes); }},
-      {"memory-wait", [&](const std::string& v) { return ParseDuration("memory-wait", v, &o.memory_wait); }},
-      {"ready-timeout", [&](const std::string& v) { return ParseDuration("ready-timeout", v, &o.ready_timeout); }},
-      {"drain-timeout", [&](const std::string& v) { return ParseDuration("drain-timeout", v, &o.drain_timeout); }},
-      {"keep-cpus-awake", [&](const std::string& v) { return ParseDuration("keep-cpus-awake", v, &o.keep_cpus_awake); }},
-      {"tls-handshake-timeout",
-       [&](const std::string& v) { return ParseDuration("tls-handshake-timeout", v, &o.tls_handshake_timeout); }},
-      {"max-message-bytes", [&](const std::string& v) {
-         uint64_t x;
-         auto s = ParseBytes("max-message-bytes", v, &x);
-         if (s.ok() && (x < (1u << 10) || x > (2047ull << 20))) {
-           return BadValue("max-message-bytes", v, "a size between 1K and 2047M");
-         }
-         o.max_message_bytes = static_cast<int64_t>(x);
-         return s;
-       }},
-      {"ipc-cache-entries", [&](const std::string& v) {
-         int64_t x;
-         auto s = ParseInt("ipc-cache-entries", v, 1, 1 << 20, &x);
-         o.ipc_cache_entries = static_cast<int>(x);
-         return s;
-       }},
-      {"ipc-idle-expiry", [&](const std::string& v) { return ParseDuration("ipc-idle-expiry", v, &o.ipc_idle_expiry); }},
-      {"port-file", [&](const std::string& v) { o.port_file = v; return absl::OkStatus(); }},
-      {"weights-root", [&](const std::string& v) { o.weights_root = v; return absl::OkStatus(); }},
-      {"weights-budget", [&](const std::string& v) { return ParseBytes("weights-budget", v, &o.weights_budget); }},
-      {"weights-shm-dir", [&](const std::string& v) { o.weights_shm_dir = v; return absl::OkStatus(); }},
-  };
-  for (size_t i = 0; i < args.size(); ++i) {
-    const std::string& a = args[i];
-    if (!absl::StartsWith(a, "--")) {
-      return absl::InvalidArgumentError(absl::StrCat("unexpected argument '", a, "' (see --help)"));
-    }
-    std::string name = a.substr(2), value;
-    const size_t eq = name.find('=');
-    if (eq != std::string::npos) {
-      value = name.substr(eq + 1);
-      name.resize(eq);
-    } else {
-      auto it = setters.find(name);
-      if (it == setters.end()) {
-        return absl::InvalidArgumentError(absl::StrCat("unknown flag --", name, " (see --help)"));
-      }
-      if (i + 1 >= args.size()) {
-        return absl::InvalidArgumentError(absl::StrCat("flag --", name, " needs a value"));
-      }
-      value = args[++i];
-    }
-    auto it = setters.find(name);
-    if (it == setters.end()) {
-      return absl::InvalidArgumentError(absl::StrCat("unknown flag --", name, " (see --help)"));
-    }
-    if (absl::Status s = it->second(value); !s.ok()) return s;
-  }
+  o.listen = fs.GetList("listen");
+  o.health_listen = fs.GetString("health-listen");
+  o.metrics_address = fs.GetString("metrics-address");
+  o.tls_cert_file = fs.GetString("tls-cert");
+  o.tls_key_file = fs.GetString("tls-key");
+  o.tls_client_ca_file = fs.GetString("tls-client-ca");
+  o.tls_handshake_timeout = fs.GetDuration("tls-handshake-timeout");
+  o.devices = fs.GetList("devices");
+  o.streams_per_device = static_cast<int>(fs.GetInt("streams-per-device"));
+  o.cpu_threads = static_cast<int>(fs.GetInt("cpu-threads"));
+  o.max_device_bytes = fs.GetBytes("max-device-bytes");
+  o.memory_wait = fs.GetDuration("memory-wait");
+  o.ready_timeout = fs.GetDuration("ready-timeout");
+  o.drain_timeout = fs.GetDuration("drain-timeout");
+  o.keep_cpus_awake = fs.GetDuration("keep-cpus-awake");
+  o.max_message_bytes = static_cast<int64_t>(fs.GetBytes("max-message-bytes"));
+  o.max_tensor_bytes = fs.GetBytes("max-tensor-bytes");
+  o.max_stream_matrix_bytes = fs.GetBytes("max-stream-matrix-bytes");
+  o.max_buffered_bytes = fs.GetBytes("max-buffered-bytes");
+  o.max_queue_wait = fs.GetDuration("max-queue-wait");
+  o.max_queued_requests = static_cast<int>(fs.GetInt("max-queued-requests"));
+  o.max_batch_items = static_cast<uint64_t>(fs.GetInt("max-batch-items"));
+  o.max_connections = static_cast<int>(fs.GetInt("max-connections"));
+  o.max_concurrent_streams = static_cast<int>(fs.GetInt("max-concurrent-streams"));
+  o.max_watch_streams = static_cast<int>(fs.GetInt("max-watch-streams"));
+  o.ipc_cache_entries = static_cast<int>(fs.GetInt("ipc-cache-entries"));
+  o.ipc_idle_expiry = fs.GetDuration("ipc-idle-expiry");
+  o.port_file = fs.GetString("port-file");
+  o.weights_root = fs.GetString("weights-root");
+  o.weights_budget = fs.GetBytes("weights-budget");
+  o.weights_shm_dir = fs.GetString("weights-shm-dir");
   if (absl::Status s = ValidateOptions(o); !s.ok()) return s;
   return o;
 }
@@ -262,69 +221,6 @@ absl::Status ValidateOptions(const Options& o) {
   return absl::OkStatus();
 }
 
-std::string Usage() {
-  return R"(wprepd: the wprep weight conversion daemon (gRPC service wprep.v1.WeightPrep)
-
-Flags (--name=value or --name value):
-  --listen ADDR            unix:///path or HOST:PORT; repeatable (default:
-                           unix:///tmp/wprepd.sock). The socket file is mode 0660:
-                           its group may convert. Loopback TCP admits every local
-                           user; other TCP addresses need --tls-cert and --tls-key
-  --health-listen H:P      plaintext listener serving only grpc.health.v1, for
-                           Kubernetes gRPC probes on the pod IP (default: none)
-  --metrics-address H:P    Prometheus /metrics address (default 127.0.0.1:9464; "" = off)
-  --tls-cert PEM --tls-key PEM
-                           TLS on every TCP --listen (the Unix socket stays plain)
-  --tls-client-ca PEM      mutual TLS: clients must present a certificate of this CA
-  --tls-handshake-timeout D
-                           a TLS connection that has not completed its handshake
-                           by then is closed (default 10s)
-  --devices LIST           GPUs by ordinal or UUID, comma separated (default: all);
-                           "cpu" = use no GPU, the CPU engine serves every request
-  --streams-per-device N   CUDA streams (= concurrent requests) per GPU (default 4)
-  --cpu-threads N          CPU engine threads per request, 0 = one per core (default 0)
-  --max-device-bytes N     device bytes budget per GPU, e.g. 8G; 0 = unlimited (default 0)
-  --memory-wait D          how long work waits for device memory (default 10s)
-  --ready-timeout D        how long a batch waits on the GPU for its client's ready word
-                           in /dev/shm before the daemon writes it (default 5m); a
-                           ConvertBatches client that goes away has its words written at once
-  --drain-timeout D        time for in-flight work after SIGTERM (default 30s)
-  --keep-cpus-awake D      while requests come, an idle-priority spinner per CPU keeps
-                           the CPUs from halting until D after the last one: faster
-                           round trips on VMs, at the cost of busy cores (default 0 = off)
-  --max-message-bytes N    largest unary message (default 64M)
-  --max-tensor-bytes N     largest input or output of one conversion (default 64G)
-  --max-stream-matrix-bytes N
-                           largest matrix of a ConvertStream (default 128M; a stream
-                           holds about 7 of them in --max-buffered-bytes)
-  --max-buffered-bytes N   host memory for inline data and stream buffers (default 1G)
-  --max-queue-wait D       how long a request waits, in FIFO order, for --max-buffered-bytes
-                           to have room before RESOURCE_EXHAUSTED; its deadline may end
-                           the wait sooner (default 10s, as --memory-wait; 0 = refuse
-                           at once)
-  --max-queued-requests N  requests waiting for host memory at once; more are refused
-                           RESOURCE_EXHAUSTED (default 1024)
-  --max-batch-items N      items of one ConvertBatch (default 4096)
-  --max-connections N      open connections, all listeners together (default 1024;
-                           TLS connections are also held to N by themselves)
-  --max-concurrent-streams N
-                           concurrent calls per connection (default 64; on
-                           --health-listen: --max-watch-streams)
-  --max-watch-streams N    open health Watch calls, all listeners together; more
-                           get RESOURCE_EXHAUSTED (default 16384)
-  --ipc-cache-entries N    cached CUDA IPC mappings; also the most handles one
-                           request may use at once (default 4096)
-  --ipc-idle-expiry D      unused IPC mappings close after this (default 5m)
-  --port-file PATH         write the bound addresses here once listening
-  --weights-root DIR       the directory LoadWeights may read checkpoints from (paths
-                           outside it, '..' and symlinks out are refused); default
-                           none: loading weight sets from files is off
-  --weights-budget N       bytes all resident weight sets may hold together, e.g.
-                           40G; a load that would pass it is refused (default 0 =
-                           unlimited)
-  --weights-shm-dir DIR    where each weight set's shared-memory file goes; attaching
-                           clients open it there (default /dev/shm)
-)";
-}
+std::string Usage() { return DaemonFlags().Usage(); }
 
 }  // namespace wprep::server

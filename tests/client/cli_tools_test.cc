@@ -3,6 +3,8 @@
 
 #include <algorithm>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/str_split.h"
 #include "cli_runner.h"
@@ -62,6 +64,28 @@ TEST_F(CliToolsTest, PlanErrorsAreOneLineExitTwo) {
   ExpectOneErrorLine(RunCli("plan --layout hopper_value --direction swizzle --shape 256,256 --target " + Nobody()),
                      "UNAVAILABLE", "");
   EXPECT_EQ(RunCli("plan --help").exit_code, 0);
+}
+
+// Every subcommand's --help is generated from its flag declarations: each flag with its
+// value, and the declared default where there is one.
+TEST_F(CliToolsTest, EverySubcommandsHelpListsItsDeclaredFlags) {
+  const std::vector<std::pair<std::string, std::vector<std::string>>> cases = {
+      {"convert", {"  --layout L ", "  --mx-axis -1|-2 ", "(default -2)", "  --device cpu|cuda:N "}},
+      {"plan", {"  --input-bytes N ", "  --block-k N ", "(default 128)"}},
+      {"devices", {"  --timeout DURATION ", "(default 5s)"}},
+      {"bench", {"  --modes M,... ", "(default unary,stream)"}},
+      {"convert-safetensors", {"  --jobs N ", "(default 4)", "  --verify "}},
+      {"moe", {"  --param KEY=VALUE ", "  --op OP "}},
+      {"quantize", {"  --scale-rounding up|down ", "(default up)"}},
+      {"weights", {"  --rules RULES ", "  --force "}},
+      {"health", {"  --service NAME ", "(default 5s)"}},
+  };
+  for (const auto& [command, parts] : cases) {
+    const RunResult r = RunCli(command + " --help");
+    EXPECT_EQ(r.exit_code, 0) << command << ": " << r.err;
+    EXPECT_NE(r.out.find("Flags (--name=value or --name value):\n"), std::string::npos) << command << r.out;
+    for (const std::string& part : parts) EXPECT_NE(r.out.find(part), std::string::npos) << command << ": " << part;
+  }
 }
 
 TEST_F(CliToolsTest, DevicesListsTheCpuEngine) {

@@ -42,7 +42,9 @@ def bytes_value(v):
 def default_of(flag):
     """A flag's default as `wprepd --help` states it: "(default 1G)"."""
     text = wprepd_help()
-    m = re.search(re.escape(flag) + r"\b[^\n]*(?:\n\s{20,}[^\n]*)*?\(default ([^)\s;]+)\)", text)
+    # The flag's own entry (its line, indented two spaces), not another flag's help naming it.
+    m = re.search(r"^  " + re.escape(flag) + r"\b[^\n]*(?:\n\s{20,}[^\n]*)*?\(default ([^)\s;]+)\)", text,
+                  re.M)
     assert m, f"wprepd --help states no default for {flag}"
     return m.group(1)
 

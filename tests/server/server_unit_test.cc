@@ -50,6 +50,27 @@ TEST(Options, RepeatedListenReplacesTheDefaultsAndAccumulates) {
   EXPECT_EQ(o->streams_per_device, 2);
 }
 
+// Launchers append overrides to a base command line (the harnesses, a container's CMD plus
+// its args): a later value replaces an earlier one, except for the accumulating flags.
+TEST(Options, ALaterValueReplacesAnEarlierOne) {
+  absl::StatusOr<Options> o = ParseOptions({"--drain-timeout=10s", "--cpu-threads=2", "--drain-timeout=60s",
+                                            "--devices=0", "--devices=1"});
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->drain_timeout, absl::Seconds(60));
+  EXPECT_EQ(o->cpu_threads, 2);
+  EXPECT_EQ(o->devices, (std::vector<std::string>{"0", "1"}));
+}
+
+TEST(Options, HelpIsGeneratedFromEveryFlag) {
+  const std::string u = Usage();
+  for (const char* entry : {"  --listen ADDR ", "  --max-buffered-bytes N ", "  --drain-timeout D ",
+                            "  --weights-shm-dir DIR "}) {
+    EXPECT_NE(u.find(entry), std::string::npos) << entry;
+  }
+  EXPECT_NE(u.find("(default 1G)"), std::string::npos) << u;
+  EXPECT_NE(u.find("(default unix:///tmp/wprepd.sock)"), std::string::npos) << u;
+}
+
 TEST(Options, TcpBeyondLoopbackNeedsTls) {
   for (const char* addr : {"0.0.0.0:7000", "10.1.2.3:7000", "[::]:7000", "gpu-node-3:7000"}) {
     absl::StatusOr<Options> o = ParseOptions({absl::StrCat("--listen=", addr)});

@@ -96,7 +96,8 @@ absl::StatusOr<Options> ParseOptions(const std::vector<std::string>& args);
 // Validates a filled Options (ranges, address syntax).
 absl::Status ValidateOptions(const Options& options);
 
-// The --help text.
+// The --help text, generated from the flag declarations (docs/OPERATIONS.md holds a copy
+// that ctest flags_doc compares with it).
 std::string Usage();
 
 }  // namespace wprep::server
