@@ -1,8 +1,8 @@
 // Times every conversion of ANCHORS.md (plus a Blackwell retile), the same tensors from
 // checkpoint order (packing axis -2), blackwell_value both ways and packings, and the
-// scale layouts at --scale_shape (dense, and the transposed view loaders pass), on the
-// GPU next to a device-to-device copy of the same bytes, and on the CPU next to a memcpy,
-// in one run.
+// scale layouts at each --scale_shape (dense, and the transposed view loaders pass), on the
+// GPU next to a device-to-device copy of the same bytes, and on the CPU next to a memcpy on
+// as many threads, in one run.
 // GPU: CUDA events around each call (warm-up, then the median of --iters calls), copy and
 // conversion interleaved so both see the same conditions. CPU: median of --cpu_reps.
 // Prints a markdown table; --csv FILE also writes every figure.
@@ -47,8 +47,9 @@ flags::FlagSet& Flags() {
     f->Int("cpu_reps", "N", 3, "timed CPU runs per conversion (median reported)", 1, 1 << 20);
     f->String("csv", "FILE", "", "also write results to this CSV file");
     f->String("only", "TEXT", "", "time only conversions whose name contains this text");
-    f->String("scale_shape", "S", "16x4096x128",
-              "shape of the scale tensors the scale rows time (8 MiB: [16, 4096, 128])");
+    f->List("scale_shape", "S,...", {"16x4096x128", "128x90x5760", "256x224x4096", "256x64x7168"},
+            "logical [E, K/32, N] shapes of the scale tensors the scale rows time: 8 MiB, gpt-oss-120b's, "
+            "DeepSeek-V3's w13 and w2 (each also as the transposed view of a checkpoint [E, N, K/32])");
     f->Bool("moe", false, "time the trtllm-gen MoE preparation instead of the conversions");
     f->Int("moe_iters", "N", 20, "timed calls per MoE preparation (median reported)", 1, 1 << 20);
     f->Int("moe_warmup", "N", 3, "untimed MoE calls first", 0, 1 << 20);
@@ -61,11 +62,12 @@ flags::FlagSet& Flags() {
 struct Case {
   std::string name;
   ConversionSpec spec;
-  // Empty: the --shapes sweep. Else this case's own shape (the scale rows run at
+  // Empty: the --shapes sweep. Else this case's own shape (the scale rows run at each
   // --scale_shape, whatever --shapes says).
   std::vector<int64_t> shape = {};
   // The input view's strides (empty: dense), e.g. the transposed scale view loaders pass.
   std::vector<int64_t> strides = {};
+  std::string shape_name = {};  // how the table names `shape`
 };
 
 std::vector<int64_t> ParseShape(const std::string& s);
@@ -122,27 +124,32 @@ std::vector<Case> Cases() {
     cases.push_back({"blackwell_value swizzle" + p, blackwell_value(Direction::kSwizzle, packing)});
     cases.push_back({"blackwell_value unswizzle" + p, blackwell_value(Direction::kUnswizzle, packing)});
   }
-  // Scales of the same weights' size class: [E, K/32, N]-shaped scale tensors.
-  const std::vector<int64_t> ss = ParseShape(Flags().GetString("scale_shape"));
-  const int64_t rows = ss[ss.size() - 2], cols = ss.back();
-  const std::vector<int64_t> transposed = {rows * cols, 1, rows};  // over a dense [E, cols, rows]
-  for (Direction d : {Direction::kSwizzle, Direction::kUnswizzle}) {
-    const std::string dn = d == Direction::kSwizzle ? " swizzle" : " unswizzle";
-    for (int mx : {-1, -2}) {
-      for (int nw : {4, 8}) {
-        cases.push_back({absl::StrFormat("hopper_scale mx%d w%d%s", mx, nw, dn),
-                         scale(Layout::kHopperScale, mx, nw, d), ss});
+  // Scales: [E, K/32, N]-shaped scale tensors, dense and as the transposed view of a
+  // checkpoint's [E, N, K/32] (what loaders pass).
+  for (const std::string& name : Flags().GetList("scale_shape")) {
+    const std::vector<int64_t> ss = ParseShape(name);
+    const int64_t rows = ss[ss.size() - 2], cols = ss.back();
+    const std::vector<int64_t> transposed = {rows * cols, 1, rows};  // over a dense [E, cols, rows]
+    for (Direction d : {Direction::kSwizzle, Direction::kUnswizzle}) {
+      const std::string dn = d == Direction::kSwizzle ? " swizzle" : " unswizzle";
+      for (int mx : {-1, -2}) {
+        for (int nw : {4, 8}) {
+          cases.push_back({absl::StrFormat("hopper_scale mx%d w%d%s", mx, nw, dn),
+                           scale(Layout::kHopperScale, mx, nw, d), ss, {}, name});
+        }
       }
+      cases.push_back({"blackwell_scale" + dn, scale(Layout::kBlackwellScale, -2, 8, d), ss, {}, name});
     }
-    cases.push_back({"blackwell_scale" + dn, scale(Layout::kBlackwellScale, -2, 8, d), ss});
-  }
-  if (ss.size() == 3) {
-    for (int mx : {-1, -2}) {
-      cases.push_back({absl::StrFormat("hopper_scale mx%d w8 swizzle transposed view", mx),
-                       scale(Layout::kHopperScale, mx, 8, Direction::kSwizzle), ss, transposed});
+    if (ss.size() == 3) {
+      for (int mx : {-1, -2}) {
+        for (int nw : {4, 8}) {
+          cases.push_back({absl::StrFormat("hopper_scale mx%d w%d swizzle transposed view", mx, nw),
+                           scale(Layout::kHopperScale, mx, nw, Direction::kSwizzle), ss, transposed, name});
+        }
+      }
+      cases.push_back({"blackwell_scale swizzle transposed view",
+                       scale(Layout::kBlackwellScale, -2, 8, Direction::kSwizzle), ss, transposed, name});
     }
-    cases.push_back({"blackwell_scale swizzle transposed view",
-                     scale(Layout::kBlackwellScale, -2, 8, Direction::kSwizzle), ss, transposed});
   }
   const std::string only = Flags().GetString("only");
   std::erase_if(cases, [&](const Case& c) { return c.name.find(only) == std::string::npos; });
@@ -247,7 +254,7 @@ void TimeGpu(const std::vector<int64_t>& shape, const std::string& shape_name,
       copy.push_back(b);
     }
     for (auto& e : ev) cudaEventDestroy(e);
-    rows->push_back({"cuda", c.shape.empty() ? shape_name : Flags().GetString("scale_shape"),
+    rows->push_back({"cuda", c.shape.empty() ? shape_name : c.shape_name,
                      c.name, Median(conv), Median(copy), in_bytes,
                      absl::StrFormat("baseline: cudaMemcpyAsync D2D of the input bytes; host "
                                      "call %.1f us vs copy call %.1f us",
@@ -259,6 +266,22 @@ void TimeGpu(const std::vector<int64_t>& shape, const std::string& shape_name,
   cudaStreamDestroy(stream);
 }
 #endif
+
+// memcpy of n bytes split into `threads` contiguous parts, one thread each: the CPU
+// engine's baseline at the same parallelism.
+void ParallelMemcpy(uint8_t* dst, const uint8_t* src, size_t n, int threads) {
+  if (threads <= 1) {
+    std::memcpy(dst, src, n);
+    return;
+  }
+  std::vector<std::thread> pool;
+  const size_t part = (n + threads - 1) / threads;
+  for (int t = 0; t < threads; ++t) {
+    const size_t begin = std::min(n, t * part), end = std::min(n, begin + part);
+    pool.emplace_back([=] { std::memcpy(dst + begin, src + begin, end - begin); });
+  }
+  for (std::thread& th : pool) th.join();
+}
 
 void TimeCpu(const std::vector<int64_t>& shape, const std::string& shape_name,
              std::vector<Row>* rows) {
@@ -276,7 +299,7 @@ void TimeCpu(const std::vector<int64_t>& shape, const std::string& shape_name,
         auto t0 = std::chrono::steady_clock::now();
         auto s = ConvertOnCpu(*plan, in.data(), in.size(), out.data(), out.size(), {threads});
         auto t1 = std::chrono::steady_clock::now();
-        std::memcpy(copy.data(), in.data(), in.size());
+        ParallelMemcpy(copy.data(), in.data(), in.size(), threads);
         auto t2 = std::chrono::steady_clock::now();
         if (!s.ok()) std::exit(1);
         if (r == 0) continue;
@@ -284,10 +307,10 @@ void TimeCpu(const std::vector<int64_t>& shape, const std::string& shape_name,
         memcpy_ms.push_back(std::chrono::duration<double, std::milli>(t2 - t1).count());
       }
       rows->push_back({absl::StrFormat("cpu x%d", threads),
-                       c.shape.empty() ? shape_name : Flags().GetString("scale_shape"), c.name,
+                       c.shape.empty() ? shape_name : c.shape_name, c.name,
                        Median(conv),
                        Median(memcpy_ms), plan->input_bytes,
-                       "baseline: one-thread memcpy of the input bytes"});
+                       absl::StrFormat("baseline: memcpy of the input bytes on %d threads", threads)});
     }
   }
 }
