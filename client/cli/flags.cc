@@ -25,8 +25,8 @@ bool Contains(const std::vector<std::string>& v, absl::string_view s) {
 }  // namespace
 
 const std::vector<std::string> kSpecFlags = {"--mx-axis",  "--mma-version", "--num-warps",
-                                             "--packing-axis", "--block-k", "--block-n",
-                                             "--to-block-k", "--to-block-n"};
+                                             "--align-k", "--packing-axis", "--block-k",
+                                             "--block-n", "--to-block-k", "--to-block-n"};
 
 absl::StatusOr<Flags> Flags::Parse(const std::vector<std::string>& args, const FlagSpec& spec) {
   Flags out;
@@ -101,13 +101,15 @@ absl::StatusOr<ConversionSpec> ParseSpecFlags(const Flags& flags, Layout layout,
   spec.layout = layout;
   spec.direction = direction;
   int64_t mx = spec.hopper.mx_axis, mma = spec.hopper.mma_version, warps = spec.hopper_scale.num_warps;
+  int64_t align_k = spec.hopper_scale.align_k;
   int64_t packing = spec.packing_axis, to_k = -1, to_n = -1;
   struct IntFlag {
     const char* name;
     int64_t* dst;
   };
   for (IntFlag f : {IntFlag{"--mx-axis", &mx}, IntFlag{"--mma-version", &mma},
-                    IntFlag{"--num-warps", &warps}, IntFlag{"--packing-axis", &packing},
+                    IntFlag{"--num-warps", &warps}, IntFlag{"--align-k", &align_k},
+                    IntFlag{"--packing-axis", &packing},
                     IntFlag{"--block-k", &spec.blackwell.block_k},
                     IntFlag{"--block-n", &spec.blackwell.block_n}, IntFlag{"--to-block-k", &to_k},
                     IntFlag{"--to-block-n", &to_n}}) {
@@ -123,6 +125,8 @@ absl::StatusOr<ConversionSpec> ParseSpecFlags(const Flags& flags, Layout layout,
   spec.hopper_scale.mx_axis = static_cast<int32_t>(mx);  // only the layout's own parameters are read
   if (warps < 1 || warps > 1024) return Bad(absl::StrCat("--num-warps must be a power of two, got ", warps));
   spec.hopper_scale.num_warps = static_cast<int32_t>(warps);
+  if (align_k < 1 || align_k > 1024) return Bad(absl::StrCat("--align-k must be a power of two, got ", align_k));
+  spec.hopper_scale.align_k = static_cast<int32_t>(align_k);
   if (packing != -1 && packing != -2) return Bad(absl::StrCat("--packing-axis must be -1 or -2, got ", packing));
   spec.packing_axis = static_cast<int32_t>(packing);
   if (direction == Direction::kRetile) {

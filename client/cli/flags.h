@@ -46,7 +46,7 @@ class Flags {
 extern const std::vector<std::string> kSpecFlags;
 
 // The conversion parameters of `layout` and `direction` from --mx-axis, --mma-version,
-// --num-warps, --packing-axis, --block-k, --block-n, --to-block-k and --to-block-n
+// --num-warps, --align-k, --packing-axis, --block-k, --block-n, --to-block-k and --to-block-n
 // (defaults as in wprep::ConversionSpec). Range checks that need no shape; MakePlan (or
 // the daemon) checks the rest.
 absl::StatusOr<ConversionSpec> ParseSpecFlags(const Flags& flags, Layout layout, Direction direction);

@@ -17,7 +17,7 @@ namespace wprep::cli {
 
 const char kPlanUsage[] =
     "usage: wprep plan --layout L --direction swizzle|unswizzle|retile --shape D0,D1,...\n"
-    "         [--mx-axis -1|-2] [--mma-version 2|3] [--num-warps N] [--packing-axis -1|-2]\n"
+    "         [--mx-axis -1|-2] [--mma-version 2|3] [--num-warps N] [--align-k N] [--packing-axis -1|-2]\n"
     "         [--block-k N] [--block-n N] [--to-block-k N] [--to-block-n N]\n"
     "         [--input-strides S0,S1,...] [--input-bytes N]\n"
     "         [--target unix:///path.sock|HOST:PORT]   ask a running wprepd (default: plan here)\n"

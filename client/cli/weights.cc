@@ -35,7 +35,7 @@ constexpr char kWeightsUsage[] =
     "  --rules     PATTERN=LAYOUT[:param=value...] separated by ';', first match wins;\n"
     "              LAYOUT is a layout name (hopper_value, hopper_scale, ...) swizzled\n"
     "              from the tensor's bytes, or 'verbatim'. Params: mx_axis, mma_version,\n"
-    "              num_warps, packing_axis, block_k, block_n. Example:\n"
+    "              num_warps, align_k, packing_axis, block_k, block_n. Example:\n"
     "              '*_blocks=hopper_value:packing_axis=-2;*_scales=hopper_scale'\n"
     "  --progress  auto (a bar on a terminal), bar, lines or none (default auto)\n"
     "  --force     drop even while engines are attached (their attachments end)\n"

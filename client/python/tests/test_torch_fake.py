@@ -191,9 +191,11 @@ def fake(monkeypatch):
     monkeypatch.setitem(sys.modules, "torch", torch)
     _torch.device_uuid.cache_clear()
     _triton._import.cache_clear()
+    _triton.layout_align_k.cache_clear()
     yield torch, rec
     _torch.device_uuid.cache_clear()
     _triton._import.cache_clear()
+    _triton.layout_align_k.cache_clear()
 
 
 def tensor(torch, rec, *, block_offset, nbytes, shape, strides, offset=0, alloc=None, kind=b"c", version=2):
@@ -325,7 +327,70 @@ def test_the_drop_in_asks_for_the_loaders_layouts(fake):
         _check_pair(-1, values, bad)
 
 
-def _fake_triton(monkeypatch, new_api):
+class StubClient:
+    """Takes the drop-in's ConvertBatch items and answers with placeholder outputs."""
+
+    def __init__(self):
+        self.items = None
+
+    def convert_batch(self, items, stream=None, completion="stream"):
+        self.items = items
+        out = []
+        for it in items:
+            ident = wprep.LayoutIdentity(layout=_spec_identity(it.spec), conversion="", contract_version=1)
+            out.append(types.SimpleNamespace(tensor=object(), identity=ident, kernel_seconds=0.0))
+        return out
+
+
+def _spec_identity(spec):
+    if spec.layout.value == "hopper_value":
+        return "HopperMXValueLayout(mx_axis=-2, mma_version=3)"
+    return f"HopperMXScaleLayout(mx_axis=-2, num_warps={spec.num_warps})"
+
+
+def _gpt_oss_pair(torch, rec, e=2, n=256, k=2880):
+    alloc = FakeAllocation(1 << 38, 1 << 26)
+    values = torch.Tensor(FakeStorage(rec, alloc, 0, e * n * k // 2), (e, n, k // 2), (n * k // 2, k // 2, 1), 0)
+    scales = torch.Tensor(FakeStorage(rec, alloc, 1 << 24, e * n * k // 32), (e, n, k // 32),
+                          (n * k // 32, k // 32, 1), 0)
+    return values, scales
+
+
+def test_the_drop_in_pads_the_scale_groups_by_default_and_not_on_request(fake):
+    torch, rec = fake
+    values, scales = _gpt_oss_pair(torch, rec)  # K = 2880: 90 groups
+    stub = StubClient()
+    r = wprep.swizzle_mxfp4(values, scales, 8, client=stub, triton=False)
+    assert stub.items[1].spec == Spec("hopper_scale", mx_axis=-2, num_warps=8, align_k=4)
+    assert stub.items[1].spec.to_proto().hopper_scale.align_k == 4
+    assert r.triton_error == "not asked for (triton=False)"
+    wprep.swizzle_mxfp4(values, scales, 8, client=stub, triton=False, pad_scales=True)
+    assert stub.items[1].spec.align_k == 4
+    wprep.swizzle_mxfp4(values, scales, 8, client=stub, triton=False, pad_scales=False)
+    assert stub.items[1].spec == Spec("hopper_scale", mx_axis=-2, num_warps=8)
+    assert not stub.items[1].spec.to_proto().hopper_scale.HasField("align_k")
+    # the values and the scales' view are the same either way: only the padding differs
+    assert stub.items[0].spec == Spec("hopper_value", mx_axis=-2, mma_version=3, packing_axis=-2)
+    assert list(stub.items[1].logical_shape) == [2, 90, 256] and stub.items[1].source.stride() == (256 * 90, 1, 90)
+
+
+def test_blackwell_pads_nothing_more(fake, monkeypatch):
+    torch, rec = fake
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda d=None: (10, 0))
+    from wprep import _mxfp4
+
+    _mxfp4._capability.cache_clear()
+    try:
+        values, scales = _gpt_oss_pair(torch, rec)
+        stub = StubClient()
+        for pad in (None, True, False):
+            wprep.swizzle_mxfp4(values, scales, client=stub, triton=False, pad_scales=pad)
+            assert stub.items[1].spec == Spec("blackwell_scale")
+    finally:
+        _mxfp4._capability.cache_clear()
+
+
+def _fake_triton(monkeypatch, new_api, own_align_k=None):
     @dataclasses.dataclass
     class Storage:
         data: object
@@ -387,6 +452,24 @@ def _fake_triton(monkeypatch, new_api):
     layout_mod = types.ModuleType("triton_kernels.tensor_details.layout")
     layout_mod.make_default_matmul_mxfp4_w_layout = mv
     layout_mod.make_default_matmul_mxfp4_w_scale_layout = ms
+    if own_align_k is not None:  # swizzle_data's storage: [..., rows/32, 32 * padded groups]
+        class Transform:
+            def __init__(self, shape):
+                self.shape = shape
+
+            def swizzle_data(self, data):
+                groups = -(-self.shape[-1] // own_align_k) * own_align_k
+                return types.SimpleNamespace(shape=(*self.shape[:-2], -(-self.shape[-2] // 32), 32 * groups))
+
+        @dataclasses.dataclass(frozen=True)
+        class MeasuredHopperMXScaleLayout:
+            mx_axis: int
+            num_warps: int
+
+            def make_transformation(self, shape):
+                return Transform(shape)
+
+        layout_mod.HopperMXScaleLayout = MeasuredHopperMXScaleLayout
     details.layout = layout_mod
     for name, m in (("triton_kernels", tk), ("triton_kernels.tensor", tensor_mod),
                     ("triton_kernels.tensor_details", details), ("triton_kernels.tensor_details.layout", layout_mod)):
@@ -416,6 +499,52 @@ def test_triton_tensors_are_built_as_convert_layout_builds_them(fake, monkeypatc
         assert list(ts.storage.layout.shape) == [e, k // 32, n] and ts.storage.layout.num_warps == 4
     with pytest.raises(_triton.TritonUnavailable, match="default layout for this GPU"):
         _triton.build(values, scales, vo, so, "BlackwellMXValueLayout()", "BlackwellMXScaleLayout()", 4)
+
+
+def test_padded_scales_make_the_tensor_the_loader_padded(fake, monkeypatch):
+    torch, rec = fake
+    Tensor, _ = _fake_triton(monkeypatch, True)
+    values, scales = _gpt_oss_pair(torch, rec)
+    vo, so = object(), object()
+    tv, ts = _triton.build(values, scales, vo, so, "HopperMXValueLayout(mx_axis=-2, mma_version=3)",
+                           "HopperMXScaleLayout(mx_axis=-2, num_warps=8)", 8, scale_groups=92)
+    # vLLM wraps the zero-padded [E, 92, N] view: its Tensor says 92 groups
+    assert ts.shape == [2, 92, 256] and ts.shape_max == [2, 92, 256] and ts.storage.data is so
+    assert tv.shape == [2, 2880, 256]
+    # through the drop-in: the default pads, and the Tensor follows
+    r = wprep.swizzle_mxfp4(values, scales, 8, client=StubClient(), triton=True)
+    assert r.triton_scales.shape == [2, 92, 256]
+    r = wprep.swizzle_mxfp4(values, scales, 8, client=StubClient(), triton=True, pad_scales=False)
+    assert r.triton_scales.shape == [2, 90, 256]
+
+
+@pytest.mark.parametrize("own", [2, 4, 8])
+def test_a_triton_kernels_that_pads_the_groups_itself_is_followed(fake, monkeypatch, own):
+    torch, rec = fake
+    monkeypatch.setattr(torch, "zeros", lambda shape, dtype=None: ("zeros", tuple(shape)), raising=False)
+    _fake_triton(monkeypatch, True, own_align_k=own)
+    from wprep._mxfp4 import scale_align_k
+
+    assert _triton.layout_align_k() == own  # measured on a tiny tensor, once
+    assert scale_align_k(None) == scale_align_k(True) == max(4, own)
+    assert scale_align_k(False) == own  # the unpadded form is what convert_layout alone gives
+    values, scales = _gpt_oss_pair(torch, rec)
+    stub = StubClient()
+    r = wprep.swizzle_mxfp4(values, scales, 8, client=stub, triton=True)
+    assert stub.items[1].spec.align_k == (None if max(4, own) == 2 else max(4, own))
+    # a layout that pads to 4 or more itself took the loader's unpadded tensor
+    assert r.triton_scales.shape == ([2, 92, 256] if own < 4 else [2, 90, 256])
+    stub = StubClient()
+    wprep.swizzle_mxfp4(values, scales, 8, client=stub, triton=False, pad_scales=False)
+    assert stub.items[1].spec.align_k == (None if own == 2 else own)
+
+
+def test_an_unknown_triton_kernels_layout_api_counts_as_the_upstream_padding(fake, monkeypatch):
+    _fake_triton(monkeypatch, True)  # no HopperMXScaleLayout to measure
+    assert _triton.layout_align_k() is None
+    from wprep._mxfp4 import scale_align_k
+
+    assert scale_align_k(None) == 4 and scale_align_k(False) == 2
 
 
 def test_triton_unavailable_says_why(monkeypatch):
