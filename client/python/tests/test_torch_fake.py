@@ -20,6 +20,7 @@ import pytest
 import wprep
 from wprep import Spec, WprepError
 from wprep import _requests, _torch, _triton
+from wprep._cuda import ipc
 from wprep.v1 import wprep_pb2 as pb
 
 GOLDEN = 0x9E3779B97F4A7C15
@@ -189,6 +190,9 @@ def fake(monkeypatch):
     rec = Recorder()
     torch = make_torch(rec)
     monkeypatch.setitem(sys.modules, "torch", torch)
+    # no driver to name allocations unless a test gives one: every storage is exported
+    monkeypatch.setattr(ipc, "allocation_of", lambda ptr: None)
+    monkeypatch.setattr(ipc, "EXPORTS", ipc.Exports())
     _torch.device_uuid.cache_clear()
     _triton._import.cache_clear()
     _triton.layout_align_k.cache_clear()
@@ -304,6 +308,71 @@ def test_registered_storages_are_exported_once(fake):
     assert reg.lookup(pool.untyped_storage(), 0) is None
 
 
+class FakeDriver:
+    """The driver's view of the fake allocations: a unique id each (never reused) and the start."""
+
+    def __init__(self):
+        self.allocs = []  # (FakeAllocation, id)
+        self.asked = 0
+
+    def add(self, alloc):
+        self.allocs.append((alloc, len(self.allocs) + 1))
+        return alloc
+
+    def __call__(self, ptr):
+        self.asked += 1
+        for alloc, ident in reversed(self.allocs):  # the newest allocation at an address wins
+            if alloc.base <= ptr < alloc.base + alloc.size:
+                return ident, alloc.base
+        return None
+
+
+def test_one_export_serves_every_storage_of_an_allocation(fake, monkeypatch):
+    torch, rec = fake
+    driver = FakeDriver()
+    monkeypatch.setattr(ipc, "allocation_of", driver)
+    seg = driver.add(FakeAllocation(1 << 36, 1 << 26))
+    a = tensor(torch, rec, alloc=seg, block_offset=4096, nbytes=1 << 16, shape=(256, 256), strides=(256, 1))
+    b = tensor(torch, rec, alloc=seg, block_offset=1 << 20, nbytes=1 << 16, shape=(256, 256), strides=(1, 256),
+               offset=7)
+    va = _torch.source_view(a, _torch.Registry())
+    vb = _torch.source_view(b, _torch.Registry())
+    assert rec.shared == 1, "the second storage of the allocation was exported again"
+    assert va.handle == vb.handle == seg.handle
+    assert (va.offset, vb.offset) == (4096, (1 << 20) + 7)  # what _share_cuda_ would have said
+    assert vb.strides == (1, 256) and vb.device_uuid == va.device_uuid
+    out = _torch.destination_view(tensor(torch, rec, alloc=seg, block_offset=1 << 24, nbytes=4096, shape=(4096,),
+                                         strides=(1,)), _torch.Registry())
+    assert rec.shared == 1 and out.offset == 1 << 24
+    # Freed and made again at the same address: a new allocation id, so a new export.
+    again = driver.add(FakeAllocation(1 << 36, 1 << 26))
+    again.handle = bytes(64 - i for i in range(64))
+    c = tensor(torch, rec, alloc=again, block_offset=4096, nbytes=1 << 16, shape=(256, 256), strides=(256, 1))
+    assert _torch.source_view(c, _torch.Registry()).handle == again.handle and rec.shared == 2
+    # Where torch's offset is not the driver's (another allocator), nothing is reused.
+    odd = driver.add(FakeAllocation(1 << 37, 1 << 20))
+    d = tensor(torch, rec, alloc=odd, block_offset=512, nbytes=1024, shape=(1024,), strides=(1,))
+    d.untyped_storage().data_ptr = lambda: odd.base + 600
+    _torch.source_view(d, _torch.Registry())
+    _torch.source_view(d, _torch.Registry())
+    assert rec.shared == 4
+    # the exports are bounded, oldest first
+    small = ipc.Exports()
+    small.CAPACITY = 2
+    for k in range(3):
+        small.add((0, k), b"h", b"u")
+    assert small.lookup((0, 0)) is None and small.lookup((0, 2)) == (b"h", b"u")
+
+
+def test_without_the_driver_each_storage_is_exported(fake):
+    torch, rec = fake
+    seg = FakeAllocation(1 << 36, 1 << 26)
+    for k in range(3):
+        _torch.source_view(tensor(torch, rec, alloc=seg, block_offset=k << 16, nbytes=4096, shape=(4096,),
+                                  strides=(1,)), _torch.Registry())
+    assert rec.shared == 3
+
+
 def test_the_drop_in_asks_for_the_loaders_layouts(fake):
     torch, rec = fake
     e, n, k = 2, 256, 512
@@ -332,6 +401,18 @@ class StubClient:
 
     def __init__(self):
         self.items = None
+        self.planned = []
+
+    def _plans_for(self, keys, timeout):
+        out = {}
+        for spec, shape in keys:
+            self.planned.append((spec, tuple(shape)))
+            n = 1
+            for d in shape:
+                n *= d
+            dense = tuple(int(np_prod(shape[i + 1:])) for i in range(len(shape)))
+            out[(spec, tuple(shape))] = wprep.Plan(tuple(shape), dense, n, tuple(shape), dense, n + 3, "", None)
+        return out
 
     def convert_batch(self, items, stream=None, completion="stream"):
         self.items = items
@@ -340,6 +421,13 @@ class StubClient:
             ident = wprep.LayoutIdentity(layout=_spec_identity(it.spec), conversion="", contract_version=1)
             out.append(types.SimpleNamespace(tensor=object(), identity=ident, kernel_seconds=0.0))
         return out
+
+
+def np_prod(dims):
+    n = 1
+    for d in dims:
+        n *= d
+    return n
 
 
 def _spec_identity(spec):
@@ -372,6 +460,34 @@ def test_the_drop_in_pads_the_scale_groups_by_default_and_not_on_request(fake):
     # the values and the scales' view are the same either way: only the padding differs
     assert stub.items[0].spec == Spec("hopper_value", mx_axis=-2, mma_version=3, packing_axis=-2)
     assert list(stub.items[1].logical_shape) == [2, 90, 256] and stub.items[1].source.stride() == (256 * 90, 1, 90)
+
+
+def test_a_projections_outputs_share_one_allocation_planned_once_per_shape(fake):
+    torch, rec = fake
+    w13 = _gpt_oss_pair(torch, rec, n=512)
+    w2 = _gpt_oss_pair(torch, rec, n=256)
+    stub = StubClient()
+    wprep.swizzle_mxfp4_batch([w13, w2], 8, client=stub, triton=False)
+    first = list(stub.planned)
+    assert len(first) == 4  # two shapes, each pair's values and scales
+    outs = [it.out for it in stub.items]
+    for vo, so in (outs[0:2], outs[2:4]):
+        assert vo.untyped_storage() is so.untyped_storage(), "a projection's outputs are one allocation"
+        assert vo.storage_offset() == 0 and so.storage_offset() % 512 == 0
+        vbytes = np_prod(vo.shape) + 3  # the stub's plan: output_bytes = elements + 3
+        assert so.storage_offset() == -(-vbytes // 512) * 512
+        assert so.untyped_storage().nbytes() == so.storage_offset() + np_prod(so.shape) + 3
+    assert outs[0].untyped_storage() is not outs[2].untyped_storage()
+    # the scales' plan is asked for their [E, K/32, N] view, as the stub echoes it
+    assert tuple(outs[1].shape) == (2, 90, 512) and stub.items[1].spec.align_k == 4
+    # The next layer of the same shapes asks for no plan.
+    wprep.swizzle_mxfp4_batch([_gpt_oss_pair(torch, rec, n=512), _gpt_oss_pair(torch, rec, n=256)], 8, client=stub,
+                              triton=False)
+    assert stub.planned == first
+    # A given out= is used as it is, with no plan.
+    vo, so = object(), object()
+    wprep.swizzle_mxfp4(*w13, 8, client=stub, triton=False, out=(vo, so))
+    assert stub.items[0].out is vo and stub.items[1].out is so and stub.planned == first
 
 
 def test_blackwell_pads_nothing_more(fake, monkeypatch):

@@ -32,8 +32,9 @@ from __future__ import annotations
 
 import functools
 import threading
+import weakref
 from dataclasses import dataclass
-from typing import Any, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from ._client import Client
 from ._spec import LayoutIdentity, Spec
@@ -160,6 +161,61 @@ def _check_pair(i: int, values: Any, scales: Any) -> None:
         )
 
 
+# Each projection's values and scales go into one allocation of this alignment (bytes): the
+# scales start on a boundary the daemon's wide stores keep.
+_PAIR_ALIGN = 512
+
+
+@dataclass(frozen=True)
+class _PairTemplate:
+    """What every projection of one shape needs, planned once: the two conversions' logical
+    shapes and where their outputs lie in the projection's one allocation."""
+
+    value_shape: Tuple[int, ...]
+    scale_shape: Tuple[int, ...]
+    value_out: Tuple[Tuple[int, ...], Tuple[int, ...]]  # storage shape, strides
+    scale_out: Tuple[Tuple[int, ...], Tuple[int, ...]]
+    scale_offset: int
+    nbytes: int
+
+
+_templates: "weakref.WeakKeyDictionary[Client, Dict[Any, _PairTemplate]]" = weakref.WeakKeyDictionary()
+_templates_mu = threading.Lock()
+
+
+def _pair_template(client: Client, specs: Tuple[Spec, Spec], values: Any, scales: Any) -> _PairTemplate:
+    """The template of this projection shape for `client` (a layer's shapes recur in every layer)."""
+    *lead, n, k_half = values.shape
+    key = (specs, tuple(values.shape), tuple(scales.shape))
+    with _templates_mu:
+        hit = _templates.get(client, {}).get(key)
+    if hit is not None:
+        return hit
+    value_shape = (*lead, 2 * k_half, n)
+    scale_shape = (*lead, scales.shape[-1], n)
+    plans = client._plans_for([(specs[0], value_shape), (specs[1], scale_shape)], None)
+    pv, ps = plans[(specs[0], value_shape)], plans[(specs[1], scale_shape)]
+    offset = -(-pv.output_bytes // _PAIR_ALIGN) * _PAIR_ALIGN
+    t = _PairTemplate(value_shape, scale_shape, (pv.output_shape, pv.output_strides),
+                      (ps.output_shape, ps.output_strides), offset, offset + ps.output_bytes)
+    with _templates_mu:
+        _templates.setdefault(client, {})[key] = t
+    return t
+
+
+def _pair_outputs(t: _PairTemplate, values: Any, scales: Any) -> Tuple[Any, Any]:
+    """A projection's two outputs in one new allocation on its device (one CUDA IPC export for
+    both): views as the layouts report them, of the inputs' dtypes."""
+    import torch
+
+    buf = torch.empty(t.nbytes, dtype=torch.uint8, device=values.device)
+    outs = []
+    for (shape, strides), offset, like in ((t.value_out, 0, values), (t.scale_out, t.scale_offset, scales)):
+        o = buf.as_strided(shape, strides, offset)
+        outs.append(o if like.dtype == torch.uint8 else o.view(like.dtype))
+    return outs[0], outs[1]
+
+
 def _items(values: Any, scales: Any, specs: Tuple[Spec, Spec], out: Optional[Sequence[Any]]) -> List[Item]:
     *lead, n, k_half = values.shape
     scales_view = scales.transpose(-2, -1)  # [..., K/32, N], stride 1 on dim -2 for a dense checkpoint
@@ -224,7 +280,8 @@ def swizzle_mxfp4_batch(
 
     pairs: (values, scales) per projection, all on one GPU. out: per pair, preallocated
     (values_out, scales_out) (see empty_swizzled_mxfp4, with the same pad_scales), or None to
-    allocate. triton: True to require triton_kernels Tensor objects, False to skip them, None
+    allocate: then each projection's values and scales are views of one new allocation (one
+    CUDA IPC export for both), whose memory is freed once neither is referenced. triton: True to require triton_kernels Tensor objects, False to skip them, None
     (default) for "when available". completion, pad_scales: see swizzle_mxfp4. Raises
     WprepError with the daemon's status on a bad request.
     """
@@ -239,10 +296,15 @@ def swizzle_mxfp4_batch(
     if out is not None and len(out) != len(pairs):
         raise ValueError(f"out has {len(out)} entries for {len(pairs)} pairs")
     specs = mxfp4_specs(_capability(device.index), num_warps, scale_align_k(pad_scales))
+    c = client or default_client()
     items: List[Item] = []
     for i, (v, s) in enumerate(pairs):
-        items += _items(v, s, specs, None if out is None else out[i])
-    r = (client or default_client()).convert_batch(items, stream=stream, completion=completion)
+        if out is None and hasattr(c, "_plans_for"):  # planned once per shape; one allocation
+            o: Optional[Sequence[Any]] = _pair_outputs(_pair_template(c, specs, v, s), v, s)
+        else:
+            o = out[i]
+        items += _items(v, s, specs, o)
+    r = c.convert_batch(items, stream=stream, completion=completion)
     return [_result(v, s, r, i, num_warps, triton, _padded_groups(s, specs)) for i, (v, s) in enumerate(pairs)]
 
 
