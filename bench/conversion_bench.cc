@@ -102,7 +102,7 @@ std::vector<Case> Cases() {
     ConversionSpec s;
     s.layout = l;
     s.direction = d;
-    s.hopper_scale = {mx, nw};
+    s.hopper_scale = {mx, nw, 2};
     return s;
   };
   cases.push_back({"hopper mx-2 mma3 swizzle", hopper(-2, Direction::kSwizzle)});

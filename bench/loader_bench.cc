@@ -106,7 +106,7 @@ std::vector<Tensor> LayerTensors() {
   wprep::ConversionSpec scales;
   scales.layout = wprep::Layout::kHopperScale;
   scales.direction = wprep::Direction::kSwizzle;
-  scales.hopper_scale = {-2, 8};
+  scales.hopper_scale = {-2, 8, 2};
   constexpr int64_t kE = 128, kK = 2880;
   std::vector<Tensor> t;
   for (auto [name, n] : {std::pair<const char*, int64_t>{"w13", 5760}, {"w2", 2880}}) {

@@ -396,6 +396,7 @@ std::string ParamsJson(const ConversionSpec& s) {
     case Layout::kHopperScale:
       j["mx_axis"] = s.hopper_scale.mx_axis;
       j["num_warps"] = s.hopper_scale.num_warps;
+      if (s.hopper_scale.align_k != ConversionSpec().hopper_scale.align_k) j["align_k"] = s.hopper_scale.align_k;
       break;
     case Layout::kBlackwellValue:
     case Layout::kBlackwellScale:
@@ -928,7 +929,7 @@ flags::FlagSet ConvertSafetensorsFlags() {
   fs.String("scale-layout", "L", "",
             "hopper_scale or blackwell_scale (default: hopper_scale for hopper_value, "
             "blackwell_scale for the Blackwell layouts)");
-  AddSpecFlags(&fs, {"mx-axis", "mma-version", "num-warps", "block-k", "block-n"});
+  AddSpecFlags(&fs, {"mx-axis", "mma-version", "num-warps", "align-k", "block-k", "block-n"});
   fs.String("target", "ADDR", d.target, "the wprepd: unix:///path.sock or HOST:PORT");
   fs.Switch("verify", "unswizzle every output back and compare with the input");
   fs.String("jobs", "N", absl::StrCat(d.jobs), "requests in flight, 1 to 64");

@@ -73,6 +73,9 @@ void AddSpecFlags(flags::FlagSet* set, std::initializer_list<absl::string_view> 
   add.String("mx-axis", "-1|-2", absl::StrCat(d.hopper.mx_axis), "hopper_value and hopper_scale: the MX axis");
   add.String("mma-version", "2|3", absl::StrCat(d.hopper.mma_version), "hopper_value: the MMA tiles");
   add.String("num-warps", "N", absl::StrCat(d.hopper_scale.num_warps), "hopper_scale: a power of two");
+  add.String("align-k", "N", absl::StrCat(d.hopper_scale.align_k),
+             "hopper_scale: zero-pad the scale groups along the mx axis to a multiple of N first "
+             "(vLLM's sm_90 call uses 4)");
   add.String("packing-axis", "-1|-2", absl::StrCat(d.packing_axis),
               "value layouts: how the canonical side (swizzle input, unswizzle output) packs: -1 "
               "[..., D0, D1/2], -2 checkpoint order [..., D1, D0/2]");
@@ -99,13 +102,15 @@ absl::StatusOr<ConversionSpec> ParseSpecFlags(const Flags& flags, Layout layout,
   spec.layout = layout;
   spec.direction = direction;
   int64_t mx = spec.hopper.mx_axis, mma = spec.hopper.mma_version, warps = spec.hopper_scale.num_warps;
+  int64_t align_k = spec.hopper_scale.align_k;
   int64_t packing = spec.packing_axis, to_k = -1, to_n = -1;
   struct IntFlag {
     const char* name;
     int64_t* dst;
   };
   for (IntFlag f : {IntFlag{"--mx-axis", &mx}, IntFlag{"--mma-version", &mma},
-                    IntFlag{"--num-warps", &warps}, IntFlag{"--packing-axis", &packing},
+                    IntFlag{"--num-warps", &warps}, IntFlag{"--align-k", &align_k},
+                    IntFlag{"--packing-axis", &packing},
                     IntFlag{"--block-k", &spec.blackwell.block_k},
                     IntFlag{"--block-n", &spec.blackwell.block_n}, IntFlag{"--to-block-k", &to_k},
                     IntFlag{"--to-block-n", &to_n}}) {
@@ -121,6 +126,8 @@ absl::StatusOr<ConversionSpec> ParseSpecFlags(const Flags& flags, Layout layout,
   spec.hopper_scale.mx_axis = static_cast<int32_t>(mx);  // only the layout's own parameters are read
   if (warps < 1 || warps > 1024) return Bad(absl::StrCat("--num-warps must be a power of two, got ", warps));
   spec.hopper_scale.num_warps = static_cast<int32_t>(warps);
+  if (align_k < 1 || align_k > 1024) return Bad(absl::StrCat("--align-k must be a power of two, got ", align_k));
+  spec.hopper_scale.align_k = static_cast<int32_t>(align_k);
   if (packing != -1 && packing != -2) return Bad(absl::StrCat("--packing-axis must be -1 or -2, got ", packing));
   spec.packing_axis = static_cast<int32_t>(packing);
   if (direction == Direction::kRetile) {

@@ -45,7 +45,7 @@ class Flags {
 };
 
 // Declares the conversion parameters ParseSpecFlags reads: --mx-axis, --mma-version,
-// --num-warps, --packing-axis, --block-k, --block-n, --to-block-k, --to-block-n; or those
+// --num-warps, --align-k, --packing-axis, --block-k, --block-n, --to-block-k, --to-block-n; or those
 // of them `only` names ("mx-axis"). ParseSpecFlags takes an undeclared one as not given.
 void AddSpecFlags(flags::FlagSet* set, std::initializer_list<absl::string_view> only = {});
 

@@ -38,7 +38,8 @@ flags::FlagSet WeightsFlags() {
   fs.String("rules", "RULES",  "",
             "load: PATTERN=LAYOUT[:param=value...] separated by ';', first match wins; LAYOUT is a "
             "layout name (hopper_value, hopper_scale, ...) swizzled from the tensor's bytes, or "
-            "'verbatim'. Params: mx_axis, mma_version, num_warps, packing_axis, block_k, block_n. "
+            "'verbatim'. Params: mx_axis, mma_version, num_warps, align_k, packing_axis, block_k, "
+            "block_n. "
             "Example: '*_blocks=hopper_value:packing_axis=-2;*_scales=hopper_scale'");
   fs.String("progress", "MODE", "auto", "load: auto (a bar on a terminal), bar, lines or none");
   fs.Switch("tensors", "list: every set's tensors too");

@@ -508,7 +508,8 @@ WPREP_HD bool ChunksStayInTiles(const BlackwellTiling& t) {
 
 // Hopper scale storage of one matrix of the scale tensor [M, K]: S is the tensor
 // oriented so its columns walk the mx axis (S = x for mx_axis -1, x transposed for -2),
-// padded to R = rup(rows, 32 * num_warps), C = rup(cols, 2); O is R/32 x 32C bytes.
+// padded to R = rup(rows, 32 * num_warps), C = rup(cols, align_k) (align_k 2 is the
+// layout's own; a larger one appends zero groups first); O is R/32 x 32C bytes.
 struct HopperScaleTiling {
   int64_t rows = 0, cols = 0;          // S before padding
   int64_t rows_pad = 0, cols_pad = 0;  // R, C
@@ -516,14 +517,14 @@ struct HopperScaleTiling {
   int32_t num_warps = 1;
 };
 
-WPREP_HD HopperScaleTiling MakeHopperScaleTiling(int mx_axis, int num_warps, int64_t m,
-                                                 int64_t k) {
+WPREP_HD HopperScaleTiling MakeHopperScaleTiling(int mx_axis, int num_warps, int align_k,
+                                                 int64_t m, int64_t k) {
   HopperScaleTiling t;
   t.num_warps = num_warps;
   t.rows = mx_axis == -1 ? m : k;
   t.cols = mx_axis == -1 ? k : m;
   t.rows_pad = RoundUp(t.rows, 32 * int64_t{num_warps});
-  t.cols_pad = RoundUp(t.cols, 2);
+  t.cols_pad = RoundUp(t.cols, int64_t{align_k});
   t.out_rows = t.rows_pad / 32;
   t.out_cols = 32 * t.cols_pad;
   return t;

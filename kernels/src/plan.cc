@@ -29,6 +29,7 @@ constexpr int64_t kMaxBlock = 4096;
 
 // Largest Hopper scale num_warps: a CUDA block holds at most 32 warps.
 constexpr int32_t kMaxNumWarps = 32;
+constexpr int32_t kMaxAlignK = 64;  // hopper_scale: scale groups a matmul K tile reads, and more
 
 // InputBinding's contiguous dim when the input takes any strides.
 constexpr int kAnyStrides = -1;
@@ -98,6 +99,11 @@ absl::Status CheckSpec(const ConversionSpec& spec) {
       if (nw < 1 || nw > kMaxNumWarps || (nw & (nw - 1)) != 0) {
         return Invalid(absl::StrFormat(
             "hopper_scale: num_warps must be a power of two in [1, %d], got %d", kMaxNumWarps, nw));
+      }
+      const int32_t ak = spec.hopper_scale.align_k;
+      if (ak < 2 || ak > kMaxAlignK || (ak & (ak - 1)) != 0) {
+        return Invalid(absl::StrFormat(
+            "hopper_scale: align_k must be a power of two in [2, %d], got %d", kMaxAlignK, ak));
       }
       break;
     }
@@ -338,7 +344,8 @@ int64_t ScaleRunAlign(ScaleAccess a, const int64_t* strides) {
 absl::StatusOr<InputPlan> PlanHopperScale(const ConversionSpec& spec, const Ctx& c, Plan& plan,
                                           Geometry& g) {
   const int mx = spec.hopper_scale.mx_axis;
-  const HopperScaleTiling t = MakeHopperScaleTiling(mx, spec.hopper_scale.num_warps, c.d0, c.d1);
+  const HopperScaleTiling t = MakeHopperScaleTiling(mx, spec.hopper_scale.num_warps,
+                                                    spec.hopper_scale.align_k, c.d0, c.d1);
   g.hopper_scale = t;
   int64_t matrix = 0;
   WPREP_RETURN_IF_ERROR(CheckPadded(c, t.rows_pad, t.cols_pad, "hopper_scale storage size", &matrix));

@@ -34,6 +34,7 @@ v1::ConversionSpec SpecToProto(const ConversionSpec& spec) {
   p.mutable_blackwell_to()->set_block_n(spec.blackwell_to.block_n);
   p.mutable_hopper_scale()->set_mx_axis(spec.hopper_scale.mx_axis);
   p.mutable_hopper_scale()->set_num_warps(spec.hopper_scale.num_warps);
+  p.mutable_hopper_scale()->set_align_k(spec.hopper_scale.align_k);
   p.set_packing_axis(spec.packing_axis);
   return p;
 }
@@ -72,6 +73,7 @@ absl::StatusOr<ConversionSpec> SpecFromProto(const v1::ConversionSpec& p, absl::
   if (p.blackwell_to().has_block_n()) s.blackwell_to.block_n = p.blackwell_to().block_n();
   if (p.hopper_scale().has_mx_axis()) s.hopper_scale.mx_axis = p.hopper_scale().mx_axis();
   if (p.hopper_scale().has_num_warps()) s.hopper_scale.num_warps = p.hopper_scale().num_warps();
+  if (p.hopper_scale().has_align_k()) s.hopper_scale.align_k = p.hopper_scale().align_k();
   if (p.has_packing_axis()) s.packing_axis = p.packing_axis();
   return s;
 }

@@ -113,7 +113,7 @@ std::vector<ConversionSpec> KernelVariantSpecs() {
       ConversionSpec s;
       s.layout = Layout::kHopperScale;
       s.direction = d;
-      s.hopper_scale = {mx, 8};
+      s.hopper_scale = {mx, 8, 2};
       specs.push_back(s);
     }
     ConversionSpec b;
@@ -124,7 +124,7 @@ std::vector<ConversionSpec> KernelVariantSpecs() {
   ConversionSpec columns;
   columns.layout = Layout::kHopperScale;
   columns.direction = Direction::kUnswizzle;
-  columns.hopper_scale = {-2, 16};
+  columns.hopper_scale = {-2, 16, 2};
   specs.push_back(columns);
   return specs;
 }
@@ -147,6 +147,9 @@ std::string Describe(const ConversionSpec& spec) {
     case Layout::kHopperScale:
       absl::StrAppendFormat(&out, " mx_axis=%d num_warps=%d", spec.hopper_scale.mx_axis,
                             spec.hopper_scale.num_warps);
+      if (spec.hopper_scale.align_k != 2) {
+        absl::StrAppendFormat(&out, " align_k=%d", spec.hopper_scale.align_k);
+      }
       break;
     case Layout::kBlackwellValue:
     case Layout::kBlackwellScale:
@@ -161,6 +164,15 @@ namespace {
 std::string ShuffledIdentity(const BlackwellParams& p) {
   return absl::StrFormat("BlackwellMX4ValueShuffledLayout(block_k=%d, block_n=%d)", p.block_k,
                          p.block_n);
+}
+
+// The plain side of a scale layout: the scale tensor, with the zero groups a Hopper
+// align_k above the layout's own 2 appends along the mx axis.
+std::string ScaleSide(const ConversionSpec& spec) {
+  if (spec.layout == Layout::kHopperScale && spec.hopper_scale.align_k != 2) {
+    return absl::StrFormat("scales(align_k=%d)", spec.hopper_scale.align_k);
+  }
+  return "scales";
 }
 
 }  // namespace
@@ -194,7 +206,7 @@ std::string ConversionIdentity(const ConversionSpec& spec) {
   const std::string plain =
       IsValueLayout(spec.layout)
           ? absl::StrFormat("canonical(packing_axis=%d)", spec.packing_axis)
-          : std::string("scales");
+          : ScaleSide(spec);
   return spec.direction == Direction::kSwizzle ? absl::StrCat(plain, " -> ", storage)
                                                : absl::StrCat(storage, " -> ", plain);
 }

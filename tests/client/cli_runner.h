@@ -92,6 +92,7 @@ inline std::string ConvertFlagsFor(const testing::GoldenCase& c) {
     case Layout::kHopperScale:
       f += " --mx-axis=" + std::to_string(sp.hopper_scale.mx_axis) + " --num-warps " +
            std::to_string(sp.hopper_scale.num_warps);
+      if (sp.hopper_scale.align_k != 2) f += " --align-k " + std::to_string(sp.hopper_scale.align_k);
       break;
     case Layout::kBlackwellValue:
     case Layout::kBlackwellScale:

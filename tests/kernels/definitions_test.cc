@@ -65,19 +65,23 @@ TEST(Definitions, InterleaveWordIsTheContractAndDeinterleaveWordInvertsIt) {
 TEST(Definitions, ScaleSourcesCoverThePaddedTensorOnce) {
   for (int nw : {1, 2, 4, 8, 16, 32}) {
     for (int mx : {-1, -2}) {
-      const HopperScaleTiling t = MakeHopperScaleTiling(mx, nw, 70, 9);
-      std::vector<int> hits(t.rows_pad * t.cols_pad, 0);
-      for (int64_t orow = 0; orow < t.out_rows; ++orow) {
-        for (int64_t ocol = 0; ocol < t.out_cols; ++ocol) {
-          int64_t r, col;
-          HopperScaleSource(t, orow, ocol, &r, &col);
-          ASSERT_LT(r, t.rows_pad);
-          ASSERT_LT(col, t.cols_pad);
-          ++hits[r * t.cols_pad + col];
+      for (int align_k : {2, 4, 64}) {
+        const HopperScaleTiling t = MakeHopperScaleTiling(mx, nw, align_k, 70, 9);
+        // 9 groups along the mx axis (mx_axis -1) or 70 (-2), padded to align_k's multiple.
+        ASSERT_EQ(t.cols_pad, (t.cols + align_k - 1) / align_k * align_k);
+        std::vector<int> hits(t.rows_pad * t.cols_pad, 0);
+        for (int64_t orow = 0; orow < t.out_rows; ++orow) {
+          for (int64_t ocol = 0; ocol < t.out_cols; ++ocol) {
+            int64_t r, col;
+            HopperScaleSource(t, orow, ocol, &r, &col);
+            ASSERT_LT(r, t.rows_pad);
+            ASSERT_LT(col, t.cols_pad);
+            ++hits[r * t.cols_pad + col];
+          }
         }
+        EXPECT_EQ(std::count(hits.begin(), hits.end(), 1), static_cast<long>(hits.size()))
+            << "num_warps " << nw << " align_k " << align_k;
       }
-      EXPECT_EQ(std::count(hits.begin(), hits.end(), 1), static_cast<long>(hits.size()))
-          << "num_warps " << nw;
     }
   }
   const BlackwellScaleTiling t = MakeBlackwellScaleTiling(13, 200);
@@ -147,10 +151,12 @@ TEST(EngineVsDefinitions, LoaderTransposedScaleViews) {
   std::vector<ConversionSpec> specs;
   for (int mx : {-1, -2}) {
     for (int nw : {4, 8}) {
-      ConversionSpec s;
-      s.layout = Layout::kHopperScale;
-      s.hopper_scale = {mx, nw};
-      specs.push_back(s);
+      for (int align_k : {2, 4}) {  // 4: vLLM's sm_90 call pads the 90 groups to 92
+        ConversionSpec s;
+        s.layout = Layout::kHopperScale;
+        s.hopper_scale = {mx, nw, align_k};
+        specs.push_back(s);
+      }
     }
   }
   ConversionSpec bw;
@@ -178,14 +184,16 @@ TEST(EngineVsDefinitions, DenseExpertScaleShapes) {
     for (Direction dir : {Direction::kSwizzle, Direction::kUnswizzle}) {
       for (int mx : {-1, -2}) {
         for (int nw : {4, 8}) {
-          ConversionSpec spec;
-          spec.layout = Layout::kHopperScale;
-          spec.direction = dir;
-          spec.hopper_scale = {mx, nw};
-          SCOPED_TRACE(Describe(spec) + " " + ShapeName(shape));
-          const Plan plan = MustPlan(spec, shape);
-          const auto x = testing::RandomBytes(plan.input_bytes, 17);
-          EXPECT_EQ(Cpu(plan, x, 2), testing::ReferenceConvert(plan, x));
+          for (int align_k : {2, 4}) {
+            ConversionSpec spec;
+            spec.layout = Layout::kHopperScale;
+            spec.direction = dir;
+            spec.hopper_scale = {mx, nw, align_k};
+            SCOPED_TRACE(Describe(spec) + " " + ShapeName(shape));
+            const Plan plan = MustPlan(spec, shape);
+            const auto x = testing::RandomBytes(plan.input_bytes, 17);
+            EXPECT_EQ(Cpu(plan, x, 2), testing::ReferenceConvert(plan, x));
+          }
         }
       }
     }

@@ -151,11 +151,11 @@ TEST(Names, RoundTripAndRejectUnknown) {
 }
 
 ConversionSpec Scale(Layout layout, int mx_axis = -2, int num_warps = 8,
-                     Direction d = Direction::kSwizzle) {
+                     Direction d = Direction::kSwizzle, int align_k = 2) {
   ConversionSpec s;
   s.layout = layout;
   s.direction = d;
-  s.hopper_scale = {mx_axis, num_warps};
+  s.hopper_scale = {mx_axis, num_warps, align_k};
   return s;
 }
 
@@ -179,6 +179,11 @@ std::vector<BadCase> NewBadCases() {
       {"num_warps 0", Scale(Layout::kHopperScale, -2, 0), {64, 8}, {}, "got 0"},
       {"num_warps 64", Scale(Layout::kHopperScale, -2, 64), {64, 8}, {}, "got 64"},
       {"scale mx_axis 1", Scale(Layout::kHopperScale, 1, 8), {64, 8}, {}, "hopper_scale: mx_axis must be -1 or -2, got 1"},
+      {"align_k 3", Scale(Layout::kHopperScale, -2, 8, Direction::kSwizzle, 3), {64, 8}, {}, "hopper_scale: align_k must be a power of two in [2, 64], got 3"},
+      {"align_k 1", Scale(Layout::kHopperScale, -2, 8, Direction::kSwizzle, 1), {64, 8}, {}, "align_k must be a power of two in [2, 64], got 1"},
+      {"align_k 0", Scale(Layout::kHopperScale, -1, 8, Direction::kUnswizzle, 0), {64, 8}, {}, "got 0"},
+      {"align_k 128", Scale(Layout::kHopperScale, -2, 8, Direction::kSwizzle, 128), {64, 8}, {}, "got 128"},
+      {"align_k -4", Scale(Layout::kHopperScale, -2, 8, Direction::kSwizzle, -4), {64, 8}, {}, "got -4"},
       {"scale retile", Scale(Layout::kBlackwellScale, -2, 8, Direction::kRetile), {64, 8}, {}, "retile is defined only for blackwell_shuffled_value"},
       {"blackwell_value retile", BlackwellValue(Direction::kRetile), {64, 8}, {}, "retile is defined only"},
       {"packing_axis 0", Packed(Hopper(-1, 3), 0), {256, 256}, {}, "packing_axis must be -1 or -2, got 0"},
@@ -222,6 +227,33 @@ TEST(PlanShapes, ScalesAtTheBenchShape) {
   auto b = MakePlan(Scale(Layout::kBlackwellScale), {16, 4096, 128});
   ASSERT_TRUE(b.ok()) << b.status();
   EXPECT_EQ(b->output_shape, (std::vector<int64_t>{1, 16, 1024, 2, 256}));
+}
+
+// gpt-oss's w13 scales as loaders pass them: the [E, K/32, N] = [E, 90, 5760] transposed
+// view. vLLM on sm_90 pads the 90 groups to 92 (align_k 4) before the layout.
+TEST(PlanShapes, AlignKPadsTheScaleGroupsOfGptOss) {
+  const std::vector<int64_t> view = {128, 90, 5760};
+  const InputBinding checkpoint{{90 * 5760, 1, 90}, uint64_t{128} * 90 * 5760};
+  auto plain = MakePlan(Scale(Layout::kHopperScale, -2, 8), view, checkpoint);
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_EQ(plain->output_shape, (std::vector<int64_t>{128, 2880, 184}));
+  auto padded = MakePlan(Scale(Layout::kHopperScale, -2, 8, Direction::kSwizzle, 4), view, checkpoint);
+  ASSERT_TRUE(padded.ok()) << padded.status();
+  EXPECT_EQ(padded->output_shape, (std::vector<int64_t>{128, 2944, 184}));
+  EXPECT_EQ(padded->output_strides, (std::vector<int64_t>{2944 * 184, 1, 2944}));
+  EXPECT_EQ(padded->output_bytes, uint64_t{128} * 2944 * 184);
+  // Its unswizzle reads that storage back to the 90 groups.
+  auto back = MakePlan(Scale(Layout::kHopperScale, -2, 8, Direction::kUnswizzle, 4), view);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->input_shape, padded->output_shape);
+  EXPECT_EQ(back->output_shape, view);
+  // DeepSeek-V3's 224 and 64 groups are multiples of 4 already: nothing changes.
+  for (const std::vector<int64_t>& ds : {std::vector<int64_t>{256, 224, 4096}, std::vector<int64_t>{256, 64, 7168}}) {
+    auto a2 = MakePlan(Scale(Layout::kHopperScale, -2, 8), ds);
+    auto a4 = MakePlan(Scale(Layout::kHopperScale, -2, 8, Direction::kSwizzle, 4), ds);
+    ASSERT_TRUE(a2.ok() && a4.ok());
+    EXPECT_EQ(a2->output_shape, a4->output_shape);
+  }
 }
 
 TEST(PlanShapes, BlackwellValueReportsKPaddedTransposedStorage) {
@@ -283,6 +315,8 @@ TEST(Names, NewLayoutsRoundTripAndDescribe) {
   EXPECT_EQ(LayoutName(Layout::kBlackwellScale), "blackwell_scale");
   EXPECT_EQ(LayoutName(Layout::kBlackwellValue), "blackwell_value");
   EXPECT_EQ(Describe(Scale(Layout::kHopperScale, -1, 4)), "hopper_scale swizzle mx_axis=-1 num_warps=4");
+  EXPECT_EQ(Describe(Scale(Layout::kHopperScale, -2, 8, Direction::kSwizzle, 4)),
+            "hopper_scale swizzle mx_axis=-2 num_warps=8 align_k=4");
   EXPECT_EQ(Describe(Packed(Hopper(-2, 3), -2)), "hopper_value swizzle mx_axis=-2 mma=3 packing_axis=-2");
   EXPECT_EQ(Describe(BlackwellValue(Direction::kUnswizzle)), "blackwell_value unswizzle");
 }
@@ -303,6 +337,13 @@ TEST(Identity, NamesTheUpstreamLayoutObject) {
             "canonical(packing_axis=-2) -> HopperMXValueLayout(mx_axis=-2, mma_version=3)");
   EXPECT_EQ(ConversionIdentity(Scale(Layout::kBlackwellScale, -2, 8, Direction::kUnswizzle)),
             "BlackwellMXScaleLayout() -> scales");
+  // Zero groups appended along the mx axis are the plain side's, not the layout object's.
+  const ConversionSpec padded = Scale(Layout::kHopperScale, -2, 8, Direction::kSwizzle, 4);
+  EXPECT_EQ(LayoutIdentity(padded), "HopperMXScaleLayout(mx_axis=-2, num_warps=8)");
+  EXPECT_EQ(ConversionIdentity(padded), "scales(align_k=4) -> HopperMXScaleLayout(mx_axis=-2, num_warps=8)");
+  EXPECT_EQ(ConversionIdentity(Scale(Layout::kHopperScale, -1, 4, Direction::kUnswizzle, 8)),
+            "HopperMXScaleLayout(mx_axis=-1, num_warps=4) -> scales(align_k=8)");
+  EXPECT_EQ(ConversionIdentity(Scale(Layout::kHopperScale)), "scales -> HopperMXScaleLayout(mx_axis=-2, num_warps=8)");
   EXPECT_EQ(ConversionIdentity(Blackwell(128, 256, Direction::kRetile)),
             "BlackwellMX4ValueShuffledLayout(block_k=128, block_n=256) -> "
             "BlackwellMX4ValueShuffledLayout(block_k=256, block_n=128)");
@@ -313,6 +354,7 @@ TEST(Defaults, MatchWhatLoadersPass) {
   EXPECT_EQ(s.packing_axis, -1);
   EXPECT_EQ(s.hopper_scale.mx_axis, -2);
   EXPECT_EQ(s.hopper_scale.num_warps, 8);
+  EXPECT_EQ(s.hopper_scale.align_k, 2);  // the layout's own padding; loaders ask for more
 }
 
 TEST(KernelVariants, EveryVariantPlansAtTheWarmUpShape) {

@@ -94,6 +94,7 @@ std::vector<GoldenCase> Load(GoldenSet set) {
       case Layout::kHopperScale:
         g.spec.hopper_scale.mx_axis = p.at("mx_axis");
         g.spec.hopper_scale.num_warps = p.at("num_warps");
+        if (p.contains("align_k")) g.spec.hopper_scale.align_k = p.at("align_k");
         break;
       case Layout::kBlackwellValue:
       case Layout::kBlackwellScale:
@@ -374,7 +375,15 @@ std::vector<ConversionSpec> SweepSpecs() {
         ConversionSpec s;
         s.layout = Layout::kHopperScale;
         s.direction = d;
-        s.hopper_scale = {mx, nw};
+        s.hopper_scale = {mx, nw, 2};
+        specs.push_back(s);
+      }
+      // Zero groups appended along the mx axis: vLLM's sm_90 call (4), and a wide one.
+      for (auto [nw, align_k] : {std::pair{8, 4}, std::pair{2, 8}}) {
+        ConversionSpec s;
+        s.layout = Layout::kHopperScale;
+        s.direction = d;
+        s.hopper_scale = {mx, nw, align_k};
         specs.push_back(s);
       }
     }

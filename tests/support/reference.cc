@@ -169,7 +169,7 @@ void BlackwellValue(const Views& v, const std::vector<uint8_t>& in, std::vector<
 void HopperScale(const Views& v, const std::vector<uint8_t>& in, std::vector<uint8_t>& out) {
   const Plan& p = v.plan;
   const HopperScaleParams& hs = p.spec.hopper_scale;
-  const HopperScaleTiling t = MakeHopperScaleTiling(hs.mx_axis, hs.num_warps, v.d0, v.d1);
+  const HopperScaleTiling t = MakeHopperScaleTiling(hs.mx_axis, hs.num_warps, hs.align_k, v.d0, v.d1);
   const int64_t matrix = t.out_rows * t.out_cols;
   const bool swizzle = p.spec.direction == Direction::kSwizzle;
   const std::vector<int64_t>& st = p.input_strides;

@@ -33,7 +33,7 @@ c.register([x for p in layer for x in p] + [x for p in outs for x in p])
 for _ in range(20):
     wprep.swizzle_mxfp4_batch(layer, 8, client=c, out=outs)
 torch.cuda.synchronize()
-specs = _mxfp4.mxfp4_specs((9, 0), 8)
+specs = _mxfp4.mxfp4_specs((9, 0), 8, _mxfp4.scale_align_k(None))  # the default: padded scale groups
 items = []
 for (v, s), o in zip(layer, outs):
     items += _mxfp4._items(v, s, specs, o)
@@ -41,6 +41,8 @@ rows = {}
 rows["swizzle_mxfp4_batch, stream (full call)"] = t(lambda: wprep.swizzle_mxfp4_batch(layer, 8, client=c, out=outs))
 torch.cuda.synchronize()
 rows["swizzle_mxfp4_batch, host (full call)"] = t(lambda: wprep.swizzle_mxfp4_batch(layer, 8, client=c, out=outs, completion="host"), 200)
+rows["swizzle_mxfp4_batch, stream, fresh outputs (full call)"] = t(lambda: wprep.swizzle_mxfp4_batch(layer, 8, client=c), 200)
+torch.cuda.synchronize()
 rows["_check_pair x2"] = t(lambda: [_mxfp4._check_pair(i, v, s) for i, (v, s) in enumerate(layer)])
 rows["_capability"] = t(lambda: _mxfp4._capability(0))
 rows["_items x2"] = t(lambda: [_mxfp4._items(v, s, specs, o) for (v, s), o in zip(layer, outs)])
@@ -58,6 +60,10 @@ call = _requests.batch_call(items, None, {}, c._registry, None, "host", pool)
 rows["_Side x1 (src+dst)"] = t(lambda: _requests._Side(items[0].spec, items[0].logical_shape, items[0].source, items[0].out, None, {}, c._registry, "x"))
 v0 = layer[0][0]
 rows["source_view (registered)"] = t(lambda: _torch.source_view(v0, c._registry))
+fresh = [torch.randint(0, 256, (4096,), dtype=torch.uint8, device="cuda") for _ in range(2)]
+wprep._torch.source_view(fresh[0], wprep._torch.Registry())  # the allocation, exported once
+rows["source_view (unregistered, allocation exported)"] = t(lambda: _torch.source_view(fresh[1], wprep._torch.Registry()))
+rows["share_storage (torch's _share_cuda_)"] = t(lambda: wprep._torch.share_storage(fresh[1].untyped_storage(), 0))
 rows["destination_view (registered)"] = t(lambda: _torch.destination_view(outs[0][0], c._registry))
 rows["event take+record+give"] = t(lambda: (lambda e: (e[0].record(torch.cuda.current_stream(0)), pool.give(0, e)))(pool.take(0)))
 rows["torch.cuda.current_stream(0)"] = t(lambda: torch.cuda.current_stream(0))

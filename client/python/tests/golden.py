@@ -56,7 +56,7 @@ def _spec(c: dict) -> Spec:
     if layout == "hopper_value":
         kw.update(mx_axis=p["mx_axis"], mma_version=p["mma_version"])
     elif layout == "hopper_scale":
-        kw.update(mx_axis=p["mx_axis"], num_warps=p["num_warps"])
+        kw.update(mx_axis=p["mx_axis"], num_warps=p["num_warps"], align_k=p.get("align_k"))
     elif layout == "blackwell_shuffled_value":
         if direction == "retile":
             kw.update(block_k=p["from"]["block_k"], block_n=p["from"]["block_n"],

@@ -341,8 +341,16 @@ def _expected_identities(torch):
     _skip(f"the drop-in serves sm_90 and sm_100+, this GPU is sm_{major}x")
 
 
-def _triton_kernels_reference(values, scales, num_warps):
-    """What the loaders' _swizzle_mxfp4 gets from triton_kernels' convert_layout, or None."""
+def _triton_kernels_reference(values, scales, num_warps, pad_groups_to=None):
+    """What the loaders' _swizzle_mxfp4 gets from triton_kernels' convert_layout, or None.
+
+    pad_groups_to: vLLM's sm_90 step first, the checkpoint's scale groups zero-padded to a
+    multiple of it (torch.nn.functional.pad on the last dim) before the transpose.
+    """
+    if pad_groups_to:
+        import torch
+
+        scales = torch.nn.functional.pad(scales, (0, -scales.shape[-1] % pad_groups_to))
     try:
         from triton_kernels.tensor import FP4, convert_layout, wrap_torch_tensor
         from triton_kernels.tensor_details import layout
@@ -385,14 +393,24 @@ def test_gpu_drop_in_matches_the_contract_for_gpt_oss_20b_layers():
     torch = _torch()
     value_id, scale_id = _expected_identities(torch)
     gpu, ref = _client("gpu"), _client("cpu")
-    specs = wprep.mxfp4_specs(torch.cuda.get_device_capability(), 8)
-    for i, (name, (e, n, k)) in enumerate(GPT_OSS_20B.items()):
+    from wprep._mxfp4 import scale_align_k
+    from wprep._triton import layout_align_k
+
+    hopper = torch.cuda.get_device_capability()[0] == 9
+    # The newest loader's form (the default: groups padded to 4 on sm_90), then the older one.
+    for i, ((name, (e, n, k)), pad) in enumerate([(c, p) for p in (None, False) for c in GPT_OSS_20B.items()]):
+        align = scale_align_k(pad)
+        specs = wprep.mxfp4_specs(torch.cuda.get_device_capability(), 8, align)
         values = _random(torch, (e, n, k // 2), 100 + i)
         scales = _random(torch, (e, n, k // 32), 200 + i)
         v_before, s_before = values.clone(), scales.clone()
-        r = wprep.swizzle_mxfp4(values, scales, 8, client=gpu)
+        r = wprep.swizzle_mxfp4(values, scales, 8, client=gpu, pad_scales=pad)
         assert torch.equal(values, v_before) and torch.equal(scales, s_before), "inputs changed"
         assert r.value_identity.layout == value_id and r.scale_identity.layout == scale_id
+        if hopper:
+            groups = -(-(k // 32) // align) * align  # gpt-oss's 90 groups: 92 padded
+            assert r.scales.shape[-2] == 32 * groups, (name, pad, tuple(r.scales.shape))
+            assert r.scale_identity.conversion.startswith("scales(align_k=4)" if pad is None else "scales ->")
         for out, spec, shape, src in (
             (r.values, specs[0], [e, k, n], values),
             (r.scales, specs[1], [e, k // 32, n], scales.transpose(-2, -1)),
@@ -401,7 +419,8 @@ def test_gpu_drop_in_matches_the_contract_for_gpt_oss_20b_layers():
             assert tuple(out.shape) == p.output_shape and tuple(out.stride()) == p.output_strides, name
             assert out.device == values.device
             assert _memory(out, p.output_bytes) == _reference_per_matrix(ref, spec, shape, src), f"{name} {spec}"
-        tk = _triton_kernels_reference(values, scales, 8)
+        loader_pads = hopper and pad is None and (layout_align_k() or 2) < align
+        tk = _triton_kernels_reference(values, scales, 8, align if loader_pads else None)
         if tk is None:
             assert r.triton_values is None and "not importable" in (r.triton_error or "")
             continue

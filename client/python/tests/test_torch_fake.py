@@ -20,6 +20,7 @@ import pytest
 import wprep
 from wprep import Spec, WprepError
 from wprep import _requests, _torch, _triton
+from wprep._cuda import ipc
 from wprep.v1 import wprep_pb2 as pb
 
 GOLDEN = 0x9E3779B97F4A7C15
@@ -189,11 +190,16 @@ def fake(monkeypatch):
     rec = Recorder()
     torch = make_torch(rec)
     monkeypatch.setitem(sys.modules, "torch", torch)
+    # no driver to name allocations unless a test gives one: every storage is exported
+    monkeypatch.setattr(ipc, "allocation_of", lambda ptr: None)
+    monkeypatch.setattr(ipc, "EXPORTS", ipc.Exports())
     _torch.device_uuid.cache_clear()
     _triton._import.cache_clear()
+    _triton.layout_align_k.cache_clear()
     yield torch, rec
     _torch.device_uuid.cache_clear()
     _triton._import.cache_clear()
+    _triton.layout_align_k.cache_clear()
 
 
 def tensor(torch, rec, *, block_offset, nbytes, shape, strides, offset=0, alloc=None, kind=b"c", version=2):
@@ -302,6 +308,71 @@ def test_registered_storages_are_exported_once(fake):
     assert reg.lookup(pool.untyped_storage(), 0) is None
 
 
+class FakeDriver:
+    """The driver's view of the fake allocations: a unique id each (never reused) and the start."""
+
+    def __init__(self):
+        self.allocs = []  # (FakeAllocation, id)
+        self.asked = 0
+
+    def add(self, alloc):
+        self.allocs.append((alloc, len(self.allocs) + 1))
+        return alloc
+
+    def __call__(self, ptr):
+        self.asked += 1
+        for alloc, ident in reversed(self.allocs):  # the newest allocation at an address wins
+            if alloc.base <= ptr < alloc.base + alloc.size:
+                return ident, alloc.base
+        return None
+
+
+def test_one_export_serves_every_storage_of_an_allocation(fake, monkeypatch):
+    torch, rec = fake
+    driver = FakeDriver()
+    monkeypatch.setattr(ipc, "allocation_of", driver)
+    seg = driver.add(FakeAllocation(1 << 36, 1 << 26))
+    a = tensor(torch, rec, alloc=seg, block_offset=4096, nbytes=1 << 16, shape=(256, 256), strides=(256, 1))
+    b = tensor(torch, rec, alloc=seg, block_offset=1 << 20, nbytes=1 << 16, shape=(256, 256), strides=(1, 256),
+               offset=7)
+    va = _torch.source_view(a, _torch.Registry())
+    vb = _torch.source_view(b, _torch.Registry())
+    assert rec.shared == 1, "the second storage of the allocation was exported again"
+    assert va.handle == vb.handle == seg.handle
+    assert (va.offset, vb.offset) == (4096, (1 << 20) + 7)  # what _share_cuda_ would have said
+    assert vb.strides == (1, 256) and vb.device_uuid == va.device_uuid
+    out = _torch.destination_view(tensor(torch, rec, alloc=seg, block_offset=1 << 24, nbytes=4096, shape=(4096,),
+                                         strides=(1,)), _torch.Registry())
+    assert rec.shared == 1 and out.offset == 1 << 24
+    # Freed and made again at the same address: a new allocation id, so a new export.
+    again = driver.add(FakeAllocation(1 << 36, 1 << 26))
+    again.handle = bytes(64 - i for i in range(64))
+    c = tensor(torch, rec, alloc=again, block_offset=4096, nbytes=1 << 16, shape=(256, 256), strides=(256, 1))
+    assert _torch.source_view(c, _torch.Registry()).handle == again.handle and rec.shared == 2
+    # Where torch's offset is not the driver's (another allocator), nothing is reused.
+    odd = driver.add(FakeAllocation(1 << 37, 1 << 20))
+    d = tensor(torch, rec, alloc=odd, block_offset=512, nbytes=1024, shape=(1024,), strides=(1,))
+    d.untyped_storage().data_ptr = lambda: odd.base + 600
+    _torch.source_view(d, _torch.Registry())
+    _torch.source_view(d, _torch.Registry())
+    assert rec.shared == 4
+    # the exports are bounded, oldest first
+    small = ipc.Exports()
+    small.CAPACITY = 2
+    for k in range(3):
+        small.add((0, k), b"h", b"u")
+    assert small.lookup((0, 0)) is None and small.lookup((0, 2)) == (b"h", b"u")
+
+
+def test_without_the_driver_each_storage_is_exported(fake):
+    torch, rec = fake
+    seg = FakeAllocation(1 << 36, 1 << 26)
+    for k in range(3):
+        _torch.source_view(tensor(torch, rec, alloc=seg, block_offset=k << 16, nbytes=4096, shape=(4096,),
+                                  strides=(1,)), _torch.Registry())
+    assert rec.shared == 3
+
+
 def test_the_drop_in_asks_for_the_loaders_layouts(fake):
     torch, rec = fake
     e, n, k = 2, 256, 512
@@ -325,7 +396,117 @@ def test_the_drop_in_asks_for_the_loaders_layouts(fake):
         _check_pair(-1, values, bad)
 
 
-def _fake_triton(monkeypatch, new_api):
+class StubClient:
+    """Takes the drop-in's ConvertBatch items and answers with placeholder outputs."""
+
+    def __init__(self):
+        self.items = None
+        self.planned = []
+
+    def _plans_for(self, keys, timeout):
+        out = {}
+        for spec, shape in keys:
+            self.planned.append((spec, tuple(shape)))
+            n = 1
+            for d in shape:
+                n *= d
+            dense = tuple(int(np_prod(shape[i + 1:])) for i in range(len(shape)))
+            out[(spec, tuple(shape))] = wprep.Plan(tuple(shape), dense, n, tuple(shape), dense, n + 3, "", None)
+        return out
+
+    def convert_batch(self, items, stream=None, completion="stream"):
+        self.items = items
+        out = []
+        for it in items:
+            ident = wprep.LayoutIdentity(layout=_spec_identity(it.spec), conversion="", contract_version=1)
+            out.append(types.SimpleNamespace(tensor=object(), identity=ident, kernel_seconds=0.0))
+        return out
+
+
+def np_prod(dims):
+    n = 1
+    for d in dims:
+        n *= d
+    return n
+
+
+def _spec_identity(spec):
+    if spec.layout.value == "hopper_value":
+        return "HopperMXValueLayout(mx_axis=-2, mma_version=3)"
+    return f"HopperMXScaleLayout(mx_axis=-2, num_warps={spec.num_warps})"
+
+
+def _gpt_oss_pair(torch, rec, e=2, n=256, k=2880):
+    alloc = FakeAllocation(1 << 38, 1 << 26)
+    values = torch.Tensor(FakeStorage(rec, alloc, 0, e * n * k // 2), (e, n, k // 2), (n * k // 2, k // 2, 1), 0)
+    scales = torch.Tensor(FakeStorage(rec, alloc, 1 << 24, e * n * k // 32), (e, n, k // 32),
+                          (n * k // 32, k // 32, 1), 0)
+    return values, scales
+
+
+def test_the_drop_in_pads_the_scale_groups_by_default_and_not_on_request(fake):
+    torch, rec = fake
+    values, scales = _gpt_oss_pair(torch, rec)  # K = 2880: 90 groups
+    stub = StubClient()
+    r = wprep.swizzle_mxfp4(values, scales, 8, client=stub, triton=False)
+    assert stub.items[1].spec == Spec("hopper_scale", mx_axis=-2, num_warps=8, align_k=4)
+    assert stub.items[1].spec.to_proto().hopper_scale.align_k == 4
+    assert r.triton_error == "not asked for (triton=False)"
+    wprep.swizzle_mxfp4(values, scales, 8, client=stub, triton=False, pad_scales=True)
+    assert stub.items[1].spec.align_k == 4
+    wprep.swizzle_mxfp4(values, scales, 8, client=stub, triton=False, pad_scales=False)
+    assert stub.items[1].spec == Spec("hopper_scale", mx_axis=-2, num_warps=8)
+    assert not stub.items[1].spec.to_proto().hopper_scale.HasField("align_k")
+    # the values and the scales' view are the same either way: only the padding differs
+    assert stub.items[0].spec == Spec("hopper_value", mx_axis=-2, mma_version=3, packing_axis=-2)
+    assert list(stub.items[1].logical_shape) == [2, 90, 256] and stub.items[1].source.stride() == (256 * 90, 1, 90)
+
+
+def test_a_projections_outputs_share_one_allocation_planned_once_per_shape(fake):
+    torch, rec = fake
+    w13 = _gpt_oss_pair(torch, rec, n=512)
+    w2 = _gpt_oss_pair(torch, rec, n=256)
+    stub = StubClient()
+    wprep.swizzle_mxfp4_batch([w13, w2], 8, client=stub, triton=False)
+    first = list(stub.planned)
+    assert len(first) == 4  # two shapes, each pair's values and scales
+    outs = [it.out for it in stub.items]
+    for vo, so in (outs[0:2], outs[2:4]):
+        assert vo.untyped_storage() is so.untyped_storage(), "a projection's outputs are one allocation"
+        assert vo.storage_offset() == 0 and so.storage_offset() % 512 == 0
+        vbytes = np_prod(vo.shape) + 3  # the stub's plan: output_bytes = elements + 3
+        assert so.storage_offset() == -(-vbytes // 512) * 512
+        assert so.untyped_storage().nbytes() == so.storage_offset() + np_prod(so.shape) + 3
+    assert outs[0].untyped_storage() is not outs[2].untyped_storage()
+    # the scales' plan is asked for their [E, K/32, N] view, as the stub echoes it
+    assert tuple(outs[1].shape) == (2, 90, 512) and stub.items[1].spec.align_k == 4
+    # The next layer of the same shapes asks for no plan.
+    wprep.swizzle_mxfp4_batch([_gpt_oss_pair(torch, rec, n=512), _gpt_oss_pair(torch, rec, n=256)], 8, client=stub,
+                              triton=False)
+    assert stub.planned == first
+    # A given out= is used as it is, with no plan.
+    vo, so = object(), object()
+    wprep.swizzle_mxfp4(*w13, 8, client=stub, triton=False, out=(vo, so))
+    assert stub.items[0].out is vo and stub.items[1].out is so and stub.planned == first
+
+
+def test_blackwell_pads_nothing_more(fake, monkeypatch):
+    torch, rec = fake
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda d=None: (10, 0))
+    from wprep import _mxfp4
+
+    _mxfp4._capability.cache_clear()
+    try:
+        values, scales = _gpt_oss_pair(torch, rec)
+        stub = StubClient()
+        for pad in (None, True, False):
+            wprep.swizzle_mxfp4(values, scales, client=stub, triton=False, pad_scales=pad)
+            assert stub.items[1].spec == Spec("blackwell_scale")
+    finally:
+        _mxfp4._capability.cache_clear()
+
+
+def _fake_triton(monkeypatch, new_api, own_align_k=None):
     @dataclasses.dataclass
     class Storage:
         data: object
@@ -387,6 +568,24 @@ def _fake_triton(monkeypatch, new_api):
     layout_mod = types.ModuleType("triton_kernels.tensor_details.layout")
     layout_mod.make_default_matmul_mxfp4_w_layout = mv
     layout_mod.make_default_matmul_mxfp4_w_scale_layout = ms
+    if own_align_k is not None:  # swizzle_data's storage: [..., rows/32, 32 * padded groups]
+        class Transform:
+            def __init__(self, shape):
+                self.shape = shape
+
+            def swizzle_data(self, data):
+                groups = -(-self.shape[-1] // own_align_k) * own_align_k
+                return types.SimpleNamespace(shape=(*self.shape[:-2], -(-self.shape[-2] // 32), 32 * groups))
+
+        @dataclasses.dataclass(frozen=True)
+        class MeasuredHopperMXScaleLayout:
+            mx_axis: int
+            num_warps: int
+
+            def make_transformation(self, shape):
+                return Transform(shape)
+
+        layout_mod.HopperMXScaleLayout = MeasuredHopperMXScaleLayout
     details.layout = layout_mod
     for name, m in (("triton_kernels", tk), ("triton_kernels.tensor", tensor_mod),
                     ("triton_kernels.tensor_details", details), ("triton_kernels.tensor_details.layout", layout_mod)):
@@ -416,6 +615,52 @@ def test_triton_tensors_are_built_as_convert_layout_builds_them(fake, monkeypatc
         assert list(ts.storage.layout.shape) == [e, k // 32, n] and ts.storage.layout.num_warps == 4
     with pytest.raises(_triton.TritonUnavailable, match="default layout for this GPU"):
         _triton.build(values, scales, vo, so, "BlackwellMXValueLayout()", "BlackwellMXScaleLayout()", 4)
+
+
+def test_padded_scales_make_the_tensor_the_loader_padded(fake, monkeypatch):
+    torch, rec = fake
+    Tensor, _ = _fake_triton(monkeypatch, True)
+    values, scales = _gpt_oss_pair(torch, rec)
+    vo, so = object(), object()
+    tv, ts = _triton.build(values, scales, vo, so, "HopperMXValueLayout(mx_axis=-2, mma_version=3)",
+                           "HopperMXScaleLayout(mx_axis=-2, num_warps=8)", 8, scale_groups=92)
+    # vLLM wraps the zero-padded [E, 92, N] view: its Tensor says 92 groups
+    assert ts.shape == [2, 92, 256] and ts.shape_max == [2, 92, 256] and ts.storage.data is so
+    assert tv.shape == [2, 2880, 256]
+    # through the drop-in: the default pads, and the Tensor follows
+    r = wprep.swizzle_mxfp4(values, scales, 8, client=StubClient(), triton=True)
+    assert r.triton_scales.shape == [2, 92, 256]
+    r = wprep.swizzle_mxfp4(values, scales, 8, client=StubClient(), triton=True, pad_scales=False)
+    assert r.triton_scales.shape == [2, 90, 256]
+
+
+@pytest.mark.parametrize("own", [2, 4, 8])
+def test_a_triton_kernels_that_pads_the_groups_itself_is_followed(fake, monkeypatch, own):
+    torch, rec = fake
+    monkeypatch.setattr(torch, "zeros", lambda shape, dtype=None: ("zeros", tuple(shape)), raising=False)
+    _fake_triton(monkeypatch, True, own_align_k=own)
+    from wprep._mxfp4 import scale_align_k
+
+    assert _triton.layout_align_k() == own  # measured on a tiny tensor, once
+    assert scale_align_k(None) == scale_align_k(True) == max(4, own)
+    assert scale_align_k(False) == own  # the unpadded form is what convert_layout alone gives
+    values, scales = _gpt_oss_pair(torch, rec)
+    stub = StubClient()
+    r = wprep.swizzle_mxfp4(values, scales, 8, client=stub, triton=True)
+    assert stub.items[1].spec.align_k == (None if max(4, own) == 2 else max(4, own))
+    # a layout that pads to 4 or more itself took the loader's unpadded tensor
+    assert r.triton_scales.shape == ([2, 92, 256] if own < 4 else [2, 90, 256])
+    stub = StubClient()
+    wprep.swizzle_mxfp4(values, scales, 8, client=stub, triton=False, pad_scales=False)
+    assert stub.items[1].spec.align_k == (None if own == 2 else own)
+
+
+def test_an_unknown_triton_kernels_layout_api_counts_as_the_upstream_padding(fake, monkeypatch):
+    _fake_triton(monkeypatch, True)  # no HopperMXScaleLayout to measure
+    assert _triton.layout_align_k() is None
+    from wprep._mxfp4 import scale_align_k
+
+    assert scale_align_k(None) == 4 and scale_align_k(False) == 2
 
 
 def test_triton_unavailable_says_why(monkeypatch):

@@ -9,17 +9,32 @@ The loaders' call, for an MoE projection whose weight is the logical FP4 tensor 
         convert_layout(wrap_torch_tensor(...), scale_layout) with mx_axis -2.
 Here both go to wprepd as one ConvertBatch, read in place through CUDA IPC:
     sm_90:   HopperMXValueLayout(mx_axis=-2, mma_version=3) from packing -2, and
-             HopperMXScaleLayout(mx_axis=-2, num_warps) of the [E, K/32, N] view;
+             HopperMXScaleLayout(mx_axis=-2, num_warps) of the [E, K/32, N] view, its K/32
+             groups zero-padded to a multiple of 4 first (see pad_scales);
     sm_100+: BlackwellMXValueLayout() from packing -2, and BlackwellMXScaleLayout().
 The outputs are torch tensors with the storage shape and strides convert_layout gives.
+
+pad_scales: vLLM's _swizzle_mxfp4 on sm_90 zero-pads the scale groups to a multiple of 4
+before convert_layout (vllm#47910, mirroring triton#10800): its matmul reads 4 groups per
+128-wide K tile, and the layout's own padding (to 2) leaves the last tile of a K with 90
+groups (gpt-oss) reading past the storage. So gpt-oss's w13 scales are [E, 2944, 184], not
+[E, 2880, 184]. The drop-in gives that padded form by default (pad_scales=None or True)
+and the older unpadded one with pad_scales=False; either way the daemon writes the zero
+groups in the same pass (the hopper_scale conversion's align_k), with no copy of the scales
+on the client. The scale identity's conversion says which: "scales(align_k=4) -> ...".
+When triton_kernels is importable, the alignment its own HopperMXScaleLayout pads to is
+measured once on a tiny CPU tensor (_triton.layout_align_k) and never undercut: a version
+that pads the groups itself gets that storage in both forms. Blackwell's scale layout pads
+K to 8 groups already; pad_scales changes nothing there.
 """
 
 from __future__ import annotations
 
 import functools
 import threading
+import weakref
 from dataclasses import dataclass
-from typing import Any, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from ._client import Client
 from ._spec import LayoutIdentity, Spec
@@ -54,13 +69,17 @@ def _import_torch() -> Any:
 
 
 @functools.lru_cache(maxsize=64)
-def mxfp4_specs(capability: Tuple[int, int], num_warps: int = 8) -> Tuple[Spec, Spec]:
-    """The (values, scales) conversions the loaders' default layouts mean on this compute capability."""
+def mxfp4_specs(capability: Tuple[int, int], num_warps: int = 8, align_k: int = 2) -> Tuple[Spec, Spec]:
+    """The (values, scales) conversions the loaders' default layouts mean on this compute capability.
+
+    align_k: Hopper only, the multiple the scale groups are zero-padded to (2: the layout's
+    own; 4: vLLM's sm_90 call since #47910).
+    """
     major, minor = capability
     if major == 9:
         return (
             Spec("hopper_value", mx_axis=-2, mma_version=3, packing_axis=-2),
-            Spec("hopper_scale", mx_axis=-2, num_warps=num_warps),
+            Spec("hopper_scale", mx_axis=-2, num_warps=num_warps, align_k=None if align_k == 2 else align_k),
         )
     if major >= 10:
         return Spec("blackwell_value", packing_axis=-2), Spec("blackwell_scale")
@@ -68,6 +87,21 @@ def mxfp4_specs(capability: Tuple[int, int], num_warps: int = 8) -> Tuple[Spec, 
         f"swizzle_mxfp4 serves sm_90 (Hopper layouts) and sm_100 or newer (Blackwell layouts); "
         f"this GPU is sm_{major}{minor}"
     )
+
+
+# The scale groups vLLM's sm_90 call pads to (vllm#47910): what its matmul's 128-wide K tile reads.
+LOADER_ALIGN_K = 4
+
+
+def scale_align_k(pad_scales: Optional[bool]) -> int:
+    """The hopper_scale align_k of the drop-in's call: the padded form (the default, None or
+    True) or the unpadded one (False), never below what this triton_kernels' layout pads to."""
+    from ._triton import layout_align_k
+
+    own = layout_align_k() or 2
+    if pad_scales is None or pad_scales:
+        return max(LOADER_ALIGN_K, own)
+    return own
 
 
 @dataclass
@@ -127,6 +161,61 @@ def _check_pair(i: int, values: Any, scales: Any) -> None:
         )
 
 
+# Each projection's values and scales go into one allocation of this alignment (bytes): the
+# scales start on a boundary the daemon's wide stores keep.
+_PAIR_ALIGN = 512
+
+
+@dataclass(frozen=True)
+class _PairTemplate:
+    """What every projection of one shape needs, planned once: the two conversions' logical
+    shapes and where their outputs lie in the projection's one allocation."""
+
+    value_shape: Tuple[int, ...]
+    scale_shape: Tuple[int, ...]
+    value_out: Tuple[Tuple[int, ...], Tuple[int, ...]]  # storage shape, strides
+    scale_out: Tuple[Tuple[int, ...], Tuple[int, ...]]
+    scale_offset: int
+    nbytes: int
+
+
+_templates: "weakref.WeakKeyDictionary[Client, Dict[Any, _PairTemplate]]" = weakref.WeakKeyDictionary()
+_templates_mu = threading.Lock()
+
+
+def _pair_template(client: Client, specs: Tuple[Spec, Spec], values: Any, scales: Any) -> _PairTemplate:
+    """The template of this projection shape for `client` (a layer's shapes recur in every layer)."""
+    *lead, n, k_half = values.shape
+    key = (specs, tuple(values.shape), tuple(scales.shape))
+    with _templates_mu:
+        hit = _templates.get(client, {}).get(key)
+    if hit is not None:
+        return hit
+    value_shape = (*lead, 2 * k_half, n)
+    scale_shape = (*lead, scales.shape[-1], n)
+    plans = client._plans_for([(specs[0], value_shape), (specs[1], scale_shape)], None)
+    pv, ps = plans[(specs[0], value_shape)], plans[(specs[1], scale_shape)]
+    offset = -(-pv.output_bytes // _PAIR_ALIGN) * _PAIR_ALIGN
+    t = _PairTemplate(value_shape, scale_shape, (pv.output_shape, pv.output_strides),
+                      (ps.output_shape, ps.output_strides), offset, offset + ps.output_bytes)
+    with _templates_mu:
+        _templates.setdefault(client, {})[key] = t
+    return t
+
+
+def _pair_outputs(t: _PairTemplate, values: Any, scales: Any) -> Tuple[Any, Any]:
+    """A projection's two outputs in one new allocation on its device (one CUDA IPC export for
+    both): views as the layouts report them, of the inputs' dtypes."""
+    import torch
+
+    buf = torch.empty(t.nbytes, dtype=torch.uint8, device=values.device)
+    outs = []
+    for (shape, strides), offset, like in ((t.value_out, 0, values), (t.scale_out, t.scale_offset, scales)):
+        o = buf.as_strided(shape, strides, offset)
+        outs.append(o if like.dtype == torch.uint8 else o.view(like.dtype))
+    return outs[0], outs[1]
+
+
 def _items(values: Any, scales: Any, specs: Tuple[Spec, Spec], out: Optional[Sequence[Any]]) -> List[Item]:
     *lead, n, k_half = values.shape
     scales_view = scales.transpose(-2, -1)  # [..., K/32, N], stride 1 on dim -2 for a dense checkpoint
@@ -137,7 +226,22 @@ def _items(values: Any, scales: Any, specs: Tuple[Spec, Spec], out: Optional[Seq
     ]
 
 
-def _result(values: Any, scales: Any, r: BatchResult, i: int, num_warps: int, triton: Optional[bool]) -> SwizzledMXFP4:
+def _padded_groups(scales: Any, specs: Tuple[Spec, Spec]) -> Optional[int]:
+    """The K/32 groups of the scale tensor the loader hands convert_layout after padding it
+    itself (the Tensor object's shape), or None when it pads nothing."""
+    groups = scales.shape[-1]
+    align = specs[1].align_k
+    if align is None or specs[1].layout.value != "hopper_scale":  # type: ignore[union-attr]
+        return None
+    from ._triton import layout_align_k
+
+    if (layout_align_k() or 2) >= align:
+        return None  # the layout pads this far itself: the loader's tensor is unpadded
+    return -(-groups // LOADER_ALIGN_K) * LOADER_ALIGN_K
+
+
+def _result(values: Any, scales: Any, r: BatchResult, i: int, num_warps: int, triton: Optional[bool],
+            scale_groups: Optional[int] = None) -> SwizzledMXFP4:
     v, s = r[2 * i], r[2 * i + 1]
     out = SwizzledMXFP4(v.tensor, s.tensor, v.identity, s.identity, v.kernel_seconds + s.kernel_seconds)
     if triton is False:
@@ -151,7 +255,8 @@ def _result(values: Any, scales: Any, r: BatchResult, i: int, num_warps: int, tr
         return out
     try:
         out.triton_values, out.triton_scales = build(
-            values, scales, v.tensor, s.tensor, v.identity.layout, s.identity.layout, num_warps
+            values, scales, v.tensor, s.tensor, v.identity.layout, s.identity.layout, num_warps,
+            scale_groups=scale_groups,
         )
     except TritonUnavailable as e:
         if triton:
@@ -169,14 +274,16 @@ def swizzle_mxfp4_batch(
     stream: Any = None,
     triton: Optional[bool] = None,
     completion: str = "stream",
+    pad_scales: Optional[bool] = None,
 ) -> List[SwizzledMXFP4]:
     """swizzle_mxfp4 for several projections (a layer's w13 and w2, a whole model) in one ConvertBatch.
 
     pairs: (values, scales) per projection, all on one GPU. out: per pair, preallocated
-    (values_out, scales_out) (see empty_swizzled_mxfp4), or None to allocate. triton: True to
-    require triton_kernels Tensor objects, False to skip them, None (default) for "when
-    available". completion: see swizzle_mxfp4. Raises WprepError with the daemon's status on a
-    bad request.
+    (values_out, scales_out) (see empty_swizzled_mxfp4, with the same pad_scales), or None to
+    allocate: then each projection's values and scales are views of one new allocation (one
+    CUDA IPC export for both), whose memory is freed once neither is referenced. triton: True to require triton_kernels Tensor objects, False to skip them, None
+    (default) for "when available". completion, pad_scales: see swizzle_mxfp4. Raises
+    WprepError with the daemon's status on a bad request.
     """
     _import_torch()  # without torch, its clear error first
     if not pairs:
@@ -188,12 +295,17 @@ def swizzle_mxfp4_batch(
         raise ValueError("swizzle_mxfp4_batch: every pair must be on one GPU")
     if out is not None and len(out) != len(pairs):
         raise ValueError(f"out has {len(out)} entries for {len(pairs)} pairs")
-    specs = mxfp4_specs(_capability(device.index), num_warps)
+    specs = mxfp4_specs(_capability(device.index), num_warps, scale_align_k(pad_scales))
+    c = client or default_client()
     items: List[Item] = []
     for i, (v, s) in enumerate(pairs):
-        items += _items(v, s, specs, None if out is None else out[i])
-    r = (client or default_client()).convert_batch(items, stream=stream, completion=completion)
-    return [_result(v, s, r, i, num_warps, triton) for i, (v, s) in enumerate(pairs)]
+        if out is None and hasattr(c, "_plans_for"):  # planned once per shape; one allocation
+            o: Optional[Sequence[Any]] = _pair_outputs(_pair_template(c, specs, v, s), v, s)
+        else:
+            o = out[i]
+        items += _items(v, s, specs, o)
+    r = c.convert_batch(items, stream=stream, completion=completion)
+    return [_result(v, s, r, i, num_warps, triton, _padded_groups(s, specs)) for i, (v, s) in enumerate(pairs)]
 
 
 def swizzle_mxfp4(
@@ -206,6 +318,7 @@ def swizzle_mxfp4(
     stream: Any = None,
     triton: Optional[bool] = None,
     completion: str = "stream",
+    pad_scales: Optional[bool] = None,
 ) -> SwizzledMXFP4:
     """The loaders' _swizzle_mxfp4(values, scales, num_warps), done by wprepd in one round trip.
 
@@ -224,10 +337,16 @@ def swizzle_mxfp4(
     and its outputs are undefined (Client.convert_batch says more). "host" synchronizes
     `stream` before the call and returns once the work is done, with the engine's time in
     kernel_seconds.
+
+    pad_scales: on sm_90, None (default) or True gives the scales as the newest vLLM's call
+    does, their K/32 groups zero-padded to a multiple of 4 before the Hopper layout (gpt-oss's
+    w13: [E, 2944, 184]); False gives the layout of the unpadded groups ([E, 2880, 184]), as
+    older loaders have it. scale_identity.conversion names the form ("scales(align_k=4) ->
+    ..."). No effect on Blackwell. The module docstring says more.
     """
     return swizzle_mxfp4_batch([(values, scales)], num_warps, client=client,
                                out=None if out is None else [out], stream=stream, triton=triton,
-                               completion=completion)[0]
+                               completion=completion, pad_scales=pad_scales)[0]
 
 
 def wait_async(client: Optional[Client] = None, timeout: Optional[float] = None) -> None:
@@ -237,10 +356,11 @@ def wait_async(client: Optional[Client] = None, timeout: Optional[float] = None)
 
 
 def empty_swizzled_mxfp4(values: Any, scales: Any, num_warps: int = 8, *,
-                         client: Optional[Client] = None) -> Tuple[Any, Any]:
+                         client: Optional[Client] = None, pad_scales: Optional[bool] = None) -> Tuple[Any, Any]:
     """Uninitialized (values_out, scales_out) for swizzle_mxfp4(..., out=...), sized by the daemon's Plan.
 
-    For pools a loader allocates (and registers with Client.register) ahead of the calls.
+    For pools a loader allocates (and registers with Client.register) ahead of the calls;
+    pad_scales as the calls will pass it.
     """
     from . import _torch
 
@@ -248,7 +368,8 @@ def empty_swizzled_mxfp4(values: Any, scales: Any, num_warps: int = 8, *,
     _check_pair(-1, values, scales)
     c = client or default_client()
     outs = []
-    for it in _items(values, scales, mxfp4_specs(_capability(values.device.index), num_warps), None):
+    specs = mxfp4_specs(_capability(values.device.index), num_warps, scale_align_k(pad_scales))
+    for it in _items(values, scales, specs, None):
         p = c.plan(it.spec, it.logical_shape)
         outs.append(_torch.empty_output(it.source, p.output_shape, p.output_strides, p.output_bytes))
     return outs[0], outs[1]

@@ -60,6 +60,14 @@ def spec_proto(spec: Spec) -> pb.ConversionSpec:
     return spec.to_proto()
 
 
+@functools.lru_cache(maxsize=4096)
+def item_template(spec: Spec, shape: Shape) -> pb.ConvertItem:
+    """A ConvertItem with spec and logical_shape set, made once per (spec, shape): a loader's
+    projection shapes recur in every layer, so an item is one CopyFrom plus its buffers.
+    Shared: copy it, never change it."""
+    return pb.ConvertItem(spec=spec_proto(spec), logical_shape=shape)
+
+
 def uuid_bytes(device_uuid: Union[None, bytes, str]) -> bytes:
     """16 UUID bytes from bytes or "GPU-xxxxxxxx-..." (as nvidia-smi and Device.uuid_string print it)."""
     if device_uuid is None:
@@ -256,8 +264,7 @@ def batch_call(
         sides.append(side)
         devices += side.devices
         ci = r.items.add().convert
-        ci.spec.CopyFrom(spec_proto(it.spec))
-        ci.logical_shape.extend(side.shape)
+        ci.CopyFrom(item_template(it.spec, side.shape))
         if side.source_ipc is not None:
             side.source_ipc.fill(ci.source.ipc)
         else:

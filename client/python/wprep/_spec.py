@@ -46,6 +46,7 @@ _PARAM_LAYOUTS = {
     "mx_axis": (Layout.HOPPER_VALUE, Layout.HOPPER_SCALE),
     "mma_version": (Layout.HOPPER_VALUE,),
     "num_warps": (Layout.HOPPER_SCALE,),
+    "align_k": (Layout.HOPPER_SCALE,),
     "block_k": (Layout.BLACKWELL_SHUFFLED_VALUE,),
     "block_n": (Layout.BLACKWELL_SHUFFLED_VALUE,),
     "to_block_k": (Layout.BLACKWELL_SHUFFLED_VALUE,),
@@ -71,6 +72,8 @@ class Spec:
     mx_axis: hopper_value and hopper_scale, -1 or -2 (default -2).
     mma_version: hopper_value, 2 or 3 (default 3).
     num_warps: hopper_scale, a power of two (default 8).
+    align_k: hopper_scale, a power of two in [2, 64] (default 2): the scale groups along the
+      mx axis are zero-padded to a multiple of it before the layout (4: vLLM's sm_90 call).
     block_k, block_n: blackwell_shuffled_value tiling in FP4 values (defaults 128, 256); for
       a retile, the input's tiling.
     to_block_k, to_block_n: a retile's output tiling.
@@ -88,6 +91,7 @@ class Spec:
     to_block_k: Optional[int] = None
     to_block_n: Optional[int] = None
     packing_axis: Optional[int] = None
+    align_k: Optional[int] = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "layout", _enum(Layout, self.layout, "layout"))
@@ -121,6 +125,8 @@ class Spec:
                 s.hopper_scale.mx_axis = self.mx_axis
             if self.num_warps is not None:
                 s.hopper_scale.num_warps = self.num_warps
+            if self.align_k is not None:
+                s.hopper_scale.align_k = self.align_k
         if self.block_k is not None:
             s.blackwell.block_k = self.block_k
         if self.block_n is not None:

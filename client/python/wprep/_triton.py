@@ -16,6 +16,11 @@ API exist upstream, and both are handled:
 The layout object must be the one wprep's bytes equal; when the helpers pick another one for
 this GPU (an older triton_kernels choosing StridedLayout, say), no objects are built and the
 reason says so.
+
+Scales whose groups the loader zero-pads before convert_layout (vLLM on sm_90: to a multiple
+of 4) make a Tensor whose shape has the padded group count; build() takes it as
+scale_groups. layout_align_k() measures what this triton_kernels' own HopperMXScaleLayout
+pads the groups to, so the drop-in never gives less than convert_layout would.
 """
 
 from __future__ import annotations
@@ -81,6 +86,40 @@ def unavailable() -> Optional[str]:
     return tk if isinstance(tk, str) else None
 
 
+@functools.lru_cache(maxsize=None)
+def layout_align_k() -> Optional[int]:
+    """The multiple this triton_kernels' HopperMXScaleLayout pads the scale groups to by itself
+    (2 upstream so far), or None when it cannot be told (no triton_kernels, an unknown API).
+
+    Measured, not looked up by version: the layout swizzles a zero [1, 32, 2] scale tensor on
+    the CPU (two groups along the mx axis, one warp), and its storage is 32 bytes a group.
+    Both API shapes are tried: a layout instance with make_transformation(shape), and the
+    older LayoutClass(shape, mx_axis, num_warps) with swizzle_data on the instance.
+    """
+    tk = _import()
+    if isinstance(tk, str):
+        return None
+    try:
+        import torch
+
+        cls = getattr(tk[4], "HopperMXScaleLayout")
+        shape = [1, 32, 2]
+        try:
+            layout = cls(mx_axis=2, num_warps=1)
+            make = layout.make_transformation
+            try:
+                transform = make(shape)
+            except TypeError:  # versions that also take is_fp4
+                transform = make(shape, False)
+        except TypeError:
+            transform = cls(shape, mx_axis=2, num_warps=1)
+        out = transform.swizzle_data(torch.zeros(shape, dtype=torch.uint8))
+        groups = int(out.shape[-1]) // 32
+    except Exception:  # noqa: BLE001  (any other API: cannot be told)
+        return None
+    return groups if groups >= 2 and groups & (groups - 1) == 0 else None
+
+
 def build(
     values_in: Any,
     scales_in: Any,
@@ -89,11 +128,14 @@ def build(
     value_identity: str,
     scale_identity: str,
     num_warps: int,
+    scale_groups: Optional[int] = None,
 ) -> Tuple[Any, Any]:
     """(values Tensor, scales Tensor) as convert_layout would return them for the loaders' call.
 
     values_in / scales_in: the checkpoint tensors [..., N, K/2] and [..., N, K/32] (as the
-    loader passes them to _swizzle_mxfp4); *_out: wprep's outputs. Raises TritonUnavailable.
+    loader passes them to _swizzle_mxfp4); *_out: wprep's outputs. scale_groups: the group
+    count of the scale tensor the loader padded before convert_layout (None: not padded).
+    Raises TritonUnavailable.
     """
     tk = _import()
     if isinstance(tk, str):
@@ -117,11 +159,15 @@ def build(
                 f"triton_kernels' default layout for this GPU is {have!r}, wprep's bytes are {want}"
             )
 
-    def wrap(src: Any, data: Any, layout: Any) -> Any:
+    def wrap(src: Any, data: Any, layout: Any, groups: Optional[int] = None) -> Any:
         attrs = {f.name: getattr(src, f.name) for f in dataclasses.fields(src) if f.name != "storage"}
+        if groups is not None:  # the loader's padded [..., groups, N], dim -2 the mx axis
+            for name in ("shape", "shape_max"):
+                if isinstance(attrs.get(name), list) and len(attrs[name]) == rank:
+                    attrs[name] = [*attrs[name][:-2], groups, attrs[name][-1]]
         return Tensor(Storage(data, layout), **attrs)
 
-    return wrap(v_src, values_out, v_layout), wrap(s_src, scales_out, s_layout)
+    return wrap(v_src, values_out, v_layout), wrap(s_src, scales_out, s_layout, scale_groups)
 
 
 def in_flex_data() -> Optional[Any]:

@@ -21,6 +21,13 @@ How a tensor becomes a buffer the daemon can open:
   stream synchronization (Client.convert's `stream`), or, with completion="stream", an
   event of EventPool recorded on that stream, which the daemon waits for on the GPU.
 - GPUs are named by UUID (torch.cuda.get_device_properties(i).uuid), never by ordinal.
+- One export per allocation (Exports): _share_cuda_ costs an event, an IPC handle and a
+  ref-counter entry each time, and a loader's tensors share a few allocations (the caching
+  allocator's segments). The CUDA driver names every allocation with a process-wide unique
+  id that is never reused (CU_POINTER_ATTRIBUTE_BUFFER_ID) and gives its start address; an
+  allocation exported once serves every later storage inside it, at its pointer minus that
+  start, with no torch call. A freed and remade allocation has a new id, so nothing stale is
+  ever sent. Without the driver (no libcuda, a fake pointer) every storage is exported.
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ import functools
 import os
 import sys
 import threading
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Dict, Optional, Sequence, Tuple
 
@@ -133,6 +141,89 @@ def share_storage(storage: Any, device_index: int) -> SharedStorage:
     return SharedStorage(handle=mem, offset=int(offset), device_uuid=device_uuid(device_index), device_index=device_index)
 
 
+_CU_POINTER_ATTRIBUTE_BUFFER_ID = 7
+_CU_POINTER_ATTRIBUTE_RANGE_START_ADDR = 11
+_driver: Dict[str, Any] = {}
+_driver_mu = threading.Lock()
+
+
+def _pointer_attributes_fn() -> Any:
+    """cuPointerGetAttributes of the driver torch loaded, or None (asked once)."""
+    with _driver_mu:
+        if "fn" not in _driver:
+            fn = None
+            try:
+                import ctypes
+
+                fn = ctypes.CDLL("libcuda.so.1").cuPointerGetAttributes
+                fn.argtypes = [ctypes.c_uint, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint64]
+                fn.restype = ctypes.c_int
+            except (OSError, AttributeError):
+                fn = None
+            _driver["fn"] = fn
+        return _driver["fn"]
+
+
+def allocation_of(ptr: int) -> Optional[Tuple[int, int]]:
+    """(the driver's unique id of the allocation holding device pointer `ptr`, its start
+    address), or None when the driver cannot tell (no driver, not a CUDA allocation)."""
+    fn = _pointer_attributes_fn()
+    if fn is None or ptr == 0:
+        return None
+    import ctypes
+
+    attrs = (ctypes.c_int * 2)(_CU_POINTER_ATTRIBUTE_BUFFER_ID, _CU_POINTER_ATTRIBUTE_RANGE_START_ADDR)
+    buffer_id, start = ctypes.c_uint64(0), ctypes.c_uint64(0)
+    data = (ctypes.c_void_p * 2)(ctypes.addressof(buffer_id), ctypes.addressof(start))
+    if fn(2, attrs, data, ptr) != 0 or start.value == 0 or buffer_id.value == 0:
+        return None
+    return buffer_id.value, start.value
+
+
+class Exports:
+    """Allocations exported once (by the driver's allocation id), for storages in them: thread-safe,
+    bounded (the least recently used go first)."""
+
+    CAPACITY = 4096
+
+    def __init__(self) -> None:
+        self._mu = threading.Lock()
+        self._entries: "OrderedDict[Tuple[int, int], Tuple[bytes, bytes]]" = OrderedDict()
+
+    def lookup(self, key: Tuple[int, int]) -> Optional[Tuple[bytes, bytes]]:
+        with self._mu:
+            e = self._entries.get(key)
+            if e is not None:
+                self._entries.move_to_end(key)
+            return e
+
+    def add(self, key: Tuple[int, int], handle: bytes, uuid: bytes) -> None:
+        with self._mu:
+            self._entries[key] = (handle, uuid)
+            while len(self._entries) > self.CAPACITY:
+                self._entries.popitem(last=False)
+
+
+EXPORTS = Exports()
+
+
+def export_storage(storage: Any, device_index: int) -> SharedStorage:
+    """share_storage(storage), or the export of the allocation it is in when that was made already."""
+    ptr = int(storage.data_ptr())
+    alloc = allocation_of(ptr)
+    if alloc is not None:
+        key = (device_index, alloc[0])
+        e = EXPORTS.lookup(key)
+        if e is not None:
+            return SharedStorage(handle=e[0], offset=ptr - alloc[1], device_uuid=e[1], device_index=device_index)
+    shared = share_storage(storage, device_index)
+    # torch exports the allocation's start (cudaIpcGetMemHandle) with the storage's offset in
+    # it; only where that is the driver's view too is the export reused.
+    if alloc is not None and shared.offset == ptr - alloc[1]:
+        EXPORTS.add((device_index, alloc[0]), shared.handle, shared.device_uuid)
+    return shared
+
+
 class Registry:
     """Storages registered with the daemon (Client.register): exported once, kept alive.
 
@@ -164,7 +255,7 @@ class Registry:
             e = self._entries.get(key)
         if e is not None and e[2] == nbytes:
             return e[1]
-        shared = share_storage(storage, device_index)
+        shared = export_storage(storage, device_index)
         with self._mu:
             self._entries[key] = (storage, shared, nbytes)
         return shared
@@ -208,7 +299,7 @@ def is_dense(shape: Sequence[int], strides: Sequence[int]) -> bool:
 def shared_view(t: Any, registry: Registry) -> SharedStorage:
     storage = t.untyped_storage()
     index = t.device.index
-    return registry.lookup(storage, index) or share_storage(storage, index)
+    return registry.lookup(storage, index) or export_storage(storage, index)
 
 
 @dataclass(frozen=True)

@@ -302,12 +302,14 @@ class FenceWord(_message.Message):
     def __init__(self, buffer: _Optional[_Union[CudaIpcBuffer, _Mapping]] = ..., host_word: _Optional[_Union[SharedHostWord, _Mapping]] = ..., value: _Optional[int] = ...) -> None: ...
 
 class HopperScaleParams(_message.Message):
-    __slots__ = ["mx_axis", "num_warps"]
+    __slots__ = ["align_k", "mx_axis", "num_warps"]
+    ALIGN_K_FIELD_NUMBER: _ClassVar[int]
     MX_AXIS_FIELD_NUMBER: _ClassVar[int]
     NUM_WARPS_FIELD_NUMBER: _ClassVar[int]
+    align_k: int
     mx_axis: int
     num_warps: int
-    def __init__(self, mx_axis: _Optional[int] = ..., num_warps: _Optional[int] = ...) -> None: ...
+    def __init__(self, mx_axis: _Optional[int] = ..., num_warps: _Optional[int] = ..., align_k: _Optional[int] = ...) -> None: ...
 
 class HopperValueParams(_message.Message):
     __slots__ = ["mma_version", "mx_axis"]

@@ -48,9 +48,14 @@ struct BlackwellParams {
 // tensor [..., M, K] that walks the matmul's reduction axis; num_warps a power of two in
 // [1, 32]. The defaults are what model loaders use for matmul weights (triton_kernels'
 // make_default_matmul_mxfp4_w_scale_layout with the weight [E, K, N]: mx axis -2, 8 warps).
+// align_k, a power of two in [2, 64]: the scale groups along the mx axis are zero-padded
+// to a multiple of it before the layout. 2 is the layout's own padding; 4 is what vLLM
+// passes on sm_90, where the matmul reads 4 groups per 128-wide K tile (gpt-oss's 90
+// groups become 92).
 struct HopperScaleParams {
   int32_t mx_axis = -2;
   int32_t num_warps = 8;
+  int32_t align_k = 2;
 };
 
 // One conversion. `blackwell` is the input tiling for unswizzle/retile and the output
@@ -106,6 +111,8 @@ std::string Describe(const ConversionSpec& spec);
 //   "BlackwellMXValueLayout()"
 //   "HopperMXScaleLayout(mx_axis=-2, num_warps=8)"
 //   "BlackwellMXScaleLayout()"
+// A Hopper scale align_k above 2 is not part of the layout object: its bytes are the
+// layout's of the scale tensor with zero groups appended, which ConversionIdentity names.
 // Parameters are printed as given; the spec is not validated (MakePlan does that).
 std::string LayoutIdentity(const ConversionSpec& spec);
 
@@ -113,7 +120,8 @@ std::string LayoutIdentity(const ConversionSpec& spec);
 // canonical side, e.g. "canonical(packing_axis=-2) -> HopperMXValueLayout(mx_axis=-2,
 // mma_version=3)" for a swizzle, "BlackwellMXScaleLayout() -> scales" for an unswizzle,
 // "BlackwellMX4ValueShuffledLayout(...) -> BlackwellMX4ValueShuffledLayout(...)" for a
-// retile.
+// retile. The plain scale side reads "scales", or "scales(align_k=4)" when the groups are
+// padded beyond the layout's own 2.
 std::string ConversionIdentity(const ConversionSpec& spec);
 
 }  // namespace wprep
