@@ -50,6 +50,11 @@ void ForEachItemBuffer(v1::ConvertBatchRequest* req, Fn fn) {
              absl::StrCat(at, ".moe.outputs[", k, "].destination.ipc"));
         }
       }
+    } else if (item->has_quantize()) {
+      v1::QuantizeItem* q = item->mutable_quantize();
+      if (q->source().has_ipc()) fn(q->mutable_source()->mutable_ipc(), at + ".quantize.source.ipc");
+      if (q->values().has_ipc()) fn(q->mutable_values()->mutable_ipc(), at + ".quantize.values.ipc");
+      if (q->scales().has_ipc()) fn(q->mutable_scales()->mutable_ipc(), at + ".quantize.scales.ipc");
     }
   }
 }
@@ -73,6 +78,9 @@ bool HasVmm(const v1::ConvertBatchRequest& req) {
       for (const v1::MoeOutput& out : item.moe().outputs()) {
         if (out.destination().ipc().has_vmm()) return true;
       }
+    } else if (item.has_quantize()) {
+      const v1::QuantizeItem& q = item.quantize();
+      if (q.source().ipc().has_vmm() || q.values().ipc().has_vmm() || q.scales().ipc().has_vmm()) return true;
     }
   }
   return false;
