@@ -12,7 +12,8 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 import grpc
 
 from . import _health, _requests, _torch
-from ._errors import WprepError, from_rpc_error
+from ._cuda import ipc as _ipc
+from ._errors import WprepError, from_rpc_error, make_error
 from ._requests import Call, PlanKey
 from ._stream import BatchStream, Entry, StreamBroken
 from ._spec import Spec
@@ -52,7 +53,7 @@ _CODES = {c.value[0]: c for c in grpc.StatusCode}
 
 def _answer_error(answer: Any) -> WprepError:
     """The WprepError of a ConvertBatches answer whose code is not OK."""
-    return WprepError(_CODES.get(answer.code, grpc.StatusCode.UNKNOWN), answer.message, "ConvertBatches")
+    return make_error(_CODES.get(answer.code, grpc.StatusCode.UNKNOWN), answer.message, "ConvertBatches")
 
 
 class _PlanCache:
@@ -137,6 +138,7 @@ class Client:
         # batch's wait could stand ahead of the earlier batch's work in the daemon.
         self._async_order = threading.Lock()
         self.max_async_in_flight = 256
+        self._ptracer_set = False  # allow_daemon_ptrace done (once VMM memory is sent)
 
     def close(self) -> None:
         """Closes the channel; calls in flight fail (completion='async' ones release their
@@ -159,7 +161,15 @@ class Client:
     def _timeout(self, timeout: Optional[float]) -> Optional[float]:
         return self.timeout if timeout is None else timeout
 
+    def _before_send(self) -> None:
+        """Once this process sends CUDA virtual memory, the daemon may need ptrace rights over
+        it (yama ptrace_scope 1) to take the descriptors: granted once per Client."""
+        if _ipc.vmm_exported and not self._ptracer_set:
+            self._ptracer_set = True
+            _ipc.allow_daemon_ptrace(self.target)
+
     def _unary(self, method: str, request: Any, timeout: Optional[float]) -> Any:
+        self._before_send()
         try:
             return getattr(self._stub, method)(request, timeout=self._timeout(timeout))
         except grpc.RpcError as e:
@@ -176,6 +186,7 @@ class Client:
     def _submit(self, call: Call, timeout: Optional[float]) -> "concurrent.futures.Future[Any]":
         out: "concurrent.futures.Future[Any]" = concurrent.futures.Future()
         out.set_running_or_notify_cancel()
+        self._before_send()
         try:
             pending = getattr(self._stub, call.method).future(call.request, timeout=self._timeout(timeout))
         except grpc.RpcError as e:
@@ -303,6 +314,7 @@ class Client:
 
     def _send_ordered(self, entry: Entry) -> None:
         """Sends a batch on the Client's ConvertBatches stream, opening one if none is live."""
+        self._before_send()
         for _ in range(2):
             with self._stream_mu:
                 if self._stream is None or self._stream.broken:
@@ -395,7 +407,7 @@ class Client:
                 elif answer.code != 0:
                     call.fail()
                     e = _answer_error(answer)
-                    fut.set_exception(WprepError(e.code, f"batches[{i}]: {e.details}", "ConvertBatches"))
+                    fut.set_exception(make_error(e.code, f"batches[{i}]: {e.details}", "ConvertBatches"))
                 else:
                     try:
                         fut.set_result(call.complete(answer.batch))
@@ -506,19 +518,26 @@ class Client:
         For a loader's buffer pool: call once, then no conversion through the pool pays for
         opening its handles (0.5-1 ms each), and the client exports each storage once instead
         of on every call. The client holds the tensors' storages until release(). Returns, per
-        distinct allocation, its size in bytes as the daemon sees it.
+        distinct allocation, its size in bytes as the daemon sees it. CUDA virtual memory
+        (expandable segments, cuMem pools) has no handle to register: it is exported once here
+        and mapped by the daemon on its first use; its entry is the bytes of its chunks.
         """
-        refs = _torch.handle_refs(list(tensors), self._registry, register=True)
+        entries = _torch.handle_refs(list(tensors), self._registry, register=True)
+        refs = [e for e in entries if isinstance(e, pb.IpcHandleRef)]
         resp = self._unary("RegisterIpcHandles", pb.RegisterIpcHandlesRequest(handles=refs), timeout)
-        return list(resp.allocation_bytes)
+        sizes = iter(resp.allocation_bytes)
+        return [int(next(sizes)) if isinstance(e, pb.IpcHandleRef) else e for e in entries]
 
     def release(self, tensors: Iterable[Any], *, timeout: Optional[float] = None) -> int:
         """Lets the daemon drop its mappings of these tensors' allocations (ReleaseIpcHandles).
 
         Call it before memory the daemon has seen goes back to CUDA (torch.cuda.empty_cache(),
         the end of a pool): until then, or its idle expiry, the daemon's mapping keeps the
-        allocation's memory in use. Returns the mappings closed now.
+        allocation's memory in use. Returns the mappings closed now. The daemon's mappings of
+        CUDA virtual memory are not released by this call: they close at its idle expiry
+        (--ipc-idle-expiry) or when this process exits.
         """
-        refs = _torch.handle_refs(list(tensors), self._registry, register=False)
+        refs = [e for e in _torch.handle_refs(list(tensors), self._registry, register=False)
+                if isinstance(e, pb.IpcHandleRef)]
         resp = self._unary("ReleaseIpcHandles", pb.ReleaseIpcHandlesRequest(handles=refs), timeout)
         return int(resp.released)
