@@ -322,18 +322,32 @@ def test_a_daemon_that_cannot_take_the_descriptors_answers_an_actionable_error(f
         assert r.nbytes == len(r.data)
 
 
-def test_the_daemon_is_found_by_its_socket_for_yamas_ptracer_exception(daemon):
+def test_the_daemon_is_found_by_its_socket_for_yamas_ptracer_exception(daemon, tcp_daemon, monkeypatch):
     assert ipc.unix_socket_path("unix:///run/wprep/wprepd.sock") == "/run/wprep/wprepd.sock"
     assert ipc.unix_socket_path("unix:rel.sock") == "rel.sock"
     assert ipc.unix_socket_path("127.0.0.1:50051") is None
     # SO_PEERCRED of the daemon's socket names the daemon's process.
     assert ipc.peer_pid(ipc.unix_socket_path(daemon.target)) == daemon.proc.pid
     assert ipc.peer_pid("/nonexistent/wprepd.sock") is None
-    assert ipc.allow_daemon_ptrace("127.0.0.1:50051") is None
+    # Under ptrace_scope 1, each Client names its own daemon before it sends VMM memory, again
+    # whenever another Client's daemon was named since; nothing before VMM memory is sent.
+    monkeypatch.setattr(ipc, "_yama_scope_is_1", lambda: True)
+    assert ipc.daemon_needing_ptrace(daemon.target) == daemon.proc.pid
+    assert ipc.daemon_needing_ptrace(tcp_daemon.tcp_targets[0]) is None
+    named = []
+    monkeypatch.setattr(ipc, "allow_ptrace", lambda pid: named.append(pid) or True)
+    monkeypatch.setattr(ipc, "vmm_exported", False)
+    a, b = wprep.Client(daemon.target), wprep.Client(tcp_daemon.target)
     try:
-        with open("/proc/sys/kernel/yama/ptrace_scope") as f:
-            scope = f.read().strip()
-    except OSError:
-        scope = None
-    # Under scope 1 the daemon becomes this process's tracer; elsewhere nothing is done.
-    assert ipc.allow_daemon_ptrace(daemon.target) == (daemon.proc.pid if scope == "1" else None)
+        a.devices()
+        assert named == []
+        monkeypatch.setattr(ipc, "vmm_exported", True)
+        a.devices()
+        b.devices()
+        a.devices()
+        assert named == [daemon.proc.pid, tcp_daemon.proc.pid, daemon.proc.pid]
+    finally:
+        a.close()
+        b.close()
+    monkeypatch.setattr(ipc, "_yama_scope_is_1", lambda: False)
+    assert ipc.daemon_needing_ptrace(daemon.target) is None

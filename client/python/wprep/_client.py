@@ -138,7 +138,9 @@ class Client:
         # batch's wait could stand ahead of the earlier batch's work in the daemon.
         self._async_order = threading.Lock()
         self.max_async_in_flight = 256
-        self._ptracer_set = False  # allow_daemon_ptrace done (once VMM memory is sent)
+        # The daemon's pid to name as this process's tracer before VMM memory is sent
+        # (_before_send); -1 until asked.
+        self._ptrace_pid: Optional[int] = -1
 
     def close(self) -> None:
         """Closes the channel; calls in flight fail (completion='async' ones release their
@@ -163,10 +165,14 @@ class Client:
 
     def _before_send(self) -> None:
         """Once this process sends CUDA virtual memory, the daemon may need ptrace rights over
-        it (yama ptrace_scope 1) to take the descriptors: granted once per Client."""
-        if _ipc.vmm_exported and not self._ptracer_set:
-            self._ptracer_set = True
-            _ipc.allow_daemon_ptrace(self.target)
+        it (yama ptrace_scope 1) to take the descriptors: its pid is looked up once, and named
+        the process's tracer whenever another Client's daemon was named since."""
+        if not _ipc.vmm_exported:
+            return
+        if self._ptrace_pid == -1:
+            self._ptrace_pid = _ipc.daemon_needing_ptrace(self.target)
+        if self._ptrace_pid is not None:
+            _ipc.allow_ptrace(self._ptrace_pid)
 
     def _unary(self, method: str, request: Any, timeout: Optional[float]) -> Any:
         self._before_send()

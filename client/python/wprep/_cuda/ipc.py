@@ -294,27 +294,52 @@ def peer_pid(path: str) -> Optional[int]:
     return pid
 
 
-def allow_daemon_ptrace(target: str) -> Optional[int]:
-    """Under yama's ptrace_scope 1 (Ubuntu's default) only an ancestor may ptrace a process, and
-    pidfd_getfd asks for ptrace rights: so a daemon of the same user that is not this
-    process's ancestor could not take its descriptors. This names the daemon listening on
-    `target`'s Unix socket as this process's one permitted tracer (prctl PR_SET_PTRACER),
-    which grants it what sharing the descriptors grants anyway. Returns that pid, or None
-    when nothing was needed (another scope, no yama, not a Unix socket) or possible."""
+def _yama_scope_is_1() -> bool:
     try:
         with open("/proc/sys/kernel/yama/ptrace_scope") as f:
-            if f.read().strip() != "1":
-                return None
+            return f.read().strip() == "1"
     except OSError:
+        return False
+
+
+_ptracer_mu = threading.Lock()
+_ptracer: Optional[int] = None  # the pid last named with PR_SET_PTRACER here; guarded by _ptracer_mu
+
+
+def daemon_needing_ptrace(target: str) -> Optional[int]:
+    """The pid to name with allow_ptrace for the daemon at `target`, or None when none is
+    needed (no yama, a ptrace_scope other than 1) or possible (not a Unix socket, a daemon
+    in another PID namespace). Under yama's ptrace_scope 1 (Ubuntu's default) only an
+    ancestor may ptrace a process, and pidfd_getfd asks for ptrace rights: a daemon of the
+    same user that is not this process's ancestor could not take its descriptors."""
+    if not _yama_scope_is_1():
         return None
     path = unix_socket_path(target)
     pid = peer_pid(path) if path else None
-    if not pid or pid <= 0:
-        return None
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.prctl(_PR_SET_PTRACER, ctypes.c_ulong(pid), ctypes.c_ulong(0), ctypes.c_ulong(0), ctypes.c_ulong(0)) != 0:
-        return None
-    return pid
+    return pid if pid and pid > 0 else None
+
+
+def allow_ptrace(pid: int) -> bool:
+    """Names `pid` this process's one permitted tracer (prctl PR_SET_PTRACER): what sharing
+    descriptors with that daemon grants it anyway. Yama keeps one such pid per process, so
+    clients of several daemons take turns (the daemons of one process are best given
+    CAP_SYS_PTRACE instead). True when `pid` is the tracer now."""
+    global _ptracer
+    with _ptracer_mu:
+        if _ptracer == pid:
+            return True
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(_PR_SET_PTRACER, ctypes.c_ulong(pid), ctypes.c_ulong(0), ctypes.c_ulong(0),
+                      ctypes.c_ulong(0)) != 0:
+            return False
+        _ptracer = pid
+        return True
+
+
+def allow_daemon_ptrace(target: str) -> Optional[int]:
+    """daemon_needing_ptrace, then allow_ptrace: the daemon's pid when it was named."""
+    pid = daemon_needing_ptrace(target)
+    return pid if pid is not None and allow_ptrace(pid) else None
 
 
 def check_byte_tensor(t: Any, what: str) -> None:
