@@ -24,10 +24,11 @@ import pytest
 PACKAGE_DIR = Path(__file__).resolve().parents[1]
 EXPANDABLE = "expandable_segments:True"
 
-# The GPU tests run again under expandable segments: every drop-in and convert_batch test
-# that frees nothing it has registered (release() counts legacy mappings only: the daemon
-# keeps a VMM mapping until its idle expiry or the client's exit), the trtllm and quantize
-# in-place tests, and the VMM tests that need the setting from the start.
+# The GPU tests run again under expandable segments: every test of test_gpu.py but three
+# (the runtimes' stub import, which sends no tensor; the legacy handle's byte format, which
+# expandable segments do not have; and the killed client's 20 s GPU spin, which tests the
+# daemon's ready words, not the memory), the trtllm and quantize in-place tests, and the VMM
+# tests that need the setting from the start.
 RERUN = [
     "tests/test_gpu.py::test_gpu_sources_and_outputs_at_offsets_inside_blocks",
     "tests/test_gpu.py::test_gpu_small_tensors_of_one_block_in_one_batch_with_allocated_outputs",
@@ -35,12 +36,21 @@ RERUN = [
     "tests/test_gpu.py::test_gpu_producer_stream_is_synchronized_before_the_daemon_reads",
     "tests/test_gpu.py::test_gpu_futures_with_cuda_tensors",
     "tests/test_gpu.py::test_gpu_tensors_freed_right_after_their_requests",
+    "tests/test_gpu.py::test_gpu_register_a_pool_once",
+    "tests/test_gpu.py::test_gpu_uuid_names_the_gpu",
     "tests/test_gpu.py::test_gpu_expandable_segments_convert_in_place_byte_equal_to_the_cpu_engine",
     "tests/test_gpu.py::test_gpu_drop_in_matches_the_contract_for_gpt_oss_20b_layers",
     "tests/test_gpu.py::test_gpu_a_layer_is_one_round_trip",
     "tests/test_gpu.py::test_gpu_drop_in_into_preallocated_outputs",
+    "tests/test_gpu.py::test_gpu_stream_completion_orders_the_current_stream_after_the_daemons_work",
+    "tests/test_gpu.py::test_gpu_stream_completion_reads_the_inputs_after_the_work_queued_before_the_call",
+    "tests/test_gpu.py::test_gpu_stream_completion_needs_cuda_tensors_in_and_out",
+    "tests/test_gpu.py::test_gpu_a_client_gone_right_after_a_stream_answer_leaves_the_daemon_serving",
+    "tests/test_gpu.py::test_gpu_async_drop_in_many_layers_back_to_back_matches_the_host_completion",
+    "tests/test_gpu.py::test_gpu_async_reads_the_inputs_after_the_work_queued_before_the_call",
     "tests/test_gpu.py::test_gpu_a_refused_async_call_releases_the_stream_and_raises_later",
     "tests/test_trtllm.py::test_cuda_out_is_written_in_place_by_ipc_and_equals_the_cpu_engine",
+    "tests/test_quantize.py::test_gpu_cuda_tensors_are_quantized_in_place_and_equal_the_cpu_engine",
     "tests/test_quantize.py::test_gpu_cuda_float16_and_float32_equal_the_cpu_engine",
     "tests/test_vmm.py::test_gpu_expandable_segment_handle_parses",
 ]

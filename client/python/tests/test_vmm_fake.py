@@ -101,22 +101,25 @@ def test_the_same_segment_names_the_same_descriptors_and_is_parsed_once(fake):
     assert v.vmm is not views[0].vmm and [c.fd for c in v.vmm.chunks] == [60]
 
 
-def test_a_registered_expandable_storage_is_exported_once_and_reported_by_its_chunks(fake):
+def test_a_registered_expandable_storage_is_exported_once_and_named_by_its_chunks(fake):
     torch, rec = fake
     seg = FakeSegment(1 << 40, fds=(70, 71))
     reg = _torch.Registry()
     pool = es_tensor(torch, rec, seg, block_offset=MIB, nbytes=30 * MIB, shape=(30 * MIB,), strides=(1,))
     legacy = legacy_tensor(torch, rec, block_offset=0, nbytes=4096, shape=(4096,), strides=(1,))
-    entries = _torch.handle_refs([pool, pool.as_strided((100,), (1,), 10), legacy], reg, register=True)
-    # No handle to register for VMM memory: its size; the legacy allocation's IpcHandleRef.
-    assert entries[0] == 40 * MIB
-    assert isinstance(entries[1], pb.IpcHandleRef) and entries[1].handle == legacy.untyped_storage().alloc.handle
-    assert len(entries) == 2 and rec.shared == 2
+    refs = _torch.handle_refs([pool, pool.as_strided((100,), (1,), 10), legacy], reg, register=True)
+    # One ref per allocation: the segment's chunks (RegisterIpcHandles maps them whole), the
+    # legacy allocation's handle.
+    assert len(refs) == 2 and rec.shared == 2
+    assert refs[0].handle == b"" and [(c.fd, c.size) for c in refs[0].vmm.chunks] == [(70, 20 * MIB), (71, 20 * MIB)]
+    assert refs[0].vmm.pid == os.getpid() and refs[0].device_uuid == UUID0
+    assert not refs[1].HasField("vmm") and refs[1].handle == legacy.untyped_storage().alloc.handle
     for i in range(3):
         b = _torch.source_view(pool.as_strided((10, 10), (10, 1), 4096 * i), reg)
         assert b.vmm is not None and b.offset == MIB + 4096 * i
     assert rec.shared == 2
-    assert _torch.handle_refs([pool], reg, register=False) == [40 * MIB]
+    released = _torch.handle_refs([pool], reg, register=False)
+    assert [r.vmm for r in released] == [refs[0].vmm]
     assert reg.lookup(pool.untyped_storage(), 0) is None
 
 

@@ -524,26 +524,22 @@ class Client:
         For a loader's buffer pool: call once, then no conversion through the pool pays for
         opening its handles (0.5-1 ms each), and the client exports each storage once instead
         of on every call. The client holds the tensors' storages until release(). Returns, per
-        distinct allocation, its size in bytes as the daemon sees it. CUDA virtual memory
-        (expandable segments, cuMem pools) has no handle to register: it is exported once here
-        and mapped by the daemon on its first use; its entry is the bytes of its chunks.
+        distinct allocation, its size in bytes as the daemon sees it (for CUDA virtual memory:
+        the bytes of the chunks around the storage).
         """
-        entries = _torch.handle_refs(list(tensors), self._registry, register=True)
-        refs = [e for e in entries if isinstance(e, pb.IpcHandleRef)]
+        refs = _torch.handle_refs(list(tensors), self._registry, register=True)
         resp = self._unary("RegisterIpcHandles", pb.RegisterIpcHandlesRequest(handles=refs), timeout)
-        sizes = iter(resp.allocation_bytes)
-        return [int(next(sizes)) if isinstance(e, pb.IpcHandleRef) else e for e in entries]
+        return list(resp.allocation_bytes)
 
     def release(self, tensors: Iterable[Any], *, timeout: Optional[float] = None) -> int:
         """Lets the daemon drop its mappings of these tensors' allocations (ReleaseIpcHandles).
 
         Call it before memory the daemon has seen goes back to CUDA (torch.cuda.empty_cache(),
         the end of a pool): until then, or its idle expiry, the daemon's mapping keeps the
-        allocation's memory in use. Returns the mappings closed now. The daemon's mappings of
-        CUDA virtual memory are not released by this call: they close at its idle expiry
-        (--ipc-idle-expiry) or when this process exits.
+        allocation's memory in use. Returns the mappings closed now. With CUDA virtual memory
+        (expandable segments) this matters as much: the daemon's mapping holds the chunks'
+        physical memory after torch has unmapped them.
         """
-        refs = [e for e in _torch.handle_refs(list(tensors), self._registry, register=False)
-                if isinstance(e, pb.IpcHandleRef)]
+        refs = _torch.handle_refs(list(tensors), self._registry, register=False)
         resp = self._unary("ReleaseIpcHandles", pb.ReleaseIpcHandlesRequest(handles=refs), timeout)
         return int(resp.released)

@@ -18,7 +18,7 @@ completion= and the request's fences:
 
 from __future__ import annotations
 
-from typing import Any, Iterable, List, Union
+from typing import Any, Iterable, List
 
 from ._cuda.fences import EventPool, Flag, FlagPool, StreamMemOpsError, reached
 from ._cuda.ipc import (
@@ -100,26 +100,24 @@ def synchronize(devices: Iterable[int], stream: Any = None) -> None:
         torch.cuda.current_stream(d).synchronize()
 
 
-def handle_refs(tensors: Iterable[Any], registry: Registry, register: bool) -> List[Union[pb.IpcHandleRef, int]]:
-    """One entry per distinct allocation among `tensors` (registering them first if asked): its
-    IpcHandleRef, or, for CUDA virtual memory, the bytes of its chunks. A VMM allocation has no
-    handle to register: the daemon maps it on its first use and keeps the mapping (the
-    registry still exports it once), until its idle expiry or this process's exit."""
-    out: List[Union[pb.IpcHandleRef, int]] = []
+def handle_refs(tensors: Iterable[Any], registry: Registry, register: bool) -> List[pb.IpcHandleRef]:
+    """One IpcHandleRef per distinct allocation among `tensors` (registering them first if
+    asked): its legacy handle, or, for CUDA virtual memory, its chunks (IpcHandleRef.vmm)."""
+    refs: List[pb.IpcHandleRef] = []
     seen = set()
     for t in tensors:
         if not is_cuda_tensor(t):
             raise TypeError(f"expected a CUDA torch tensor; got {type(t).__name__}")
         storage, index = t.untyped_storage(), t.device.index
         shared = registry.add(storage, index) if register else (registry.remove(storage, index) or share_storage(storage, index))
-        if shared.vmm is not None:
-            key = (shared.vmm.SerializeToString(), shared.device_uuid)
-            if key not in seen:
-                seen.add(key)
-                out.append(sum(c.size for c in shared.vmm.chunks))
+        key = (shared.vmm.SerializeToString() if shared.vmm is not None else shared.handle, shared.device_uuid)
+        if key in seen:
             continue
-        key = (shared.handle, shared.device_uuid)
-        if key not in seen:
-            seen.add(key)
-            out.append(pb.IpcHandleRef(handle=shared.handle, device_uuid=shared.device_uuid))
-    return out
+        seen.add(key)
+        ref = pb.IpcHandleRef(device_uuid=shared.device_uuid)
+        if shared.vmm is not None:
+            ref.vmm.CopyFrom(shared.vmm)
+        else:
+            ref.handle = shared.handle
+        refs.append(ref)
+    return refs
