@@ -54,7 +54,7 @@ def allocate(torch, client, shape, expandable):
         is_vmm = wt.source_view(t, wt.Registry()).vmm is not None
         if is_vmm != expandable:
             sys.exit(f"vmm_bench: a buffer meant to be {'VMM' if expandable else 'legacy'} is not "
-                     "(does this torch share expandable segments? torch 2.5 or later)")
+                     "(does this torch share expandable segments through _share_cuda_?)")
     return src, out
 
 
