@@ -16,7 +16,7 @@ DEFAULT_DRAIN_S = 30
 
 
 def test_every_recipe_is_there():
-    assert set(VARIANTS) >= {"sidecar", "daemonset"}, VARIANTS
+    assert set(VARIANTS) >= {"sidecar", "daemonset", "sidecar-vmm", "daemonset-vmm"}, VARIANTS
 
 
 def validate(objs):
@@ -97,7 +97,7 @@ def test_ports_paths_and_probes_agree_with_the_command_line(variant):
     assert c["resources"]["requests"]["cpu"] and c["resources"]["limits"]["memory"]
     sc = c["securityContext"]
     assert not sc["allowPrivilegeEscalation"]
-    if variant == "sidecar-vmm":
+    if variant.endswith("-vmm"):
         # Root for pidfd_getfd, with SYS_PTRACE as its only capability (checked in full below).
         assert sc["capabilities"]["add"] == ["SYS_PTRACE"], sc
     else:
@@ -168,8 +168,9 @@ def test_the_vmm_sidecar_may_take_the_engines_descriptors_and_the_plain_one_may_
     assert base == other
 
 
-def test_daemonset_runs_on_gpu_nodes_with_the_socket_on_the_node():
-    spec = pod_spec(workload("daemonset"))
+@pytest.mark.parametrize("variant", ["daemonset", "daemonset-vmm"])
+def test_daemonset_runs_on_gpu_nodes_with_the_socket_on_the_node(variant):
+    spec = pod_spec(workload(variant))
     c = wprepd_container(spec)
     assert spec["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
     assert spec["hostPID"] is True
@@ -182,6 +183,37 @@ def test_daemonset_runs_on_gpu_nodes_with_the_socket_on_the_node():
     owner = init["command"][init["command"].index("-o") + 1]
     group = init["command"][init["command"].index("-g") + 1]
     assert (int(owner), int(group)) == (c["securityContext"]["runAsUser"], c["securityContext"]["runAsGroup"])
+
+
+def test_the_vmm_daemonset_may_take_the_clients_descriptors_and_the_plain_one_may_not():
+    # The node's daemon takes descriptors from other pods' processes: the host's PID
+    # namespace (hostPID, which the client pods need too) and ptrace rights over them,
+    # CAP_SYS_PTRACE as root (Kubernetes gives added capabilities to root containers alone).
+    # That root has no other capability, so the socket folder must be its own to write in,
+    # with the clients' group.
+    vmm_spec = pod_spec(workload("daemonset-vmm"))
+    c = wprepd_container(vmm_spec)
+    vmm = c["securityContext"]
+    assert vmm_spec["hostPID"] is True
+    assert vmm["capabilities"] == {"drop": ["ALL"], "add": ["SYS_PTRACE"]}
+    assert vmm["runAsUser"] == 0 and vmm["runAsNonRoot"] is False and vmm["allowPrivilegeEscalation"] is False
+    assert vmm["runAsGroup"] == 65532 and vmm["readOnlyRootFilesystem"] is True
+    assert vmm["seccompProfile"] == {"type": "RuntimeDefault"}
+    (init,) = vmm_spec["initContainers"]
+    cmd = init["command"]
+    mode = int(cmd[cmd.index("-m") + 1], 8)
+    assert cmd[cmd.index("-o") + 1] == "0" and mode & 0o700 == 0o700, cmd  # root's, writable by it
+    assert cmd[cmd.index("-g") + 1] == "65532" and mode & 0o050 == 0o050 and mode & 0o007 == 0, cmd
+    plain = wprepd_container(pod_spec(workload("daemonset")))["securityContext"]
+    assert plain["runAsNonRoot"] is True and plain["capabilities"] == {"drop": ["ALL"]}
+    # Everything else is the DaemonSet's.
+    base = copy.deepcopy(pod_spec(workload("daemonset")))
+    other = copy.deepcopy(vmm_spec)
+    for spec in (base, other):
+        wprepd_container(spec).pop("securityContext")
+        spec["initContainers"][0].pop("command")
+    assert base == other
+    assert workload("daemonset-vmm")["metadata"] == workload("daemonset")["metadata"]
 
 
 @pytest.mark.parametrize("variant", VARIANTS)

@@ -573,5 +573,130 @@ TEST(VmmDaemon, MalformedBuffersGetTheirStatusAndTheDaemonKeepsServing) {
   close(dst);
 }
 
+// RegisterIpcHandles and ReleaseIpcHandles take VMM allocations as they take legacy
+// handles: register maps them ahead of the requests, which reuse the mappings, and release
+// closes them, for the process that holds the descriptors only.
+TEST(VmmDaemon, RegisterMapsVmmAllocationsAndReleaseClosesThem) {
+  SKIP_WITHOUT_PIDFD_GETFD();
+  FakeGpuDaemon d;
+  ASSERT_TRUE(d.ok()) << d.error();
+  const GoldenCase& g = SpanningCase();
+  const std::string input = AsString(GoldenInput(g));
+  const uint64_t in_bytes = RoundUp(input.size()), out_bytes = RoundUp(g.output_bytes);
+  const int src = Memfd(in_bytes, input), dst = Memfd(out_bytes);
+  const int pid = getpid();
+  auto refs = [&](auto* req) {
+    for (auto [fd, bytes] : {std::pair<int, uint64_t>{src, in_bytes}, {dst, out_bytes}}) {
+      v1::IpcHandleRef* h = req->add_handles();
+      h->set_device_uuid(d.Uuid());
+      *h->mutable_vmm() = VmmBuffer(pid, {{fd, bytes}}, 0, 0, d.Uuid()).vmm();
+    }
+  };
+  auto register_all = [&](v1::RegisterIpcHandlesResponse* resp) {
+    v1::RegisterIpcHandlesRequest req;
+    refs(&req);
+    grpc::ClientContext ctx;
+    return Stub(d.target())->RegisterIpcHandles(&ctx, req, resp);
+  };
+  auto release_all = [&](const std::string& target, v1::ReleaseIpcHandlesResponse* resp) {
+    v1::ReleaseIpcHandlesRequest req;
+    refs(&req);
+    grpc::ClientContext ctx;
+    return Stub(target)->ReleaseIpcHandles(&ctx, req, resp);
+  };
+  const FakeRuntime::Counts before = d.fake().totals();
+  v1::RegisterIpcHandlesResponse reg;
+  grpc::Status s = register_all(&reg);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  ASSERT_EQ(reg.allocation_bytes_size(), 2);
+  EXPECT_EQ(reg.allocation_bytes(0), in_bytes);
+  EXPECT_EQ(reg.allocation_bytes(1), out_bytes);
+  EXPECT_EQ(reg.already_open(), 0u);
+  EXPECT_EQ(d.fake().totals().vmm_opens, before.vmm_opens + 2);
+  EXPECT_EQ(d.fake().totals().vmm_mapped_now, before.vmm_mapped_now + 2);
+  s = register_all(&reg);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(reg.already_open(), 2u);
+  // A conversion through the registered allocations opens nothing more.
+  s = Convert(d.target(), VmmRequestFor(g, VmmBuffer(pid, {{src, in_bytes}}, 0, input.size(), d.Uuid()),
+                                        VmmBuffer(pid, {{dst, out_bytes}}, 0, g.output_bytes, d.Uuid())));
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_TRUE(MatchesGolden(g, ReadMemfd(dst, g.output_bytes)));
+  EXPECT_EQ(d.fake().totals().vmm_opens, before.vmm_opens + 2);
+  // Over TCP nobody may release them.
+  v1::ReleaseIpcHandlesResponse rel;
+  s = release_all(d.tcp_target(), &rel);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED) << s.error_message();
+  EXPECT_EQ(d.fake().totals().vmm_mapped_now, before.vmm_mapped_now + 2);
+  s = release_all(d.target(), &rel);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(rel.released(), 2u);
+  EXPECT_EQ(d.fake().totals().vmm_mapped_now, before.vmm_mapped_now);
+  s = release_all(d.target(), &rel);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(rel.released(), 0u);
+  close(src);
+  close(dst);
+}
+
+// Quantize items name their source and outputs with the same buffers as conversions: the
+// daemon maps VMM ones there too, and refuses them there as everywhere.
+TEST(VmmDaemon, QuantizeItemsReadAndWriteVmmBuffers) {
+  SKIP_WITHOUT_PIDFD_GETFD();
+  FakeGpuDaemon d;
+  ASSERT_TRUE(d.ok()) << d.error();
+  std::vector<float> x(4 * 64);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(static_cast<int>(i % 13) - 6) * 0.37f;
+  const std::string input(reinterpret_cast<const char*>(x.data()), x.size() * sizeof(float));
+  v1::ConvertBatchRequest inline_req;
+  v1::QuantizeItem* q = inline_req.add_items()->mutable_quantize();
+  q->set_dtype(v1::QUANTIZE_DTYPE_FLOAT32);
+  q->add_shape(4);
+  q->add_shape(64);
+  q->mutable_source()->set_inline_bytes(input);
+  v1::ConvertBatchResponse want;
+  {
+    grpc::ClientContext ctx;
+    grpc::Status s = Stub(d.target())->ConvertBatch(&ctx, inline_req, &want);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+  }
+  ASSERT_EQ(want.items_size(), 1);
+  ASSERT_EQ(want.items(0).outputs_size(), 2);
+  const std::string& values = want.items(0).outputs(0).inline_bytes();
+  const std::string& scales = want.items(0).outputs(1).inline_bytes();
+  ASSERT_FALSE(values.empty());
+  ASSERT_FALSE(scales.empty());
+
+  const uint64_t in_bytes = RoundUp(input.size());
+  const int src = Memfd(in_bytes, input), vals = Memfd(kGranularity), scl = Memfd(kGranularity);
+  v1::ConvertBatchRequest req = inline_req;
+  q = req.mutable_items(0)->mutable_quantize();
+  *q->mutable_source()->mutable_ipc() = VmmBuffer(getpid(), {{src, in_bytes}}, 0, input.size(), d.Uuid());
+  *q->mutable_values()->mutable_ipc() = VmmBuffer(getpid(), {{vals, kGranularity}}, 0, values.size(), d.Uuid());
+  *q->mutable_scales()->mutable_ipc() = VmmBuffer(getpid(), {{scl, kGranularity}}, 0, scales.size(), d.Uuid());
+  const FakeRuntime::Counts before = d.fake().totals();
+  {
+    grpc::ClientContext ctx;
+    v1::ConvertBatchResponse resp;
+    grpc::Status s = Stub(d.target())->ConvertBatch(&ctx, req, &resp);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+  }
+  EXPECT_EQ(ReadMemfd(vals, values.size()), values);
+  EXPECT_EQ(ReadMemfd(scl, scales.size()), scales);
+  EXPECT_EQ(d.fake().totals().vmm_opens, before.vmm_opens + 3);
+
+  // Another process's pid: refused with the quantize item's field, nothing more mapped.
+  q->mutable_values()->mutable_ipc()->mutable_vmm()->set_pid(getppid());
+  grpc::ClientContext ctx;
+  v1::ConvertBatchResponse resp;
+  grpc::Status s = Stub(d.target())->ConvertBatch(&ctx, req, &resp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED) << s.error_message();
+  EXPECT_TRUE(absl::StrContains(s.error_message(), "items[0].quantize.values.ipc.vmm.pid")) << s.error_message();
+  EXPECT_EQ(d.fake().totals().vmm_opens, before.vmm_opens + 3);
+  close(src);
+  close(vals);
+  close(scl);
+}
+
 }  // namespace
 }  // namespace wprep::testing

@@ -269,12 +269,15 @@ def test_outputs_must_be_dense_and_on_the_sources_gpu(fake):
         _requests.convert_call(SPEC, [2, 128, 256], wide, None, None, None, {}, _torch.Registry(), None)
 
 
-def test_expandable_segments_and_unknown_handles_are_refused_and_released(fake):
+def test_unshareable_and_unknown_handles_are_refused_and_released(fake, monkeypatch):
     torch, rec = fake
+    # Kind b"e" whose body is no expandable-segment handle (test_vmm_fake.py sends real ones).
     es = tensor(torch, rec, block_offset=0, nbytes=64, shape=(64,), strides=(1,), kind=b"e")
-    with pytest.raises(wprep.ExpandableSegmentsError, match="expandable_segments"):
+    with pytest.raises(wprep.ExpandableSegmentsError, match="expandable-segment handle"):
         _torch.source_view(es, _torch.Registry())
     assert len(rec.released) == 1
+    # No cuMem export to fall back on below: memory that is not cuMem, or no driver.
+    monkeypatch.setattr(wprep._vmm, "export_cumem", lambda *a: (_ for _ in ()).throw(OSError("no libcuda.so.1")))
     odd = tensor(torch, rec, block_offset=0, nbytes=64, shape=(64,), strides=(1,), version=9)
     with pytest.raises(RuntimeError, match="version byte 09"):
         _torch.source_view(odd, _torch.Registry())

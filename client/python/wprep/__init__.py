@@ -17,7 +17,7 @@ triton_kernels only to build its Tensor objects. See docs/GUIDE.md, "From Python
 
 from ._aio import AsyncClient
 from ._client import DEFAULT_TARGET, Client, default_target
-from ._errors import WprepError
+from ._errors import VmmSharingError, WprepError
 from ._mxfp4 import (
     SwizzledMXFP4,
     default_client,
@@ -52,6 +52,7 @@ __all__ = [
     "Result",
     "Spec",
     "StreamMemOpsError",
+    "VmmSharingError",
     "SwizzledMXFP4",
     "WprepError",
     "default_client",

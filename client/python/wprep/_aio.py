@@ -9,6 +9,7 @@ import grpc
 import grpc.aio
 
 from . import _health, _requests, _torch
+from ._cuda import ipc as _ipc
 from ._client import _identity, _open_channel, _PlanCache, default_target
 from ._errors import from_rpc_error
 from ._requests import Call, PlanKey
@@ -44,6 +45,7 @@ class AsyncClient:
         self._plans = _PlanCache()
         self._registry = _torch.Registry()
         self._events = _torch.EventPool()
+        self._ptrace_pid: Optional[int] = -1  # as Client's
 
     async def close(self) -> None:
         await self._channel.close()
@@ -58,6 +60,11 @@ class AsyncClient:
         return self.timeout if timeout is None else timeout
 
     async def _unary(self, method: str, request: Any, timeout: Optional[float]) -> Any:
+        if _ipc.vmm_exported:  # as Client._before_send
+            if self._ptrace_pid == -1:
+                self._ptrace_pid = _ipc.daemon_needing_ptrace(self.target)
+            if self._ptrace_pid is not None:
+                _ipc.allow_ptrace(self._ptrace_pid)
         try:
             return await getattr(self._stub, method)(request, timeout=self._timeout(timeout))
         except grpc.RpcError as e:

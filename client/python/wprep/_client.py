@@ -12,7 +12,8 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 import grpc
 
 from . import _health, _requests, _torch
-from ._errors import WprepError, from_rpc_error
+from ._cuda import ipc as _ipc
+from ._errors import WprepError, from_rpc_error, make_error
 from ._requests import Call, PlanKey
 from ._stream import BatchStream, Entry, StreamBroken
 from ._spec import Spec
@@ -52,7 +53,7 @@ _CODES = {c.value[0]: c for c in grpc.StatusCode}
 
 def _answer_error(answer: Any) -> WprepError:
     """The WprepError of a ConvertBatches answer whose code is not OK."""
-    return WprepError(_CODES.get(answer.code, grpc.StatusCode.UNKNOWN), answer.message, "ConvertBatches")
+    return make_error(_CODES.get(answer.code, grpc.StatusCode.UNKNOWN), answer.message, "ConvertBatches")
 
 
 class _PlanCache:
@@ -137,6 +138,9 @@ class Client:
         # batch's wait could stand ahead of the earlier batch's work in the daemon.
         self._async_order = threading.Lock()
         self.max_async_in_flight = 256
+        # The daemon's pid to name as this process's tracer before VMM memory is sent
+        # (_before_send); -1 until asked.
+        self._ptrace_pid: Optional[int] = -1
 
     def close(self) -> None:
         """Closes the channel; calls in flight fail (completion='async' ones release their
@@ -159,7 +163,19 @@ class Client:
     def _timeout(self, timeout: Optional[float]) -> Optional[float]:
         return self.timeout if timeout is None else timeout
 
+    def _before_send(self) -> None:
+        """Once this process sends CUDA virtual memory, the daemon may need ptrace rights over
+        it (yama ptrace_scope 1) to take the descriptors: its pid is looked up once, and named
+        the process's tracer whenever another Client's daemon was named since."""
+        if not _ipc.vmm_exported:
+            return
+        if self._ptrace_pid == -1:
+            self._ptrace_pid = _ipc.daemon_needing_ptrace(self.target)
+        if self._ptrace_pid is not None:
+            _ipc.allow_ptrace(self._ptrace_pid)
+
     def _unary(self, method: str, request: Any, timeout: Optional[float]) -> Any:
+        self._before_send()
         try:
             return getattr(self._stub, method)(request, timeout=self._timeout(timeout))
         except grpc.RpcError as e:
@@ -176,6 +192,7 @@ class Client:
     def _submit(self, call: Call, timeout: Optional[float]) -> "concurrent.futures.Future[Any]":
         out: "concurrent.futures.Future[Any]" = concurrent.futures.Future()
         out.set_running_or_notify_cancel()
+        self._before_send()
         try:
             pending = getattr(self._stub, call.method).future(call.request, timeout=self._timeout(timeout))
         except grpc.RpcError as e:
@@ -303,6 +320,7 @@ class Client:
 
     def _send_ordered(self, entry: Entry) -> None:
         """Sends a batch on the Client's ConvertBatches stream, opening one if none is live."""
+        self._before_send()
         for _ in range(2):
             with self._stream_mu:
                 if self._stream is None or self._stream.broken:
@@ -395,7 +413,7 @@ class Client:
                 elif answer.code != 0:
                     call.fail()
                     e = _answer_error(answer)
-                    fut.set_exception(WprepError(e.code, f"batches[{i}]: {e.details}", "ConvertBatches"))
+                    fut.set_exception(make_error(e.code, f"batches[{i}]: {e.details}", "ConvertBatches"))
                 else:
                     try:
                         fut.set_result(call.complete(answer.batch))
@@ -506,7 +524,8 @@ class Client:
         For a loader's buffer pool: call once, then no conversion through the pool pays for
         opening its handles (0.5-1 ms each), and the client exports each storage once instead
         of on every call. The client holds the tensors' storages until release(). Returns, per
-        distinct allocation, its size in bytes as the daemon sees it.
+        distinct allocation, its size in bytes as the daemon sees it (for CUDA virtual memory:
+        the bytes of the chunks around the storage).
         """
         refs = _torch.handle_refs(list(tensors), self._registry, register=True)
         resp = self._unary("RegisterIpcHandles", pb.RegisterIpcHandlesRequest(handles=refs), timeout)
@@ -517,7 +536,9 @@ class Client:
 
         Call it before memory the daemon has seen goes back to CUDA (torch.cuda.empty_cache(),
         the end of a pool): until then, or its idle expiry, the daemon's mapping keeps the
-        allocation's memory in use. Returns the mappings closed now.
+        allocation's memory in use. Returns the mappings closed now. With CUDA virtual memory
+        (expandable segments) this matters as much: the daemon's mapping holds the chunks'
+        physical memory after torch has unmapped them.
         """
         refs = _torch.handle_refs(list(tensors), self._registry, register=False)
         resp = self._unary("ReleaseIpcHandles", pb.ReleaseIpcHandlesRequest(handles=refs), timeout)

@@ -101,7 +101,8 @@ def synchronize(devices: Iterable[int], stream: Any = None) -> None:
 
 
 def handle_refs(tensors: Iterable[Any], registry: Registry, register: bool) -> List[pb.IpcHandleRef]:
-    """One IpcHandleRef per distinct allocation among `tensors` (registering them first if asked)."""
+    """One IpcHandleRef per distinct allocation among `tensors` (registering them first if
+    asked): its legacy handle, or, for CUDA virtual memory, its chunks (IpcHandleRef.vmm)."""
     refs: List[pb.IpcHandleRef] = []
     seen = set()
     for t in tensors:
@@ -109,8 +110,14 @@ def handle_refs(tensors: Iterable[Any], registry: Registry, register: bool) -> L
             raise TypeError(f"expected a CUDA torch tensor; got {type(t).__name__}")
         storage, index = t.untyped_storage(), t.device.index
         shared = registry.add(storage, index) if register else (registry.remove(storage, index) or share_storage(storage, index))
-        key = (shared.handle, shared.device_uuid)
-        if key not in seen:
-            seen.add(key)
-            refs.append(pb.IpcHandleRef(handle=shared.handle, device_uuid=shared.device_uuid))
+        key = (shared.vmm.SerializeToString() if shared.vmm is not None else shared.handle, shared.device_uuid)
+        if key in seen:
+            continue
+        seen.add(key)
+        ref = pb.IpcHandleRef(device_uuid=shared.device_uuid)
+        if shared.vmm is not None:
+            ref.vmm.CopyFrom(shared.vmm)
+        else:
+            ref.handle = shared.handle
+        refs.append(ref)
     return refs

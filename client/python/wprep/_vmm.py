@@ -19,7 +19,8 @@ Two sources of handles:
 - any cuMem mapping (export_cumem): the driver's cuMemRetainAllocationHandle and
   cuMemExportToShareableHandle through libcuda, chunk by chunk over the mapped range.
 
-Not wired into Client yet: these functions make the message; the caller puts it in a request.
+The client sends these for every CUDA tensor whose memory they describe (_cuda/ipc.py's
+share_storage): the drop-in, convert / convert_batch, trtllm and quantize_mxfp4 alike.
 """
 
 from __future__ import annotations
@@ -193,9 +194,11 @@ class _Driver:
 
 _driver: Optional[_Driver] = None
 _driver_mu = threading.Lock()
-# Chunk base -> (fd, bytes): one export per chunk, so repeated requests name the same
-# descriptors and the daemon reuses its mapping. Closed by forget_cumem.
-_exported: Dict[int, Tuple[int, int]] = {}
+# Chunk base -> (fd, bytes, allocation handle): one export per chunk, so repeated requests
+# name the same descriptors and the daemon reuses its mapping. An entry whose allocation
+# handle no longer matches what is mapped at its base (the chunk was unmapped and another
+# mapped there) is exported afresh. Closed by forget_cumem.
+_exported: Dict[int, Tuple[int, int, int]] = {}
 
 
 def _drv() -> _Driver:
@@ -226,18 +229,21 @@ def export_cumem(ptr: int, nbytes: int, device_uuid: bytes) -> pb.CudaIpcBuffer:
             _check(d.range(ctypes.byref(base), ctypes.byref(size), at), "cuMemGetAddressRange")
             if first_base is None:
                 first_base = base.value
-            if base.value not in _exported:
-                h = u64(0)
-                _check(d.retain(ctypes.byref(h), ctypes.c_void_p(base.value)),
-                       "cuMemRetainAllocationHandle (is this cuMem memory?)")
-                fd = ctypes.c_int(-1)
-                try:
+            h = u64(0)
+            _check(d.retain(ctypes.byref(h), ctypes.c_void_p(base.value)),
+                   "cuMemRetainAllocationHandle (is this cuMem memory?)")
+            try:
+                cached = _exported.get(base.value)
+                if cached is None or cached[1:] != (size.value, h.value):
+                    fd = ctypes.c_int(-1)
                     _check(d.export(ctypes.byref(fd), h.value, _CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0),
                            "cuMemExportToShareableHandle (was the allocation made with POSIX_FD?)")
-                finally:
-                    d.release(h.value)
-                _exported[base.value] = (fd.value, size.value)
-            fd_value, chunk = _exported[base.value]
+                    if cached is not None:
+                        os.close(cached[0])
+                    _exported[base.value] = (fd.value, size.value, h.value)
+            finally:
+                d.release(h.value)
+            fd_value, chunk, _ = _exported[base.value]
             fds.append(fd_value)
             sizes.append(chunk)
             at = base.value + chunk

@@ -625,6 +625,14 @@ grpc::Status WeightPrepService::RegisterIpcHandles(grpc::ServerContext* ctx,
     uint32_t already_open = 0;
     for (int i = 0; i < req->handles_size(); ++i) {
       const std::string field = absl::StrCat("handles[", i, "]");
+      if (req->handles(i).has_vmm()) {
+        bool was_open = false;
+        WPREP_ASSIGN_OR_RETURN(uint64_t bytes, vmm_.Register(UnixPeers::Global().Lookup(ctx->peer()),
+                                                             req->handles(i), field, &was_open));
+        resp->add_allocation_bytes(bytes);
+        already_open += was_open ? 1 : 0;
+        continue;
+      }
       WPREP_ASSIGN_OR_RETURN(int ordinal, HandleOrdinal(req->handles(i), field));
       absl::StatusOr<IpcCache::Registration> r = ipc_->Register(ordinal, req->handles(i).handle());
       if (!r.ok()) return absl::Status(r.status().code(), absl::StrCat(field, ": ", r.status().message()));
@@ -644,6 +652,13 @@ grpc::Status WeightPrepService::ReleaseIpcHandles(grpc::ServerContext* ctx,
     WPREP_ASSIGN_OR_RETURN(Admission::Ticket ticket, admission_->Enter(report.caller()));
     uint32_t released = 0, deferred = 0;
     for (int i = 0; i < req->handles_size(); ++i) {
+      if (req->handles(i).has_vmm()) {
+        WPREP_ASSIGN_OR_RETURN(auto closed, vmm_.Release(UnixPeers::Global().Lookup(ctx->peer()), req->handles(i),
+                                                         absl::StrCat("handles[", i, "]")));
+        released += closed.first;
+        deferred += closed.second;
+        continue;
+      }
       WPREP_ASSIGN_OR_RETURN(int ordinal, HandleOrdinal(req->handles(i), absl::StrCat("handles[", i, "]")));
       auto [r, d] = ipc_->Release(ordinal, req->handles(i).handle());
       released += r;

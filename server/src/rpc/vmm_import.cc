@@ -50,6 +50,11 @@ void ForEachItemBuffer(v1::ConvertBatchRequest* req, Fn fn) {
              absl::StrCat(at, ".moe.outputs[", k, "].destination.ipc"));
         }
       }
+    } else if (item->has_quantize()) {
+      v1::QuantizeItem* q = item->mutable_quantize();
+      if (q->source().has_ipc()) fn(q->mutable_source()->mutable_ipc(), at + ".quantize.source.ipc");
+      if (q->values().has_ipc()) fn(q->mutable_values()->mutable_ipc(), at + ".quantize.values.ipc");
+      if (q->scales().has_ipc()) fn(q->mutable_scales()->mutable_ipc(), at + ".quantize.scales.ipc");
     }
   }
 }
@@ -73,6 +78,9 @@ bool HasVmm(const v1::ConvertBatchRequest& req) {
       for (const v1::MoeOutput& out : item.moe().outputs()) {
         if (out.destination().ipc().has_vmm()) return true;
       }
+    } else if (item.has_quantize()) {
+      const v1::QuantizeItem& q = item.quantize();
+      if (q.source().ipc().has_vmm() || q.values().ipc().has_vmm() || q.scales().ipc().has_vmm()) return true;
     }
   }
   return false;
@@ -140,23 +148,42 @@ void VmmImporter::ForgetKey(const std::string& identity, const std::string& key)
   if (it != keys_.end() && it->second == key) keys_.erase(it);
 }
 
-absl::Status VmmImporter::ResolveBuffer(const std::optional<PeerCredentials>& peer, v1::CudaIpcBuffer* b,
-                                        const std::string& field, std::vector<IpcCache::Lease>* held) {
-  WPREP_RETURN_IF_ERROR(Validate(*b, field));
-  const v1::CudaVmmBuffer& v = b->vmm();
+std::string VmmImporter::ExistingKey(const std::string& identity) {
+  absl::MutexLock lock(&mu_);
+  auto it = keys_.find(identity);
+  return it == keys_.end() ? std::string() : it->second;
+}
+
+std::string VmmImporter::Identity(int ordinal, const v1::CudaVmmBuffer& v, int peer_pid) {
   const bool posix = v.handle_type() == v1::VMM_HANDLE_TYPE_POSIX_FD;
-  if (!peer) {
-    return absl::PermissionDeniedError(absl::StrCat(
-        field, ".vmm: VMM buffers are accepted only on the daemon's Unix socket, where it can check which "
-               "process sent them; this connection is TCP or TLS"));
+  std::string identity = absl::StrCat(ordinal, "/", v.handle_type(), "/", peer_pid, "/", v.granularity());
+  for (const v1::VmmChunk& c : v.chunks()) {
+    if (posix) {
+      absl::StrAppend(&identity, "/", c.fd(), ":", c.size());
+    } else {
+      absl::StrAppend(&identity, "/", absl::BytesToHexString(c.fabric_handle()), ":", c.size());
+    }
   }
-  if (posix && !InThreadGroup(v.pid(), peer->pid)) {
+  return identity;
+}
+
+absl::Status VmmImporter::NotOnUnixSocket(absl::string_view field) {
+  return absl::PermissionDeniedError(absl::StrCat(
+      field, ".vmm: VMM buffers are accepted only on the daemon's Unix socket, where it can check which "
+             "process sent them; this connection is TCP or TLS"));
+}
+
+absl::StatusOr<int> VmmImporter::CheckedOrdinal(const PeerCredentials& peer, const v1::CudaIpcBuffer& b,
+                                                const std::string& field) {
+  const v1::CudaVmmBuffer& v = b.vmm();
+  const bool posix = v.handle_type() == v1::VMM_HANDLE_TYPE_POSIX_FD;
+  if (posix && !InThreadGroup(v.pid(), peer.pid)) {
     return absl::PermissionDeniedError(absl::StrCat(field, ".vmm.pid ", v.pid(),
                                                     " is not the process on the other end of this connection "
-                                                    "(pid ", peer->pid, "); send getpid() of the process that holds "
+                                                    "(pid ", peer.pid, "); send getpid() of the process that holds "
                                                     "the descriptors, on its own connection"));
   }
-  WPREP_ASSIGN_OR_RETURN(Uuid uuid, UuidFromWire(b->device_uuid(), absl::StrCat(field, ".device_uuid")));
+  WPREP_ASSIGN_OR_RETURN(Uuid uuid, UuidFromWire(b.device_uuid(), absl::StrCat(field, ".device_uuid")));
   WPREP_ASSIGN_OR_RETURN(Gpu * gpu, devices_->FindByUuid(uuid));
   const int ordinal = gpu->ordinal();
   const VmmSupport support = gpu->runtime().VmmImportSupport(ordinal);
@@ -168,6 +195,16 @@ absl::Status VmmImporter::ResolveBuffer(const std::optional<PeerCredentials>& pe
               : " (fabric handles need an IMEX daemon and channel, multi-node NVLink); ListDevices "
                 "reports each GPU's import_capabilities"));
   }
+  return ordinal;
+}
+
+absl::Status VmmImporter::ResolveBuffer(const std::optional<PeerCredentials>& peer, v1::CudaIpcBuffer* b,
+                                        const std::string& field, std::vector<IpcCache::Lease>* held) {
+  WPREP_RETURN_IF_ERROR(Validate(*b, field));
+  if (!peer) return NotOnUnixSocket(field);
+  WPREP_ASSIGN_OR_RETURN(const int ordinal, CheckedOrdinal(*peer, *b, field));
+  const v1::CudaVmmBuffer& v = b->vmm();
+  const bool posix = v.handle_type() == v1::VMM_HANDLE_TYPE_POSIX_FD;
 
   // The client's process, held while this request imports: its exit closes the mapping.
   absl::StatusOr<int> opened = OpenPidfd(peer->pid);
@@ -182,7 +219,7 @@ absl::Status VmmImporter::ResolveBuffer(const std::optional<PeerCredentials>& pe
     }
     close(pidfd);
   };
-  std::string identity = absl::StrCat(ordinal, "/", v.handle_type(), "/", peer->pid, "/", v.granularity());
+  const std::string identity = Identity(ordinal, v, peer->pid);
   for (int i = 0; i < v.chunks_size(); ++i) {
     const v1::VmmChunk& c = v.chunks(i);
     VmmChunkHandle h;
@@ -191,10 +228,8 @@ absl::Status VmmImporter::ResolveBuffer(const std::optional<PeerCredentials>& pe
       absl::StatusOr<int> fd = TakeFd(pidfd, c.fd());
       if (!fd.ok()) return WithField(absl::Status(fd.status().code(), absl::StrCat("chunks[", i, "]: ", fd.status().message())), field);
       h.fd = *fd;
-      absl::StrAppend(&identity, "/", c.fd(), ":", c.size());
     } else {
       h.fabric = c.fabric_handle();
-      absl::StrAppend(&identity, "/", absl::BytesToHexString(c.fabric_handle()), ":", c.size());
     }
     spec.chunks.push_back(std::move(h));
   }
@@ -216,6 +251,56 @@ absl::Status VmmImporter::ResolveBuffer(const std::optional<PeerCredentials>& pe
     held->push_back(*std::move(lease));
     return absl::OkStatus();
   }
+}
+
+namespace {
+
+// The buffer of a whole VMM allocation that `ref` names.
+v1::CudaIpcBuffer WholeAllocation(const v1::IpcHandleRef& ref) {
+  v1::CudaIpcBuffer b;
+  *b.mutable_vmm() = ref.vmm();
+  b.set_device_uuid(ref.device_uuid());
+  uint64_t total = 0;
+  for (const v1::VmmChunk& c : ref.vmm().chunks()) {
+    if (__builtin_add_overflow(total, c.size(), &total)) total = UINT64_MAX;  // Validate refuses it
+  }
+  b.set_size(total);
+  return b;
+}
+
+}  // namespace
+
+absl::StatusOr<uint64_t> VmmImporter::Register(const std::optional<PeerCredentials>& peer,
+                                               const v1::IpcHandleRef& ref, const std::string& field,
+                                               bool* was_open) {
+  if (!ref.handle().empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(field, ": set either handle (a legacy IPC handle) or vmm, not both"));
+  }
+  v1::CudaIpcBuffer b = WholeAllocation(ref);
+  WPREP_RETURN_IF_ERROR(Validate(b, field));
+  if (!peer) return NotOnUnixSocket(field);
+  WPREP_ASSIGN_OR_RETURN(const int ordinal, CheckedOrdinal(*peer, b, field));
+  const std::string before = ExistingKey(Identity(ordinal, b.vmm(), peer->pid));
+  *was_open = !before.empty() && cache_->Contains(ordinal, before);
+  std::vector<IpcCache::Lease> held;  // let go at once: the mapping stays cached
+  WPREP_RETURN_IF_ERROR(ResolveBuffer(peer, &b, field, &held));
+  return b.size();
+}
+
+absl::StatusOr<std::pair<int, int>> VmmImporter::Release(const std::optional<PeerCredentials>& peer,
+                                                         const v1::IpcHandleRef& ref, const std::string& field) {
+  if (!ref.handle().empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(field, ": set either handle (a legacy IPC handle) or vmm, not both"));
+  }
+  v1::CudaIpcBuffer b = WholeAllocation(ref);
+  WPREP_RETURN_IF_ERROR(Validate(b, field));
+  if (!peer) return NotOnUnixSocket(field);
+  WPREP_ASSIGN_OR_RETURN(const int ordinal, CheckedOrdinal(*peer, b, field));
+  const std::string identity = Identity(ordinal, b.vmm(), peer->pid);
+  const std::string key = ExistingKey(identity);
+  if (key.empty()) return std::make_pair(0, 0);
+  ForgetKey(identity, key);
+  return cache_->Release(ordinal, key);
 }
 
 absl::Status VmmImporter::Resolve(const std::optional<PeerCredentials>& peer, v1::ConvertRequest* req,

@@ -18,6 +18,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -57,7 +58,28 @@ class VmmImporter {
   // Checks the fields of one VMM buffer, before anything is taken or mapped.
   static absl::Status Validate(const wprep::v1::CudaIpcBuffer& b, absl::string_view field);
 
+  // RegisterIpcHandles of `ref.vmm()`: maps the whole allocation as Resolve maps a buffer
+  // (or finds its mapping; *was_open says which) and returns its bytes. The mapping stays
+  // cached like any other.
+  absl::StatusOr<uint64_t> Register(const std::optional<PeerCredentials>& peer, const wprep::v1::IpcHandleRef& ref,
+                                    const std::string& field, bool* was_open);
+  // ReleaseIpcHandles of `ref.vmm()`: closes the mapping of exactly these chunks of the
+  // peer's process (IpcCache::Release's (released, deferred)); (0, 0) when there is none.
+  // Refused as Resolve refuses a buffer of another process or over TCP.
+  absl::StatusOr<std::pair<int, int>> Release(const std::optional<PeerCredentials>& peer,
+                                              const wprep::v1::IpcHandleRef& ref, const std::string& field);
+
  private:
+  // The refusal of a VMM buffer that did not come on the Unix socket.
+  static absl::Status NotOnUnixSocket(absl::string_view field);
+  // The pid check of a VMM buffer from `peer`, then the ordinal of its GPU, which must be
+  // able to import its handle type.
+  absl::StatusOr<int> CheckedOrdinal(const PeerCredentials& peer, const wprep::v1::CudaIpcBuffer& b,
+                                     const std::string& field);
+  // What names a mapping of these chunks of the peer's process on `ordinal` (KeyFor's key).
+  static std::string Identity(int ordinal, const wprep::v1::CudaVmmBuffer& v, int peer_pid);
+  // The key an identity has now; empty when none.
+  std::string ExistingKey(const std::string& identity);
   absl::Status ResolveBuffer(const std::optional<PeerCredentials>& peer, wprep::v1::CudaIpcBuffer* b,
                              const std::string& field, std::vector<IpcCache::Lease>* held);
   // The cache key of an allocation's identity (a fresh one the first time).

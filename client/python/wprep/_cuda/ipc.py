@@ -8,8 +8,17 @@ How a tensor becomes a buffer the daemon can open:
   ref-counter offset, event handle, event sync required). For memory of torch's caching
   allocator (cudaMalloc segments) the handle is 66 bytes: a version byte (1 or 2), the kind
   b"c" (SHAREABLE_CUDA_MALLOC), then the cudaIpcMemHandle_t of the segment's base; older
-  torch returned the 64 bytes alone. Memory of expandable segments is kind b"e", a handle
-  the CUDA IPC API cannot open: refused with ExpandableSegmentsError.
+  torch returned the 64 bytes alone. Memory of expandable segments is kind b"e": CUDA's
+  virtual-memory API (cuMemCreate + cuMemMap), which cudaIpcGetMemHandle cannot export.
+  Its handle names the segment's physical chunks by file descriptor (_vmm.py parses it),
+  and the buffer goes as a CudaVmmBuffer, which wprepd takes on its Unix socket with
+  pidfd_getfd. torch exports each chunk once and hands out the same descriptors on every
+  _share_cuda_ of the segment, so the daemon's mapping is reused from call to call; the
+  parsed handle is cached here by its bytes.
+- Memory torch cannot share at all (a torch that refuses expandable segments, a pluggable
+  allocator such as vLLM's CuMemAllocator) is exported through the driver when it is cuMem
+  memory made with POSIX-fd handles (_vmm.export_cumem, one descriptor per chunk, kept);
+  else ExpandableSegmentsError says what to change.
 - The buffer's offset is the storage's offset in the segment plus the view's
   storage_offset() (element size 1); strides are the view's (bytes, for one-byte dtypes).
 - _share_cuda_ also registers the storage as "sent": a counter in a shared-memory file that a
@@ -32,27 +41,45 @@ How a tensor becomes a buffer the daemon can open:
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import os
+import socket
+import struct
 import sys
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Dict, Optional, Sequence, Tuple
 
+from .. import _vmm
 from ..v1 import wprep_pb2 as pb
 
 
 class ExpandableSegmentsError(ValueError):
-    """The tensor's memory comes from torch's expandable segments, which CUDA IPC cannot share."""
+    """The tensor's memory is CUDA virtual memory (torch's expandable segments, a cuMem pool)
+    that cannot be shared with this daemon; the message says what to change."""
 
 
 _EXPANDABLE_HELP = (
     "the tensor's memory comes from torch's expandable segments (PYTORCH_CUDA_ALLOC_CONF="
-    "expandable_segments:True), which cudaIpcGetMemHandle cannot export, so wprepd cannot map it. "
-    "Allocate the tensors wprep reads and writes with expandable segments off, e.g. "
+    "expandable_segments:True) or another CUDA virtual-memory allocator, and cannot be exported "
+    "here. wprep sends such memory as file descriptors when torch's _share_cuda_ returns an "
+    "expandable-segment handle (a torch that shares expandable segments) or when the memory "
+    "was made with cuMemCreate for POSIX file descriptors. Otherwise allocate the tensors wprep reads and "
+    "writes with expandable segments off, e.g. "
     "torch.cuda.memory._set_allocator_settings('expandable_segments:False') around their "
     "allocation, or send host copies (numpy arrays) instead"
+)
+
+VMM_SHARING_HELP = (
+    "CUDA virtual memory (torch's expandable segments, cuMem pools) is shared as file "
+    "descriptors that wprepd takes from this process with pidfd_getfd, so the client must "
+    "connect on the daemon's Unix socket (unix:///...), from the PID namespace the daemon sees "
+    "(the same container or pod with shareProcessNamespace, or hostPID on both sides), and the "
+    "daemon needs ptrace rights over the client (the same user, or CAP_SYS_PTRACE: "
+    "deploy/k8s/sidecar-vmm, deploy/k8s/daemonset-vmm; docs/OPERATIONS.md). Where that cannot "
+    "be, allocate these tensors with expandable_segments:False or send host copies"
 )
 
 _KNOWN_HANDLE_VERSIONS = (1, 2)
@@ -101,10 +128,13 @@ def decode_handle(handle: bytes) -> bytes:
 class SharedStorage:
     """Where a storage lives for the daemon: its allocation's handle and its offset in it."""
 
-    handle: bytes  # the 64-byte cudaIpcMemHandle_t of the allocation (segment) base
+    handle: bytes  # the 64-byte cudaIpcMemHandle_t of the allocation (segment) base; b"" for vmm
     offset: int  # byte offset of the storage's first byte from the allocation's start
     device_uuid: bytes
     device_index: int
+    # CUDA virtual memory: the allocation's chunks (shared, never changed), offset counted
+    # from the first chunk's start.
+    vmm: Optional[pb.CudaVmmBuffer] = None
 
 
 def _release_ref_counter(ref_handle: Any, ref_offset: Any) -> None:
@@ -120,25 +150,87 @@ def _expandable_segments_configured() -> bool:
     return "expandable_segments:true" in conf.lower().replace(" ", "")
 
 
+# Set once this process has sent CUDA virtual memory's descriptors: the clients then let
+# their daemon ptrace this process where yama asks for that (allow_daemon_ptrace).
+vmm_exported = False
+
+# Expandable-segment handles (their bytes) -> their chunks as a CudaVmmBuffer: torch hands out
+# the same descriptors for a segment on every _share_cuda_, so the handle repeats call after
+# call. Bounded: cleared when full (a parse is cheap; the daemon's mapping does not depend on it).
+_VMM_CACHE_ENTRIES = 4096
+_vmm_mu = threading.Lock()
+_vmm_parsed: Dict[bytes, pb.CudaVmmBuffer] = {}  # guarded by _vmm_mu
+
+
+def is_expandable_handle(handle: bytes) -> bool:
+    """torch's handle of an expandable segment (version byte, then kind b"e")."""
+    return len(handle) != 64 and len(handle) >= 2 and handle[1:2] == _vmm.KIND_EXPANDABLE
+
+
+def expandable_vmm(handle: bytes) -> pb.CudaVmmBuffer:
+    """The chunks of an expandable-segment handle (cached by its bytes). The returned message
+    is shared: copy it (CopyFrom), never change it."""
+    key = bytes(handle)
+    with _vmm_mu:
+        v = _vmm_parsed.get(key)
+    if v is not None:
+        return v
+    try:
+        v = _vmm.buffer_from_expandable(key, 0, 0, b"").vmm
+    except _vmm.VmmHandleError as e:
+        raise ExpandableSegmentsError(f"torch's expandable-segment handle cannot be sent to wprepd: {e}") from e
+    with _vmm_mu:
+        if len(_vmm_parsed) >= _VMM_CACHE_ENTRIES:
+            _vmm_parsed.clear()
+        _vmm_parsed[key] = v
+    return v
+
+
+def _share_cumem(storage: Any, device_index: int) -> Optional[SharedStorage]:
+    """`storage` exported through the driver when it is cuMem memory with POSIX-fd handles;
+    None when it is not (or no driver is loaded)."""
+    try:
+        b = _vmm.export_cumem(int(storage.data_ptr()), int(storage.nbytes()), b"")
+    except (OSError, AttributeError, _vmm.VmmHandleError):
+        return None
+    global vmm_exported
+    vmm_exported = True
+    return SharedStorage(handle=b"", offset=int(b.offset), device_uuid=device_uuid(device_index),
+                         device_index=device_index, vmm=b.vmm)
+
+
 def share_storage(storage: Any, device_index: int) -> SharedStorage:
-    """Exports `storage` (a CUDA torch.UntypedStorage) through _share_cuda_."""
+    """Exports `storage` (a CUDA torch.UntypedStorage) through _share_cuda_ (or, for cuMem
+    memory torch will not share, through the driver)."""
     try:
         info = storage._share_cuda_()
     except RuntimeError as e:
+        # torch refuses what it cannot give a handle for: its older expandable segments, a
+        # pluggable allocator's memory. cuMem memory can still go by file descriptor.
+        shared = _share_cumem(storage, device_index)
+        if shared is not None:
+            return shared
         if "expandable" in str(e).lower() or _expandable_segments_configured():
             raise ExpandableSegmentsError(f"{_EXPANDABLE_HELP} (torch: {e})") from e
         raise RuntimeError(f"torch could not export a CUDA IPC handle for this tensor: {e}") from e
     if not isinstance(info, tuple) or len(info) != 8:
         raise RuntimeError(f"torch's _share_cuda_ returned {type(info).__name__} of {len(info)} items, not 8")
     _device, handle, _nbytes, offset, ref_handle, ref_offset, _event, _event_sync = info
+    vmm: Optional[pb.CudaVmmBuffer] = None
     try:
         if handle is None:
             raise ValueError("the tensor has no memory (an empty storage)")
-        mem = decode_handle(handle)
+        if is_expandable_handle(handle):
+            global vmm_exported
+            vmm, mem = expandable_vmm(handle), b""
+            vmm_exported = True
+        else:
+            mem = decode_handle(handle)
     finally:
         if ref_handle is not None:
             _release_ref_counter(ref_handle, ref_offset)
-    return SharedStorage(handle=mem, offset=int(offset), device_uuid=device_uuid(device_index), device_index=device_index)
+    return SharedStorage(handle=mem, offset=int(offset), device_uuid=device_uuid(device_index),
+                         device_index=device_index, vmm=vmm)
 
 
 _CU_POINTER_ATTRIBUTE_BUFFER_ID = 7
@@ -266,6 +358,81 @@ class Registry:
         return None if e is None else e[1]
 
 
+# prctl(PR_SET_PTRACER, pid): yama's exception for one process that may ptrace the caller.
+_PR_SET_PTRACER = 0x59616D61
+
+
+def unix_socket_path(target: str) -> Optional[str]:
+    """The socket path of a gRPC target "unix:///abs/path" or "unix:path" (None for others)."""
+    if target.startswith("unix://"):
+        return target[len("unix://"):] or None
+    if target.startswith("unix:"):
+        return target[len("unix:"):] or None
+    return None
+
+
+def peer_pid(path: str) -> Optional[int]:
+    """The pid of the process listening on Unix socket `path`, as this process's PID namespace
+    numbers it (SO_PEERCRED; None when it cannot be asked, 0 from another namespace)."""
+    creds = struct.Struct("3i")  # struct ucred: pid, uid, gid
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+            s.settimeout(5.0)
+            s.connect(path)
+            pid, _uid, _gid = creds.unpack(s.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, creds.size))
+    except OSError:
+        return None
+    return pid
+
+
+def _yama_scope_is_1() -> bool:
+    try:
+        with open("/proc/sys/kernel/yama/ptrace_scope") as f:
+            return f.read().strip() == "1"
+    except OSError:
+        return False
+
+
+_ptracer_mu = threading.Lock()
+_ptracer: Optional[int] = None  # the pid last named with PR_SET_PTRACER here; guarded by _ptracer_mu
+
+
+def daemon_needing_ptrace(target: str) -> Optional[int]:
+    """The pid to name with allow_ptrace for the daemon at `target`, or None when none is
+    needed (no yama, a ptrace_scope other than 1) or possible (not a Unix socket, a daemon
+    in another PID namespace). Under yama's ptrace_scope 1 (Ubuntu's default) only an
+    ancestor may ptrace a process, and pidfd_getfd asks for ptrace rights: a daemon of the
+    same user that is not this process's ancestor could not take its descriptors."""
+    if not _yama_scope_is_1():
+        return None
+    path = unix_socket_path(target)
+    pid = peer_pid(path) if path else None
+    return pid if pid and pid > 0 else None
+
+
+def allow_ptrace(pid: int) -> bool:
+    """Names `pid` this process's one permitted tracer (prctl PR_SET_PTRACER): what sharing
+    descriptors with that daemon grants it anyway. Yama keeps one such pid per process, so
+    clients of several daemons take turns (the daemons of one process are best given
+    CAP_SYS_PTRACE instead). True when `pid` is the tracer now."""
+    global _ptracer
+    with _ptracer_mu:
+        if _ptracer == pid:
+            return True
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(_PR_SET_PTRACER, ctypes.c_ulong(pid), ctypes.c_ulong(0), ctypes.c_ulong(0),
+                      ctypes.c_ulong(0)) != 0:
+            return False
+        _ptracer = pid
+        return True
+
+
+def allow_daemon_ptrace(target: str) -> Optional[int]:
+    """daemon_needing_ptrace, then allow_ptrace: the daemon's pid when it was named."""
+    pid = daemon_needing_ptrace(target)
+    return pid if pid is not None and allow_ptrace(pid) else None
+
+
 def check_byte_tensor(t: Any, what: str) -> None:
     if t.element_size() != 1:
         raise TypeError(
@@ -304,18 +471,22 @@ def shared_view(t: Any, registry: Registry) -> SharedStorage:
 
 @dataclass(frozen=True)
 class IpcView:
-    """What a CudaIpcBuffer says of a tensor: allocation handle, byte offset, bytes spanned,
-    GPU, and the view's strides (empty when contiguous)."""
+    """What a CudaIpcBuffer says of a tensor: allocation handle (or VMM chunks), byte offset,
+    bytes spanned, GPU, and the view's strides (empty when contiguous)."""
 
     handle: bytes
     offset: int
     size: int
     device_uuid: bytes
     strides: Tuple[int, ...] = ()
+    vmm: Optional[pb.CudaVmmBuffer] = None
 
     def fill(self, b: pb.CudaIpcBuffer) -> None:
         """Writes the view into `b` (a field of the request: no message of its own to copy)."""
-        b.handle = self.handle
+        if self.vmm is not None:
+            b.vmm.CopyFrom(self.vmm)
+        else:
+            b.handle = self.handle
         b.offset = self.offset
         b.size = self.size
         b.device_uuid = self.device_uuid
@@ -331,7 +502,7 @@ def source_view(t: Any, registry: Registry) -> IpcView:
         raise ValueError(f"a source view with negative strides cannot be read in place: {list(strides)}")
     shared = shared_view(t, registry)
     return IpcView(shared.handle, shared.offset + t.storage_offset(), view_span(t.shape, strides),
-                   shared.device_uuid, () if t.is_contiguous() else tuple(strides))
+                   shared.device_uuid, () if t.is_contiguous() else tuple(strides), shared.vmm)
 
 
 def destination_view(t: Any, registry: Registry) -> IpcView:
@@ -344,7 +515,7 @@ def destination_view(t: Any, registry: Registry) -> IpcView:
                 f"out must be dense (the daemon writes it in memory order); got shape {shape} strides {strides}"
             )
     shared = shared_view(t, registry)
-    return IpcView(shared.handle, shared.offset + t.storage_offset(), t.numel(), shared.device_uuid)
+    return IpcView(shared.handle, shared.offset + t.storage_offset(), t.numel(), shared.device_uuid, vmm=shared.vmm)
 
 
 

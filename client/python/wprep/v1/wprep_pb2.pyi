@@ -338,12 +338,14 @@ class IpcEventRef(_message.Message):
     def __init__(self, handle: _Optional[bytes] = ..., device_uuid: _Optional[bytes] = ...) -> None: ...
 
 class IpcHandleRef(_message.Message):
-    __slots__ = ["device_uuid", "handle"]
+    __slots__ = ["device_uuid", "handle", "vmm"]
     DEVICE_UUID_FIELD_NUMBER: _ClassVar[int]
     HANDLE_FIELD_NUMBER: _ClassVar[int]
+    VMM_FIELD_NUMBER: _ClassVar[int]
     device_uuid: bytes
     handle: bytes
-    def __init__(self, handle: _Optional[bytes] = ..., device_uuid: _Optional[bytes] = ...) -> None: ...
+    vmm: CudaVmmBuffer
+    def __init__(self, handle: _Optional[bytes] = ..., device_uuid: _Optional[bytes] = ..., vmm: _Optional[_Union[CudaVmmBuffer, _Mapping]] = ...) -> None: ...
 
 class LayoutIdentity(_message.Message):
     __slots__ = ["contract_version", "conversion", "layout"]
