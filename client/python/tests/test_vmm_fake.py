@@ -101,6 +101,22 @@ def test_the_same_segment_names_the_same_descriptors_and_is_parsed_once(fake):
     assert v.vmm is not views[0].vmm and [c.fd for c in v.vmm.chunks] == [60]
 
 
+def test_an_expandable_segment_the_driver_names_as_one_allocation_still_goes_as_vmm(fake, monkeypatch):
+    # The client keeps one legacy export per driver allocation; an expandable segment is one
+    # allocation to the driver too, and every tensor in it must still go as its chunks (a
+    # cached "export" of it would be an empty legacy handle the daemon refuses).
+    torch, rec = fake
+    seg = FakeSegment(1 << 40, fds=(70, 71))
+    monkeypatch.setattr(ipc, "EXPORTS", ipc.Exports())
+    monkeypatch.setattr(ipc, "allocation_of",
+                        lambda ptr: (99, seg.base) if seg.base <= ptr < seg.base + seg.size else None)
+    for k in range(3):
+        v = _torch.source_view(es_tensor(torch, rec, seg, block_offset=k * MIB, nbytes=MIB, shape=(MIB,),
+                                         strides=(1,)), _torch.Registry())
+        assert v.vmm is not None and v.handle == b"", k
+        assert [c.fd for c in v.vmm.chunks] == [70, 71] and v.offset == k * MIB
+
+
 def test_a_registered_expandable_storage_is_exported_once_and_named_by_its_chunks(fake):
     torch, rec = fake
     seg = FakeSegment(1 << 40, fds=(70, 71))

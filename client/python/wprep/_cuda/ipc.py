@@ -310,8 +310,10 @@ def export_storage(storage: Any, device_index: int) -> SharedStorage:
             return SharedStorage(handle=e[0], offset=ptr - alloc[1], device_uuid=e[1], device_index=device_index)
     shared = share_storage(storage, device_index)
     # torch exports the allocation's start (cudaIpcGetMemHandle) with the storage's offset in
-    # it; only where that is the driver's view too is the export reused.
-    if alloc is not None and shared.offset == ptr - alloc[1]:
+    # it; only where that is the driver's view too is the export reused. A VMM export (an
+    # expandable segment's chunks) is not kept here: it is no legacy handle, and its own path
+    # hands the daemon the same chunks on every call already.
+    if alloc is not None and shared.vmm is None and shared.offset == ptr - alloc[1]:
         EXPORTS.add((device_index, alloc[0]), shared.handle, shared.device_uuid)
     return shared
 
