@@ -186,6 +186,8 @@ def test_load_list_attach_compare_detach_drop(wclient, loaded, checkpoint):
     assert not w.alive
     assert _attachments(wclient, "set1") == 0
     assert len(w) == 0
+    with pytest.raises(ValueError, match="closed"):
+        w["embed.weight"]
     # A view taken before the close still reads the set's bytes (it holds the mapping).
     assert kept.tobytes() == TENSORS[-1][3]
     assert wclient.drop_weights("set1") == m.total_bytes
@@ -209,7 +211,8 @@ def _check_every_tensor(c, w):
         ref = c.convert(case.spec, case.logical_shape, golden.golden_input(case))
         assert raw == ref.data, f"{name} ({case.name}): bytes differ from convert"
         plan = c.plan(case.spec, case.logical_shape)
-        assert (t.dtype, t.shape, t.strides, t.bytes) == ("U8", plan.output_shape, plan.output_strides, plan.output_bytes)
+        assert (t.dtype, t.shape, t.strides) == ("U8", plan.output_shape, plan.output_strides)
+        assert t.bytes == plan.output_bytes
         assert t.shape == case.output_shape
         assert t.identity is not None and t.identity == plan.identity == w.identity(name)
         assert t.identity.layout == golden.expected_identity(case) and t.identity.contract_version == 1
@@ -363,8 +366,10 @@ def test_the_cli_rules_syntax_gives_the_same_rules():
         wprep.v1.wprep_pb2.WeightRule(pattern="*_scales", convert=Spec("hopper_scale", num_warps=4).to_proto()),
     ]
     assert wprep.weights.parse_rules(text) == want
-    assert wprep.weights.parse_rules({"lm_head*": "verbatim", "*_blocks": Spec("hopper_value", mx_axis=-2, packing_axis=-2),
-                                      "*_scales": "hopper_scale:num_warps=4"}) == want
+    as_mapping = {"lm_head*": "verbatim", "*_blocks": Spec("hopper_value", mx_axis=-2, packing_axis=-2),
+                  "*_scales": "hopper_scale:num_warps=4"}
+    assert wprep.weights.parse_rules(as_mapping) == want
+    assert wprep.weights.parse_rules(list(as_mapping.items())) == want
     assert wprep.weights.parse_rules(None) == []
 
 
@@ -397,3 +402,18 @@ def test_a_killed_client_is_detached(wclient, loaded):
     assert _wait_attachments(wclient, "set4", 0), "the killed client is still attached"
     assert wclient.drop_weights("set4") > 0
     assert wclient.health() == "SERVING"
+
+
+def test_progress_bar_and_quiet_default_off_a_terminal(wclient, loaded, capsys):
+    loaded("set6", progress="bar")
+    err = capsys.readouterr().err
+    assert err.startswith("\r[") and err.endswith("\n"), repr(err)
+    assert f"{len(TENSORS)}/{len(TENSORS)} tensors" in err
+    wclient.load_weights("set7", "model.safetensors", progress="auto")  # stderr is no terminal here
+    try:
+        assert capsys.readouterr().err == ""
+    finally:
+        wclient.drop_weights("set7")
+    with pytest.raises(ValueError, match="progress"):
+        wclient.load_weights("set8", "model.safetensors", progress="loud")
+    assert wclient.list_weights().get("set8") is None

@@ -24,6 +24,7 @@ from __future__ import annotations
 import mmap
 import os
 import sys
+import warnings
 from dataclasses import dataclass
 from typing import (TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple,
                     Union)
@@ -74,6 +75,11 @@ _TORCH_DTYPES: Dict[str, str] = {
     "I64": "int64", "I32": "int32", "I16": "int16", "I8": "int8",
     "U64": "uint64", "U32": "uint32", "U16": "uint16", "U8": "uint8",
     "BOOL": "bool", "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2", "F8_E8M0": "float8_e8m0fnu",
+}
+# Where an older torch lacks the dtype (float8_e8m0fnu came in 2.7, uint16-64 in 2.3): a
+# signed or unsigned integer of the same width.
+_TORCH_FALLBACK: Dict[str, str] = {
+    "F8_E4M3": "uint8", "F8_E5M2": "uint8", "F8_E8M0": "uint8", "U16": "int16", "U32": "int32", "U64": "int64",
 }
 # The rule parameters the CLI's --rules takes (client/cli/weights.cc), all ints.
 _RULE_PARAMS = ("mx_axis", "mma_version", "num_warps", "align_k", "packing_axis", "block_k", "block_n")
@@ -268,7 +274,11 @@ class _Bar:
             self._stream.flush()
 
 
-def _progress_sink(progress: Union[None, bool, str, Callable[[LoadProgress], Any]]) -> Tuple[Optional[Callable[[LoadProgress], Any]], Optional[_Bar]]:
+# A load's progress argument: a callable, "auto", "bar", "none", True, False or None.
+Progress = Union[None, bool, str, Callable[[LoadProgress], Any]]
+
+
+def _progress_sink(progress: Progress) -> Tuple[Optional[Callable[[LoadProgress], Any]], Optional[_Bar]]:
     if callable(progress):
         return progress, None
     if progress in (None, False, "none"):
@@ -298,7 +308,7 @@ def load(
     *,
     rules: Rules = None,
     device_uuid: Union[None, bytes, str] = None,
-    progress: Union[None, bool, str, Callable[[LoadProgress], Any]] = "auto",
+    progress: Progress = "auto",
     timeout: Optional[float] = None,
 ) -> LoadedWeights:
     """Has the daemon load `path` (relative to its --weights-root: a .safetensors file, or a
@@ -403,6 +413,7 @@ class AttachedWeights(Mapping[str, np.ndarray]):
 
     # Mapping
     def __getitem__(self, name: str) -> np.ndarray:
+        self._check_open()
         return self._arrays[name]
 
     def __iter__(self) -> Iterator[str]:
@@ -421,7 +432,12 @@ class AttachedWeights(Mapping[str, np.ndarray]):
 
     def numpy(self) -> Dict[str, np.ndarray]:
         """Every tensor as a numpy view (BF16 and FP8 as unsigned integers of their width)."""
+        self._check_open()
         return dict(self._arrays)
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ValueError(f"the attachment to weight set {self.manifest.name!r} is closed")
 
     def torch_tensors(self) -> Dict[str, "torch.Tensor"]:
         """Every tensor as a CPU torch tensor viewing the mapping (no copy), with its real dtype
@@ -430,11 +446,14 @@ class AttachedWeights(Mapping[str, np.ndarray]):
             import torch
         except ImportError as e:
             raise ImportError(f"torch_tensors() needs torch, which is not importable: {e}") from e
-        import warnings
-        with warnings.catch_warnings():
-            # The mapping is read-only; torch warns that it cannot say so on the tensor.
-            warnings.simplefilter("ignore", UserWarning)
-            flat = torch.frombuffer(self._buffer, dtype=torch.uint8) if len(self._buffer) else torch.empty(0, dtype=torch.uint8)
+        self._check_open()
+        if not len(self._buffer):
+            flat = torch.empty(0, dtype=torch.uint8)
+        else:
+            with warnings.catch_warnings():
+                # The mapping is read-only; torch warns that it cannot say so on the tensor.
+                warnings.simplefilter("ignore", UserWarning)
+                flat = torch.frombuffer(self._buffer, dtype=torch.uint8)
         return {t.name: _torch_view(torch, flat, t) for t in self.manifest.tensors}
 
     @property
@@ -507,6 +526,8 @@ def _numpy_view(buffer: Union[mmap.mmap, bytes], t: WeightTensor) -> np.ndarray:
 
 def _torch_view(torch: Any, flat: "torch.Tensor", t: WeightTensor) -> "torch.Tensor":
     dtype = getattr(torch, _TORCH_DTYPES.get(t.dtype, ""), None)
+    if dtype is None and t.dtype in _TORCH_FALLBACK:
+        dtype = getattr(torch, _TORCH_FALLBACK[t.dtype])  # the raw bits, as numpy gives them
     if dtype is None:
         raise TypeError(f"tensor {t.name!r}: this torch has no dtype for {t.dtype}")
     if any(d == 0 for d in t.shape):
