@@ -236,7 +236,7 @@ def _check_every_tensor(c, w):
 
 def test_two_attachments_share_the_set_and_torch_views(wclient, loaded):
     loaded("set2")
-    a = wprep.weights.attach(wclient, "set2")
+    a = wprep.weights.attach("set2", client=wclient)
     b = wclient.attach_weights("set2")
     try:
         assert a.attachment_id != b.attachment_id
@@ -417,3 +417,18 @@ def test_progress_bar_and_quiet_default_off_a_terminal(wclient, loaded, capsys):
     with pytest.raises(ValueError, match="progress"):
         wclient.load_weights("set8", "model.safetensors", progress="loud")
     assert wclient.list_weights().get("set8") is None
+
+
+def test_the_module_functions_use_the_default_client(wclient, checkpoint):
+    wprep.set_default_client(wclient)
+    try:
+        r = wprep.weights.load("set9", "model.safetensors", rules="ref.shielded=verbatim", progress=None)
+        assert [t.rule for t in r.manifest.tensors] == [-1] * len(CASES) + [0, -1]
+        assert all(t.identity is None for t in r.manifest.tensors)
+        assert wprep.weights.list_sets(with_tensors=True).get("set9").manifest == r.manifest
+        with wprep.weights.attach("set9") as w:
+            for name, _, _, raw in TENSORS:
+                assert w[name].tobytes() == raw, f"{name}: a copy differs from the file"
+        assert wprep.weights.drop("set9") == r.manifest.total_bytes
+    finally:
+        wprep.set_default_client(None)

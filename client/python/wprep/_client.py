@@ -563,21 +563,21 @@ class Client:
         """wprep.weights.load with this client: the daemon loads `path` (under its
         --weights-root), prepares what `rules` name, and keeps the set as `name`."""
         from . import weights
-        return weights.load(self, name, path, rules=rules, device_uuid=device_uuid, progress=progress,
+        return weights.load(name, path, rules=rules, client=self, device_uuid=device_uuid, progress=progress,
                             timeout=timeout)
 
     def list_weights(self, *, with_tensors: bool = False, timeout: Optional[float] = None) -> "weights.WeightSets":
         """wprep.weights.list_sets with this client: the resident sets, budget and attachments."""
         from . import weights
-        return weights.list_sets(self, with_tensors=with_tensors, timeout=timeout)
+        return weights.list_sets(with_tensors=with_tensors, client=self, timeout=timeout)
 
     def attach_weights(self, name: str) -> "weights.AttachedWeights":
         """wprep.weights.attach with this client: zero-copy read-only views of set `name`,
         attached until close() (a context manager)."""
         from . import weights
-        return weights.attach(self, name)
+        return weights.attach(name, client=self)
 
     def drop_weights(self, name: str, *, force: bool = False, timeout: Optional[float] = None) -> int:
         """wprep.weights.drop with this client: frees set `name`; returns the bytes freed."""
         from . import weights
-        return weights.drop(self, name, force=force, timeout=timeout)
+        return weights.drop(name, force=force, client=self, timeout=timeout)

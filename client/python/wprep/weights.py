@@ -3,9 +3,9 @@ keeps it, and engines attach instead of loading and preparing.
 
     import wprep, wprep.weights
     c = wprep.Client()
-    wprep.weights.load(c, "gptoss", "gpt-oss-20b",
+    wprep.weights.load("gptoss", "gpt-oss-20b", client=c,
                        rules="*_blocks=hopper_value:packing_axis=-2;*_scales=hopper_scale")
-    with wprep.weights.attach(c, "gptoss") as w:      # an engine, restarted
+    with wprep.weights.attach("gptoss", client=c) as w:   # an engine, restarted
         w["model.layers.0.mlp.experts.w2_blocks"]     # numpy view of the daemon's memory
         w.identity("model.layers.0.mlp.experts.w2_blocks").layout
         w.torch_tensors()                             # torch.frombuffer views, no copy
@@ -24,6 +24,7 @@ from __future__ import annotations
 import mmap
 import os
 import sys
+import threading
 import warnings
 from dataclasses import dataclass
 from typing import (TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple,
@@ -302,11 +303,11 @@ def _client(client: Optional["Client"]) -> "Client":
 
 
 def load(
-    client: Optional["Client"],
     name: str,
     path: str,
     *,
     rules: Rules = None,
+    client: Optional["Client"] = None,
     device_uuid: Union[None, bytes, str] = None,
     progress: Progress = "auto",
     timeout: Optional[float] = None,
@@ -318,7 +319,7 @@ def load(
     progress: a callable given each LoadProgress; "auto" (default) a bar on stderr when it is
     a terminal; "bar" or True always; None, False or "none" nothing. device_uuid: the GPU to
     keep the set on (None: host memory, the CPU engine's). timeout: seconds for the whole load
-    (default: the Client's). client None: the default client.
+    (default: the Client's). client: the daemon's Client (default: wprep.default_client()).
 
     Raises WprepError: INVALID_ARGUMENT for a bad name, rule or checkpoint (naming the file
     and the tensor), PERMISSION_DENIED for a path outside --weights-root, NOT_FOUND for a
@@ -344,7 +345,7 @@ def load(
     return LoadedWeights(WeightManifest.from_proto(last.manifest), last.load_seconds)
 
 
-def list_sets(client: Optional["Client"] = None, *, with_tensors: bool = False,
+def list_sets(*, with_tensors: bool = False, client: Optional["Client"] = None,
               timeout: Optional[float] = None) -> WeightSets:
     """The resident sets and their attachment counts (ListWeights); each manifest's tensors only
     with `with_tensors`."""
@@ -355,7 +356,7 @@ def list_sets(client: Optional["Client"] = None, *, with_tensors: bool = False,
         budget_bytes=resp.budget_bytes, resident_bytes=resp.resident_bytes)
 
 
-def drop(client: Optional["Client"], name: str, *, force: bool = False, timeout: Optional[float] = None) -> int:
+def drop(name: str, *, force: bool = False, client: Optional["Client"] = None, timeout: Optional[float] = None) -> int:
     """Frees set `name` and returns the bytes freed (DropWeights). WprepError NOT_FOUND for an
     unknown set, FAILED_PRECONDITION while attached unless `force` (the attachments then end:
     their views stay readable, their `alive` turns False)."""
@@ -364,7 +365,7 @@ def drop(client: Optional["Client"], name: str, *, force: bool = False, timeout:
     return int(resp.freed_bytes)
 
 
-def attach(client: Optional["Client"], name: str) -> "AttachedWeights":
+def attach(name: str, *, client: Optional["Client"] = None) -> "AttachedWeights":
     """Attaches to set `name` (AttachWeights) and maps its memory: see AttachedWeights.
     WprepError NOT_FOUND for an unknown set."""
     c = _client(client)
@@ -462,14 +463,20 @@ class AttachedWeights(Mapping[str, np.ndarray]):
         return not self._closed and not self._call.done()
 
     def close(self, timeout: Optional[float] = None) -> None:
-        """Detaches (DetachWeights, then the stream ends); idempotent. The views stay valid."""
+        """Detaches: DetachWeights, then waits (up to `timeout`, default the Client's) for the
+        daemon to end the stream, so that ListWeights no longer counts the attachment when this
+        returns. Idempotent. The views stay valid."""
         if self._closed:
             return
         self._closed = True
+        ended = threading.Event()
+        self._call.add_done_callback(lambda _: ended.set())
         try:
             if not self._call.done():
                 self._client._unary_weights("DetachWeights",
                                             pb.DetachWeightsRequest(attachment_id=self.attachment_id), timeout)
+                # The daemon forgets the attachment once the stream's handler returns.
+                ended.wait(self._client._timeout(timeout))
         except WprepError as e:
             # Already ended (a forced drop) or no daemon: the attachment is gone either way.
             if e.code not in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.UNAVAILABLE):
