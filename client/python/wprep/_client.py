@@ -21,7 +21,7 @@ from ._types import BatchResult, Devices, Item, Plan, Result, Source
 from .v1 import wprep_pb2 as pb
 from .v1 import wprep_pb2_grpc as pb_grpc
 
-if TYPE_CHECKING:  # imported on first use: most clients never touch weight sets
+if TYPE_CHECKING:  # weights refers to Client; the methods import it, keeping imports one-way
     from . import weights
 
 DEFAULT_TARGET = "unix:///tmp/wprepd.sock"
