@@ -11,6 +11,10 @@
     # bf16/fp16/fp32 weights to MXFP4 values and scales (numpy inline, CUDA tensors in place):
     values, scales = wprep.quantize_mxfp4(w, layout="blackwell_value")
 
+    # Resident weight sets: load and prepare once in the daemon, attach from any engine:
+    c.load_weights("gptoss", "gpt-oss-20b", rules="*_blocks=hopper_value:packing_axis=-2")
+    with c.attach_weights("gptoss") as w: w["lm_head.weight"]   # zero-copy numpy views
+
 numpy is required; torch is imported only when torch tensors are passed (CUDA IPC), and
 triton_kernels only to build its Tensor objects. See docs/GUIDE.md, "From Python".
 """
@@ -32,11 +36,14 @@ from ._quantize import QuantizedMXFP4, quantize_mxfp4
 from ._spec import Direction, Layout, LayoutIdentity, Spec
 from ._torch import ExpandableSegmentsError, StreamMemOpsError
 from ._types import BatchResult, Device, Devices, Item, Plan, Result
+from . import weights
+from .weights import AttachedWeights
 
 __version__ = "0.1.0"
 
 __all__ = [
     "AsyncClient",
+    "AttachedWeights",
     "BatchResult",
     "Client",
     "DEFAULT_TARGET",
@@ -64,4 +71,5 @@ __all__ = [
     "swizzle_mxfp4",
     "swizzle_mxfp4_batch",
     "wait_async",
+    "weights",
 ]

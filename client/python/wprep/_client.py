@@ -7,7 +7,7 @@ import concurrent.futures
 import os
 import threading
 import time
-from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple, Union
+from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 import grpc
 
@@ -20,6 +20,9 @@ from ._spec import Spec
 from ._types import BatchResult, Devices, Item, Plan, Result, Source
 from .v1 import wprep_pb2 as pb
 from .v1 import wprep_pb2_grpc as pb_grpc
+
+if TYPE_CHECKING:  # weights refers to Client; the methods import it, keeping imports one-way
+    from . import weights
 
 DEFAULT_TARGET = "unix:///tmp/wprepd.sock"
 
@@ -120,6 +123,7 @@ class Client:
         self.timeout = timeout
         self._channel = channel or _open_channel(grpc, self.target, credentials, options)
         self._stub = pb_grpc.WeightPrepStub(self._channel)
+        self._weights = pb_grpc.WeightSetsStub(self._channel)
         self._check = self._channel.unary_unary(
             _health.CHECK_METHOD, request_serializer=_identity, response_deserializer=_identity
         )
@@ -178,6 +182,13 @@ class Client:
         self._before_send()
         try:
             return getattr(self._stub, method)(request, timeout=self._timeout(timeout))
+        except grpc.RpcError as e:
+            raise from_rpc_error(e, method) from None
+
+    def _unary_weights(self, method: str, request: Any, timeout: Optional[float]) -> Any:
+        """A unary call of the WeightSets service; failures as WprepError."""
+        try:
+            return getattr(self._weights, method)(request, timeout=self._timeout(timeout))
         except grpc.RpcError as e:
             raise from_rpc_error(e, method) from None
 
@@ -543,3 +554,30 @@ class Client:
         refs = _torch.handle_refs(list(tensors), self._registry, register=False)
         resp = self._unary("ReleaseIpcHandles", pb.ReleaseIpcHandlesRequest(handles=refs), timeout)
         return int(resp.released)
+
+    # -- resident weight sets (wprep.weights) -------------------------------------------------
+
+    def load_weights(self, name: str, path: str, *, rules: "weights.Rules" = None,
+                     device_uuid: Union[None, bytes, str] = None, progress: Any = "auto",
+                     timeout: Optional[float] = None) -> "weights.LoadedWeights":
+        """wprep.weights.load with this client: the daemon loads `path` (under its
+        --weights-root), prepares what `rules` name, and keeps the set as `name`."""
+        from . import weights
+        return weights.load(name, path, rules=rules, client=self, device_uuid=device_uuid, progress=progress,
+                            timeout=timeout)
+
+    def list_weights(self, *, with_tensors: bool = False, timeout: Optional[float] = None) -> "weights.WeightSets":
+        """wprep.weights.list_sets with this client: the resident sets, budget and attachments."""
+        from . import weights
+        return weights.list_sets(with_tensors=with_tensors, client=self, timeout=timeout)
+
+    def attach_weights(self, name: str) -> "weights.AttachedWeights":
+        """wprep.weights.attach with this client: zero-copy read-only views of set `name`,
+        attached until close() (a context manager)."""
+        from . import weights
+        return weights.attach(name, client=self)
+
+    def drop_weights(self, name: str, *, force: bool = False, timeout: Optional[float] = None) -> int:
+        """wprep.weights.drop with this client: frees set `name`; returns the bytes freed."""
+        from . import weights
+        return weights.drop(name, force=force, client=self, timeout=timeout)

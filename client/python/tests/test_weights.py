@@ -1,0 +1,434 @@
+"""Resident weight sets from Python (wprep.weights) against a real wprepd on the CPU engine,
+started with --weights-root and --weights-shm-dir in a temporary folder: a checkpoint written
+here by hand whose converted tensors are reference vectors (tests/data/golden*), loaded with
+rules, listed, attached (zero-copy read-only views) and compared with the vectors' expected
+bytes and with `convert` of the same bytes, detached and dropped; refusals; a forced drop; a
+killed client's attachment ending."""
+
+import gc
+import hashlib
+import json
+import os
+import signal
+import struct
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import grpc
+import numpy as np
+import pytest
+
+import golden
+import wprep
+import wprep.weights
+from wprep import Client, Spec, WprepError
+from wprep.testing import LocalDaemon
+
+PACKAGE_DIR = str(Path(__file__).resolve().parents[1])
+
+
+def _reference_cases():
+    """One swizzle case per (vector set, layout): dense inputs, non-empty, small."""
+    seen, out = set(), []
+    for c in golden.all_cases():
+        key = (c.set, c.spec.layout)
+        dense = not c.input_strides or c.input_strides == golden._row_major(c.input_shape)
+        if (c.error or c.spec.direction != wprep.Direction.SWIZZLE or not dense or not c.input_bytes
+                or c.input_bytes > 64 << 10 or key in seen):
+            continue
+        seen.add(key)
+        out.append(c)
+    return out
+
+
+CASES = _reference_cases()
+
+
+def _rand(n, seed):
+    return np.random.default_rng(seed).integers(0, 256, n, dtype=np.uint8).tobytes()
+
+
+# The checkpoint: each reference case's input as "ref.<i>.w" (U8, its storage shape), a U8
+# tensor a verbatim rule shields from the "ref.*" rules, and a BF16 tensor no rule matches.
+TENSORS = [(f"ref.{i}.w", "U8", c.input_shape, golden.golden_input(c)) for i, c in enumerate(CASES)] + [
+    ("ref.shielded", "U8", (64, 32), _rand(64 * 32, 1)),
+    ("embed.weight", "BF16", (16, 8), _rand(16 * 8 * 2, 2)),
+]
+RULES = [("ref.shielded", "verbatim")] + [(f"ref.{i}.w", c.spec) for i, c in enumerate(CASES)]
+
+
+def write_safetensors(path, tensors):
+    """The format by hand (8-byte little-endian header length, JSON, data); returns the header
+    bytes (length word and JSON) for the checksum."""
+    header, data = {}, b""
+    for name, dtype, shape, raw in tensors:
+        header[name] = {"dtype": dtype, "shape": list(shape), "data_offsets": [len(data), len(data) + len(raw)]}
+        data += raw
+    js = json.dumps(header).encode()
+    js += b" " * (-len(js) % 8)
+    head = struct.pack("<Q", len(js)) + js
+    Path(path).write_bytes(head + data)
+    return head
+
+
+@pytest.fixture(scope="module")
+def wdir(tmp_path_factory):
+    d = tmp_path_factory.mktemp("weights")
+    (d / "root").mkdir()
+    (d / "shm").mkdir()
+    (d / "outside").mkdir()
+    return d
+
+
+def _start(wdir, *extra):
+    from conftest import wprepd_path
+    return LocalDaemon(wprepd_path(), ["--devices=cpu", "--cpu-threads=2", f"--weights-root={wdir / 'root'}",
+                                       f"--weights-shm-dir={wdir / 'shm'}", *extra])
+
+
+@pytest.fixture(scope="module")
+def wdaemon(wdir):
+    with _start(wdir) as d:
+        yield d
+
+
+@pytest.fixture(scope="module")
+def wclient(wdaemon):
+    with Client(wdaemon.target, timeout=120) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def checkpoint(wdir):
+    return write_safetensors(wdir / "root" / "model.safetensors", TENSORS)
+
+
+@pytest.fixture
+def loaded(wclient, checkpoint):
+    """A set loaded with RULES, dropped (forced) after the test."""
+    names = []
+
+    def load(name, progress=None):
+        r = wclient.load_weights(name, "model.safetensors", rules=RULES, progress=progress)
+        names.append(name)
+        return r
+
+    yield load
+    for n in names:
+        try:
+            wclient.drop_weights(n, force=True)
+        except WprepError as e:
+            assert e.code == grpc.StatusCode.NOT_FOUND
+
+
+def _file_bytes(path, offset, n):
+    """The set's bytes read from its file directly, not through the attachment."""
+    with open(path, "rb") as f:
+        f.seek(offset)
+        return f.read(n)
+
+
+def _attachments(c, name):
+    s = c.list_weights().get(name)
+    return None if s is None else s.attachments
+
+
+def _wait_attachments(c, name, n, limit_s=30.0):
+    """Polls (bounded) until set `name` has `n` attachments; the daemon notices a dead
+    connection on its own schedule."""
+    end = time.monotonic() + limit_s
+    while time.monotonic() < end:
+        if _attachments(c, name) == n:
+            return True
+        time.sleep(0.02)
+    return False
+
+
+def test_there_are_reference_cases_of_every_kind():
+    layouts = {c.spec.layout for c in CASES}
+    assert {wprep.Layout.HOPPER_VALUE, wprep.Layout.BLACKWELL_SHUFFLED_VALUE} <= layouts
+    assert any(c.spec.packing_axis == -2 for c in CASES), "no checkpoint-order (packing -2) case"
+    assert any(not wprep.Layout(c.spec.layout).value.endswith("_value") for c in CASES), "no scale case"
+
+
+def test_load_list_attach_compare_detach_drop(wclient, loaded, checkpoint):
+    seen = []
+    r = loaded("set1", progress=seen.append)
+    # Progress: from nothing to everything, never backwards.
+    assert seen[0].tensors_done == 0 and seen[0].tensors_total == len(TENSORS)
+    assert seen[-1].tensors_done == len(TENSORS) and seen[-1].bytes_done == seen[-1].bytes_total
+    assert all(a.bytes_done <= b.bytes_done for a, b in zip(seen, seen[1:]))
+    m = r.manifest
+    assert (m.name, m.path, m.device_uuid) == ("set1", "model.safetensors", b"")
+    assert m.source_checksum == hashlib.sha256(hashlib.sha256(checkpoint).digest()).digest()
+    assert r.load_seconds >= 0
+    assert [t.name for t in m.tensors] == [t[0] for t in TENSORS]
+
+    sets = wclient.list_weights()
+    info = sets.get("set1")
+    assert info is not None and info.attachments == 0 and info.manifest.tensors == ()
+    assert sets.resident_bytes >= m.total_bytes and sets.budget_bytes == 0
+    assert wclient.list_weights(with_tensors=True).get("set1").manifest == m
+
+    with wclient.attach_weights("set1") as w:
+        assert w.alive and w.manifest == m and len(w) == len(TENSORS)
+        assert os.path.dirname(w.shm_path).endswith("shm")
+        assert _attachments(wclient, "set1") == 1
+        _check_every_tensor(wclient, w)
+        # Attached: a plain drop is refused and changes nothing.
+        with pytest.raises(WprepError) as e:
+            wclient.drop_weights("set1")
+        assert e.value.code == grpc.StatusCode.FAILED_PRECONDITION
+        kept = w["embed.weight"]
+    # close() detaches before it returns: the count is 0 now, and a plain drop succeeds.
+    assert not w.alive
+    assert _attachments(wclient, "set1") == 0
+    assert len(w) == 0
+    with pytest.raises(ValueError, match="closed"):
+        w["embed.weight"]
+    # A view taken before the close still reads the set's bytes (it holds the mapping).
+    assert kept.tobytes() == TENSORS[-1][3]
+    assert wclient.drop_weights("set1") == m.total_bytes
+    assert wclient.list_weights().get("set1") is None
+    assert not os.path.exists(w.shm_path)
+    assert kept.tobytes() == TENSORS[-1][3], "a dropped set's mapping stays valid"
+    with pytest.raises(WprepError) as e:
+        wclient.drop_weights("set1")
+    assert e.value.code == grpc.StatusCode.NOT_FOUND
+
+
+def _check_every_tensor(c, w):
+    base = np.frombuffer(w._buffer, dtype=np.uint8).ctypes.data  # where the mapping starts
+    for i, case in enumerate(CASES):
+        name = f"ref.{i}.w"
+        t = w.entry(name)
+        a = w[name]
+        # The reference vectors' bytes, read from the file, and `convert` of the same input.
+        raw = _file_bytes(w.shm_path, t.offset, t.bytes)
+        assert golden.matches(case, raw), f"{name} ({case.name}): bytes differ from the reference vector"
+        ref = c.convert(case.spec, case.logical_shape, golden.golden_input(case))
+        assert raw == ref.data, f"{name} ({case.name}): bytes differ from convert"
+        plan = c.plan(case.spec, case.logical_shape)
+        assert (t.dtype, t.shape, t.strides) == ("U8", plan.output_shape, plan.output_strides)
+        assert t.bytes == plan.output_bytes
+        assert t.shape == case.output_shape
+        assert t.identity is not None and t.identity == plan.identity == w.identity(name)
+        assert t.identity.layout == golden.expected_identity(case) and t.identity.contract_version == 1
+        assert t.rule == 1 + i and t.offset % 256 == 0
+        # The view: the manifest's shape and strides over the set's memory, where it lies.
+        assert a.dtype == np.uint8 and a.shape == t.shape and a.strides == t.strides
+        assert not a.flags.writeable
+        assert a.__array_interface__["data"][0] == base + t.offset, "not a view of the mapping"
+        want = np.ndarray(t.shape, np.uint8, buffer=raw, strides=t.strides)
+        assert np.array_equal(a, want)
+    for name, dtype, shape, raw in TENSORS[len(CASES):]:
+        t = w.entry(name)
+        a = w[name]
+        assert (t.dtype, t.shape, t.identity) == (dtype, shape, None)
+        assert t.rule == (0 if name == "ref.shielded" else -1)
+        assert a.shape == shape and a.dtype.itemsize == (2 if dtype == "BF16" else 1)
+        assert a.__array_interface__["data"][0] == base + t.offset and not a.flags.writeable
+        assert a.tobytes() == raw, f"{name}: a copied tensor differs from the file"
+        assert _file_bytes(w.shm_path, t.offset, t.bytes) == raw
+
+
+def test_two_attachments_share_the_set_and_torch_views(wclient, loaded):
+    loaded("set2")
+    a = wprep.weights.attach("set2", client=wclient)
+    b = wclient.attach_weights("set2")
+    try:
+        assert a.attachment_id != b.attachment_id
+        assert _attachments(wclient, "set2") == 2
+        for name in a:
+            assert np.array_equal(a[name], b[name])
+        try:
+            import torch  # noqa: F401
+        except ImportError:
+            with pytest.raises(ImportError, match="torch"):
+                a.torch_tensors()
+        else:
+            tt = a.torch_tensors()
+            for name, t in tt.items():
+                e = a.entry(name)
+                assert tuple(t.shape) == e.shape and tuple(t.stride()) == e.strides and t.device.type == "cpu"
+                assert t.data_ptr() == a[name].__array_interface__["data"][0], f"{name}: torch copied"
+            assert tt["embed.weight"].dtype == torch.bfloat16
+            del tt, t  # views that would keep the mapping
+    finally:
+        a.close()
+        assert _attachments(wclient, "set2") == 1
+        b.close()
+        b.close()  # idempotent
+    assert _attachments(wclient, "set2") == 0
+    # Closed, with no view left: the file is no longer mapped.
+    path = a.shm_path
+    del a, b
+    gc.collect()
+    assert not _mapped(path), "closed attachments left the set mapped"
+
+
+def _mapped(path):
+    with open("/proc/self/maps") as f:
+        return any(line.rstrip().split(" ", 5)[-1].strip().startswith(path) for line in f)
+
+
+def test_views_keep_the_mapping_until_the_last_goes(wclient, loaded):
+    loaded("set5")
+    w = wclient.attach_weights("set5")
+    assert _mapped(w.shm_path)
+    kept = w["embed.weight"]
+    w.close()
+    assert _mapped(w.shm_path), "a live view lost its mapping"
+    assert kept.tobytes() == TENSORS[-1][3]
+    del kept
+    gc.collect()
+    assert not _mapped(w.shm_path)
+
+
+def test_forced_drop_ends_the_attachment_and_keeps_the_views(wclient, loaded):
+    loaded("set3")
+    w = wclient.attach_weights("set3")
+    view = w["embed.weight"]
+    with pytest.raises(WprepError) as e:
+        wclient.drop_weights("set3")
+    assert e.value.code == grpc.StatusCode.FAILED_PRECONDITION
+    assert wclient.drop_weights("set3", force=True) > 0
+    end = time.monotonic() + 30
+    while w.alive and time.monotonic() < end:
+        time.sleep(0.01)
+    assert not w.alive, "a forced drop left the attachment open"
+    assert view.tobytes() == TENSORS[-1][3]
+    w.close()  # its stream already ended ABORTED: nothing to detach, no error
+
+
+def test_refusals_are_wprep_errors_and_the_daemon_serves_on(wclient, wdir, checkpoint):
+    def refused(code, fn, *names):
+        with pytest.raises(WprepError) as e:
+            fn()
+        assert e.value.code == code, e.value
+        for n in names:
+            assert n in e.value.details, e.value
+        assert wclient.health() == "SERVING"
+
+    root = wdir / "root"
+    write_safetensors(wdir / "outside" / "model.safetensors", TENSORS[-1:])
+    (root / "link_out.safetensors").symlink_to(wdir / "outside" / "model.safetensors")
+    (root / "long.safetensors").write_bytes(struct.pack("<Q", 1 << 20) + b"{}      ")
+    load = wclient.load_weights
+    refused(grpc.StatusCode.NOT_FOUND, lambda: wclient.attach_weights("nope"), "nope")
+    refused(grpc.StatusCode.NOT_FOUND, lambda: wclient.drop_weights("nope"), "nope")
+    refused(grpc.StatusCode.PERMISSION_DENIED, lambda: load("x", "../outside/model.safetensors", progress=None), "'..'")
+    refused(grpc.StatusCode.PERMISSION_DENIED, lambda: load("x", str(wdir / "outside" / "model.safetensors"),
+                                                            progress=None), "absolute")
+    refused(grpc.StatusCode.PERMISSION_DENIED, lambda: load("x", "link_out.safetensors", progress=None), "link_out")
+    refused(grpc.StatusCode.NOT_FOUND, lambda: load("x", "missing.safetensors", progress=None), "missing")
+    refused(grpc.StatusCode.INVALID_ARGUMENT, lambda: load("x", "long.safetensors", progress=None), "long.safetensors")
+    # A rule the tensor cannot take (BF16 as MXFP4 storage), and a bad set name.
+    refused(grpc.StatusCode.INVALID_ARGUMENT,
+            lambda: load("x", "model.safetensors", rules={"embed.*": Spec("hopper_value")}, progress=None),
+            "embed.weight", "BF16")
+    refused(grpc.StatusCode.INVALID_ARGUMENT, lambda: load("bad/name", "model.safetensors", progress=None), "name")
+    assert wclient.list_weights().get("x") is None
+    # Rules the client can tell are bad never reach the daemon.
+    for bad in ("*_blocks", "*_blocks=nolayout", "a=hopper_value:mx_axis=x", "a=hopper_value:bogus=1",
+                "a=blackwell_value:num_warps=4"):
+        with pytest.raises(ValueError):
+            wprep.weights.parse_rules(bad)
+    with pytest.raises(TypeError):
+        wprep.weights.parse_rules([("a", 3)])
+    # A taken name.
+    load("dup", "model.safetensors", progress=None)
+    try:
+        refused(grpc.StatusCode.ALREADY_EXISTS, lambda: load("dup", "model.safetensors", progress=None), "dup")
+    finally:
+        wclient.drop_weights("dup")
+
+
+def test_over_budget_is_resource_exhausted_and_changes_nothing(wdir, checkpoint):
+    with _start(wdir, "--weights-budget=4096") as d, Client(d.target, timeout=60) as c:
+        with pytest.raises(WprepError) as e:
+            c.load_weights("big", "model.safetensors", rules=RULES, progress=None)
+        assert e.value.code == grpc.StatusCode.RESOURCE_EXHAUSTED, e.value
+        assert "--weights-budget" in e.value.details
+        s = c.list_weights()
+        assert (s.sets, s.budget_bytes, s.resident_bytes) == ((), 4096, 0)
+        assert c.health() == "SERVING"
+
+
+def test_the_cli_rules_syntax_gives_the_same_rules():
+    text = "lm_head*=verbatim; *_blocks=hopper_value:packing_axis=-2:mx_axis=-2 ;*_scales=hopper_scale:num_warps=4"
+    want = [
+        wprep.v1.wprep_pb2.WeightRule(pattern="lm_head*", verbatim=True),
+        wprep.v1.wprep_pb2.WeightRule(pattern="*_blocks",
+                                      convert=Spec("hopper_value", mx_axis=-2, packing_axis=-2).to_proto()),
+        wprep.v1.wprep_pb2.WeightRule(pattern="*_scales", convert=Spec("hopper_scale", num_warps=4).to_proto()),
+    ]
+    assert wprep.weights.parse_rules(text) == want
+    as_mapping = {"lm_head*": "verbatim", "*_blocks": Spec("hopper_value", mx_axis=-2, packing_axis=-2),
+                  "*_scales": "hopper_scale:num_warps=4"}
+    assert wprep.weights.parse_rules(as_mapping) == want
+    assert wprep.weights.parse_rules(list(as_mapping.items())) == want
+    assert wprep.weights.parse_rules(None) == []
+
+
+_CHILD = """
+import sys, time, wprep
+c = wprep.Client(sys.argv[1])
+w = c.attach_weights(sys.argv[2])
+print("attached", w.attachment_id, int(w["embed.weight"].sum()), flush=True)
+time.sleep(3600)
+"""
+
+
+def test_a_killed_client_is_detached(wclient, loaded):
+    loaded("set4")
+    env = dict(os.environ, PYTHONPATH=PACKAGE_DIR)
+    child = subprocess.Popen([sys.executable, "-c", _CHILD, wclient.target, "set4"], stdout=subprocess.PIPE,
+                             env=env, text=True)
+    try:
+        line = child.stdout.readline()
+        assert line.startswith("attached "), line
+        assert int(line.split()[2]) == int(np.frombuffer(TENSORS[-1][3], "<u2").sum())
+        assert _attachments(wclient, "set4") == 1
+        with pytest.raises(WprepError) as e:
+            wclient.drop_weights("set4")
+        assert e.value.code == grpc.StatusCode.FAILED_PRECONDITION
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait()
+        child.stdout.close()
+    assert _wait_attachments(wclient, "set4", 0), "the killed client is still attached"
+    assert wclient.drop_weights("set4") > 0
+    assert wclient.health() == "SERVING"
+
+
+def test_progress_bar_and_quiet_default_off_a_terminal(wclient, loaded, capsys):
+    loaded("set6", progress="bar")
+    err = capsys.readouterr().err
+    assert err.startswith("\r[") and err.endswith("\n"), repr(err)
+    assert f"{len(TENSORS)}/{len(TENSORS)} tensors" in err
+    wclient.load_weights("set7", "model.safetensors", progress="auto")  # stderr is no terminal here
+    try:
+        assert capsys.readouterr().err == ""
+    finally:
+        wclient.drop_weights("set7")
+    with pytest.raises(ValueError, match="progress"):
+        wclient.load_weights("set8", "model.safetensors", progress="loud")
+    assert wclient.list_weights().get("set8") is None
+
+
+def test_the_module_functions_use_the_default_client(wclient, checkpoint):
+    wprep.set_default_client(wclient)
+    try:
+        r = wprep.weights.load("set9", "model.safetensors", rules="ref.shielded=verbatim", progress=None)
+        assert [t.rule for t in r.manifest.tensors] == [-1] * len(CASES) + [0, -1]
+        assert all(t.identity is None for t in r.manifest.tensors)
+        assert wprep.weights.list_sets(with_tensors=True).get("set9").manifest == r.manifest
+        with wprep.weights.attach("set9") as w:
+            for name, _, _, raw in TENSORS:
+                assert w[name].tobytes() == raw, f"{name}: a copy differs from the file"
+        assert wprep.weights.drop("set9") == r.manifest.total_bytes
+    finally:
+        wprep.set_default_client(None)

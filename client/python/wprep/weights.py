@@ -1,0 +1,542 @@
+"""Resident weight sets (wprep.v1.WeightSets): the daemon loads a checkpoint once, prepares it,
+keeps it, and engines attach instead of loading and preparing.
+
+    import wprep, wprep.weights
+    c = wprep.Client()
+    wprep.weights.load("gptoss", "gpt-oss-20b", client=c,
+                       rules="*_blocks=hopper_value:packing_axis=-2;*_scales=hopper_scale")
+    with wprep.weights.attach("gptoss", client=c) as w:   # an engine, restarted
+        w["model.layers.0.mlp.experts.w2_blocks"]     # numpy view of the daemon's memory
+        w.identity("model.layers.0.mlp.experts.w2_blocks").layout
+        w.torch_tensors()                             # torch.frombuffer views, no copy
+
+The same calls are Client.load_weights, list_weights, attach_weights and drop_weights.
+
+An attachment holds the AttachWeights stream open and maps the set's file read-only: every
+array and tensor is a view of that mapping, not a copy, and is read-only by contract (numpy
+arrays are not writeable; torch tensors must not be written). close() (or the with block)
+ends the attachment; the mapping goes when the last view of it does, and stays valid after
+the set is dropped.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import sys
+import threading
+import warnings
+from dataclasses import dataclass
+from typing import (TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple,
+                    Union)
+
+import grpc
+import numpy as np
+
+from ._errors import WprepError, from_rpc_error
+from ._requests import uuid_bytes
+from ._spec import LayoutIdentity, Spec
+from .v1 import wprep_pb2 as pb
+
+if TYPE_CHECKING:  # torch is optional; the client module imports this one lazily
+    import torch
+
+    from ._client import Client
+
+__all__ = [
+    "AttachedWeights",
+    "LoadProgress",
+    "LoadedWeights",
+    "WeightManifest",
+    "WeightSetInfo",
+    "WeightSets",
+    "WeightTensor",
+    "attach",
+    "drop",
+    "list_sets",
+    "load",
+    "parse_rules",
+]
+
+# A rule's action: a Spec (swizzle the tensor's bytes), "verbatim", or the CLI's
+# "LAYOUT[:param=value...]".
+Action = Union[Spec, str]
+Rules = Union[None, str, Mapping[str, Action], Sequence[Tuple[str, Action]]]
+
+# numpy has no bfloat16 or float8: those come as unsigned integers of their width (the raw
+# bits); torch_tensors() gives the real dtype.
+_NP_DTYPES: Dict[str, str] = {
+    "F64": "<f8", "F32": "<f4", "F16": "<f2", "BF16": "<u2",
+    "I64": "<i8", "I32": "<i4", "I16": "<i2", "I8": "i1",
+    "U64": "<u8", "U32": "<u4", "U16": "<u2", "U8": "u1",
+    "BOOL": "?", "F8_E4M3": "u1", "F8_E5M2": "u1", "F8_E8M0": "u1",
+}
+_TORCH_DTYPES: Dict[str, str] = {
+    "F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16",
+    "I64": "int64", "I32": "int32", "I16": "int16", "I8": "int8",
+    "U64": "uint64", "U32": "uint32", "U16": "uint16", "U8": "uint8",
+    "BOOL": "bool", "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2", "F8_E8M0": "float8_e8m0fnu",
+}
+# Where an older torch lacks the dtype (float8_e8m0fnu came in 2.7, uint16-64 in 2.3): a
+# signed or unsigned integer of the same width.
+_TORCH_FALLBACK: Dict[str, str] = {
+    "F8_E4M3": "uint8", "F8_E5M2": "uint8", "F8_E8M0": "uint8", "U16": "int16", "U32": "int32", "U64": "int64",
+}
+# The rule parameters the CLI's --rules takes (client/cli/weights.cc), all ints.
+_RULE_PARAMS = ("mx_axis", "mma_version", "num_warps", "align_k", "packing_axis", "block_k", "block_n")
+
+
+# -- values -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class WeightTensor:
+    """One tensor of a set (wprep.v1.WeightTensor).
+
+    dtype: the safetensors dtype ("BF16", "U8"; converted tensors are "U8"). strides: in
+    elements. offset: where it starts in the set's memory. identity: the layout of a
+    converted tensor (None for copies). rule: the index of the rule that matched, -1 for none.
+    """
+
+    name: str
+    dtype: str
+    shape: Tuple[int, ...]
+    strides: Tuple[int, ...]
+    bytes: int
+    offset: int
+    identity: Optional[LayoutIdentity]
+    rule: int
+
+    @classmethod
+    def from_proto(cls, p: pb.WeightTensor) -> "WeightTensor":
+        return cls(name=p.name, dtype=p.dtype, shape=tuple(p.shape), strides=tuple(p.strides), bytes=p.bytes,
+                   offset=p.offset, identity=LayoutIdentity.from_proto(p.identity) if p.HasField("identity") else None,
+                   rule=p.rule)
+
+
+@dataclass(frozen=True)
+class WeightManifest:
+    """What a set holds (wprep.v1.WeightManifest). tensors is empty in list_sets() unless
+    with_tensors. source_checksum: SHA-256 over the safetensors headers' SHA-256s, in shard
+    order. device_uuid: the GPU holding the set; b"" for host memory."""
+
+    name: str
+    path: str
+    tensors: Tuple[WeightTensor, ...]
+    total_bytes: int
+    source_checksum: bytes
+    device_uuid: bytes
+
+    @classmethod
+    def from_proto(cls, p: pb.WeightManifest) -> "WeightManifest":
+        return cls(name=p.name, path=p.path, tensors=tuple(WeightTensor.from_proto(t) for t in p.tensors),
+                   total_bytes=p.total_bytes, source_checksum=p.source_checksum, device_uuid=p.device_uuid)
+
+    def tensor(self, name: str) -> WeightTensor:
+        """The entry named `name`; KeyError if the set has none."""
+        for t in self.tensors:
+            if t.name == name:
+                return t
+        raise KeyError(f"weight set {self.name!r} has no tensor {name!r}")
+
+
+@dataclass(frozen=True)
+class LoadProgress:
+    """One progress message of a load: tensors and bytes done out of the totals."""
+
+    tensors_done: int
+    tensors_total: int
+    bytes_done: int
+    bytes_total: int
+
+
+@dataclass(frozen=True)
+class LoadedWeights:
+    """A finished load: the set's manifest and the seconds the daemon took."""
+
+    manifest: WeightManifest
+    load_seconds: float
+
+
+@dataclass(frozen=True)
+class WeightSetInfo:
+    """One resident set and its open attachments."""
+
+    manifest: WeightManifest
+    attachments: int
+
+
+@dataclass(frozen=True)
+class WeightSets:
+    """The daemon's sets, its --weights-budget (0: unlimited) and the bytes the sets hold."""
+
+    sets: Tuple[WeightSetInfo, ...]
+    budget_bytes: int
+    resident_bytes: int
+
+    def get(self, name: str) -> Optional[WeightSetInfo]:
+        """The set named `name`, or None."""
+        for s in self.sets:
+            if s.manifest.name == name:
+                return s
+        return None
+
+
+# -- rules --------------------------------------------------------------------------------------
+
+
+def _action_from_text(text: str, where: str) -> Action:
+    fields = text.split(":")
+    if fields[0] == "verbatim" and len(fields) == 1:
+        return "verbatim"
+    kw: Dict[str, int] = {}
+    for f in fields[1:]:
+        key, eq, value = f.partition("=")
+        if not eq:
+            raise ValueError(f"{where}: {f!r} is not param=value")
+        if key not in _RULE_PARAMS:
+            raise ValueError(f"{where}: unknown param {key!r} (one of {', '.join(_RULE_PARAMS)})")
+        try:
+            kw[key] = int(value)
+        except ValueError:
+            raise ValueError(f"{where}: {key} must be an int; got {value!r}") from None
+    try:
+        return Spec(fields[0], **kw)  # type: ignore[arg-type]
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"{where}: {e}") from None
+
+
+def parse_rules(rules: Rules) -> List[pb.WeightRule]:
+    """The wprep.v1.WeightRule list of `rules`, in order (the first match wins):
+
+    - a string in the CLI's --rules syntax, "PATTERN=LAYOUT[:param=value...]" separated by
+      ';' ("*_blocks=hopper_value:packing_axis=-2;*_scales=hopper_scale;lm_head*=verbatim");
+    - a mapping (in its order) or a sequence of (pattern, action) pairs, where an action is a
+      Spec (a swizzle of the tensor's bytes), "verbatim", or "LAYOUT[:param=value...]".
+
+    ValueError for a rule the client can tell is bad; the daemon checks the rest.
+    """
+    if rules is None:
+        return []
+    pairs: List[Tuple[str, Action]] = []
+    if isinstance(rules, str):
+        for part in (p.strip() for p in rules.split(";")):
+            if not part:
+                continue
+            eq = part.rfind("=", 0, part.find(":") if ":" in part else len(part))
+            if eq <= 0:
+                raise ValueError(f"rules {part!r}: want PATTERN=LAYOUT[:param=value...]")
+            pairs.append((part[:eq], _action_from_text(part[eq + 1:], f"rules {part!r}")))
+    elif isinstance(rules, Mapping):
+        pairs = list(rules.items())
+    else:
+        pairs = [tuple(r) for r in rules]  # type: ignore[misc]
+    out = []
+    for i, (pattern, action) in enumerate(pairs):
+        if not isinstance(pattern, str):
+            raise TypeError(f"rules[{i}]: the pattern must be a str; got {pattern!r}")
+        if isinstance(action, str):
+            action = _action_from_text(action, f"rules[{i}] ({pattern!r})")
+        if isinstance(action, str):  # "verbatim"
+            out.append(pb.WeightRule(pattern=pattern, verbatim=True))
+        elif isinstance(action, Spec):
+            out.append(pb.WeightRule(pattern=pattern, convert=action.to_proto()))
+        else:
+            raise TypeError(f"rules[{i}] ({pattern!r}): an action is a Spec, 'verbatim' or "
+                            f"'LAYOUT[:param=value...]'; got {action!r}")
+    return out
+
+
+# -- progress -----------------------------------------------------------------------------------
+
+
+def _gib(n: int) -> str:
+    return f"{n / (1 << 30):.2f} GiB" if n >= 1 << 30 else f"{n / (1 << 20):.1f} MiB"
+
+
+class _Bar:
+    """A one-line bar on a terminal (stderr), redrawn in place."""
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+        self._drawn = False
+
+    def __call__(self, p: LoadProgress) -> None:
+        frac = p.bytes_done / p.bytes_total if p.bytes_total else 1.0
+        filled = int(30 * frac)
+        self._stream.write(f"\r[{'#' * filled}{'.' * (30 - filled)}] {p.tensors_done}/{p.tensors_total} tensors "
+                           f"{_gib(p.bytes_done)} of {_gib(p.bytes_total)}")
+        self._stream.flush()
+        self._drawn = True
+
+    def finish(self) -> None:
+        if self._drawn:
+            self._stream.write("\n")
+            self._stream.flush()
+
+
+# A load's progress argument: a callable, "auto", "bar", "none", True, False or None.
+Progress = Union[None, bool, str, Callable[[LoadProgress], Any]]
+
+
+def _progress_sink(progress: Progress) -> Tuple[Optional[Callable[[LoadProgress], Any]], Optional[_Bar]]:
+    if callable(progress):
+        return progress, None
+    if progress in (None, False, "none"):
+        return None, None
+    if progress in (True, "bar") or (progress == "auto" and sys.stderr is not None and sys.stderr.isatty()):
+        bar = _Bar(sys.stderr)
+        return bar, bar
+    if progress == "auto":
+        return None, None
+    raise ValueError(f"progress must be a callable, 'auto', 'bar', 'none', True, False or None; got {progress!r}")
+
+
+# -- calls --------------------------------------------------------------------------------------
+
+
+def _client(client: Optional["Client"]) -> "Client":
+    if client is not None:
+        return client
+    from ._mxfp4 import default_client
+    return default_client()
+
+
+def load(
+    name: str,
+    path: str,
+    *,
+    rules: Rules = None,
+    client: Optional["Client"] = None,
+    device_uuid: Union[None, bytes, str] = None,
+    progress: Progress = "auto",
+    timeout: Optional[float] = None,
+) -> LoadedWeights:
+    """Has the daemon load `path` (relative to its --weights-root: a .safetensors file, or a
+    directory with model.safetensors.index.json or model.safetensors), prepare the tensors
+    `rules` name (parse_rules), copy the rest, and keep the set as `name` (LoadWeights).
+
+    progress: a callable given each LoadProgress; "auto" (default) a bar on stderr when it is
+    a terminal; "bar" or True always; None, False or "none" nothing. device_uuid: the GPU to
+    keep the set on (None: host memory, the CPU engine's). timeout: seconds for the whole load
+    (default: the Client's). client: the daemon's Client (default: wprep.default_client()).
+
+    Raises WprepError: INVALID_ARGUMENT for a bad name, rule or checkpoint (naming the file
+    and the tensor), PERMISSION_DENIED for a path outside --weights-root, NOT_FOUND for a
+    missing file, ALREADY_EXISTS for a taken name, RESOURCE_EXHAUSTED past --weights-budget.
+    """
+    c = _client(client)
+    req = pb.LoadWeightsRequest(name=name, path=path, rules=parse_rules(rules), device_uuid=uuid_bytes(device_uuid))
+    sink, bar = _progress_sink(progress)
+    last = None
+    try:
+        for msg in c._weights.LoadWeights(req, timeout=c._timeout(timeout)):
+            if msg.HasField("manifest"):
+                last = msg
+            if sink is not None:
+                sink(LoadProgress(msg.tensors_done, msg.tensors_total, msg.bytes_done, msg.bytes_total))
+    except grpc.RpcError as e:
+        raise from_rpc_error(e, "LoadWeights") from None
+    finally:
+        if bar is not None:
+            bar.finish()
+    if last is None:
+        raise WprepError(grpc.StatusCode.INTERNAL, f"LoadWeights of {name!r} ended without a manifest", "LoadWeights")
+    return LoadedWeights(WeightManifest.from_proto(last.manifest), last.load_seconds)
+
+
+def list_sets(*, with_tensors: bool = False, client: Optional["Client"] = None,
+              timeout: Optional[float] = None) -> WeightSets:
+    """The resident sets and their attachment counts (ListWeights); each manifest's tensors only
+    with `with_tensors`."""
+    c = _client(client)
+    resp = c._unary_weights("ListWeights", pb.ListWeightsRequest(with_tensors=with_tensors), timeout)
+    return WeightSets(
+        sets=tuple(WeightSetInfo(WeightManifest.from_proto(s.manifest), s.attachments) for s in resp.sets),
+        budget_bytes=resp.budget_bytes, resident_bytes=resp.resident_bytes)
+
+
+def drop(name: str, *, force: bool = False, client: Optional["Client"] = None, timeout: Optional[float] = None) -> int:
+    """Frees set `name` and returns the bytes freed (DropWeights). WprepError NOT_FOUND for an
+    unknown set, FAILED_PRECONDITION while attached unless `force` (the attachments then end:
+    their views stay readable, their `alive` turns False)."""
+    c = _client(client)
+    resp = c._unary_weights("DropWeights", pb.DropWeightsRequest(name=name, force=force), timeout)
+    return int(resp.freed_bytes)
+
+
+def attach(name: str, *, client: Optional["Client"] = None) -> "AttachedWeights":
+    """Attaches to set `name` (AttachWeights) and maps its memory: see AttachedWeights.
+    WprepError NOT_FOUND for an unknown set."""
+    c = _client(client)
+    call = c._weights.AttachWeights(pb.AttachWeightsRequest(name=name))
+    try:
+        first = next(call)
+    except grpc.RpcError as e:
+        raise from_rpc_error(e, "AttachWeights") from None
+    except StopIteration:
+        raise WprepError(grpc.StatusCode.INTERNAL, f"AttachWeights of {name!r} ended without its message",
+                         "AttachWeights") from None
+    try:
+        return AttachedWeights(c, call, first)
+    except BaseException:
+        call.cancel()
+        raise
+
+
+class AttachedWeights(Mapping[str, np.ndarray]):
+    """An open attachment to a set: a read-only mapping of tensor name -> numpy array, each a
+    zero-copy view of the set's memory with the manifest's dtype, shape and strides.
+
+    manifest, attachment_id, shm_path: what the daemon sent. identity(name): the layout
+    identity of a converted tensor (None for a copy). torch_tensors(): the same views as
+    torch tensors (torch.frombuffer over the mapping, no copy; needs torch). alive: False once
+    the attachment has ended (close(), a forced drop, the daemon stopping).
+
+    The bytes are read-only by contract. close() (or leaving the with block) detaches; views
+    already taken stay valid (the mapping goes with the last of them).
+    """
+
+    def __init__(self, client: "Client", call: Any, first: pb.AttachWeightsResponse) -> None:
+        self._client = client
+        self._call = call
+        self._closed = False
+        self.attachment_id: int = first.attachment_id
+        self.manifest = WeightManifest.from_proto(first.manifest)
+        self.shm_path: str = first.shm_path
+        if not self.shm_path:
+            raise WprepError(grpc.StatusCode.UNIMPLEMENTED,
+                             f"weight set {self.manifest.name!r} is on a GPU; this client maps host sets only",
+                             "AttachWeights")
+        self._buffer = _map_read_only(self.shm_path, self.manifest.total_bytes)
+        self._by_name = {t.name: t for t in self.manifest.tensors}
+        self._arrays: Dict[str, np.ndarray] = {t.name: _numpy_view(self._buffer, t) for t in self.manifest.tensors}
+
+    # Mapping
+    def __getitem__(self, name: str) -> np.ndarray:
+        self._check_open()
+        return self._arrays[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._arrays)
+
+    def __len__(self) -> int:
+        return len(self._arrays)
+
+    def entry(self, name: str) -> WeightTensor:
+        """The manifest entry of tensor `name`."""
+        return self._by_name[name]
+
+    def identity(self, name: str) -> Optional[LayoutIdentity]:
+        """The layout identity of tensor `name`: set for a converted tensor, None for a copy."""
+        return self._by_name[name].identity
+
+    def numpy(self) -> Dict[str, np.ndarray]:
+        """Every tensor as a numpy view (BF16 and FP8 as unsigned integers of their width)."""
+        self._check_open()
+        return dict(self._arrays)
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ValueError(f"the attachment to weight set {self.manifest.name!r} is closed")
+
+    def torch_tensors(self) -> Dict[str, "torch.Tensor"]:
+        """Every tensor as a CPU torch tensor viewing the mapping (no copy), with its real dtype
+        (bfloat16, float8_*). Read-only by contract: torch cannot mark them so."""
+        try:
+            import torch
+        except ImportError as e:
+            raise ImportError(f"torch_tensors() needs torch, which is not importable: {e}") from e
+        self._check_open()
+        if not len(self._buffer):
+            flat = torch.empty(0, dtype=torch.uint8)
+        else:
+            with warnings.catch_warnings():
+                # The mapping is read-only; torch warns that it cannot say so on the tensor.
+                warnings.simplefilter("ignore", UserWarning)
+                flat = torch.frombuffer(self._buffer, dtype=torch.uint8)
+        return {t.name: _torch_view(torch, flat, t) for t in self.manifest.tensors}
+
+    @property
+    def alive(self) -> bool:
+        """True while the attachment lasts (its stream is open)."""
+        return not self._closed and not self._call.done()
+
+    def close(self, timeout: Optional[float] = None) -> None:
+        """Detaches: DetachWeights, then waits (up to `timeout`, default the Client's) for the
+        daemon to end the stream, so that ListWeights no longer counts the attachment when this
+        returns. Idempotent. The views stay valid."""
+        if self._closed:
+            return
+        self._closed = True
+        ended = threading.Event()
+        self._call.add_done_callback(lambda _: ended.set())
+        try:
+            if not self._call.done():
+                self._client._unary_weights("DetachWeights",
+                                            pb.DetachWeightsRequest(attachment_id=self.attachment_id), timeout)
+                # The daemon forgets the attachment once the stream's handler returns.
+                ended.wait(self._client._timeout(timeout))
+        except WprepError as e:
+            # Already ended (a forced drop) or no daemon: the attachment is gone either way.
+            if e.code not in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.UNAVAILABLE):
+                raise
+        finally:
+            self._call.cancel()
+            # Never mmap.close(): numpy keeps a reference to the mapping, not a buffer export,
+            # so closing would unmap memory live views still read. Dropping ours unmaps it
+            # once the last view is gone.
+            self._arrays = {}
+            self._buffer = b""
+
+    def __enter__(self) -> "AttachedWeights":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        if not getattr(self, "_closed", True):
+            self._call.cancel()
+
+    def __repr__(self) -> str:
+        state = "attached" if self.alive else "closed"
+        return (f"AttachedWeights({self.manifest.name!r}, {len(self.manifest.tensors)} tensors, "
+                f"{self.manifest.total_bytes} bytes, {state})")
+
+
+def _map_read_only(path: str, total_bytes: int) -> Union[mmap.mmap, bytes]:
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    try:
+        size = os.fstat(fd).st_size
+        if size < total_bytes:
+            raise WprepError(grpc.StatusCode.DATA_LOSS,
+                             f"{path} holds {size} bytes, the manifest {total_bytes}", "AttachWeights")
+        if size == 0:
+            return b""  # mmap refuses empty files; a set of empty tensors needs no memory
+        return mmap.mmap(fd, size, access=mmap.ACCESS_READ)
+    finally:
+        os.close(fd)
+
+
+def _numpy_view(buffer: Union[mmap.mmap, bytes], t: WeightTensor) -> np.ndarray:
+    if t.dtype not in _NP_DTYPES:
+        raise WprepError(grpc.StatusCode.UNIMPLEMENTED, f"tensor {t.name!r}: unknown dtype {t.dtype}", "AttachWeights")
+    dtype = np.dtype(_NP_DTYPES[t.dtype])
+    strides = tuple(s * dtype.itemsize for s in t.strides)
+    if any(d == 0 for d in t.shape) or not len(buffer):
+        return np.empty(t.shape, dtype=dtype)
+    a = np.ndarray(t.shape, dtype=dtype, buffer=buffer, offset=t.offset, strides=strides)
+    a.flags.writeable = False
+    return a
+
+
+def _torch_view(torch: Any, flat: "torch.Tensor", t: WeightTensor) -> "torch.Tensor":
+    dtype = getattr(torch, _TORCH_DTYPES.get(t.dtype, ""), None)
+    if dtype is None and t.dtype in _TORCH_FALLBACK:
+        dtype = getattr(torch, _TORCH_FALLBACK[t.dtype])  # the raw bits, as numpy gives them
+    if dtype is None:
+        raise TypeError(f"tensor {t.name!r}: this torch has no dtype for {t.dtype}")
+    if any(d == 0 for d in t.shape):
+        return torch.empty(t.shape, dtype=dtype)
+    return flat[t.offset:t.offset + t.bytes].view(dtype).as_strided(t.shape, t.strides)
