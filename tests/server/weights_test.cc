@@ -355,6 +355,8 @@ TEST_F(WeightsTest, LoadsAppliesRulesAndAttachesTheSameBytes) {
     v1::DetachWeightsResponse resp;
     ASSERT_TRUE(stub_->DetachWeights(&ctx, req, &resp).ok());
   }
+  // Detached is no longer attached, also before the attach stream has ended (Drop agrees).
+  EXPECT_EQ(Attachments("gpt"), 0u);
   EXPECT_FALSE(attach->Read(&a));
   EXPECT_TRUE(attach->Finish().ok());
   EXPECT_EQ(Attachments("gpt"), 0u);

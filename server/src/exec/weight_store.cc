@@ -450,7 +450,11 @@ absl::StatusOr<std::shared_ptr<const WeightManifestData>> WeightStore::Load(
 std::vector<WeightSetSummary> WeightStore::List() const {
   absl::MutexLock lock(&mu_);
   std::map<std::string, uint32_t> attached;
-  for (const auto& [id, h] : held_) ++attached[h.set];
+  // An ended attachment (detached, or its set force-dropped) is not counted, as Drop does not
+  // count it: its Hold call is only yet to return.
+  for (const auto& [id, h] : held_) {
+    if (!h.ended) ++attached[h.set];
+  }
   std::vector<WeightSetSummary> out;
   for (const auto& [name, set] : sets_) {
     if (set == nullptr) continue;  // still loading
