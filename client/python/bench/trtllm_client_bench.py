@@ -15,8 +15,9 @@ right outputs and identities, so only the client's work is measured.
 --torch fake (the default where torch is not importable) stands in for torch with a small
 pure-Python Tensor: its methods cost far less than torch's, so the torch-side share is
 understated; the number of tensor method calls per batch (shown) is what carries over.
---torch real needs a CUDA device: the tensors are 1-element allocations viewed with the model's
-shapes (as_strided), so no memory is needed, and registering them exports real IPC handles.
+--torch real needs a CUDA device and allocates the tensors there (registering them exports real
+IPC handles); its default is one expert a layer (about 1 GB for 36 layers), since the client's
+cost does not depend on the tensors' sizes (--experts 128 is the whole model, about 130 GB).
 """
 
 from __future__ import annotations
@@ -190,15 +191,7 @@ KEYS = ("v13", "s13", "b13", "v2", "s2", "b2")
 def make_tensor(torch: Any, shape: Tuple[int, ...], dtype: Any, real: bool) -> Any:
     if not real:
         return torch.empty(*shape, dtype=dtype)
-    # One element of real memory, viewed with the model's shape: the client never touches the
-    # bytes, and each tensor is its own allocation, as a loader's parameters are.
-    base = torch.empty(1, dtype=dtype, device="cuda")
-    strides, n = [], 1
-    for d in reversed(shape):
-        strides.append(n)
-        n *= d
-    big = torch.empty(0, dtype=dtype, device="cuda").set_(base.untyped_storage(), 0, shape, tuple(reversed(strides)))
-    return big
+    return torch.empty(shape, dtype=dtype, device="cuda")
 
 
 class StubClient:
@@ -253,7 +246,7 @@ def main() -> int:
     ap.add_argument("--torch", choices=("fake", "real"), default=None,
                     help="fake: a pure-Python stand-in (default without torch); real: CUDA tensors")
     ap.add_argument("--layers", type=int, default=36)
-    ap.add_argument("--experts", type=int, default=128)
+    ap.add_argument("--experts", type=int, default=None, help="default: 128 (fake), 1 (real)")
     ap.add_argument("--hidden", type=int, default=2880, help="H = I (gpt-oss-120b: 2880)")
     ap.add_argument("--reps", type=int, default=50)
     ap.add_argument("--warmup", type=int, default=3)
@@ -270,7 +263,11 @@ def main() -> int:
             kind = "fake"
     if kind == "fake":
         sys.modules["torch"] = fake_torch()
-    import torch
+    try:
+        import torch
+    except ImportError as e:
+        print(f"--torch real: {e}", file=sys.stderr)
+        return 2
 
     if kind == "real" and not torch.cuda.is_available():
         print("--torch real needs a CUDA device", file=sys.stderr)
@@ -279,7 +276,8 @@ def main() -> int:
     import wprep.trtllm as tg
     from wprep import _torch
 
-    ins, outs = gpt_oss_shapes(a.experts, a.hidden, a.hidden, 256)
+    experts = a.experts or (1 if kind == "real" else 128)
+    ins, outs = gpt_oss_shapes(experts, a.hidden, a.hidden, 256)
     dt = {"v": torch.uint8, "s": torch.uint8, "b": torch.float32}
     real = kind == "real"
     layers = [{k: make_tensor(torch, ins[k], dt[k[0]], real) for k in KEYS} for _ in range(a.layers)]
