@@ -44,7 +44,8 @@ _PARAMS = ("format", "gated", "align", "align_h", "align_i", "block_k", "axis", 
 @dataclass(frozen=True)
 class MoeIdentity:
     """What produced an output: the format ("" for a single step), op, params as used and
-    the contract version."""
+    the contract version. The results of one call that have the same identity share one
+    object: treat it, params included, as read-only."""
 
     format: str
     op: str
@@ -77,9 +78,10 @@ def _is_torch(x: Any) -> bool:
     return type(x).__module__.startswith("torch")
 
 
-def _as_input(name: str, x: Any) -> "pb.MoeInput":
-    """A numpy array or torch tensor -> a MoeInput of its dense bytes."""
-    m = pb.MoeInput(name=name)
+def _as_input(m: "pb.MoeInput", name: str, x: Any) -> "pb.MoeInput":
+    """Fills `m` (a field of the request: the bytes are not copied again) with numpy array or
+    torch tensor `x` as a MoeInput of its dense bytes."""
+    m.name = name
     if _is_torch(x):
         import torch
 
@@ -196,6 +198,8 @@ def _params_key(params: Dict[str, Any]) -> Tuple[Any, ...]:
     except TypeError:  # an unhashable value: protobuf's own error below
         pass
     _item(pb.MoeItem(), "", [], params)
+    if len(_VALID_PARAMS) >= _TEMPLATES_MAX:
+        _VALID_PARAMS.clear()
     _VALID_PARAMS[key] = True
     return key
 
@@ -259,7 +263,7 @@ def _item(item: "pb.MoeItem", op: str, inputs: Sequence[Tuple[str, Any]], params
         setattr(item.params, k, v)
     for name, x in inputs:
         if x is not None:
-            item.inputs.append(_as_input(name, x))
+            _as_input(item.inputs.add(), name, x)
     return item
 
 
