@@ -193,7 +193,7 @@ def test_quantize_and_trtllm_operands_go_as_vmm(fake, monkeypatch):
     assert not item.values.ipc.HasField("vmm") and len(item.values.ipc.handle) == 64
     assert chunks(item.scales.ipc) == [(100, 20 * MIB)] and item.scales.ipc.offset == 2 * MIB
 
-    monkeypatch.setattr(trtllm, "_byte_view", lambda name, t: t)
+    # trtllm reads a contiguous tensor's bytes without views; the stand-in's dtype is a string.
     monkeypatch.setattr(trtllm, "_dtype_of_tensor", lambda name, t: pb.MOE_DTYPE_UINT8)
     m = trtllm._ipc_item("row_shuffle", [("x", x)], {"epilogue_tile_m": 128}, [s], reg)
     assert chunks(m.inputs[0].source.ipc) == [(100, 20 * MIB)] and m.inputs[0].source.ipc.offset == MIB

@@ -36,6 +36,7 @@ from ._cuda.ipc import (
     is_tensor,
     output_view,
     share_storage,
+    shared_storage,
     source_view,
     view_span,
 )
@@ -63,6 +64,7 @@ __all__ = [
     "output_view",
     "reached",
     "share_storage",
+    "shared_storage",
     "source_view",
     "synchronize",
     "view_span",

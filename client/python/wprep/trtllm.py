@@ -44,7 +44,8 @@ _PARAMS = ("format", "gated", "align", "align_h", "align_i", "block_k", "axis", 
 @dataclass(frozen=True)
 class MoeIdentity:
     """What produced an output: the format ("" for a single step), op, params as used and
-    the contract version."""
+    the contract version. The results of one call that have the same identity share one
+    object: treat it, params included, as read-only."""
 
     format: str
     op: str
@@ -77,9 +78,10 @@ def _is_torch(x: Any) -> bool:
     return type(x).__module__.startswith("torch")
 
 
-def _as_input(name: str, x: Any) -> "pb.MoeInput":
-    """A numpy array or torch tensor -> a MoeInput of its dense bytes."""
-    m = pb.MoeInput(name=name)
+def _as_input(m: "pb.MoeInput", name: str, x: Any) -> "pb.MoeInput":
+    """Fills `m` (a field of the request: the bytes are not copied again) with numpy array or
+    torch tensor `x` as a MoeInput of its dense bytes."""
+    m.name = name
     if _is_torch(x):
         import torch
 
@@ -112,59 +114,147 @@ def _as_input(name: str, x: Any) -> "pb.MoeInput":
     return m
 
 
+# torch dtype -> MoeDType, filled as dtypes are first seen (a dtype the contract refuses is
+# never stored: it raises every time).
+_TORCH_DTYPES: Dict[Any, int] = {}
+
+
 def _dtype_of_tensor(name: str, t: Any) -> int:
+    code = _TORCH_DTYPES.get(t.dtype)
+    if code is not None:
+        return code
     import torch
 
     if t.dtype == torch.float32:
-        return pb.MOE_DTYPE_FLOAT32
-    if t.dtype == torch.bfloat16:
-        return pb.MOE_DTYPE_BFLOAT16
-    if t.element_size() == 1:
-        return pb.MOE_DTYPE_UINT8
-    raise _bad(f"{name}: dtype {t.dtype} is not one the contract takes (uint8/fp8, float32, bfloat16)")
+        code = pb.MOE_DTYPE_FLOAT32
+    elif t.dtype == torch.bfloat16:
+        code = pb.MOE_DTYPE_BFLOAT16
+    elif t.element_size() == 1:
+        code = pb.MOE_DTYPE_UINT8
+    else:
+        raise _bad(f"{name}: dtype {t.dtype} is not one the contract takes (uint8/fp8, float32, bfloat16)")
+    _TORCH_DTYPES[t.dtype] = code
+    return code
 
 
-def _byte_view(name: str, t: Any) -> Any:
-    """The bytes of a contiguous CUDA tensor as a flat uint8 view of the same memory."""
-    import torch
+def _ipc_eligible(inputs: Sequence[Tuple[str, Any]], out: Optional[Sequence[Any]]) -> Optional[int]:
+    """The one GPU of every input and every out= when all are CUDA tensors (the in-place IPC
+    path), else None."""
+    given = [x for _, x in inputs if x is not None]
+    if out is None or not given:
+        return None
+    device = None
+    for x in given + list(out):
+        if not _torch.is_cuda_tensor(x):
+            return None
+        index = x.device.index
+        if device is None:
+            device = index
+        elif index != device:
+            return None
+    return device
 
+
+def _locate(name: str, t: Any, device: int, registry: Any) -> Tuple[Any, int, int]:
+    """Where the bytes of contiguous CUDA tensor `t` are: (its storage's export, the
+    registry's or made now; the byte offset in that export; the bytes). No view of the tensor
+    is made: a contiguous tensor's bytes are numel * element_size from storage_offset *
+    element_size, as a flat uint8 view of it would say."""
     if not t.is_contiguous():
         raise _bad(f"{name}: a CUDA tensor read or written in place must be contiguous")
-    return t.detach().reshape(-1).view(torch.uint8)
+    shared = _torch.shared_storage(t.untyped_storage(), device, registry)
+    size = t.element_size()
+    return shared, shared.offset + t.storage_offset() * size, t.numel() * size
 
 
-def _ipc_eligible(inputs: Sequence[Tuple[str, Any]], out: Optional[Sequence[Any]]) -> bool:
-    """Every input and every out= a CUDA tensor of one GPU: the in-place IPC path."""
-    given = [x for _, x in inputs if x is not None]
-    if out is None or not given or not all(_torch.is_cuda_tensor(x) for x in list(given) + list(out)):
-        return False
-    return len({x.device.index for x in list(given) + list(out)}) == 1
+def _write_ipc(b: "pb.CudaIpcBuffer", where: Tuple[Any, int, int]) -> None:
+    shared, offset, size = where
+    if shared.vmm is not None:
+        b.vmm.CopyFrom(shared.vmm)
+    else:
+        b.handle = shared.handle
+    b.offset = offset
+    b.size = size
+    b.device_uuid = shared.device_uuid
+
+
+# Validated params, as (name, type, value) tuples without the unset ones (the type keeps
+# True and 1 apart): checked once each.
+_VALID_PARAMS: Dict[Tuple[Any, ...], bool] = {}
+# (op, params key, ((input name, dtype, shape), ...), output names) -> a MoeItem with all but
+# the IPC buffers: a model's layers repeat a few shapes, so an item is one CopyFrom and its
+# buffers. Shared: copied, never changed. Bounded: cleared when full.
+_TEMPLATES: Dict[Tuple[Any, ...], "pb.MoeItem"] = {}
+_TEMPLATES_MAX = 1024
+
+
+def _params_key(params: Dict[str, Any]) -> Tuple[Any, ...]:
+    """The params' key, after checking them as _item does (unknown names; values the
+    message refuses raise protobuf's error)."""
+    key = tuple((k, type(v), v) for k, v in params.items() if v is not None)
+    try:
+        if key in _VALID_PARAMS:
+            return key
+    except TypeError:  # an unhashable value: protobuf's own error below
+        pass
+    _item(pb.MoeItem(), "", [], params)
+    if len(_VALID_PARAMS) >= _TEMPLATES_MAX:
+        _VALID_PARAMS.clear()
+    _VALID_PARAMS[key] = True
+    return key
+
+
+def _template(op: str, pkey: Tuple[Any, ...], sig: Tuple[Tuple[str, int, Tuple[int, ...]], ...],
+              out_names: Tuple[str, ...]) -> "pb.MoeItem":
+    key = (op, pkey, sig, out_names)
+    t = _TEMPLATES.get(key)
+    if t is None:
+        t = pb.MoeItem(op=op)
+        for k, _, v in pkey:
+            setattr(t.params, k, v)
+        for name, dtype, shape in sig:
+            t.inputs.add(name=name, dtype=dtype, shape=shape)
+        for name in out_names:
+            t.outputs.add(name=name)
+        if len(_TEMPLATES) >= _TEMPLATES_MAX:
+            _TEMPLATES.clear()
+        _TEMPLATES[key] = t
+    return t
 
 
 def _ipc_item(op: str, inputs: Sequence[Tuple[str, Any]], params: Dict[str, Any], out: Sequence[Any],
-              registry: Any) -> "pb.MoeItem":
-    """A MoE item whose operands are the tensors themselves, by CUDA IPC. The outputs are
-    named as the op names them: y for a single step, else those of the given inputs."""
-    item = _item(op, [], params)
-    names = []
-    for name, x in inputs:
-        if x is None:
-            continue
-        names.append(name)
-        m = item.inputs.add(name=name, dtype=_dtype_of_tensor(name, x))
-        m.shape.extend(x.shape)
-        _torch.source_view(_byte_view(name, x), registry).fill(m.source.ipc)
-    out_names = ["y"] if names == ["x"] else names
+              registry: Any, into: Optional["pb.MoeItem"] = None, device: Optional[int] = None) -> "pb.MoeItem":
+    """A MoE item whose operands are the tensors themselves, by CUDA IPC, written into `into`
+    (a new MoeItem when None). The outputs are named as the op names them: y for a single
+    step, else those of the given inputs. `device`: the tensors' one GPU, when known.
+    Checks, in order: the params, then each input (dtype, contiguity, export), then the
+    number of outputs, then each output."""
+    pkey = _params_key(params)
+    given = [(name, x) for name, x in inputs if x is not None]
+    if device is None and given:
+        device = given[0][1].device.index
+    sig = []
+    where = []
+    for name, x in given:
+        sig.append((name, _dtype_of_tensor(name, x), tuple(x.shape)))
+        where.append(_locate(name, x, device, registry))
+    names = [name for name, _ in given]
+    out_names = ("y",) if names == ["x"] else tuple(names)
     if len(out) != len(out_names):
         raise _bad(f"out has {len(out)} tensors; {op} with these inputs writes {len(out_names)} ({', '.join(out_names)})")
-    for name, t in zip(out_names, out):
-        o = item.outputs.add(name=name)
-        _torch.destination_view(_byte_view(f"out {name}", t), registry).fill(o.destination.ipc)
+    out_where = [_locate(f"out {name}", t, device, registry) for name, t in zip(out_names, out)]
+    item = pb.MoeItem() if into is None else into
+    item.CopyFrom(_template(op, pkey, tuple(sig), out_names))
+    for m, w in zip(item.inputs, where):
+        _write_ipc(m.source.ipc, w)
+    for o, w in zip(item.outputs, out_where):
+        _write_ipc(o.destination.ipc, w)
     return item
 
 
-def _item(op: str, inputs: Sequence[Tuple[str, Any]], params: Dict[str, Any]) -> "pb.MoeItem":
-    item = pb.MoeItem(op=op)
+def _item(item: "pb.MoeItem", op: str, inputs: Sequence[Tuple[str, Any]], params: Dict[str, Any]) -> "pb.MoeItem":
+    """Fills `item` (a field of the request, or a new message) with an inline MoE item."""
+    item.op = op
     for k, v in params.items():
         if v is None:
             continue
@@ -173,7 +263,7 @@ def _item(op: str, inputs: Sequence[Tuple[str, Any]], params: Dict[str, Any]) ->
         setattr(item.params, k, v)
     for name, x in inputs:
         if x is not None:
-            item.inputs.append(_as_input(name, x))
+            _as_input(item.inputs.add(), name, x)
     return item
 
 
@@ -230,13 +320,13 @@ def _call(specs: List[Tuple[str, List[Tuple[str, Any]], Dict[str, Any]]], outs: 
     in_place = []
     devices = set()
     for (op, inputs, params), out in zip(specs, outs):
-        ipc = _ipc_eligible(inputs, out)
-        in_place.append(ipc)
-        if ipc:
-            req.items.add().moe.CopyFrom(_ipc_item(op, inputs, params, out, client._registry))
-            devices.update(x.device.index for _, x in inputs if x is not None)
+        device = _ipc_eligible(inputs, out)
+        in_place.append(device is not None)
+        if device is not None:
+            _ipc_item(op, inputs, params, out, client._registry, req.items.add().moe, device)  # type: ignore[arg-type]
+            devices.add(device)
         else:
-            req.items.add().moe.CopyFrom(_item(op, inputs, params))
+            _item(req.items.add().moe, op, inputs, params)
     if devices:
         _torch.synchronize(devices)  # the producers' writes land before the daemon reads
     resp = client._unary("ConvertBatch", req, timeout)
@@ -252,17 +342,26 @@ def _call(specs: List[Tuple[str, List[Tuple[str, Any]], Dict[str, Any]]], outs: 
             if n != len(t.inline_bytes):
                 raise _bad(f"out {t.name}: needs {len(t.inline_bytes)} bytes, got {n}")
     results = []
+    identities: Dict[bytes, MoeIdentity] = {}  # a batch's items share a few identities
     for item, out, ipc in zip(resp.items, outs, in_place):
         if ipc:  # written in place already
-            ident = item.outputs[0].moe_identity
-            results.append(MoeResult(
-                {t.name: dst for t, dst in zip(item.outputs, out)},
-                MoeIdentity(ident.format, ident.op, _params_dict(ident.params), ident.contract_version,
-                            ident.description),
-                item.engine, {t.name: tuple(t.shape) for t in item.outputs}))
+            outputs = item.outputs
+            results.append(MoeResult({t.name: dst for t, dst in zip(outputs, out)},
+                                     _identity(outputs[0].moe_identity, identities), item.engine,
+                                     {t.name: tuple(t.shape) for t in outputs}))
         else:
             results.append(_result(item, out))
     return results
+
+
+def _identity(ident: "pb.MoeIdentity", seen: Dict[bytes, MoeIdentity]) -> MoeIdentity:
+    """The MoeIdentity of `ident`, made once per distinct identity of a call."""
+    key = ident.SerializeToString()
+    got = seen.get(key)
+    if got is None:
+        got = seen[key] = MoeIdentity(ident.format, ident.op, _params_dict(ident.params), ident.contract_version,
+                                      ident.description)
+    return got
 
 
 def _prepare_spec(op: str, values: Any, scales: Any, bias: Any,

@@ -465,10 +465,13 @@ def is_dense(shape: Sequence[int], strides: Sequence[int]) -> bool:
     return True
 
 
+def shared_storage(storage: Any, device_index: int, registry: Registry) -> SharedStorage:
+    """The registry's export of `storage`, else export_storage's."""
+    return registry.lookup(storage, device_index) or export_storage(storage, device_index)
+
+
 def shared_view(t: Any, registry: Registry) -> SharedStorage:
-    storage = t.untyped_storage()
-    index = t.device.index
-    return registry.lookup(storage, index) or export_storage(storage, index)
+    return shared_storage(t.untyped_storage(), t.device.index, registry)
 
 
 @dataclass(frozen=True)
