@@ -270,16 +270,23 @@ v1::CudaIpcBuffer WholeAllocation(const v1::IpcHandleRef& ref) {
 
 }  // namespace
 
-absl::StatusOr<uint64_t> VmmImporter::Register(const std::optional<PeerCredentials>& peer,
-                                               const v1::IpcHandleRef& ref, const std::string& field,
-                                               bool* was_open) {
+absl::StatusOr<int> VmmImporter::CheckedAllocation(const std::optional<PeerCredentials>& peer,
+                                                   const v1::IpcHandleRef& ref, const std::string& field,
+                                                   v1::CudaIpcBuffer* b) {
   if (!ref.handle().empty()) {
     return absl::InvalidArgumentError(absl::StrCat(field, ": set either handle (a legacy IPC handle) or vmm, not both"));
   }
-  v1::CudaIpcBuffer b = WholeAllocation(ref);
-  WPREP_RETURN_IF_ERROR(Validate(b, field));
+  *b = WholeAllocation(ref);
+  WPREP_RETURN_IF_ERROR(Validate(*b, field));
   if (!peer) return NotOnUnixSocket(field);
-  WPREP_ASSIGN_OR_RETURN(const int ordinal, CheckedOrdinal(*peer, b, field));
+  return CheckedOrdinal(*peer, *b, field);
+}
+
+absl::StatusOr<uint64_t> VmmImporter::Register(const std::optional<PeerCredentials>& peer,
+                                               const v1::IpcHandleRef& ref, const std::string& field,
+                                               bool* was_open) {
+  v1::CudaIpcBuffer b;
+  WPREP_ASSIGN_OR_RETURN(const int ordinal, CheckedAllocation(peer, ref, field, &b));
   const std::string before = ExistingKey(Identity(ordinal, b.vmm(), peer->pid));
   *was_open = !before.empty() && cache_->Contains(ordinal, before);
   std::vector<IpcCache::Lease> held;  // let go at once: the mapping stays cached
@@ -289,13 +296,8 @@ absl::StatusOr<uint64_t> VmmImporter::Register(const std::optional<PeerCredentia
 
 absl::StatusOr<std::pair<int, int>> VmmImporter::Release(const std::optional<PeerCredentials>& peer,
                                                          const v1::IpcHandleRef& ref, const std::string& field) {
-  if (!ref.handle().empty()) {
-    return absl::InvalidArgumentError(absl::StrCat(field, ": set either handle (a legacy IPC handle) or vmm, not both"));
-  }
-  v1::CudaIpcBuffer b = WholeAllocation(ref);
-  WPREP_RETURN_IF_ERROR(Validate(b, field));
-  if (!peer) return NotOnUnixSocket(field);
-  WPREP_ASSIGN_OR_RETURN(const int ordinal, CheckedOrdinal(*peer, b, field));
+  v1::CudaIpcBuffer b;
+  WPREP_ASSIGN_OR_RETURN(const int ordinal, CheckedAllocation(peer, ref, field, &b));
   const std::string identity = Identity(ordinal, b.vmm(), peer->pid);
   const std::string key = ExistingKey(identity);
   if (key.empty()) return std::make_pair(0, 0);

@@ -76,6 +76,10 @@ class VmmImporter {
   // able to import its handle type.
   absl::StatusOr<int> CheckedOrdinal(const PeerCredentials& peer, const wprep::v1::CudaIpcBuffer& b,
                                      const std::string& field);
+  // A registered allocation's checks (vmm alone, well formed, on the Unix socket, the pid,
+  // the GPU): its buffer spanning every chunk into *b, and its GPU's ordinal.
+  absl::StatusOr<int> CheckedAllocation(const std::optional<PeerCredentials>& peer, const wprep::v1::IpcHandleRef& ref,
+                                        const std::string& field, wprep::v1::CudaIpcBuffer* b);
   // What names a mapping of these chunks of the peer's process on `ordinal` (KeyFor's key).
   static std::string Identity(int ordinal, const wprep::v1::CudaVmmBuffer& v, int peer_pid);
   // The key an identity has now; empty when none.
