@@ -1,6 +1,7 @@
 #include "convert_safetensors.h"
 
 #include <fcntl.h>
+#include <fnmatch.h>
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -21,10 +22,12 @@
 #include <utility>
 
 #include "absl/status/status.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "checkpoint.h"
@@ -274,7 +277,9 @@ bool ScalesRoundTrip(absl::Span<const uint8_t> checkpoint, absl::Span<const uint
 
 struct OutTensor {
   const SafetensorsTensor* in = nullptr;
-  int conversion = -1;  // index in the conversions, or -1: copied
+  int conversion = -1;    // index in the conversions, or -1
+  int quantization = -1;  // index in the quantizations, or -1 (neither: copied)
+  bool scales = false;    // a quantization's NAME_scales (else its NAME_blocks)
   SafetensorsTensor out;
 };
 
@@ -370,16 +375,43 @@ absl::Status CopyRange(const InputFile& in, const SafetensorsTensor& t, const Ou
   return absl::OkStatus();
 }
 
-// A unit of work: one ConvertStream, one ConvertBatch, or one copy.
+// A unit of work: one ConvertStream, one ConvertBatch, one copy or one quantization.
 struct Piece {
   int conversion = 0;
   int64_t first = 0, count = 0;
 };
 struct Job {
-  enum class Kind { kStream, kBatch, kCopy } kind = Kind::kCopy;
+  enum class Kind { kStream, kBatch, kCopy, kQuantize } kind = Kind::kCopy;
   std::vector<Piece> pieces;
-  int file = 0, tensor = 0;  // kCopy: the OutTensor
+  int file = 0, tensor = 0;  // kCopy: the OutTensor; kQuantize: its NAME_blocks
 };
+
+// A --quantize'd tensor NAME [..., Q]: it becomes NAME_blocks U8 [..., Q/32, 16] and
+// NAME_scales U8 [..., Q/32], exactly the pair a gpt-oss checkpoint holds and this command
+// converts with --layout (the blocks' bytes are the canonical values [..., Q/2]).
+struct Quantization {
+  int file = 0;
+  const SafetensorsTensor* tensor = nullptr;
+  QuantizePlan plan;
+  std::vector<int64_t> blocks_shape, scales_shape;
+  uint64_t blocks_begin = 0, scales_begin = 0;  // offsets in the file's data section
+};
+
+std::string BlocksName(const std::string& name) { return name + "_blocks"; }
+std::string ScalesName(const std::string& name) { return name + "_scales"; }
+
+absl::StatusOr<QuantDtype> QuantDtypeOf(Dtype d) {
+  switch (d) {
+    case Dtype::kBF16:
+      return QuantDtype::kBfloat16;
+    case Dtype::kF16:
+      return QuantDtype::kFloat16;
+    case Dtype::kF32:
+      return QuantDtype::kFloat32;
+    default:
+      return Bad(absl::StrCat("is ", DtypeName(d), "; only BF16, F16 and F32 tensors quantize"));
+  }
+}
 
 std::string ParamsJson(const ConversionSpec& s) {
   nlohmann::ordered_json j;
@@ -420,8 +452,11 @@ class Converter {
     absl::StatusOr<Inputs> inputs = LoadInputs(args_.input);
     if (!inputs.ok()) return inputs.status();
     inputs_ = *std::move(inputs);
-    if (absl::Status s = FindConversions(); !s.ok()) return s;
-    if (absl::Status s = PlanConversions(); !s.ok()) return s;
+    if (absl::Status s = FindQuantizations(); !s.ok()) return s;
+    if (args_.convert) {
+      if (absl::Status s = FindConversions(); !s.ok()) return s;
+      if (absl::Status s = PlanConversions(); !s.ok()) return s;
+    }
     LayOutOutputs();
     MakeJobs();
 
@@ -459,10 +494,11 @@ class Converter {
     ConvertSafetensorsSummary sum;
     sum.files = static_cast<int>(outs_.size());
     sum.converted = static_cast<int>(convs_.size());
+    sum.quantized = static_cast<int>(quants_.size());
     for (const InputFile& f : inputs_.files) sum.input_bytes += f.map->bytes().size();
     for (const OutFile& f : outs_) {
       sum.output_bytes += f.size;
-      for (const OutTensor& t : f.tensors) sum.copied += t.conversion < 0 ? 1 : 0;
+      for (const OutTensor& t : f.tensors) sum.copied += t.conversion < 0 && t.quantization < 0 ? 1 : 0;
     }
     sum.seconds = absl::ToDoubleSeconds(absl::Now() - start);
     return sum;
@@ -486,6 +522,62 @@ class Converter {
       return Bad(absl::StrCat("OUT '", args_.output, "' is a folder; name the output file"));
     }
     return absl::OkStatus();
+  }
+
+  // The tensors --quantize names, each checked and planned: a pattern that names nothing,
+  // a tensor that is not BF16/F16/F32, a last dim that is 0 or not a multiple of 32, or a
+  // NAME_blocks/NAME_scales already in the checkpoint is InvalidArgument, before anything
+  // is written.
+  absl::Status FindQuantizations() {
+    if (args_.quantize.empty()) return absl::OkStatus();
+    std::map<std::string, bool> names;
+    for (const InputFile& f : inputs_.files) {
+      for (const SafetensorsTensor& t : f.header.tensors) names[t.name] = true;
+    }
+    std::vector<bool> used(args_.quantize.size(), false);
+    for (size_t f = 0; f < inputs_.files.size(); ++f) {
+      for (const SafetensorsTensor& t : inputs_.files[f].header.tensors) {
+        bool chosen = false;
+        for (size_t p = 0; p < args_.quantize.size(); ++p) {
+          if (fnmatch(args_.quantize[p].c_str(), t.name.c_str(), 0) == 0) chosen = used[p] = true;
+        }
+        if (!chosen) continue;
+        absl::StatusOr<Quantization> q = PlanQuantization(t, names);
+        if (!q.ok()) {
+          return absl::Status(q.status().code(), absl::StrCat("--quantize: '", t.name, "' ", q.status().message()));
+        }
+        q->file = static_cast<int>(f);
+        quants_.push_back(*std::move(q));
+      }
+    }
+    for (size_t p = 0; p < args_.quantize.size(); ++p) {
+      if (!used[p]) return Bad(absl::StrCat("--quantize: '", args_.quantize[p], "' names no tensor of '", args_.input, "'"));
+    }
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<Quantization> PlanQuantization(const SafetensorsTensor& t, const std::map<std::string, bool>& names) {
+    absl::StatusOr<QuantDtype> dtype = QuantDtypeOf(t.dtype);
+    if (!dtype.ok()) return dtype.status();
+    if (t.shape.empty()) return Bad("is a scalar; quantizing needs a last dim of groups of 32");
+    const int64_t q = t.shape.back();
+    if (q <= 0 || q % 32 != 0) {
+      return Bad(absl::StrCat("has shape ", ShapeString(t.shape), "; its last dim must be a positive multiple of 32 ",
+                              "(NAME_blocks holds [..., Q/32, 16])"));
+    }
+    for (const std::string& n : {BlocksName(t.name), ScalesName(t.name)}) {
+      if (names.count(n)) return Bad(absl::StrCat("would become '", n, "', which the checkpoint holds already"));
+    }
+    absl::StatusOr<QuantizePlan> plan = MakeQuantizePlan(*dtype, t.shape, args_.scale_rounding);
+    if (!plan.ok()) return Bad(absl::StrCat("cannot be quantized: ", plan.status().message()));
+    Quantization out;
+    out.tensor = &t;
+    out.plan = *std::move(plan);
+    out.scales_shape = t.shape;
+    out.scales_shape.back() = q / 32;
+    out.blocks_shape = out.scales_shape;
+    out.blocks_shape.push_back(16);
+    return out;
   }
 
   absl::Status FindConversions() {
@@ -545,8 +637,9 @@ class Converter {
   // Each output file: its tensors in the input's order, converted ones at their new
   // sizes, and the header that describes them.
   void LayOutOutputs() {
-    std::map<const SafetensorsTensor*, int> conv_of;
+    std::map<const SafetensorsTensor*, int> conv_of, quant_of;
     for (size_t i = 0; i < convs_.size(); ++i) conv_of[convs_[i].tensor] = static_cast<int>(i);
+    for (size_t i = 0; i < quants_.size(); ++i) quant_of[quants_[i].tensor] = static_cast<int>(i);
     const Conversion* first_values = nullptr;
     const Conversion* first_scales = nullptr;
     for (const Conversion& c : convs_) {
@@ -554,12 +647,20 @@ class Converter {
       if (c.role == Role::kScales && first_scales == nullptr) first_scales = &c;
     }
     std::vector<std::pair<std::string, std::string>> global;
-    global.emplace_back("wprep.contract_version", absl::StrCat(first_values->plan.identity().contract_version()));
-    for (const Conversion* c : {first_values, first_scales}) {
-      const std::string role = c->role == Role::kValues ? "values" : "scales";
-      global.emplace_back(absl::StrCat("wprep.", role, ".layout"), c->plan.identity().layout());
-      global.emplace_back(absl::StrCat("wprep.", role, ".conversion"), c->plan.identity().conversion());
-      global.emplace_back(absl::StrCat("wprep.", role, ".params"), ParamsJson(c->whole.spec));
+    if (first_values != nullptr && first_scales != nullptr) {
+      global.emplace_back("wprep.contract_version", absl::StrCat(first_values->plan.identity().contract_version()));
+      for (const Conversion* c : {first_values, first_scales}) {
+        const std::string role = c->role == Role::kValues ? "values" : "scales";
+        global.emplace_back(absl::StrCat("wprep.", role, ".layout"), c->plan.identity().layout());
+        global.emplace_back(absl::StrCat("wprep.", role, ".conversion"), c->plan.identity().conversion());
+        global.emplace_back(absl::StrCat("wprep.", role, ".params"), ParamsJson(c->whole.spec));
+      }
+    }
+    if (!quants_.empty()) {
+      // Not wprep.contract_version: a quantized checkpoint is still one to convert.
+      global.emplace_back("wprep.quantize.patterns", absl::StrJoin(args_.quantize, ";"));
+      global.emplace_back("wprep.quantize.scale_rounding",
+                          args_.scale_rounding == ScaleRounding::kUp ? "up" : "down");
     }
     global_metadata_ = global;
 
@@ -575,6 +676,28 @@ class Converter {
         OutTensor o;
         o.in = &t;
         o.out = t;
+        if (auto q = quant_of.find(&t); q != quant_of.end()) {
+          Quantization& z = quants_[static_cast<size_t>(q->second)];
+          o.quantization = q->second;
+          o.out.dtype = Dtype::kU8;
+          o.out.name = BlocksName(t.name);
+          o.out.shape = z.blocks_shape;
+          o.out.begin = at;
+          o.out.end = at + static_cast<uint64_t>(z.plan.values_bytes);
+          z.blocks_begin = at;
+          at = o.out.end;
+          out.tensors.push_back(o);
+          o.scales = true;
+          o.out.name = ScalesName(t.name);
+          o.out.shape = z.scales_shape;
+          o.out.begin = at;
+          o.out.end = at + static_cast<uint64_t>(z.plan.scales_bytes);
+          z.scales_begin = at;
+          at = o.out.end;
+          out.tensors.push_back(std::move(o));
+          metadata.emplace_back(absl::StrCat("wprep.quantized.", t.name), QuantizedJson(z));
+          continue;
+        }
         auto it = conv_of.find(&t);
         if (it != conv_of.end()) {
           o.conversion = it->second;
@@ -598,6 +721,19 @@ class Converter {
       out.size = out.header.size() + at;
       outs_.push_back(std::move(out));
     }
+  }
+
+  std::string QuantizedJson(const Quantization& q) const {
+    nlohmann::ordered_json j;
+    j["format"] = "mxfp4";
+    j["blocks"] = BlocksName(q.tensor->name);
+    j["scales"] = ScalesName(q.tensor->name);
+    j["scale_rounding"] = args_.scale_rounding == ScaleRounding::kUp ? "up" : "down";
+    j["checkpoint_shape"] = q.tensor->shape;
+    j["checkpoint_dtype"] = std::string(DtypeName(q.tensor->dtype));
+    j["blocks_shape"] = q.blocks_shape;
+    j["scales_shape"] = q.scales_shape;
+    return j.dump();
   }
 
   static std::string TensorJson(const Conversion& c) {
@@ -630,6 +766,16 @@ class Converter {
     for (size_t f = 0; f < outs_.size(); ++f) {
       for (size_t ti = 0; ti < outs_[f].tensors.size(); ++ti) {
         const OutTensor& o = outs_[f].tensors[ti];
+        if (o.quantization >= 0) {
+          if (o.scales) continue;  // quantized with its blocks
+          Job j;
+          j.kind = Job::Kind::kQuantize;
+          j.file = static_cast<int>(f);
+          j.tensor = static_cast<int>(ti);
+          jobs_.push_back(std::move(j));
+          ++items_;
+          continue;
+        }
         if (o.conversion < 0) {
           Job j;
           j.kind = Job::Kind::kCopy;
@@ -693,6 +839,13 @@ class Converter {
     }
     meta["total_size"] = total;
     for (const auto& [k, v] : global_metadata_) meta[k] = v;
+    nlohmann::ordered_json& weights = doc["weight_map"];
+    for (const Quantization& q : quants_) {
+      const std::string& file = inputs_.files[static_cast<size_t>(q.file)].name;
+      weights.erase(q.tensor->name);
+      weights[BlocksName(q.tensor->name)] = file;
+      weights[ScalesName(q.tensor->name)] = file;
+    }
     const std::string text = doc.dump(2) + "\n";
     const std::string path = tmp_dir_ + "/" + inputs_.index_name;
     const int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
@@ -750,12 +903,33 @@ class Converter {
         progress_->ItemDone(absl::StrCat("copied ", t.in->name, " ", DtypeName(t.in->dtype), " ", ShapeString(t.in->shape)));
         return absl::OkStatus();
       }
+      case Job::Kind::kQuantize:
+        return RunQuantize(job);
       case Job::Kind::kStream:
         return RunStream(c, job.pieces.front(), scratch);
       case Job::Kind::kBatch:
         return RunBatch(c, job);
     }
     return absl::InternalError("unknown job");
+  }
+
+  // One tensor quantized on the CPU, from the input's mapping straight into the output's.
+  absl::Status RunQuantize(const Job& job) {
+    const OutFile& out = outs_[static_cast<size_t>(job.file)];
+    const OutTensor& t = out.tensors[static_cast<size_t>(job.tensor)];
+    const Quantization& q = quants_[static_cast<size_t>(t.quantization)];
+    const absl::Span<const uint8_t> in = inputs_.files[static_cast<size_t>(job.file)].Data(*q.tensor);
+    uint8_t* blocks = out.map + out.header.size() + q.blocks_begin;
+    uint8_t* scales = out.map + out.header.size() + q.scales_begin;
+    absl::Status s = QuantizeOnCpu(q.plan, in.data(), in.size(), blocks, static_cast<size_t>(q.plan.values_bytes),
+                                   scales, static_cast<size_t>(q.plan.scales_bytes));
+    if (!s.ok()) return Prefixed(s, q.tensor->name);
+    progress_->AddBytes(in.size());
+    progress_->ItemDone(absl::StrCat("quantized ", q.tensor->name, " ", DtypeName(q.tensor->dtype), " ",
+                                     ShapeString(q.tensor->shape), " -> ", BlocksName(q.tensor->name), " ",
+                                     ShapeString(q.blocks_shape), ", ", ScalesName(q.tensor->name), " ",
+                                     ShapeString(q.scales_shape)));
+    return absl::OkStatus();
   }
 
   absl::Span<const uint8_t> PieceInput(const Piece& p) const {
@@ -900,6 +1074,7 @@ class Converter {
   std::string tmp_dir_;  // sharded: the folder built beside OUT
   Inputs inputs_;
   std::vector<Conversion> convs_;
+  std::vector<Quantization> quants_;
   std::vector<OutFile> outs_;
   std::vector<std::pair<std::string, std::string>> global_metadata_;
   std::vector<Job> jobs_;
@@ -917,15 +1092,23 @@ flags::FlagSet ConvertSafetensorsFlags() {
   const ConvertSafetensorsArgs d;
   flags::FlagSet fs = CommandFlags(
       "convert-safetensors",
-      "usage: wprep convert-safetensors IN OUT --layout L [flags]\n"
+      "usage: wprep convert-safetensors IN OUT (--layout L | --quantize PATTERNS) [flags]\n"
       "IN is a .safetensors file, a model.safetensors.index.json, or a folder holding one index;\n"
       "OUT is then a file, or a folder for the converted shards and their index.\n"
       "Every MXFP4 pair of a gpt-oss-style checkpoint, NAME_blocks U8 [..., N, K/32, 16] and\n"
       "NAME_scales U8 [..., N, K/32], is converted: the blocks as the checkpoint-order storage\n"
       "of the weight [..., K, N], the scales through the view [..., K/32, N]. Each keeps its name\n"
       "and takes the storage shape the daemon reports; every other tensor is copied byte for\n"
-      "byte; __metadata__ records the layouts, their parameters and each tensor's shapes.\n");
+      "byte; __metadata__ records the layouts, their parameters and each tensor's shapes.\n"
+      "With --quantize instead, the BF16/F16/F32 tensors the patterns name, each NAME of shape\n"
+      "[..., Q] (Q a multiple of 32), are quantized to MXFP4 in this process (no daemon):\n"
+      "NAME_blocks U8 [..., Q/32, 16] and NAME_scales U8 [..., Q/32], the pair --layout reads;\n"
+      "__metadata__ records each as wprep.quantized.NAME.\n");
   fs.String("layout", "L", "", "the values' layout: hopper_value, blackwell_value or blackwell_shuffled_value");
+  fs.String("quantize", "PATTERNS", "",
+            "fnmatch(3) globs of the tensors to quantize, separated by ';' or ','; not yet with --layout "
+            "(quantize, then convert the output)");
+  fs.String("scale-rounding", "up|down", "up", "with --quantize: how a group's e8m0 scale rounds");
   fs.String("scale-layout", "L", "",
             "hopper_scale or blackwell_scale (default: hopper_scale for hopper_value, "
             "blackwell_scale for the Blackwell layouts)");
@@ -948,6 +1131,59 @@ flags::FlagSet ConvertSafetensorsFlags() {
   return fs;
 }
 
+absl::Status ParseQuantizeFlags(const Flags& flags, ConvertSafetensorsArgs* out) {
+  if (const std::string* r = flags.Get("--scale-rounding")) {
+    if (!flags.Has("--quantize")) return Bad("--scale-rounding is for --quantize");
+    absl::StatusOr<ScaleRounding> rounding = ParseScaleRounding(*r);
+    if (!rounding.ok()) return Bad(absl::StrCat("--scale-rounding must be up or down, got '", *r, "'"));
+    out->scale_rounding = *rounding;
+  }
+  const std::string* q = flags.Get("--quantize");
+  if (q == nullptr) return absl::OkStatus();
+  for (absl::string_view p : absl::StrSplit(*q, absl::ByAnyChar(";,"), absl::SkipWhitespace())) {
+    out->quantize.emplace_back(absl::StripAsciiWhitespace(p));
+  }
+  if (out->quantize.empty()) return Bad("--quantize names no pattern");
+  if (flags.Get("--layout") == nullptr) {
+    // The layout's own flags mean nothing without one.
+    for (const char* f : {"--scale-layout", "--mx-axis", "--mma-version", "--num-warps", "--align-k", "--block-k",
+                          "--block-n", "--verify"}) {
+      if (flags.Has(f)) return Bad(absl::StrCat(f, " is for --layout"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// The flags of how the run goes, whatever it does.
+absl::StatusOr<ConvertSafetensorsArgs> ParseRunFlags(const Flags& flags, ConvertSafetensorsArgs out) {
+  if (const std::string* t = flags.Get("--target")) {
+    if (t->empty()) return Bad("--target must not be empty");
+    out.target = *t;
+  }
+  absl::StatusOr<int64_t> jobs = flags.Int("--jobs", out.jobs);
+  if (!jobs.ok()) return jobs.status();
+  if (*jobs < 1 || *jobs > 64) return Bad(absl::StrCat("--jobs must be in [1, 64], got ", *jobs));
+  out.jobs = static_cast<int>(*jobs);
+  const std::string* progress = flags.Get("--progress");
+  absl::StatusOr<ProgressMode> mode = ParseProgressMode(progress != nullptr ? *progress : "auto", stderr);
+  if (!mode.ok()) return mode.status();
+  out.progress = *mode;
+  struct Size {
+    const char* flag;
+    uint64_t* dst;
+  };
+  for (Size z : {Size{"--piece-bytes", &out.piece_bytes}, Size{"--stream-min-bytes", &out.stream_min_bytes},
+                 Size{"--batch-bytes", &out.batch_bytes}}) {
+    absl::StatusOr<int64_t> v = flags.Int(z.flag, static_cast<int64_t>(*z.dst));
+    if (!v.ok()) return v.status();
+    if (*v < 1) return Bad(absl::StrCat(z.flag, " must be at least 1, got ", *v));
+    *z.dst = static_cast<uint64_t>(*v);
+  }
+  out.verify = flags.Has("--verify");
+  out.fsync = flags.Has("--fsync");
+  return out;
+}
+
 }  // namespace
 
 std::string ConvertSafetensorsUsage() { return ConvertSafetensorsFlags().Usage(); }
@@ -958,8 +1194,20 @@ absl::StatusOr<ConvertSafetensorsArgs> ParseConvertSafetensorsArgs(const std::ve
   ConvertSafetensorsArgs out;
   out.input = flags->positional()[0];
   out.output = flags->positional()[1];
+  if (absl::Status s = ParseQuantizeFlags(*flags, &out); !s.ok()) return s;
   const std::string* layout = flags->Get("--layout");
-  if (layout == nullptr) return Bad("--layout is required: hopper_value, blackwell_value or blackwell_shuffled_value");
+  if (layout == nullptr && !out.quantize.empty()) {
+    out.convert = false;
+    return ParseRunFlags(*flags, out);
+  }
+  if (layout == nullptr) {
+    return Bad("--layout (hopper_value, blackwell_value or blackwell_shuffled_value) or --quantize is required");
+  }
+  if (!out.quantize.empty()) {
+    return absl::UnimplementedError(
+        "--quantize with --layout: fused quantize-and-lay-out of a checkpoint is not available yet; "
+        "run --quantize alone, then --layout on its output");
+  }
   absl::StatusOr<Layout> values = ParseLayout(*layout);
   if (!values.ok()) return values.status();
   if (!IsValueLayout(*values)) {
@@ -980,32 +1228,7 @@ absl::StatusOr<ConvertSafetensorsArgs> ParseConvertSafetensorsArgs(const std::ve
   out.values = *v;
   out.values.packing_axis = -2;
   out.scales = *s;
-  if (const std::string* t = flags->Get("--target")) {
-    if (t->empty()) return Bad("--target must not be empty");
-    out.target = *t;
-  }
-  absl::StatusOr<int64_t> jobs = flags->Int("--jobs", out.jobs);
-  if (!jobs.ok()) return jobs.status();
-  if (*jobs < 1 || *jobs > 64) return Bad(absl::StrCat("--jobs must be in [1, 64], got ", *jobs));
-  out.jobs = static_cast<int>(*jobs);
-  const std::string* progress = flags->Get("--progress");
-  absl::StatusOr<ProgressMode> mode = ParseProgressMode(progress != nullptr ? *progress : "auto", stderr);
-  if (!mode.ok()) return mode.status();
-  out.progress = *mode;
-  struct Size {
-    const char* flag;
-    uint64_t* dst;
-  };
-  for (Size z : {Size{"--piece-bytes", &out.piece_bytes}, Size{"--stream-min-bytes", &out.stream_min_bytes},
-                 Size{"--batch-bytes", &out.batch_bytes}}) {
-    absl::StatusOr<int64_t> v = flags->Int(z.flag, static_cast<int64_t>(*z.dst));
-    if (!v.ok()) return v.status();
-    if (*v < 1) return Bad(absl::StrCat(z.flag, " must be at least 1, got ", *v));
-    *z.dst = static_cast<uint64_t>(*v);
-  }
-  out.verify = flags->Has("--verify");
-  out.fsync = flags->Has("--fsync");
-  return out;
+  return ParseRunFlags(*flags, out);
 }
 
 absl::StatusOr<ConvertSafetensorsSummary> RunConvertSafetensors(const ConvertSafetensorsArgs& args) {
@@ -1030,6 +1253,13 @@ int ConvertSafetensorsCommand(const std::vector<std::string>& args) {
 }
 
 std::string FormatSummary(const ConvertSafetensorsArgs& args, const ConvertSafetensorsSummary& s) {
+  if (!args.convert) {
+    return absl::StrFormat("quantized %d tensors (scales rounded %s) and copied %d, %d file%s, %s in %.2f s (%s) -> %s",
+                           s.quantized, args.scale_rounding == ScaleRounding::kUp ? "up" : "down", s.copied, s.files,
+                           s.files == 1 ? "" : "s", Progress::Bytes(s.input_bytes), s.seconds,
+                           Progress::PerSecond(s.seconds > 0 ? static_cast<double>(s.input_bytes) / s.seconds : 0),
+                           args.output);
+  }
   return absl::StrFormat("converted %d tensors%s and copied %d, %d file%s, %s in %.2f s (%s) -> %s", s.converted,
                          args.verify ? " (verified)" : "", s.copied, s.files, s.files == 1 ? "" : "s",
                          Progress::Bytes(s.input_bytes), s.seconds,

@@ -1,6 +1,8 @@
 // `wprep convert-safetensors IN OUT`: a gpt-oss-style MXFP4 checkpoint (one safetensors
 // file, or a sharded one with its model.safetensors.index.json) converted by a running
-// wprepd into a GPU layout, every other tensor copied byte for byte.
+// wprepd into a GPU layout, or the chosen BF16/F16/F32 tensors of a checkpoint quantized
+// into gpt-oss MXFP4 pairs in this process (--quantize); every other tensor copied byte
+// for byte.
 #ifndef WPREP_CLIENT_CLI_CONVERT_SAFETENSORS_H_
 #define WPREP_CLIENT_CLI_CONVERT_SAFETENSORS_H_
 
@@ -10,6 +12,7 @@
 
 #include "absl/status/statusor.h"
 #include "progress.h"
+#include "wprep/kernels/quantize.h"
 #include "wprep/spec/spec.h"
 
 namespace wprep::cli {
@@ -18,8 +21,14 @@ struct ConvertSafetensorsArgs {
   std::string input;   // a .safetensors file, an index .json, or a folder holding one index
   std::string output;  // the output file (single input) or folder (sharded input)
   std::string target = "unix:///tmp/wprepd.sock";
+  bool convert = true;    // --layout given: the MXFP4 pairs are converted through the daemon
   ConversionSpec values;  // the value layout and its parameters (swizzle, packing -2)
   ConversionSpec scales;  // the scale layout and its parameters (swizzle, transposed view)
+  // --quantize: fnmatch(3) patterns of the BF16/F16/F32 tensors quantized, on the CPU in
+  // this process, into gpt-oss MXFP4 pairs NAME_blocks U8 [..., Q/32, 16] and NAME_scales
+  // U8 [..., Q/32] (groups of 32 along the last axis, e8m0 scales rounded `scale_rounding`).
+  std::vector<std::string> quantize;
+  ScaleRounding scale_rounding = ScaleRounding::kUp;
   bool verify = false;    // unswizzle every output back and compare with the input
   bool fsync = false;     // fsync the outputs before renaming them into place
   int jobs = 4;           // requests in flight
@@ -39,6 +48,7 @@ absl::StatusOr<ConvertSafetensorsArgs> ParseConvertSafetensorsArgs(const std::ve
 struct ConvertSafetensorsSummary {
   int files = 0;
   int converted = 0;  // value and scale tensors
+  int quantized = 0;  // tensors quantized, each into a NAME_blocks and NAME_scales pair
   int copied = 0;     // every other tensor
   uint64_t input_bytes = 0, output_bytes = 0;
   double seconds = 0;
