@@ -37,6 +37,7 @@
 #include "safetensors.h"
 #include "wprep/client/batch.h"
 #include "wprep/client/client.h"
+#include "wprep/kernels/plan.h"
 
 namespace wprep::cli {
 
@@ -389,12 +390,22 @@ struct Job {
 // A --quantize'd tensor NAME [..., Q]: it becomes NAME_blocks U8 [..., Q/32, 16] and
 // NAME_scales U8 [..., Q/32], exactly the pair a gpt-oss checkpoint holds and this command
 // converts with --layout (the blocks' bytes are the canonical values [..., Q/2]).
+// With --layout too (fused), the pair is written already converted, exactly as --layout
+// would convert it: `values` and `scales` are the pair's conversions and plans.
+struct FusedPart {
+  TensorConversion conversion;
+  Plan plan;
+};
 struct Quantization {
   int file = 0;
   const SafetensorsTensor* tensor = nullptr;
   QuantizePlan plan;
   std::vector<int64_t> blocks_shape, scales_shape;
   uint64_t blocks_begin = 0, scales_begin = 0;  // offsets in the file's data section
+  bool fused = false;
+  FusedPart values, scales;
+  uint64_t BlocksBytes() const { return fused ? values.plan.output_bytes : static_cast<uint64_t>(plan.values_bytes); }
+  uint64_t ScalesBytes() const { return fused ? scales.plan.output_bytes : static_cast<uint64_t>(plan.scales_bytes); }
 };
 
 std::string BlocksName(const std::string& name) { return name + "_blocks"; }
@@ -577,7 +588,39 @@ class Converter {
     out.scales_shape.back() = q / 32;
     out.blocks_shape = out.scales_shape;
     out.blocks_shape.push_back(16);
+    if (args_.convert) {
+      if (absl::Status s = PlanFused(out); !s.ok()) return s;
+    }
     return out;
+  }
+
+  // The conversions --layout makes of the pair, and the fused kernel's sizes, which must
+  // be theirs: the fused bytes are the converted pair's.
+  absl::Status PlanFused(Quantization& q) const {
+    if (q.blocks_shape.size() < 3) {
+      return Bad(absl::StrCat("has shape ", ShapeString(q.tensor->shape),
+                              "; quantizing into a layout needs a weight [..., N, K] (rank 2 or more)"));
+    }
+    absl::StatusOr<TensorConversion> v = client::CheckpointValues(args_.values, q.blocks_shape);
+    if (!v.ok()) return v.status();
+    absl::StatusOr<TensorConversion> sc = client::CheckpointScales(args_.scales, q.scales_shape);
+    if (!sc.ok()) return sc.status();
+    for (auto [conv, part] : {std::pair{&*v, &q.values}, std::pair{&*sc, &q.scales}}) {
+      absl::StatusOr<Plan> plan = MakePlan(conv->spec, conv->logical_shape, InputBinding{conv->input_strides, {}});
+      if (!plan.ok()) return plan.status();
+      part->conversion = *conv;
+      part->plan = *std::move(plan);
+    }
+    absl::StatusOr<FusedBlackwellSizes> sizes = PlanQuantizeBlackwell(q.plan);
+    if (!sizes.ok()) return sizes.status();
+    if (static_cast<uint64_t>(sizes->values_bytes) != q.values.plan.output_bytes ||
+        static_cast<uint64_t>(sizes->scales_bytes) != q.scales.plan.output_bytes) {
+      return absl::InternalError(absl::StrCat("the fused quantizer writes ", sizes->values_bytes, " + ",
+                                              sizes->scales_bytes, " bytes; the layouts take ",
+                                              q.values.plan.output_bytes, " + ", q.scales.plan.output_bytes));
+    }
+    q.fused = true;
+    return absl::OkStatus();
   }
 
   absl::Status FindConversions() {
@@ -600,7 +643,7 @@ class Converter {
       c.experts = m.experts;
       convs_.push_back(std::move(c));
     }
-    if (convs_.empty()) {
+    if (convs_.empty() && quants_.empty()) {
       return absl::FailedPreconditionError(
           absl::StrCat("'", args_.input, "' holds no MXFP4 tensors (NAME_blocks and NAME_scales pairs) to convert"));
     }
@@ -609,6 +652,7 @@ class Converter {
 
   // The daemon's plan of every tensor: its output shape, strides, size and layout.
   absl::Status PlanConversions() {
+    if (convs_.empty()) return absl::OkStatus();  // only quantized tensors: no daemon needed
     client::Client c(args_.target, 1);
     client::CallOptions o;
     o.retry = retry_;
@@ -655,6 +699,16 @@ class Converter {
         global.emplace_back(absl::StrCat("wprep.", role, ".conversion"), c->plan.identity().conversion());
         global.emplace_back(absl::StrCat("wprep.", role, ".params"), ParamsJson(c->whole.spec));
       }
+    } else if (!quants_.empty() && quants_.front().fused) {
+      // Only fused tensors: the same entries, named by this build's layout identities.
+      const Quantization& q = quants_.front();
+      global.emplace_back("wprep.contract_version", absl::StrCat(kLayoutContractVersion));
+      for (const FusedPart* part : {&q.values, &q.scales}) {
+        const std::string role = part == &q.values ? "values" : "scales";
+        global.emplace_back(absl::StrCat("wprep.", role, ".layout"), LayoutIdentity(part->conversion.spec));
+        global.emplace_back(absl::StrCat("wprep.", role, ".conversion"), ConversionIdentity(part->conversion.spec));
+        global.emplace_back(absl::StrCat("wprep.", role, ".params"), ParamsJson(part->conversion.spec));
+      }
     }
     if (!quants_.empty()) {
       // Not wprep.contract_version: a quantized checkpoint is still one to convert.
@@ -682,20 +736,29 @@ class Converter {
           o.out.dtype = Dtype::kU8;
           o.out.name = BlocksName(t.name);
           o.out.shape = z.blocks_shape;
+          if (z.fused) o.out.shape = z.values.plan.output_shape;
           o.out.begin = at;
-          o.out.end = at + static_cast<uint64_t>(z.plan.values_bytes);
+          o.out.end = at + z.BlocksBytes();
           z.blocks_begin = at;
           at = o.out.end;
           out.tensors.push_back(o);
           o.scales = true;
           o.out.name = ScalesName(t.name);
           o.out.shape = z.scales_shape;
+          if (z.fused) o.out.shape = z.scales.plan.output_shape;
           o.out.begin = at;
-          o.out.end = at + static_cast<uint64_t>(z.plan.scales_bytes);
+          o.out.end = at + z.ScalesBytes();
           z.scales_begin = at;
           at = o.out.end;
           out.tensors.push_back(std::move(o));
           metadata.emplace_back(absl::StrCat("wprep.quantized.", t.name), QuantizedJson(z));
+          if (z.fused) {
+            // As --layout records the pair it converts.
+            metadata.emplace_back(absl::StrCat("wprep.tensor.", BlocksName(t.name)),
+                                  TensorJson(Role::kValues, z.values, z.blocks_shape));
+            metadata.emplace_back(absl::StrCat("wprep.tensor.", ScalesName(t.name)),
+                                  TensorJson(Role::kScales, z.scales, z.scales_shape));
+          }
           continue;
         }
         auto it = conv_of.find(&t);
@@ -733,6 +796,20 @@ class Converter {
     j["checkpoint_dtype"] = std::string(DtypeName(q.tensor->dtype));
     j["blocks_shape"] = q.blocks_shape;
     j["scales_shape"] = q.scales_shape;
+    return j.dump();
+  }
+
+  static std::string TensorJson(Role role, const FusedPart& p, const std::vector<int64_t>& checkpoint_shape) {
+    nlohmann::ordered_json j;
+    j["role"] = role == Role::kValues ? "values" : "scales";
+    j["layout"] = LayoutIdentity(p.conversion.spec);
+    j["conversion"] = ConversionIdentity(p.conversion.spec);
+    j["logical_shape"] = p.conversion.logical_shape;
+    j["checkpoint_shape"] = checkpoint_shape;
+    j["checkpoint_dtype"] = std::string(DtypeName(Dtype::kU8));
+    if (!p.conversion.input_strides.empty()) j["input_strides"] = p.conversion.input_strides;
+    j["storage_shape"] = p.plan.output_shape;
+    j["storage_strides"] = p.plan.output_strides;
     return j.dump();
   }
 
@@ -921,14 +998,16 @@ class Converter {
     const absl::Span<const uint8_t> in = inputs_.files[static_cast<size_t>(job.file)].Data(*q.tensor);
     uint8_t* blocks = out.map + out.header.size() + q.blocks_begin;
     uint8_t* scales = out.map + out.header.size() + q.scales_begin;
-    absl::Status s = QuantizeOnCpu(q.plan, in.data(), in.size(), blocks, static_cast<size_t>(q.plan.values_bytes),
-                                   scales, static_cast<size_t>(q.plan.scales_bytes));
+    absl::Status s = q.fused ? QuantizeBlackwellOnCpu(q.plan, in.data(), in.size(), blocks, q.BlocksBytes(), scales,
+                                                      q.ScalesBytes())
+                             : QuantizeOnCpu(q.plan, in.data(), in.size(), blocks, q.BlocksBytes(), scales,
+                                             q.ScalesBytes());
     if (!s.ok()) return Prefixed(s, q.tensor->name);
     progress_->AddBytes(in.size());
-    progress_->ItemDone(absl::StrCat("quantized ", q.tensor->name, " ", DtypeName(q.tensor->dtype), " ",
-                                     ShapeString(q.tensor->shape), " -> ", BlocksName(q.tensor->name), " ",
-                                     ShapeString(q.blocks_shape), ", ", ScalesName(q.tensor->name), " ",
-                                     ShapeString(q.scales_shape)));
+    progress_->ItemDone(absl::StrCat(
+        "quantized ", q.tensor->name, " ", DtypeName(q.tensor->dtype), " ", ShapeString(q.tensor->shape), " -> ",
+        BlocksName(q.tensor->name), " ", ShapeString(q.fused ? q.values.plan.output_shape : q.blocks_shape), ", ",
+        ScalesName(q.tensor->name), " ", ShapeString(q.fused ? q.scales.plan.output_shape : q.scales_shape)));
     return absl::OkStatus();
   }
 
@@ -1103,11 +1182,12 @@ flags::FlagSet ConvertSafetensorsFlags() {
       "With --quantize instead, the BF16/F16/F32 tensors the patterns name, each NAME of shape\n"
       "[..., Q] (Q a multiple of 32), are quantized to MXFP4 in this process (no daemon):\n"
       "NAME_blocks U8 [..., Q/32, 16] and NAME_scales U8 [..., Q/32], the pair --layout reads;\n"
-      "__metadata__ records each as wprep.quantized.NAME.\n");
+      "__metadata__ records each as wprep.quantized.NAME. With --layout blackwell_value too, the\n"
+      "pair is written already converted, as --layout would convert it.\n");
   fs.String("layout", "L", "", "the values' layout: hopper_value, blackwell_value or blackwell_shuffled_value");
   fs.String("quantize", "PATTERNS", "",
-            "fnmatch(3) globs of the tensors to quantize, separated by ';' or ','; not yet with --layout "
-            "(quantize, then convert the output)");
+            "fnmatch(3) globs of the BF16/F16/F32 tensors to quantize to MXFP4, separated by ';' or ','; "
+            "with --layout blackwell_value they are written laid out (fused)");
   fs.String("scale-rounding", "up|down", "up", "with --quantize: how a group's e8m0 scale rounds");
   fs.String("scale-layout", "L", "",
             "hopper_scale or blackwell_scale (default: hopper_scale for hopper_value, "
@@ -1203,11 +1283,6 @@ absl::StatusOr<ConvertSafetensorsArgs> ParseConvertSafetensorsArgs(const std::ve
   if (layout == nullptr) {
     return Bad("--layout (hopper_value, blackwell_value or blackwell_shuffled_value) or --quantize is required");
   }
-  if (!out.quantize.empty()) {
-    return absl::UnimplementedError(
-        "--quantize with --layout: fused quantize-and-lay-out of a checkpoint is not available yet; "
-        "run --quantize alone, then --layout on its output");
-  }
   absl::StatusOr<Layout> values = ParseLayout(*layout);
   if (!values.ok()) return values.status();
   if (!IsValueLayout(*values)) {
@@ -1228,6 +1303,11 @@ absl::StatusOr<ConvertSafetensorsArgs> ParseConvertSafetensorsArgs(const std::ve
   out.values = *v;
   out.values.packing_axis = -2;
   out.scales = *s;
+  if (!out.quantize.empty() && (*values != Layout::kBlackwellValue || scales != Layout::kBlackwellScale)) {
+    return absl::UnimplementedError(absl::StrCat(
+        "--quantize with --layout ", *layout, ": quantizing straight into a layout serves blackwell_value with "
+        "blackwell_scale so far; run --quantize alone, then --layout on its output"));
+  }
   return ParseRunFlags(*flags, out);
 }
 
@@ -1260,7 +1340,12 @@ std::string FormatSummary(const ConvertSafetensorsArgs& args, const ConvertSafet
                            Progress::PerSecond(s.seconds > 0 ? static_cast<double>(s.input_bytes) / s.seconds : 0),
                            args.output);
   }
-  return absl::StrFormat("converted %d tensors%s and copied %d, %d file%s, %s in %.2f s (%s) -> %s", s.converted,
+  const std::string quantized =
+      s.quantized == 0 ? ""
+                       : absl::StrFormat("quantized %d tensors (scales rounded %s) into the layouts, ", s.quantized,
+                                         args.scale_rounding == ScaleRounding::kUp ? "up" : "down");
+  return absl::StrFormat("%sconverted %d tensors%s and copied %d, %d file%s, %s in %.2f s (%s) -> %s", quantized,
+                         s.converted,
                          args.verify ? " (verified)" : "", s.copied, s.files, s.files == 1 ? "" : "s",
                          Progress::Bytes(s.input_bytes), s.seconds,
                          Progress::PerSecond(s.seconds > 0 ? static_cast<double>(s.input_bytes) / s.seconds : 0),

@@ -246,38 +246,70 @@ TEST_F(CliSafetensorsQuantizeTest, QuantizesChosenTensorsToTheGoldenVectors) {
 }
 
 // The quantized checkpoint is a gpt-oss one: --layout converts its new pairs through the
-// daemon into exactly what the fused `wprep quantize --layout blackwell_value` writes.
-TEST_F(CliSafetensorsQuantizeTest, QuantizedCheckpointConvertsToTheFusedBytes) {
-  const std::vector<Tensor> tensors = {
+// daemon into exactly what the fused `wprep quantize --layout blackwell_value` writes. And
+// --quantize with --layout in one run (fused, beside a pair the daemon converts) writes the
+// same checkpoint as the two runs: every tensor and every metadata entry.
+TEST_F(CliSafetensorsQuantizeTest, FusedLayoutEqualsQuantizeThenConvert) {
+  std::vector<Tensor> tensors = {
       {"experts.gate_up_proj", "BF16", {2, 64, 256}, Pattern(2 * 64 * 256 * 2, 7)},
       {"experts.down_proj", "BF16", {2, 32, 128}, Pattern(2 * 32 * 128 * 2, 8)},
       {"norm.weight", "BF16", {32}, Pattern(64, 9)},
   };
-  // Finite bf16: the exponent's top bit cleared.
-  std::vector<Tensor> finite = tensors;
-  for (Tensor& t : finite) {
-    for (size_t i = 1; i < t.bytes.size(); i += 2) t.bytes[i] &= 0xBF;
+  for (Tensor& t : tensors) {
+    for (size_t i = 1; i < t.bytes.size(); i += 2) t.bytes[i] &= 0xBF;  // finite bf16
   }
-  const fs::path in = Write("model.safetensors", SafetensorsFile(finite));
-  const fs::path q = dir_ / "q.safetensors", out = dir_ / "bw.safetensors";
+  const fs::path plain = Write("plain.safetensors", SafetensorsFile(tensors));
+  tensors.push_back({"moe.w_blocks", "U8", {2, 64, 4, 16}, Pattern(2 * 64 * 4 * 16, 10)});
+  tensors.push_back({"moe.w_scales", "U8", {2, 64, 4}, Pattern(2 * 64 * 4, 11)});
+  const fs::path in = Write("model.safetensors", SafetensorsFile(tensors));
+  const std::string daemon = " --target " + daemon_->unix_target();
+  const fs::path q = dir_ / "q.safetensors", two = dir_ / "two.safetensors", fused = dir_ / "fused.safetensors";
+
   RunResult r = Quantize(in, q, "--quantize 'experts.*'");
   ASSERT_EQ(r.exit_code, 0) << r.err;
-  r = RunCli("convert-safetensors " + q.string() + " " + out.string() + " --target " + daemon_->unix_target() +
-             " --layout blackwell_value");
+  r = RunCli("convert-safetensors " + q.string() + " " + two.string() + daemon + " --layout blackwell_value");
   ASSERT_EQ(r.exit_code, 0) << r.err;
-  EXPECT_EQ(r.out.rfind("converted 4 tensors and copied 1", 0), 0u) << r.out;
-  const Output o = ReadOutput(out);
-  EXPECT_TRUE(o.meta.count("wprep.quantized.experts.down_proj"));  // carried through the conversion
-  EXPECT_TRUE(o.meta.count("wprep.contract_version"));
-  for (const Tensor& t : finite) {
+  EXPECT_EQ(r.out.rfind("converted 6 tensors and copied 1", 0), 0u) << r.out;
+  r = RunCli("convert-safetensors " + in.string() + " " + fused.string() + daemon +
+             " --layout blackwell_value --quantize 'experts.*'");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out.rfind("quantized 2 tensors (scales rounded up) into the layouts, converted 2 tensors and copied 1", 0),
+            0u)
+      << r.out;
+
+  const Output a = ReadOutput(two), b = ReadOutput(fused);
+  EXPECT_TRUE(a.meta.count("wprep.quantized.experts.down_proj"));  // carried through the conversion
+  EXPECT_TRUE(a.meta.count("wprep.contract_version"));
+  EXPECT_EQ(a.meta, b.meta);
+  ASSERT_EQ(a.tensors.size(), 7u);
+  ASSERT_EQ(b.tensors.size(), 7u);
+  for (const auto& [name, t] : a.tensors) {
+    SCOPED_TRACE(name);
+    ASSERT_TRUE(b.tensors.count(name));
+    EXPECT_EQ(b.tensors.at(name)->dtype, t->dtype);
+    EXPECT_EQ(b.tensors.at(name)->shape, t->shape);
+    EXPECT_TRUE(a.Data(name) == b.Data(name)) << "fused bytes differ from quantize-then-convert";
+  }
+  for (const Tensor& t : tensors) {
     SCOPED_TRACE(t.name);
-    if (!absl::StartsWith(t.name, "experts.")) {
-      EXPECT_TRUE(o.Data(t.name) == t.bytes);
-      continue;
-    }
+    if (!absl::StartsWith(t.name, "experts.")) continue;
     const auto [values, scales] = QuantizeCli(t, "--layout blackwell_value");
-    EXPECT_TRUE(o.Data(t.name + "_blocks") == values) << "differs from the fused quantize";
-    EXPECT_TRUE(o.Data(t.name + "_scales") == scales) << "differs from the fused quantize";
+    EXPECT_TRUE(a.Data(t.name + "_blocks") == values) << "differs from the fused quantize";
+    EXPECT_TRUE(a.Data(t.name + "_scales") == scales) << "differs from the fused quantize";
+  }
+
+  // Nothing for the daemon to convert: no daemon asked, the same bytes.
+  const fs::path alone = dir_ / "alone.safetensors";
+  r = Quantize(plain, alone, "--layout blackwell_value --quantize 'experts.*'");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const Output c = ReadOutput(alone);
+  ASSERT_EQ(c.tensors.size(), 5u);
+  for (const auto& [name, t] : c.tensors) {
+    SCOPED_TRACE(name);
+    EXPECT_TRUE(c.Data(name) == a.Data(name));
+    if (name == "norm.weight") continue;
+    ASSERT_TRUE(c.meta.count("wprep.tensor." + name));
+    EXPECT_EQ(c.meta.at("wprep.tensor." + name), a.meta.at("wprep.tensor." + name)) << "recorded differently";
   }
 }
 
@@ -319,6 +351,7 @@ TEST_F(CliSafetensorsQuantizeTest, RefusalsAreOneLineExitTwoAndNoOutput) {
       {"d.weight", "F64", {1, 32}, Pattern(256, 16)},
       {"taken", "BF16", {1, 32}, Pattern(64, 17)},
       {"taken_scales", "U8", {1, 1}, Pattern(1, 18)},
+      {"vec", "BF16", {64}, Pattern(128, 19)},
   };
   const fs::path in = Write("model.safetensors", SafetensorsFile(tensors));
   const std::string unknown_json = R"({"a":{"dtype":"Q4","shape":[64],"data_offsets":[0,64]}})";
@@ -350,7 +383,9 @@ TEST_F(CliSafetensorsQuantizeTest, RefusalsAreOneLineExitTwoAndNoOutput) {
       {in, "--quantize w.weight --verify", "INVALID_ARGUMENT", "--verify is for --layout"},
       {in, "--quantize w.weight --num-warps 4", "INVALID_ARGUMENT", "--num-warps is for --layout"},
       {in, "", "INVALID_ARGUMENT", "--layout"},
-      {in, "--quantize w.weight --layout blackwell_value", "UNIMPLEMENTED", "run --quantize alone"},
+      {in, "--quantize w.weight --layout hopper_value", "UNIMPLEMENTED", "run --quantize alone"},
+      {in, "--quantize w.weight --layout blackwell_shuffled_value", "UNIMPLEMENTED", "run --quantize alone"},
+      {in, "--quantize vec --layout blackwell_value", "INVALID_ARGUMENT", "'vec' has shape [64]; quantizing into a layout"},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.flags);
