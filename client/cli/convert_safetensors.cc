@@ -31,6 +31,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "checkpoint.h"
+#include "convert_args.h"
 #include "flags.h"
 #include "inspect.h"
 #include "nlohmann/json.hpp"
@@ -990,7 +991,9 @@ class Converter {
     return absl::InternalError("unknown job");
   }
 
-  // One tensor quantized on the CPU, from the input's mapping straight into the output's.
+  // One tensor quantized from the input's mapping straight into the output's: fused on
+  // the CPU, or in pieces of whole rows (each row quantizes on its own, so the bytes are
+  // the whole tensor's) of at most --piece-bytes in, on the CPU or the --device GPU.
   absl::Status RunQuantize(const Job& job) {
     const OutFile& out = outs_[static_cast<size_t>(job.file)];
     const OutTensor& t = out.tensors[static_cast<size_t>(job.tensor)];
@@ -998,10 +1001,27 @@ class Converter {
     const absl::Span<const uint8_t> in = inputs_.files[static_cast<size_t>(job.file)].Data(*q.tensor);
     uint8_t* blocks = out.map + out.header.size() + q.blocks_begin;
     uint8_t* scales = out.map + out.header.size() + q.scales_begin;
-    absl::Status s = q.fused ? QuantizeBlackwellOnCpu(q.plan, in.data(), in.size(), blocks, q.BlocksBytes(), scales,
-                                                      q.ScalesBytes())
-                             : QuantizeOnCpu(q.plan, in.data(), in.size(), blocks, q.BlocksBytes(), scales,
-                                             q.ScalesBytes());
+    absl::Status s;
+    if (q.fused) {
+      s = QuantizeBlackwellOnCpu(q.plan, in.data(), in.size(), blocks, q.BlocksBytes(), scales, q.ScalesBytes());
+    } else {
+      const int64_t row_in = q.plan.input_bytes / std::max<int64_t>(q.plan.rows, 1);
+      const int64_t row_v = q.plan.values_bytes / std::max<int64_t>(q.plan.rows, 1);
+      const int64_t row_s = q.plan.scales_bytes / std::max<int64_t>(q.plan.rows, 1);
+      const int64_t step = std::max<int64_t>(1, static_cast<int64_t>(args_.piece_bytes) / std::max<int64_t>(row_in, 1));
+      for (int64_t first = 0; first < q.plan.rows && s.ok(); first += step) {
+        const int64_t n = std::min(step, q.plan.rows - first);
+        absl::StatusOr<QuantizePlan> piece = MakeQuantizePlan(q.plan.dtype, {n, q.plan.q}, q.plan.rounding);
+        if (!piece.ok()) return piece.status();
+        const uint8_t* src = in.data() + first * row_in;
+        uint8_t* v = blocks + first * row_v;
+        uint8_t* sc = scales + first * row_s;
+        const size_t in_n = static_cast<size_t>(n * row_in), v_n = static_cast<size_t>(n * row_v),
+                     s_n = static_cast<size_t>(n * row_s);
+        s = args_.device < 0 ? QuantizeOnCpu(*piece, src, in_n, v, v_n, sc, s_n)
+                             : QuantizeHostBuffersOnCuda(*piece, src, in_n, v, v_n, sc, s_n, args_.device);
+      }
+    }
     if (!s.ok()) return Prefixed(s, q.tensor->name);
     progress_->AddBytes(in.size());
     progress_->ItemDone(absl::StrCat(
@@ -1189,6 +1209,8 @@ flags::FlagSet ConvertSafetensorsFlags() {
             "fnmatch(3) globs of the BF16/F16/F32 tensors to quantize to MXFP4, separated by ';' or ','; "
             "with --layout blackwell_value they are written laid out (fused)");
   fs.String("scale-rounding", "up|down", "up", "with --quantize: how a group's e8m0 scale rounds");
+  fs.String("device", "cpu|cuda:N", "cpu",
+            "with --quantize: where this process quantizes (cuda:N: not yet with --layout)");
   fs.String("scale-layout", "L", "",
             "hopper_scale or blackwell_scale (default: hopper_scale for hopper_value, "
             "blackwell_scale for the Blackwell layouts)");
@@ -1219,6 +1241,16 @@ absl::Status ParseQuantizeFlags(const Flags& flags, ConvertSafetensorsArgs* out)
     out->scale_rounding = *rounding;
   }
   const std::string* q = flags.Get("--quantize");
+  if (const std::string* d = flags.Get("--device")) {
+    if (q == nullptr) return Bad("--device is for --quantize");
+    absl::StatusOr<int> device = ParseDevice(*d);
+    if (!device.ok()) return device.status();
+    if (*device >= 0 && flags.Get("--layout") != nullptr) {
+      return absl::UnimplementedError(absl::StrCat("--device ", *d, " with --layout: quantizing straight into a layout "
+                                                   "runs on the CPU only so far; use --device cpu"));
+    }
+    out->device = *device;
+  }
   if (q == nullptr) return absl::OkStatus();
   for (absl::string_view p : absl::StrSplit(*q, absl::ByAnyChar(";,"), absl::SkipWhitespace())) {
     out->quantize.emplace_back(absl::StripAsciiWhitespace(p));

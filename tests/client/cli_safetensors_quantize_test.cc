@@ -23,6 +23,7 @@
 #include "nlohmann/json.hpp"
 #include "safetensors.h"
 #include "shared_daemon.h"
+#include "wprep/kernels/cuda_engine.h"
 
 namespace wprep {
 namespace {
@@ -185,7 +186,8 @@ TEST_F(CliSafetensorsQuantizeTest, QuantizesChosenTensorsToTheGoldenVectors) {
     // ';' and ',' both separate; a tensor two patterns name is quantized once.
     const std::string flags = absl::StrCat("--quantize 'g.*_", rounding, ".weight;g.quant_1x32_*_", rounding,
                                            ".weight,?.weight' --progress lines",
-                                           rounding == "down" ? " --scale-rounding down" : "");
+                                           // Down: in pieces of one row.
+                                           rounding == "down" ? " --scale-rounding down --piece-bytes 1000" : "");
     const RunResult r = Quantize(in, out, flags);
     ASSERT_EQ(r.exit_code, 0) << r.err;
     // 20 golden cases, h.weight and f.weight.
@@ -242,6 +244,29 @@ TEST_F(CliSafetensorsQuantizeTest, QuantizesChosenTensorsToTheGoldenVectors) {
       EXPECT_EQ(j["scales_shape"].get<std::vector<int64_t>>(), Grouped(t.shape, false));
     }
     EXPECT_EQ(quantized, 22);
+  }
+}
+
+// The golden cases quantized on the GPU (--device cuda:0), in pieces of a few rows.
+TEST_F(CliSafetensorsQuantizeTest, GoldenVectorsOnTheGpu) {
+  if (CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
+  const std::vector<Golden> golden = GoldenCases();
+  std::vector<Tensor> tensors;
+  for (const Golden& g : golden) tensors.push_back(g.input);
+  const fs::path in = Write("model.safetensors", SafetensorsFile(tensors));
+  for (const std::string rounding : {"up", "down"}) {
+    SCOPED_TRACE(rounding);
+    const fs::path out = dir_ / ("out_" + rounding + ".safetensors");
+    const RunResult r = Quantize(in, out, "--device cuda:0 --piece-bytes 5000 --quantize 'g.*_" + rounding +
+                                              ".weight' --scale-rounding " + rounding);
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    const Output o = ReadOutput(out);
+    for (const Golden& g : golden) {
+      if (g.rounding != rounding) continue;
+      SCOPED_TRACE(g.input.name);
+      EXPECT_TRUE(o.Data(g.input.name + "_blocks") == g.values);
+      EXPECT_TRUE(o.Data(g.input.name + "_scales") == g.scales);
+    }
   }
 }
 
@@ -383,6 +408,9 @@ TEST_F(CliSafetensorsQuantizeTest, RefusalsAreOneLineExitTwoAndNoOutput) {
       {in, "--quantize w.weight --verify", "INVALID_ARGUMENT", "--verify is for --layout"},
       {in, "--quantize w.weight --num-warps 4", "INVALID_ARGUMENT", "--num-warps is for --layout"},
       {in, "", "INVALID_ARGUMENT", "--layout"},
+      {in, "--quantize w.weight --device gpu", "INVALID_ARGUMENT", "gpu"},
+      {in, "--layout hopper_value --device cpu", "INVALID_ARGUMENT", "--device is for --quantize"},
+      {in, "--quantize w.weight --layout blackwell_value --device cuda:0", "UNIMPLEMENTED", "use --device cpu"},
       {in, "--quantize w.weight --layout hopper_value", "UNIMPLEMENTED", "run --quantize alone"},
       {in, "--quantize w.weight --layout blackwell_shuffled_value", "UNIMPLEMENTED", "run --quantize alone"},
       {in, "--quantize vec --layout blackwell_value", "INVALID_ARGUMENT", "'vec' has shape [64]; quantizing into a layout"},
