@@ -218,6 +218,14 @@ class WeightsTest : public ::testing::Test {
     return s;
   }
 
+  // An AttachWeights stream of set `name` (the attachment lives while it is open).
+  std::unique_ptr<grpc::ClientReader<v1::AttachWeightsResponse>> Attach(grpc::ClientContext* ctx,
+                                                                      const std::string& name) {
+    v1::AttachWeightsRequest req;
+    req.set_name(name);
+    return stub_->AttachWeights(ctx, req);
+  }
+
   int SetCount() {
     const v1::ListWeightsResponse list = List();
     return list.sets_size();
@@ -323,9 +331,8 @@ TEST_F(WeightsTest, LoadsAppliesRulesAndAttachesTheSameBytes) {
   EXPECT_EQ(last.manifest().source_checksum(), Sha256(Sha256(header)));
 
   grpc::ClientContext actx;
-  v1::AttachWeightsRequest areq;
-  areq.set_name("gpt");
-  auto attach = stub_->AttachWeights(&actx, areq);
+
+  auto attach = Attach(&actx, "gpt");
   v1::AttachWeightsResponse a;
   ASSERT_TRUE(attach->Read(&a)) << attach->Finish().error_message();
   EXPECT_EQ(a.manifest().SerializeAsString(), last.manifest().SerializeAsString());
@@ -391,9 +398,7 @@ TEST_F(WeightsTest, ShardedCheckpointGivesTheSameTensors) {
   const v1::WeightManifest& m = r.messages.back().manifest();
   EXPECT_EQ(m.source_checksum(), Sha256(Sha256(h1) + Sha256(h2)));
   grpc::ClientContext actx;
-  v1::AttachWeightsRequest areq;
-  areq.set_name("sharded");
-  auto attach = stub_->AttachWeights(&actx, areq);
+  auto attach = Attach(&actx, "sharded");
   v1::AttachWeightsResponse a;
   ASSERT_TRUE(attach->Read(&a));
   ExpectPrepared(cp, a.manifest(), a.shm_path());
@@ -530,9 +535,7 @@ TEST_F(WeightsTest, ForcedDropEndsAttachmentsAborted) {
   WriteSafetensors(root_ + "/model.safetensors", Checkpoint());
   ASSERT_TRUE(Load("s", "model.safetensors").status.ok());
   grpc::ClientContext actx;
-  v1::AttachWeightsRequest areq;
-  areq.set_name("s");
-  auto attach = stub_->AttachWeights(&actx, areq);
+  auto attach = Attach(&actx, "s");
   v1::AttachWeightsResponse a;
   ASSERT_TRUE(attach->Read(&a));
   EXPECT_EQ(Drop("s", false).error_code(), grpc::StatusCode::FAILED_PRECONDITION);
@@ -542,8 +545,7 @@ TEST_F(WeightsTest, ForcedDropEndsAttachmentsAborted) {
   EXPECT_EQ(SetCount(), 0);
   // Unknown names and ids.
   grpc::ClientContext ctx2;
-  areq.set_name("s");
-  auto gone = stub_->AttachWeights(&ctx2, areq);
+  auto gone = Attach(&ctx2, "s");
   EXPECT_FALSE(gone->Read(&a));
   EXPECT_EQ(gone->Finish().error_code(), grpc::StatusCode::NOT_FOUND);
   grpc::ClientContext ctx3;
@@ -613,9 +615,7 @@ TEST_F(WeightsTest, DrainEndsAttachments) {
   WriteSafetensors(root_ + "/model.safetensors", Checkpoint());
   ASSERT_TRUE(Load("s", "model.safetensors").status.ok());
   grpc::ClientContext actx;
-  v1::AttachWeightsRequest areq;
-  areq.set_name("s");
-  auto attach = stub_->AttachWeights(&actx, areq);
+  auto attach = Attach(&actx, "s");
   v1::AttachWeightsResponse a;
   ASSERT_TRUE(attach->Read(&a));
   daemon_->Signal(SIGTERM);
@@ -654,9 +654,7 @@ TEST_F(WeightsTest, CliLoadsListsShowsAndDrops) {
   // The same rules as Rules(): the same set.
   {
     grpc::ClientContext actx;
-    v1::AttachWeightsRequest areq;
-    areq.set_name("cli");
-    auto attach = stub_->AttachWeights(&actx, areq);
+    auto attach = Attach(&actx, "cli");
     v1::AttachWeightsResponse a;
     ASSERT_TRUE(attach->Read(&a));
     ExpectPrepared(Checkpoint(), a.manifest(), a.shm_path());

@@ -203,11 +203,16 @@ absl::Status VmmImporter::ResolveBuffer(const std::optional<PeerCredentials>& pe
   WPREP_RETURN_IF_ERROR(Validate(*b, field));
   if (!peer) return NotOnUnixSocket(field);
   WPREP_ASSIGN_OR_RETURN(const int ordinal, CheckedOrdinal(*peer, *b, field));
+  return MapChecked(*peer, ordinal, b, field, held);
+}
+
+absl::Status VmmImporter::MapChecked(const PeerCredentials& peer, int ordinal, v1::CudaIpcBuffer* b,
+                                     const std::string& field, std::vector<IpcCache::Lease>* held) {
   const v1::CudaVmmBuffer& v = b->vmm();
   const bool posix = v.handle_type() == v1::VMM_HANDLE_TYPE_POSIX_FD;
 
   // The client's process, held while this request imports: its exit closes the mapping.
-  absl::StatusOr<int> opened = OpenPidfd(peer->pid);
+  absl::StatusOr<int> opened = OpenPidfd(peer.pid);
   if (!opened.ok()) return WithField(opened.status(), field);
   const int pidfd = *opened;
   VmmImportSpec spec;
@@ -219,7 +224,7 @@ absl::Status VmmImporter::ResolveBuffer(const std::optional<PeerCredentials>& pe
     }
     close(pidfd);
   };
-  const std::string identity = Identity(ordinal, v, peer->pid);
+  const std::string identity = Identity(ordinal, v, peer.pid);
   for (int i = 0; i < v.chunks_size(); ++i) {
     const v1::VmmChunk& c = v.chunks(i);
     VmmChunkHandle h;
@@ -290,7 +295,7 @@ absl::StatusOr<uint64_t> VmmImporter::Register(const std::optional<PeerCredentia
   const std::string before = ExistingKey(Identity(ordinal, b.vmm(), peer->pid));
   *was_open = !before.empty() && cache_->Contains(ordinal, before);
   std::vector<IpcCache::Lease> held;  // let go at once: the mapping stays cached
-  WPREP_RETURN_IF_ERROR(ResolveBuffer(peer, &b, field, &held));
+  WPREP_RETURN_IF_ERROR(MapChecked(*peer, ordinal, &b, field, &held));
   return b.size();
 }
 

@@ -86,6 +86,10 @@ class VmmImporter {
   std::string ExistingKey(const std::string& identity);
   absl::Status ResolveBuffer(const std::optional<PeerCredentials>& peer, wprep::v1::CudaIpcBuffer* b,
                              const std::string& field, std::vector<IpcCache::Lease>* held);
+  // ResolveBuffer after its checks: `b` (a VMM buffer of `peer`'s on GPU `ordinal`, already
+  // validated) mapped, or its cached mapping found, and named by its cache key.
+  absl::Status MapChecked(const PeerCredentials& peer, int ordinal, wprep::v1::CudaIpcBuffer* b,
+                          const std::string& field, std::vector<IpcCache::Lease>* held);
   // The cache key of an allocation's identity (a fresh one the first time).
   std::string KeyFor(const std::string& identity);
   void ForgetKey(const std::string& identity, const std::string& key);
