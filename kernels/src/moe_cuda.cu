@@ -1,4 +1,5 @@
-// RunMoeCuda: one grid-stride kernel launch per output tensor, with the index math of
+// RunMoeCuda: one grid-stride kernel launch per output tensor (the largest on the caller's
+// stream, the others beside it on a side stream; see Launch), with the index math of
 // moe_math.h (the CPU engine's). Rows pass: one warp per output row, the row map
 // computed once per row, and the row's bytes moved in the widest word (16 bytes where
 // row lengths, BlockMajorK chunks and pointers allow). Interleave pass: one thread per
@@ -295,9 +296,8 @@ void LaunchRows(const RowsPass& p, const uint8_t* in, uint8_t* out, cudaStream_t
   }
 }
 
-absl::Status Launch(const MoePlan& plan, const moe::Geometry& geo,
-                    absl::Span<const void* const> inputs, absl::Span<void* const> outputs,
-                    cudaStream_t stream);
+absl::Status Launch(const MoePlan& plan, const moe::Geometry& geo, absl::Span<const void* const> inputs,
+                    absl::Span<void* const> outputs, cudaStream_t stream);
 
 }  // namespace
 
@@ -360,42 +360,130 @@ absl::Status RunMoeCuda(const MoePlan& plan, absl::Span<const void* const> input
 }
 
 namespace {
-absl::Status Launch(const MoePlan& plan, const moe::Geometry& geo_ref,
-                    absl::Span<const void* const> inputs, absl::Span<void* const> outputs,
-                    cudaStream_t stream) {
-  const moe::Geometry* geo = &geo_ref;
+
+absl::Status LaunchOne(const OutputPass& pass, const void* input, void* output, cudaStream_t stream) {
+  const auto* in = static_cast<const uint8_t*>(input);
+  auto* out = static_cast<uint8_t*>(output);
+  if (pass.interleave) {
+    const InterleavePass& p = pass.il;
+    const unsigned blocks = Blocks(p.experts * p.rows_p * p.cols_p / 4, kThreads);
+    const bool vector = reinterpret_cast<uintptr_t>(out) % (4 * p.elem_bytes) == 0;
+    if (p.elem_bytes == 2) {
+      if (vector) {
+        InterleaveKernel<2, true><<<blocks, kThreads, 0, stream>>>(p, in, out);
+      } else {
+        InterleaveKernel<2, false><<<blocks, kThreads, 0, stream>>>(p, in, out);
+      }
+    } else if (reinterpret_cast<uintptr_t>(out) % 16 == 0) {
+      Interleave16Kernel<<<Blocks(p.experts * p.rows_p * p.cols_p / 16, kThreads), kThreads, 0, stream>>>(
+          p, in, out);
+    } else if (vector) {
+      InterleaveKernel<1, true><<<blocks, kThreads, 0, stream>>>(p, in, out);
+    } else {
+      InterleaveKernel<1, false><<<blocks, kThreads, 0, stream>>>(p, in, out);
+    }
+  } else {
+    LaunchRows(pass.rows, in, out, stream);
+  }
+  WPREP_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  return absl::OkStatus();
+}
+
+// A side stream of this thread's on one device, with the two events that fork it from a
+// caller's stream and join it back. Created on first use and kept for the thread's life
+// (the daemon's stream workers are long-lived), so a call allocates nothing.
+struct SideStream {
+  cudaStream_t stream = nullptr;
+  cudaEvent_t fork = nullptr;
+  cudaEvent_t join = nullptr;
+};
+
+struct SideStreams {
+  static constexpr int kMaxDevices = 64;
+  SideStream sides[kMaxDevices];
+  bool failed[kMaxDevices] = {};
+  SideStreams() = default;
+  SideStreams(const SideStreams&) = delete;
+  SideStreams& operator=(const SideStreams&) = delete;
+  ~SideStreams() {
+    for (SideStream& s : sides) {
+      if (s.stream == nullptr) continue;
+      cudaStreamDestroy(s.stream);
+      cudaEventDestroy(s.fork);
+      cudaEventDestroy(s.join);
+    }
+    cudaGetLastError();  // at process exit the runtime may be gone already
+  }
+};
+
+const SideStream* SideStreamOf(int device) {
+  thread_local SideStreams all;
+  if (device < 0 || device >= SideStreams::kMaxDevices || all.failed[device]) return nullptr;
+  SideStream& s = all.sides[device];
+  if (s.stream == nullptr) {
+    if (cudaStreamCreateWithFlags(&s.stream, cudaStreamNonBlocking) != cudaSuccess ||
+        cudaEventCreateWithFlags(&s.fork, cudaEventDisableTiming) != cudaSuccess ||
+        cudaEventCreateWithFlags(&s.join, cudaEventDisableTiming) != cudaSuccess) {
+      cudaGetLastError();
+      if (s.stream != nullptr) cudaStreamDestroy(s.stream);
+      if (s.fork != nullptr) cudaEventDestroy(s.fork);
+      all.failed[device] = true;
+      s = SideStream{};
+      return nullptr;
+    }
+  }
+  return &s;
+}
+
+// The largest output runs on the caller's stream; the others (scales and biases: small,
+// and bound by latency rather than bandwidth) run beside it on a side stream forked from
+// and joined back to the caller's, so their time hides under the large pass. Sequential on
+// the caller's stream when it is the legacy stream, when it is being captured into a CUDA
+// graph, or when no side stream can be had.
+absl::Status Launch(const MoePlan& plan, const moe::Geometry& geo, absl::Span<const void* const> inputs,
+                    absl::Span<void* const> outputs, cudaStream_t stream) {
   // A failed call of the caller's may have left an error behind; the checks below must
   // see only these launches'.
   cudaGetLastError();
-  for (int i = 0; i < geo->num_outputs; ++i) {
+  int largest = -1, launches = 0;
+  for (int i = 0; i < geo.num_outputs; ++i) {
     if (plan.output_bytes[i] == 0) continue;
-    const OutputPass& pass = geo->outputs[i];
-    const auto* in = static_cast<const uint8_t*>(inputs[pass.input]);
-    auto* out = static_cast<uint8_t*>(outputs[i]);
-    if (pass.interleave) {
-      const InterleavePass& p = pass.il;
-      const unsigned blocks = Blocks(p.experts * p.rows_p * p.cols_p / 4, kThreads);
-      const bool vector = reinterpret_cast<uintptr_t>(out) % (4 * p.elem_bytes) == 0;
-      if (p.elem_bytes == 2) {
-        if (vector) {
-          InterleaveKernel<2, true><<<blocks, kThreads, 0, stream>>>(p, in, out);
-        } else {
-          InterleaveKernel<2, false><<<blocks, kThreads, 0, stream>>>(p, in, out);
-        }
-      } else if (reinterpret_cast<uintptr_t>(out) % 16 == 0) {
-        Interleave16Kernel<<<Blocks(p.experts * p.rows_p * p.cols_p / 16, kThreads), kThreads, 0,
-                             stream>>>(p, in, out);
-      } else if (vector) {
-        InterleaveKernel<1, true><<<blocks, kThreads, 0, stream>>>(p, in, out);
-      } else {
-        InterleaveKernel<1, false><<<blocks, kThreads, 0, stream>>>(p, in, out);
-      }
-    } else {
-      LaunchRows(pass.rows, in, out, stream);
-    }
-    WPREP_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+    ++launches;
+    if (largest < 0 || plan.output_bytes[i] > plan.output_bytes[largest]) largest = i;
   }
-  return absl::OkStatus();
+  const SideStream* side = nullptr;
+  if (launches > 1 && stream != nullptr) {
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    int device = -1;
+    if (cudaStreamIsCapturing(stream, &capture) == cudaSuccess && capture == cudaStreamCaptureStatusNone &&
+        cudaGetDevice(&device) == cudaSuccess) {
+      side = SideStreamOf(device);
+    }
+    cudaGetLastError();
+  }
+  if (side != nullptr) {
+    WPREP_CUDA_RETURN_IF_ERROR(cudaEventRecord(side->fork, stream));
+    WPREP_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(side->stream, side->fork, 0));
+  }
+  auto launch_all = [&]() -> absl::Status {
+    for (int i = 0; i < geo.num_outputs; ++i) {
+      if (plan.output_bytes[i] == 0 || i == largest) continue;
+      absl::Status s = LaunchOne(geo.outputs[i], inputs[geo.outputs[i].input], outputs[i],
+                                 side != nullptr ? side->stream : stream);
+      if (!s.ok()) return s;
+    }
+    if (largest < 0) return absl::OkStatus();
+    return LaunchOne(geo.outputs[largest], inputs[geo.outputs[largest].input], outputs[largest], stream);
+  };
+  const absl::Status status = launch_all();
+  if (side != nullptr) {
+    // Joined even after a failed launch, so the caller's stream never runs ahead of work
+    // already queued on the side stream.
+    cudaError_t joined = cudaEventRecord(side->join, side->stream);
+    if (joined == cudaSuccess) joined = cudaStreamWaitEvent(stream, side->join, 0);
+    if (status.ok()) WPREP_CUDA_RETURN_IF_ERROR(joined);
+  }
+  return status;
 }
 
 }  // namespace

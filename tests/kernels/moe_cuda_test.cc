@@ -4,8 +4,10 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -17,6 +19,7 @@
 #include "wprep/config.h"
 
 #if WPREP_HAVE_CUDA
+#include <cuda.h>
 #include <cuda_runtime.h>
 #endif
 
@@ -202,6 +205,156 @@ TEST_F(MoeGpu, DeepSeekV3LayerFp8BlockEqualsCpu) {
                     {"scales", kF32, {kDsE, 2 * kDsI / 128, kDsH / 128}}});
   ExpectLayerEqual(MoeOp::kPrepareW2, {{"format", "fp8_block"}},
                    {{"values", kU8, {kDsE, kDsH, kDsI}}, {"scales", kF32, {kDsE, kDsH / 128, kDsI / 128}}});
+}
+
+// A golden case whose plan has several non-empty outputs (values, scales, bias): its
+// smaller outputs run on the engine's side stream.
+struct MultiOutput {
+  MoePlan plan;
+  std::vector<std::vector<uint8_t>> in, want;
+};
+std::optional<MultiOutput> MultiOutputCase() {
+  for (const testing::MoeGoldenCase& c : testing::LoadMoeGolden("golden_trtllm")) {
+    if (c.error) continue;
+    auto plan = testing::PlanMoeGolden(c);
+    if (!plan.ok()) continue;
+    int outputs = 0;
+    for (uint64_t n : plan->output_bytes) outputs += n > 0;
+    if (outputs < 3) continue;
+    MultiOutput m{*plan, testing::InPlanOrder(*plan, c, testing::MoeGoldenInputs(c)), {}};
+    m.want = testing::RunMoeCpuFresh(m.plan, m.in);
+    return m;
+  }
+  return std::nullopt;
+}
+
+// The case's buffers on the GPU, outputs poisoned with 0xA5.
+struct GpuBuffers {
+  explicit GpuBuffers(const MultiOutput& m) {
+    for (const auto& b : m.in) {
+      ins.push_back(std::make_unique<DeviceBuffer>(b.size()));
+      EXPECT_EQ(cudaMemcpy(ins.back()->get(), b.data(), b.size(), cudaMemcpyHostToDevice), cudaSuccess);
+      in_ptrs.push_back(ins.back()->get());
+    }
+    for (uint64_t n : m.plan.output_bytes) {
+      outs.push_back(std::make_unique<DeviceBuffer>(n));
+      out_ptrs.push_back(outs.back()->get());
+    }
+    Poison();
+  }
+  void Poison() {
+    for (const auto& o : outs) {
+      if (o->size > 0) {
+        EXPECT_EQ(cudaMemset(o->get(), 0xA5, o->size), cudaSuccess);
+      }
+    }
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  }
+  // The outputs as they are now, read on a stream of their own.
+  std::vector<std::vector<uint8_t>> Read() const {
+    cudaStream_t t = nullptr;
+    EXPECT_EQ(cudaStreamCreateWithFlags(&t, cudaStreamNonBlocking), cudaSuccess);
+    std::vector<std::vector<uint8_t>> got;
+    for (const auto& o : outs) {
+      got.emplace_back(o->size);
+      if (o->size > 0) {
+        EXPECT_EQ(cudaMemcpyAsync(got.back().data(), o->get(), o->size, cudaMemcpyDeviceToHost, t), cudaSuccess);
+      }
+    }
+    EXPECT_EQ(cudaStreamSynchronize(t), cudaSuccess);
+    cudaStreamDestroy(t);
+    return got;
+  }
+  std::vector<std::unique_ptr<DeviceBuffer>> ins, outs;
+  std::vector<const void*> in_ptrs;
+  std::vector<void*> out_ptrs;
+};
+
+template <typename Fn>
+Fn DriverEntry(const char* name) {
+  void* p = nullptr;
+  cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
+  if (cudaGetDriverEntryPointByVersion(name, &p, 12000, cudaEnableDefault, &q) != cudaSuccess) return nullptr;
+  return reinterpret_cast<Fn>(p);
+}
+
+// The caller's stream waits on a host word before the call and writes another after it:
+// until the first is set nothing of the call may run (its side stream included), and once
+// the second is written every output must be complete.
+TEST_F(MoeGpu, SideStreamWorkIsOrderedWithTheCallersStream) {
+  using ValueOp = CUresult (*)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
+  const auto wait_value = DriverEntry<ValueOp>("cuStreamWaitValue32");
+  const auto write_value = DriverEntry<ValueOp>("cuStreamWriteValue32");
+  ASSERT_NE(wait_value, nullptr);
+  ASSERT_NE(write_value, nullptr);
+  const std::optional<MultiOutput> m = MultiOutputCase();
+  ASSERT_TRUE(m.has_value()) << "no golden case with three outputs";
+  GpuBuffers b(*m);
+  uint32_t* words = nullptr;
+  ASSERT_CUDA(cudaHostAlloc(reinterpret_cast<void**>(&words), 2 * sizeof(uint32_t), cudaHostAllocMapped));
+  volatile uint32_t* w = words;
+  w[0] = 0;
+  w[1] = 0;
+  void* dwords = nullptr;
+  ASSERT_CUDA(cudaHostGetDevicePointer(&dwords, words, 0));
+  const auto dw = reinterpret_cast<CUdeviceptr>(dwords);
+  cudaStream_t s = nullptr;
+  ASSERT_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  ASSERT_EQ(wait_value(reinterpret_cast<CUstream>(s), dw, 1, CU_STREAM_WAIT_VALUE_EQ), CUDA_SUCCESS);
+  const absl::Status run = RunMoeCuda(m->plan, b.in_ptrs, b.out_ptrs, s);
+  ASSERT_TRUE(run.ok()) << run;
+  ASSERT_EQ(write_value(reinterpret_cast<CUstream>(s), dw + sizeof(uint32_t), 1, 0), CUDA_SUCCESS);
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  const auto before = b.Read();
+  for (size_t i = 0; i < before.size(); ++i) {
+    EXPECT_EQ(std::count(before[i].begin(), before[i].end(), uint8_t{0xA5}),
+              static_cast<std::ptrdiff_t>(before[i].size()))
+        << m->plan.outputs[i].name << " was written before the caller's stream reached the call";
+  }
+  w[0] = 1;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (w[1] == 0 && std::chrono::steady_clock::now() < deadline) std::this_thread::yield();
+  ASSERT_EQ(w[1], 1u) << "the caller's stream never passed the call";
+  const auto after = b.Read();
+  for (size_t i = 0; i < after.size(); ++i) {
+    EXPECT_TRUE(after[i] == m->want[i]) << m->plan.outputs[i].name << " incomplete once the caller's stream passed the call";
+  }
+  EXPECT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+  cudaStreamDestroy(s);
+  cudaFreeHost(words);
+}
+
+// Captured into a CUDA graph (global capture mode, as frameworks capture), the call
+// records a graph that writes every output when launched.
+TEST_F(MoeGpu, CapturesIntoACudaGraph) {
+  const std::optional<MultiOutput> m = MultiOutputCase();
+  ASSERT_TRUE(m.has_value()) << "no golden case with three outputs";
+  GpuBuffers b(*m);
+  cudaStream_t s = nullptr;
+  ASSERT_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  cudaGraph_t graph = nullptr;
+  ASSERT_CUDA(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+  const absl::Status run = RunMoeCuda(m->plan, b.in_ptrs, b.out_ptrs, s);
+  ASSERT_CUDA(cudaStreamEndCapture(s, &graph));
+  ASSERT_TRUE(run.ok()) << run;
+  for (const auto& o : b.Read()) {
+    EXPECT_EQ(std::count(o.begin(), o.end(), uint8_t{0xA5}), static_cast<std::ptrdiff_t>(o.size()))
+        << "capturing ran the work";
+  }
+  cudaGraphExec_t exec = nullptr;
+  ASSERT_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+  for (int launch = 0; launch < 2; ++launch) {
+    b.Poison();
+    ASSERT_CUDA(cudaGraphLaunch(exec, s));
+    ASSERT_CUDA(cudaStreamSynchronize(s));
+    const auto got = b.Read();
+    for (size_t i = 0; i < got.size(); ++i) {
+      EXPECT_TRUE(got[i] == m->want[i]) << m->plan.outputs[i].name << ", launch " << launch;
+    }
+  }
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(s);
 }
 
 TEST_F(MoeGpu, RejectsWrongBufferCountsHostPointersAndOverlap) {

@@ -284,8 +284,15 @@ TEST(Fault, DeadlineMidStreamFreesTheStreamsBuffers) {
       absl::SleepFor(absl::Milliseconds(2500));  // past the deadline without reading
       EXPECT_EQ(stream->Finish().error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
     }
-    EXPECT_TRUE(WaitFor([&] { return Idle(d->metrics_address(), "cpu"); }))
-        << HttpGet(d->metrics_address(), "/metrics");
+    const absl::Time ended = absl::Now();
+    if (!WaitFor([&] { return Idle(d->metrics_address(), "cpu"); })) {
+      const std::string metrics = HttpGet(d->metrics_address(), "/metrics");
+      const bool later = WaitFor([&] { return Idle(d->metrics_address(), "cpu"); }, absl::Seconds(60));
+      ADD_FAILURE() << "the stream's buffers were still held 20 s after its deadline ("
+                    << (later ? absl::StrCat("freed after ", absl::FormatDuration(absl::Now() - ended))
+                              : std::string("not freed in 80 s"))
+                    << ")\n" << metrics << "\n" << d->Log();
+    }
     ++expired;
     EXPECT_TRUE(WaitFor([&] { return LoggedRequests(d->Log(), "ConvertStream", "DEADLINE_EXCEEDED") == expired; }))
         << d->Log();

@@ -44,12 +44,14 @@ GPU's work; --daemon-arg=--streams-per-device=1 makes them sum to it. Correctnes
 
     WPREPD=.bundle/bin/wprepd LD_LIBRARY_PATH=.bundle/lib PYTHONPATH=client/python \
         python3 client/python/bench/swizzle_bench.py [--layers 24] [--reps 5] [--target ADDR] [--json FILE]
+        [--unpadded-scales]
 
 Without --target it starts its own wprepd ($WPREPD) on the GPUs. Exits 3 without a GPU.
 """
 
 import argparse
 import datetime
+import functools
 import json
 import statistics
 import sys
@@ -171,7 +173,15 @@ def main():
                     help="a flag for the wprepd this script starts (repeatable), e.g. --daemon-arg=--streams-per-device=1")
     ap.add_argument("--json", help="also write the figures here")
     ap.add_argument("--profile", help="also profile the registered layer batches (cProfile) into this text file")
+    ap.add_argument("--unpadded-scales", action="store_true",
+                    help="pad_scales=False: the unpadded sm_90 scale layout, to compare with clients older than "
+                         "the padded default")
     args = ap.parse_args()
+    if args.unpadded_scales:
+        pad = functools.partial
+        wprep.swizzle_mxfp4_batch = pad(wprep.swizzle_mxfp4_batch, pad_scales=False)
+        wprep.swizzle_mxfp4 = pad(wprep.swizzle_mxfp4, pad_scales=False)
+        wprep.empty_swizzled_mxfp4 = pad(wprep.empty_swizzled_mxfp4, pad_scales=False)
 
     try:
         import torch
@@ -297,7 +307,7 @@ def main():
               f"device copy of the input bytes: {copy_ms:.2f} ms")
         print("| variant | wall ms | sum of kernel ms | overhead ms per layer | wall / copy |")
         print("|---|---|---|---|---|")
-        figures = {"gpu": props.name, "capability": list(cap), "layers": args.layers, "reps": args.reps,
+        figures = {"unpadded_scales": args.unpadded_scales, "gpu": props.name, "capability": list(cap), "layers": args.layers, "reps": args.reps,
                    "device_copy_ms": copy_ms, "variants": {}}
         work_ms = rows[0][2]  # the host-completion layer batches' engine times: every row's work
         for name, wall, kern, walls in rows:

@@ -268,3 +268,17 @@ def test_the_drop_in_without_torch_says_what_is_missing():
 def test_a_local_daemon_that_cannot_start_says_why(tmp_path):
     with pytest.raises(FileNotFoundError, match="WPREPD"):
         LocalDaemon(str(tmp_path / "missing"))
+
+
+def test_a_local_daemon_reads_its_metrics_when_they_are_on():
+    with LocalDaemon(args=["--devices=cpu", "--cpu-threads=1", "--metrics-address=127.0.0.1:0"]) as d:
+        assert d.metrics_address.startswith("127.0.0.1:")
+        before = d.metric("wprep_requests_total")
+        with Client(d.target) as c:
+            c.convert(HOPPER_MX2, [2, 64, 64], bytes(2 * 64 * 32))
+        assert d.metric("wprep_requests_total") == before + 1
+        assert d.metric("wprep_no_such_metric") == 0
+    with LocalDaemon(args=["--devices=cpu", "--cpu-threads=1"]) as d:
+        assert d.metrics_address == ""
+        with pytest.raises(RuntimeError, match="--metrics-address"):
+            d.metric("wprep_requests_total")

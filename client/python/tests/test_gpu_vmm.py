@@ -17,6 +17,7 @@ import re
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -139,3 +140,66 @@ def test_gpu_the_drop_in_under_expandable_segments_is_byte_equal_to_legacy_ipc(t
     assert vmm[3:] == ["True", "True"], f"the expandable-segments run sent no VMM buffer: {vmm}"
     assert vmm[1] == legacy[1], "the drop-in's outputs differ between VMM and legacy IPC buffers"
     assert "code=OK" in log and "PERMISSION_DENIED" not in log, log[-3000:]
+
+
+# A client under expandable segments: 8 source / output pairs in its segments, then 10,000
+# Convert calls over them, each IPC -> IPC; the first output checked against the same bytes
+# sent inline. Prints MAPPED and waits on stdin (closed: it exits; or the test kills it).
+MANY_CALLS = textwrap.dedent("""
+    import sys, torch, wprep
+    from wprep._cuda import ipc
+    c = wprep.Client(sys.argv[1], timeout=300)
+    spec = wprep.Spec("hopper_value", mx_axis=-2, mma_version=3, packing_axis=-2)
+    shape = [2, 256, 256]
+    p = c.plan(spec, shape)
+    g = torch.Generator(device="cuda").manual_seed(5)
+    pairs = [(torch.randint(0, 256, tuple(p.input_shape), dtype=torch.uint8, device="cuda", generator=g),
+              torch.empty(p.output_bytes, dtype=torch.uint8, device="cuda")) for _ in range(8)]
+    torch.cuda.synchronize()
+    want = c.convert(spec, shape, pairs[0][0].cpu().numpy().tobytes()).data
+    for i in range(10_000):
+        src, out = pairs[i % len(pairs)]
+        c.convert(spec, shape, src, out=out)
+    torch.cuda.synchronize()
+    assert pairs[0][1].cpu().numpy().tobytes() == bytes(want), "the VMM output differs from the bytes path"
+    print("MAPPED", ipc.vmm_exported, flush=True)
+    sys.stdin.read()
+""")
+
+
+def test_gpu_vmm_mappings_are_reused_over_10000_calls_and_closed_when_the_client_exits_or_is_killed(tmp_path):
+    # Real CUDA (cuMemImportFromShareableHandle, cuMemMap) in the daemon, a real torch client:
+    # the mappings are opened once and reused by every call (cache misses stay few, hits grow
+    # by at least one a call), and close when the client's process ends, killed or not
+    # (wprep_ipc_cache_entries, which counts VMM mappings as well, back to zero).
+    _torch()
+    from wprep.testing import LocalDaemon
+
+    wprepd = os.environ.get("WPREPD") or str(PACKAGE_DIR.parents[1] / "build" / "server" / "wprepd")
+    with LocalDaemon(wprepd, ["--metrics-address=127.0.0.1:0"]) as d:
+        assert d.metric("wprep_ipc_cache_entries") == 0
+        for ending in ("exit", "kill"):
+            misses, hits = d.metric("wprep_ipc_cache_misses_total"), d.metric("wprep_ipc_cache_hits_total")
+            child = subprocess.Popen([sys.executable, "-c", MANY_CALLS, d.target], env=_env(tmp_path, EXPANDABLE),
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            try:
+                line = child.stdout.readline()
+                assert line.split() == ["MAPPED", "True"], f"{ending}: {line!r} {child.stderr.read()[-4000:]}"
+                entries = d.metric("wprep_ipc_cache_entries")
+                opened = d.metric("wprep_ipc_cache_misses_total") - misses
+                reused = d.metric("wprep_ipc_cache_hits_total") - hits
+                assert 1 <= entries <= 16, entries
+                assert 1 <= opened <= 16, f"{ending}: {opened} mappings opened for 16 buffers"
+                assert reused >= 10_000 - 16, f"{ending}: {reused} mapping reuses over 10,000 calls"
+            finally:
+                if ending == "exit":
+                    child.stdin.close()
+                    assert child.wait(60) == 0, child.stderr.read()[-4000:]
+                else:
+                    child.kill()
+                    child.wait(60)
+            deadline = time.monotonic() + 15  # the daemon's janitor sweeps every second
+            while d.metric("wprep_ipc_cache_entries") != 0 and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert d.metric("wprep_ipc_cache_entries") == 0, f"{ending}: mappings left after the client ended"
+        assert d.alive()

@@ -47,6 +47,7 @@ class LocalDaemon:
                                          env=None if env is None else dict(env))
         self.target = ""
         self.tcp_targets: list = []  # "HOST:PORT" of each TCP --listen in `args`, as bound
+        self.metrics_address = ""  # "HOST:PORT" of /metrics, when `args` turn it on (--metrics-address=H:0)
         deadline = time.monotonic() + startup_timeout
         try:
             while not self.target:
@@ -62,6 +63,8 @@ class LocalDaemon:
                                 self.target = addr
                             elif kind == "grpc" and addr not in self.tcp_targets:
                                 self.tcp_targets.append(addr)
+                            elif kind == "metrics":
+                                self.metrics_address = addr
                 except FileNotFoundError:
                     pass
                 time.sleep(0.005)
@@ -78,6 +81,21 @@ class LocalDaemon:
                 return f.read()
         except FileNotFoundError:
             return ""
+
+    def metric(self, name: str) -> float:
+        """The sum over its labels of metric `name` on the daemon's /metrics (the daemon must
+        have been started with a metrics address, e.g. args=["--metrics-address=127.0.0.1:0"])."""
+        if not self.metrics_address:
+            raise RuntimeError("this wprepd serves no /metrics: start it with --metrics-address=127.0.0.1:0")
+        import urllib.request
+
+        with urllib.request.urlopen(f"http://{self.metrics_address}/metrics", timeout=10) as r:
+            text = r.read().decode()
+        total = 0.0
+        for line in text.splitlines():
+            if line.startswith(name) and line[len(name):len(name) + 1] in ("{", " "):
+                total += float(line.rsplit(" ", 1)[1])
+        return total
 
     def alive(self) -> bool:
         return self.proc.poll() is None
