@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "cuda_stream.h"
 #include "buffers.h"
 #include "occupancy.h"
 #include "tiles.h"
@@ -429,8 +430,8 @@ absl::Status ConvertOnCuda(const Plan& plan, const void* in, void* out, CudaStre
   }
   if (stream != nullptr) {
     int stream_dev = -1;
-    WPREP_CUDA_RETURN_IF_ERROR(cudaStreamGetDevice(stream, &stream_dev));
-    if (stream_dev != *in_dev) {
+    WPREP_CUDA_RETURN_IF_ERROR(StreamDevice(stream, &stream_dev));
+    if (stream_dev >= 0 && stream_dev != *in_dev) {
       return absl::InvalidArgumentError(absl::StrFormat(
           "stream belongs to CUDA device %d but the data is on device %d", stream_dev, *in_dev));
     }

@@ -9,6 +9,7 @@
 #include <cstdint>
 
 #include "absl/strings/str_cat.h"
+#include "cuda_stream.h"
 #include "moe_geometry.h"
 #include "wprep/kernels/cuda_status.h"
 #include "wprep/kernels/moe.h"
@@ -337,7 +338,7 @@ absl::Status RunMoeCuda(const MoePlan& plan, absl::Span<const void* const> input
   // whatever the caller's current device, and leave the current device as it was.
   int device = -1;
   if (stream != nullptr) {
-    WPREP_CUDA_RETURN_IF_ERROR(cudaStreamGetDevice(stream, &device));
+    WPREP_CUDA_RETURN_IF_ERROR(StreamDevice(stream, &device));
   } else {
     for (size_t i = 0; i < outputs.size() && device < 0; ++i) {
       if (plan.output_bytes[i] == 0) continue;
@@ -452,13 +453,9 @@ absl::Status Launch(const MoePlan& plan, const moe::Geometry& geo, absl::Span<co
     if (largest < 0 || plan.output_bytes[i] > plan.output_bytes[largest]) largest = i;
   }
   const SideStream* side = nullptr;
-  if (launches > 1 && stream != nullptr) {
-    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  if (launches > 1 && stream != nullptr && !StreamIsCapturing(stream)) {
     int device = -1;
-    if (cudaStreamIsCapturing(stream, &capture) == cudaSuccess && capture == cudaStreamCaptureStatusNone &&
-        cudaGetDevice(&device) == cudaSuccess) {
-      side = SideStreamOf(device);
-    }
+    if (cudaGetDevice(&device) == cudaSuccess) side = SideStreamOf(device);
     cudaGetLastError();
   }
   if (side != nullptr) {

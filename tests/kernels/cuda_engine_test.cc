@@ -197,6 +197,37 @@ TEST_F(GpuTest, NonDefaultStreamAndCurrentDeviceUnchanged) {
   ASSERT_CUDA(cudaStreamDestroy(stream));
 }
 
+// Captured into a CUDA graph (global capture mode, as frameworks capture), a conversion
+// records a graph that converts when launched, and nothing runs while capturing.
+TEST_F(GpuTest, CapturesIntoACudaGraph) {
+  ConversionSpec spec;
+  spec.hopper = {-2, 3};
+  const Plan plan = MustPlan(spec, {2, 512, 256});
+  const auto x = testing::RandomBytes(plan.input_bytes, 9);
+  DeviceBuffer in(plan.input_bytes, 0), out(plan.output_bytes, 0);
+  ASSERT_CUDA(cudaMemcpy(in.get(), x.data(), x.size(), cudaMemcpyHostToDevice));
+  ASSERT_CUDA(cudaMemset(out.get(), 0xA5, plan.output_bytes));
+  cudaStream_t stream;
+  ASSERT_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  cudaGraph_t graph = nullptr;
+  ASSERT_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+  const absl::Status run = ConvertOnCuda(plan, in.get(), out.get(), stream);
+  ASSERT_CUDA(cudaStreamEndCapture(stream, &graph));
+  ASSERT_TRUE(run.ok()) << run;
+  std::vector<uint8_t> got(plan.output_bytes);
+  ASSERT_CUDA(cudaMemcpy(got.data(), out.get(), got.size(), cudaMemcpyDeviceToHost));
+  EXPECT_EQ(got, std::vector<uint8_t>(plan.output_bytes, 0xA5)) << "capturing ran the conversion";
+  cudaGraphExec_t exec = nullptr;
+  ASSERT_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+  ASSERT_CUDA(cudaGraphLaunch(exec, stream));
+  ASSERT_CUDA(cudaStreamSynchronize(stream));
+  ASSERT_CUDA(cudaMemcpy(got.data(), out.get(), got.size(), cudaMemcpyDeviceToHost));
+  EXPECT_EQ(got, CpuConvert(plan, x));
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  ASSERT_CUDA(cudaStreamDestroy(stream));
+}
+
 TEST_F(GpuTest, EmptyTensorsLaunchNothingAndSucceed) {
   for (const ConversionSpec& spec : AllSpecs()) {
     for (auto shape : std::vector<std::vector<int64_t>>{{0, 256}, {256, 0}, {2, 0, 4, 4}}) {
