@@ -19,8 +19,6 @@ FlashInfer's trtllm-gen fused MoE (docs/TRTLLM_GEN.md, sections 0-8) three ways,
   whole model --layers layers (36 = all of gpt-oss-120b), one prepare_layer per layer, and all of
               them in one prepare_layers batch, into
               preallocated outputs, then torch.cuda.synchronize(); vs the copy of all layers.
-              With the tensors registered: that batch, and prepare_layers(pipelined=True) (a
-              batch per layer on the ordered stream, each sent as soon as it is built).
 
     WPREPD=build/server/wprepd PYTHONPATH=client/python python3 client/python/bench/trtllm_bench.py
     ... --device cpu --experts 4 --hidden 256 --layers 2 --reps 3     # CPU smoke run (bytes, no IPC)
@@ -291,6 +289,40 @@ def equal_bytes(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 
 # ------------------------------------------------------------------------------------------
+def call_split(client: Any, daemon: Optional["Daemon"], run: Callable[[], None], timer: Any) -> Dict[str, float]:
+    """One more run of `run` (one prepare_layers call and a synchronize), cut at the gRPC call's
+    send and answer and at the daemon's handler (its request log's seconds=): the Python before
+    the call, the call minus the handler (the wire both ways), the handler (checks, mappings,
+    launches and the wait for the GPU), and the Python after. {} without a daemon of ours."""
+    if daemon is None:
+        return {}
+    marks: List[float] = []
+    unary = client._unary
+
+    def timed_unary(method: str, request: Any, timeout: Optional[float]) -> Any:
+        marks.append(time.perf_counter())
+        try:
+            return unary(method, request, timeout)
+        finally:
+            marks.append(time.perf_counter())
+
+    client._unary = timed_unary
+    timer.sync()
+    t0 = time.perf_counter()
+    try:
+        run()
+    finally:
+        del client._unary
+    t3 = time.perf_counter()
+    lines = [ln for ln in daemon.read_log().splitlines() if "method=ConvertBatch " in ln and " seconds=" in ln]
+    if len(marks) != 2 or not lines:
+        return {}
+    handler = float(lines[-1].split(" seconds=")[1].split()[0])
+    t1, t2 = marks
+    return {"wall": (t3 - t0) * 1e3, "python before": (t1 - t0) * 1e3, "wire": (t2 - t1 - handler) * 1e3,
+            "handler": handler * 1e3, "python after": (t3 - t2) * 1e3}
+
+
 # The daemon
 
 class Daemon:
@@ -486,10 +518,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                     wprep_layer(x, o)
                 timer.sync()
 
-            def wprep_model_one_batch(pipelined: bool = False) -> None:
+            def wprep_model_one_batch() -> None:
                 tg.prepare_layers([((x["v13"], x["s13"], x["b13"]), (x["v2"], x["s2"], x["b2"])) for x in layers],
                                   out=[((o["v13"], o["s13"], o["b13"]), (o["v2"], o["s2"], o["b2"])) for o in outs],
-                                  client=client, pipelined=pipelined)
+                                  client=client)
                 timer.sync()
 
             mreps = max(1, min(a.reps, 3))
@@ -499,28 +531,28 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             batch_ms, batch_all = timer.median(wprep_model_one_batch, mreps, 1)
             # A loader's parameter tensors are fixed for the model's life: registered once
             # (Client.register), no call exports or opens a handle again.
-            reg_ms = reg_all = pipe_ms = pipe_all = None
+            reg_ms = reg_all = None
+            split = {}
             if cuda:
                 client.register([t for d in layers + outs for t in d.values()])
                 reg_ms, reg_all = timer.median(wprep_model_one_batch, mreps, 1)
-                # The same, each layer its own batch on the ordered stream, sent as it is built.
-                pipe_ms, pipe_all = timer.median(lambda: wprep_model_one_batch(pipelined=True), mreps, 1)
+                split = call_split(client, daemon, wprep_model_one_batch, timer)
             res["whole_model"] = {"layers": L, "ms": model_ms, "all_ms": model_all, "copy_ms": mcopy_ms,
                                   "ratio_to_copy": model_ms / mcopy_ms, "bytes_in": L * in_bytes,
                                   "bytes_out": L * out_bytes, "one_batch_ms": batch_ms, "one_batch_all_ms": batch_all,
                                   "one_batch_ratio_to_copy": batch_ms / mcopy_ms,
                                   "one_batch_registered_ms": reg_ms, "one_batch_registered_all_ms": reg_all,
-                                  "one_batch_registered_ratio_to_copy": None if reg_ms is None else reg_ms / mcopy_ms,
-                                  "pipelined_registered_ms": pipe_ms, "pipelined_registered_all_ms": pipe_all,
-                                  "pipelined_registered_ratio_to_copy": None if pipe_ms is None else pipe_ms / mcopy_ms}
+                                  "one_batch_registered_ratio_to_copy": None if reg_ms is None else reg_ms / mcopy_ms}
             print(f"whole model: {L} layers in {model_ms:.2f} ms (a call per layer), {batch_ms:.2f} ms "
                   f"(prepare_layers, one batch), copy {mcopy_ms:.2f} ms: {model_ms / mcopy_ms:.2f}x, "
                   f"{batch_ms / mcopy_ms:.2f}x", flush=True)
             if reg_ms is not None:
                 print(f"whole model, one batch, tensors registered: {reg_ms:.2f} ms, {reg_ms / mcopy_ms:.2f}x the copy",
                       flush=True)
-                print(f"whole model, pipelined (a batch per layer as it is built), tensors registered: "
-                      f"{pipe_ms:.2f} ms, {pipe_ms / mcopy_ms:.2f}x the copy", flush=True)
+            if split:
+                res["whole_model"]["registered_call_split_ms"] = split
+                print("whole model, one batch, registered, where the call's time goes (ms, one more run): " +
+                      ", ".join(f"{k} {v:.2f}" for k, v in split.items()), flush=True)
             # Every layer again byte-equal to the upstream way? Layer 0 and the last one, spot-checked.
             for li in sorted({0, L - 1}):
                 u13, u2 = upstream_layer((layers[li]["v13"], layers[li]["s13"], layers[li]["b13"]),

@@ -341,14 +341,9 @@ def _call(specs: List[Tuple[str, List[Tuple[str, Any]], Dict[str, Any]]], outs: 
             n = dst.numel() * dst.element_size() if _is_torch(dst) else getattr(dst, "nbytes", -1)
             if n != len(t.inline_bytes):
                 raise _bad(f"out {t.name}: needs {len(t.inline_bytes)} bytes, got {n}")
-    return _results(resp.items, outs, in_place, {})
-
-
-def _results(items: Any, outs: List[Optional[Sequence[Any]]], in_place: List[bool],
-             identities: Dict[bytes, MoeIdentity]) -> List[MoeResult]:
-    """The MoeResults of a ConvertBatchResponse's `items` (identities: made once per distinct one)."""
     results = []
-    for item, out, ipc in zip(items, outs, in_place):
+    identities: Dict[bytes, MoeIdentity] = {}  # a batch's items share a few identities
+    for item, out, ipc in zip(resp.items, outs, in_place):
         if ipc:  # written in place already
             outputs = item.outputs
             results.append(MoeResult({t.name: dst for t, dst in zip(outputs, out)},
@@ -356,66 +351,6 @@ def _results(items: Any, outs: List[Optional[Sequence[Any]]], in_place: List[boo
                                      {t.name: tuple(t.shape) for t in outputs}))
         else:
             results.append(_result(item, out))
-    return results
-
-
-def _call_pipelined(specs: List[Tuple[str, List[Tuple[str, Any]], Dict[str, Any]]],
-                    outs: List[Optional[Sequence[Any]]], per_batch: int, client: Any,
-                    timeout: Optional[float]) -> List[MoeResult]:
-    """The items `specs` in batches of `per_batch` on the client's ordered ConvertBatches stream,
-    each sent as soon as it is built, so the GPU works on the first while the rest are built.
-    Every item must be in place (CUDA tensors in and out); each batch is answered once its work
-    is done; the first failed batch raises, once all are answered (a failed batch writes
-    nothing, the others run)."""
-    import concurrent.futures
-
-    from ._client import _answer_error
-    from ._errors import make_error
-    from ._stream import Entry
-
-    if client is None:
-        from ._mxfp4 import default_client
-
-        client = default_client()
-    devices = [_ipc_eligible(inputs, out) for (_, inputs, _), out in zip(specs, outs)]
-    if any(d is None for d in devices):
-        raise _bad("pipelined=True needs every input and every out= to be a CUDA tensor (in place, by IPC)")
-    _torch.synchronize(set(devices))  # the producers' writes land before the daemon reads
-    futures: List["concurrent.futures.Future[Any]"] = []
-    wait = client._timeout(timeout)
-    try:
-        for b, start in enumerate(range(0, len(specs), per_batch)):
-            req = pb.ConvertBatchRequest()
-            for (op, inputs, params), out, device in zip(specs[start:start + per_batch],
-                                                         outs[start:start + per_batch],
-                                                         devices[start:start + per_batch]):
-                _ipc_item(op, inputs, params, out, client._registry, req.items.add().moe, device)  # type: ignore[arg-type]
-            fut: "concurrent.futures.Future[Any]" = concurrent.futures.Future()
-
-            def on_answer(lost: Optional[WprepError], answer: Any, fut: Any = fut, b: int = b) -> None:
-                if lost is not None:
-                    fut.set_exception(lost)
-                elif answer.code != 0:
-                    e = _answer_error(answer)
-                    fut.set_exception(make_error(e.code, f"batches[{b}]: {e.details}", "ConvertBatches"))
-                else:
-                    fut.set_result(answer.batch)
-
-            client._send_ordered(Entry(req, on_answer))
-            futures.append(fut)
-    except BaseException:
-        # A layer that could not be built or sent: the layers sent before it still read and
-        # write the caller's tensors, so they finish before the error reaches the caller.
-        concurrent.futures.wait(futures, wait)
-        raise
-    _, not_done = concurrent.futures.wait(futures, wait)
-    if not_done:
-        raise TimeoutError(f"{len(not_done)} of {len(futures)} batches not answered after {wait} s")
-    results: List[MoeResult] = []
-    identities: Dict[bytes, MoeIdentity] = {}
-    for b, fut in enumerate(futures):
-        start = b * per_batch
-        results += _results(fut.result().items, outs[start:start + per_batch], [True] * per_batch, identities)
     return results
 
 
@@ -472,19 +407,11 @@ def prepare_layers(layers: Sequence[Tuple[Sequence[Any], Sequence[Any]]], *, for
                    gated: Optional[bool] = None, align: Optional[int] = None, align_h: Optional[int] = None,
                    align_i: Optional[int] = None,
                    out: Optional[Sequence[Tuple[Optional[Sequence[Any]], Optional[Sequence[Any]]]]] = None,
-                   client: Any = None, timeout: Optional[float] = None,
-                   pipelined: bool = False) -> List[Tuple[MoeResult, MoeResult]]:
+                   client: Any = None, timeout: Optional[float] = None) -> List[Tuple[MoeResult, MoeResult]]:
     """Many layers' w13 and w2 in one ConvertBatch: `layers` is a sequence of (w13, w2), each
     as prepare_layer takes it; `out`, when given, one (out13, out2) per layer. Every item is
     validated before any runs; the daemon queues the CUDA IPC items of one GPU on one stream
-    and waits once, so a whole model costs one round trip and one synchronization.
-
-    pipelined=True (every tensor in place on the GPU: CUDA inputs and out=): each layer goes
-    as its own batch on the client's ordered ConvertBatches stream as soon as it is built, so
-    the GPU prepares the first layers while Python builds the rest, and the call returns once
-    every layer is done. Each layer is then validated on its own: a bad layer writes nothing
-    and raises (WprepError naming batches[k], k the layer) once every layer is answered, and
-    the other layers are written."""
+    and waits once, so a whole model costs one round trip and one synchronization."""
     def pad(t: Sequence[Any]) -> List[Any]:
         return list(t) + [None] * (3 - len(t))
 
@@ -500,12 +427,7 @@ def prepare_layers(layers: Sequence[Tuple[Sequence[Any], Sequence[Any]]], *, for
         specs += [_prepare_spec("prepare_w13", v13, s13, b13, p13), _prepare_spec("prepare_w2", v2, s2, b2, p2)]
         o13, o2 = (None, None) if out is None else out[k]
         outs += [o13, o2]
-    if pipelined:
-        if out is None:
-            raise _bad("pipelined=True writes in place: give out= for every layer")
-        r = _call_pipelined(specs, outs, 2, client, timeout)
-    else:
-        r = _call(specs, outs, client, timeout)
+    r = _call(specs, outs, client, timeout)
     return [(r[2 * k], r[2 * k + 1]) for k in range(len(layers))]
 
 
