@@ -111,7 +111,7 @@ def make_torch(rec):
             return True
 
         def data_ptr(self):
-            return self._storage.data_ptr() + self._offset
+            return self._storage.data_ptr() + self._offset * self._itemsize
 
         def as_strided(self, size, stride, storage_offset=None):
             return Tensor(self._storage, size, stride, self._offset if storage_offset is None else storage_offset,

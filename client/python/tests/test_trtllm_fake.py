@@ -131,11 +131,13 @@ def test_a_storage_released_and_made_again_at_its_address_is_exported_again(tg):
     x2 = cuda(torch, rec, (1, 64, 8), alloc=new)  # the same address, another allocation
     m = trtllm._ipc_item("row_shuffle", [("x", x2)], {"epilogue_tile_m": 128}, [y], reg)
     assert m.inputs[0].source.ipc.handle == new.handle and rec.shared == 3
-    # A registered address whose storage now has another size is no hit either (x2 is
-    # exported again too: it was never registered).
-    y3 = cuda(torch, rec, (1, 64, 4), alloc=new, block_offset=1 << 20)
+    # A registered storage resized since (another size at its address) is no hit either,
+    # whether the tensor is found by its storage or by its address: its bytes are exported
+    # again (and x2 too: it was never registered).
+    y.untyped_storage()._nbytes = 256
+    y3 = torch.Tensor(y.untyped_storage(), (1, 64, 4), (256, 4, 1), 0)
     m = trtllm._ipc_item("row_shuffle", [("x", x2)], {"epilogue_tile_m": 128}, [y3], reg)
-    assert m.outputs[0].destination.ipc.handle == new.handle and rec.shared == 5
+    assert m.outputs[0].destination.ipc.handle == old.handle and rec.shared == 5
 
 
 def test_errors_come_in_the_order_and_words_they_always_had(tg):
@@ -203,3 +205,30 @@ def test_a_batch_makes_one_identity_per_distinct_identity(tg):
     # Another call gets its own objects.
     again = trtllm.prepare_layers(layers[:1], out=outs[:1], align=256, client=c)
     assert again[0][0].identity == res[0][0].identity and again[0][0].identity is not res[0][0].identity
+
+
+def test_registered_tensors_are_located_by_address_without_their_storage(tg, monkeypatch):
+    # Registered storages are found from a tensor's data_ptr and size alone: no storage
+    # object is asked for, and the offset counts the view's own start; bytes reaching past
+    # the registered storage are no hit.
+    torch, rec = tg
+    reg = _torch.Registry()
+    pool = FakeAllocation(1 << 36, 1 << 30)
+    base = cuda(torch, rec, (4, 64, 16), alloc=pool, block_offset=1 << 20)  # 4096 bytes
+    out = cuda(torch, rec, (2, 64, 8), dtype="float32", alloc=pool, block_offset=2 << 20)  # 4096 bytes
+    _torch.handle_refs([base, out], reg, register=True)
+    x = torch.Tensor(base.untyped_storage(), (1, 64, 16), (1024, 16, 1), 2048)  # the third quarter
+    y = torch.Tensor(out.untyped_storage(), (1, 64, 8), (512, 8, 1), 512, dtype="float32", itemsize=4)
+    asked = []
+    monkeypatch.setattr(torch.Tensor, "untyped_storage", lambda self: asked.append(self) or self._storage)
+    m = trtllm._ipc_item("row_shuffle", [("x", x)], {"epilogue_tile_m": 128}, [y], reg)
+    assert asked == [] and rec.shared == 2
+    src, dst = m.inputs[0].source.ipc, m.outputs[0].destination.ipc
+    assert (src.handle, src.offset, src.size) == (pool.handle, (1 << 20) + 2048, 1024)
+    assert (dst.handle, dst.offset, dst.size) == (pool.handle, (2 << 20) + 2048, 2048)
+    # A view reaching past its storage's end (as a broken tensor would) is no hit: the slow
+    # path asks for its storage.
+    z = torch.Tensor(base.untyped_storage(), (1, 64, 32), (2048, 32, 1), 3072)
+    assert reg.locate(0, z.data_ptr(), 2048) is None
+    assert reg.locate(0, base.data_ptr() - 1, 1) is None
+    assert reg.locate(1, base.data_ptr(), 1) is None

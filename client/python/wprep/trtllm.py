@@ -162,9 +162,13 @@ def _locate(name: str, t: Any, device: int, registry: Any) -> Tuple[Any, int, in
     element_size, as a flat uint8 view of it would say."""
     if not t.is_contiguous():
         raise _bad(f"{name}: a CUDA tensor read or written in place must be contiguous")
-    shared = _torch.shared_storage(t.untyped_storage(), device, registry)
     size = t.element_size()
-    return shared, shared.offset + t.storage_offset() * size, t.numel() * size
+    nbytes = t.numel() * size
+    hit = registry.locate(device, int(t.data_ptr()), nbytes)  # registered: no storage object made
+    if hit is not None:
+        return hit[0], hit[1], nbytes
+    shared = _torch.shared_storage(t.untyped_storage(), device, registry)
+    return shared, shared.offset + t.storage_offset() * size, nbytes
 
 
 def _write_ipc(b: "pb.CudaIpcBuffer", where: Tuple[Any, int, int]) -> None:

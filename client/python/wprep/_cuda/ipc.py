@@ -41,6 +41,7 @@ How a tensor becomes a buffer the daemon can open:
 
 from __future__ import annotations
 
+import bisect
 import ctypes
 import functools
 import os
@@ -50,7 +51,7 @@ import sys
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any, Dict, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from .. import _vmm
 from ..v1 import wprep_pb2 as pb
@@ -329,6 +330,36 @@ class Registry:
         self._mu = threading.Lock()
         # (device, address) -> (storage, its export, its size); written under _mu
         self._entries: Dict[Tuple[int, int], Tuple[Any, SharedStorage, int]] = {}
+        # device -> (sorted storage addresses, their entries): locate's index, made on first
+        # use after a change (None: to be made). Replaced whole, never changed in place.
+        self._index: Optional[Dict[int, Tuple[List[int], List[Tuple[Any, SharedStorage, int]]]]] = None
+
+    def locate(self, device_index: int, ptr: int, nbytes: int) -> Optional[Tuple[SharedStorage, int]]:
+        """The export of the registered storage holding bytes [ptr, ptr + nbytes) of the
+        device, and the bytes' offset in that export; None when no registered storage holds
+        them (or the one that did was resized since). A tensor's data_ptr and size are enough:
+        no storage object is made, which is most of what a tensor costs a request."""
+        index = self._index
+        if index is None:
+            with self._mu:
+                made: Dict[int, Tuple[List[int], List[Tuple[Any, SharedStorage, int]]]] = {}
+                for (dev, addr), e in sorted(self._entries.items()):
+                    starts, entries = made.setdefault(dev, ([], []))
+                    starts.append(addr)
+                    entries.append(e)
+                self._index = index = made
+        found = index.get(device_index)
+        if found is None:
+            return None
+        starts, entries = found
+        i = bisect.bisect_right(starts, ptr) - 1
+        if i < 0:
+            return None
+        storage, shared, size = entries[i]
+        start = starts[i]
+        if ptr + nbytes > start + size or int(storage.data_ptr()) != start or storage.nbytes() != size:
+            return None
+        return shared, shared.offset + (ptr - start)
 
     @staticmethod
     def _key(storage: Any, device_index: int) -> Tuple[int, int]:
@@ -352,11 +383,13 @@ class Registry:
         shared = export_storage(storage, device_index)
         with self._mu:
             self._entries[key] = (storage, shared, nbytes)
+            self._index = None
         return shared
 
     def remove(self, storage: Any, device_index: int) -> Optional[SharedStorage]:
         with self._mu:
             e = self._entries.pop(self._key(storage, device_index), None)
+            self._index = None
         return None if e is None else e[1]
 
 
