@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "daemon_harness.h"
+#include "driver_entry.h"
 #include "golden.h"
 #include "shared_daemon.h"
 #include "wprep/client/client.h"
@@ -28,19 +29,13 @@ namespace {
 
 namespace v1 = wprep::v1;
 
+using testing::DriverEntry;
+
 bool HaveGpu() {
   int n = 0;
   const bool ok = cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
   cudaGetLastError();
   return ok;
-}
-
-template <typename Fn>
-Fn Entry(const char* name) {
-  void* p = nullptr;
-  cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
-  if (cudaGetDriverEntryPointByVersion(name, &p, 12000, cudaEnableDefault, &q) != cudaSuccess) return nullptr;
-  return reinterpret_cast<Fn>(p);
 }
 
 // `chunks` physical allocations of `chunk_bytes` each (cuMemCreate, POSIX fd exportable),
@@ -61,16 +56,16 @@ class CuMemPool {
 
  private:
   void Build(int chunks, size_t chunk_bytes) {
-    auto create = Entry<CUresult (*)(CUmemGenericAllocationHandle*, size_t, const CUmemAllocationProp*,
+    auto create = DriverEntry<CUresult (*)(CUmemGenericAllocationHandle*, size_t, const CUmemAllocationProp*,
                                      unsigned long long)>("cuMemCreate");
-    auto reserve = Entry<CUresult (*)(CUdeviceptr*, size_t, size_t, CUdeviceptr, unsigned long long)>(
+    auto reserve = DriverEntry<CUresult (*)(CUdeviceptr*, size_t, size_t, CUdeviceptr, unsigned long long)>(
         "cuMemAddressReserve");
-    auto map = Entry<CUresult (*)(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle, unsigned long long)>(
+    auto map = DriverEntry<CUresult (*)(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle, unsigned long long)>(
         "cuMemMap");
-    auto access = Entry<CUresult (*)(CUdeviceptr, size_t, const CUmemAccessDesc*, size_t)>("cuMemSetAccess");
-    release_ = Entry<CUresult (*)(CUmemGenericAllocationHandle)>("cuMemRelease");
-    unmap_ = Entry<CUresult (*)(CUdeviceptr, size_t)>("cuMemUnmap");
-    free_ = Entry<CUresult (*)(CUdeviceptr, size_t)>("cuMemAddressFree");
+    auto access = DriverEntry<CUresult (*)(CUdeviceptr, size_t, const CUmemAccessDesc*, size_t)>("cuMemSetAccess");
+    release_ = DriverEntry<CUresult (*)(CUmemGenericAllocationHandle)>("cuMemRelease");
+    unmap_ = DriverEntry<CUresult (*)(CUdeviceptr, size_t)>("cuMemUnmap");
+    free_ = DriverEntry<CUresult (*)(CUdeviceptr, size_t)>("cuMemAddressFree");
     ASSERT_TRUE(create && reserve && map && access && release_ && unmap_ && free_);
     ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
     ASSERT_EQ(cudaFree(nullptr), cudaSuccess);  // the primary context

@@ -21,6 +21,8 @@
 #if WPREP_HAVE_CUDA
 #include <cuda.h>
 #include <cuda_runtime.h>
+
+#include "driver_entry.h"
 #endif
 
 namespace wprep {
@@ -31,6 +33,8 @@ namespace {
 TEST(MoeGpu, RequiresACudaBuild) { GTEST_SKIP() << "built without CUDA"; }
 
 #else
+
+using testing::DriverEntry;
 
 #define ASSERT_CUDA(call) \
   ASSERT_EQ((call), cudaSuccess) << #call << ": " << cudaGetErrorString(cudaGetLastError())
@@ -270,14 +274,6 @@ struct GpuBuffers {
   std::vector<void*> out_ptrs;
 };
 
-template <typename Fn>
-Fn DriverEntry(const char* name) {
-  void* p = nullptr;
-  cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
-  if (cudaGetDriverEntryPointByVersion(name, &p, 12000, cudaEnableDefault, &q) != cudaSuccess) return nullptr;
-  return reinterpret_cast<Fn>(p);
-}
-
 // The caller's stream waits on a host word before the call and writes another after it:
 // until the first is set nothing of the call may run (its side stream included), and once
 // the second is written every output must be complete.
@@ -317,7 +313,8 @@ TEST_F(MoeGpu, SideStreamWorkIsOrderedWithTheCallersStream) {
   ASSERT_EQ(w[1], 1u) << "the caller's stream never passed the call";
   const auto after = b.Read();
   for (size_t i = 0; i < after.size(); ++i) {
-    EXPECT_TRUE(after[i] == m->want[i]) << m->plan.outputs[i].name << " incomplete once the caller's stream passed the call";
+    EXPECT_TRUE(after[i] == m->want[i])
+        << m->plan.outputs[i].name << " incomplete once the caller's stream passed the call";
   }
   EXPECT_EQ(cudaStreamSynchronize(s), cudaSuccess);
   cudaStreamDestroy(s);
