@@ -6,6 +6,8 @@
 #include <utility>
 
 #include "absl/status/status.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
@@ -39,8 +41,10 @@ flags::FlagSet WeightsFlags() {
             "load: PATTERN=LAYOUT[:param=value...] separated by ';', first match wins; LAYOUT is a "
             "layout name (hopper_value, hopper_scale, ...) swizzled from the tensor's bytes, or "
             "'verbatim'. Params: mx_axis, mma_version, num_warps, align_k, packing_axis, block_k, "
-            "block_n. "
-            "Example: '*_blocks=hopper_value:packing_axis=-2;*_scales=hopper_scale'");
+            "block_n. A rule may add slice=AXIS/START/LENGTH: keep only that slice of each matched tensor "
+            "(a tensor- or expert-parallel rank's shard), cut from the stored tensor before its conversion. "
+            "Example: '*_blocks=hopper_value:packing_axis=-2;*_scales=hopper_scale;"
+            "*.q_proj.weight=verbatim:slice=0/0/2048'");
   fs.String("progress", "MODE", "auto", "load: auto (a bar on a terminal), bar, lines or none");
   fs.Switch("tensors", "list: every set's tensors too");
   fs.Switch("force", "drop: even while engines are attached (their attachments end)");
@@ -157,6 +161,22 @@ absl::StatusOr<std::vector<v1::WeightRule>> ParseWeightRules(const std::string& 
     v1::WeightRule rule;
     rule.set_pattern(std::string(part.substr(0, eq)));
     std::vector<std::string> fields = absl::StrSplit(part.substr(eq + 1), ':');
+    // slice=AXIS/START/LENGTH, in any place after the action.
+    for (size_t i = 1; i < fields.size(); ++i) {
+      if (!absl::StartsWith(fields[i], "slice=")) continue;
+      std::vector<std::string> v = absl::StrSplit(fields[i].substr(6), '/');
+      int axis = 0;
+      int64_t start = 0, length = 0;
+      if (v.size() != 3 || !absl::SimpleAtoi(v[0], &axis) || !absl::SimpleAtoi(v[1], &start) ||
+          !absl::SimpleAtoi(v[2], &length)) {
+        return absl::InvalidArgumentError(absl::StrCat(where, ": '", fields[i], "': want slice=AXIS/START/LENGTH"));
+      }
+      rule.mutable_slice()->set_axis(axis);
+      rule.mutable_slice()->set_start(start);
+      rule.mutable_slice()->set_length(length);
+      fields.erase(fields.begin() + static_cast<std::ptrdiff_t>(i));
+      break;
+    }
     if (fields[0] == "verbatim" && fields.size() == 1) {
       rule.set_verbatim(true);
       rules.push_back(std::move(rule));

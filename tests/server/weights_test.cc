@@ -381,6 +381,119 @@ TEST_F(WeightsTest, LoadsAppliesRulesAndAttachesTheSameBytes) {
   EXPECT_EQ(Drop("gpt", false).error_code(), grpc::StatusCode::NOT_FOUND);
 }
 
+// Elements [start, start + length) along `axis` of `t`, gathered here by index (the
+// daemon reads them as runs of the file).
+Tensor Sliced(const Tensor& t, int axis, int64_t start, int64_t length) {
+  int64_t outer = 1, inner = static_cast<int64_t>(t.bytes.size());
+  for (int i = 0; i < axis; ++i) outer *= t.shape[static_cast<size_t>(i)];
+  const int64_t dim = t.shape[static_cast<size_t>(axis)];
+  inner /= outer * dim;  // bytes of one index along the axis
+  Tensor out = t;
+  out.shape[static_cast<size_t>(axis)] = length;
+  out.bytes.clear();
+  for (int64_t o = 0; o < outer; ++o) {
+    for (int64_t i = start; i < start + length; ++i) {
+      for (int64_t b = 0; b < inner; ++b) out.bytes.push_back(t.bytes[static_cast<size_t>((o * dim + i) * inner + b)]);
+    }
+  }
+  return out;
+}
+
+v1::WeightSlice SliceProto(int axis, int64_t start, int64_t length) {
+  v1::WeightSlice sl;
+  sl.set_axis(axis);
+  sl.set_start(start);
+  sl.set_length(length);
+  return sl;
+}
+
+// An expert-parallel rank's experts, converted; a tensor-parallel rank's columns of a copy
+// (a negative axis); rows of a tensor matched by a rule with a slice and no action.
+TEST_F(WeightsTest, RulesKeepARanksSliceOfEachMatchedTensor) {
+  StartDaemon();
+  const std::vector<Tensor> cp = {
+      {"layers.0.experts_blocks", "U8", {4, 256, 128}, Pattern(4 * 256 * 128, 11)},
+      {"layers.0.experts_scales", "U8", {4, 256, 8}, Pattern(4 * 256 * 8, 12)},
+      {"proj.weight", "BF16", {6, 10}, Pattern(6 * 10 * 2, 13)},
+      {"embed.weight", "BF16", {16, 8}, Pattern(16 * 8 * 2, 14)},
+  };
+  WriteSafetensors(root_ + "/model.safetensors", cp);
+  std::vector<v1::WeightRule> rules(4);
+  rules[0].set_pattern("*_blocks");
+  *rules[0].mutable_convert() = SpecToProto(HopperValue());
+  *rules[0].mutable_slice() = SliceProto(0, 2, 2);
+  rules[1].set_pattern("*_scales");
+  *rules[1].mutable_convert() = SpecToProto(HopperScale());
+  *rules[1].mutable_slice() = SliceProto(0, 2, 2);
+  rules[2].set_pattern("proj.weight");
+  rules[2].set_verbatim(true);
+  *rules[2].mutable_slice() = SliceProto(-1, 3, 4);
+  rules[3].set_pattern("embed.*");
+  *rules[3].mutable_slice() = SliceProto(0, 4, 8);
+  const LoadResult r = Load("rank1", "model.safetensors", rules);
+  ASSERT_TRUE(r.status.ok()) << r.status.error_message() << daemon_->Log();
+  ASSERT_TRUE(r.messages.back().has_manifest());
+  const v1::WeightManifest& m = r.messages.back().manifest();
+  ASSERT_EQ(m.tensors_size(), 4);
+  grpc::ClientContext ctx;
+  auto stream = Attach(&ctx, "rank1");
+  v1::AttachWeightsResponse first;
+  ASSERT_TRUE(stream->Read(&first)) << daemon_->Log();
+  ASSERT_FALSE(first.shm_path().empty()) << first.DebugString();
+  const struct {
+    int rule, axis;
+    int64_t start, length;
+    std::optional<ConversionSpec> spec;
+  } want[] = {{0, 0, 2, 2, HopperValue()}, {1, 0, 2, 2, HopperScale()}, {2, 1, 3, 4, std::nullopt},
+              {3, 0, 4, 8, std::nullopt}};
+  for (int i = 0; i < 4; ++i) {
+    const v1::WeightTensor& t = m.tensors(i);
+    SCOPED_TRACE(t.name());
+    ASSERT_EQ(t.name(), cp[static_cast<size_t>(i)].name);
+    EXPECT_EQ(t.rule(), want[i].rule);
+    ASSERT_TRUE(t.has_slice());
+    EXPECT_EQ(t.slice().axis(), want[i].axis);
+    EXPECT_EQ(t.slice().start(), want[i].start);
+    EXPECT_EQ(t.slice().length(), want[i].length);
+    const Tensor part = Sliced(cp[static_cast<size_t>(i)], want[i].axis, want[i].start, want[i].length);
+    const std::vector<uint8_t> got = ReadShm(first.shm_path(), t.offset(), t.bytes());
+    if (want[i].spec.has_value()) {
+      Plan plan;
+      const std::vector<uint8_t> converted = Converted(*want[i].spec, part, &plan);
+      EXPECT_EQ(std::vector<int64_t>(t.shape().begin(), t.shape().end()), plan.output_shape);
+      EXPECT_TRUE(got == converted) << "the slice's conversion differs from the CPU engine's";
+    } else {
+      EXPECT_EQ(std::vector<int64_t>(t.shape().begin(), t.shape().end()), part.shape);
+      EXPECT_EQ(t.dtype(), "BF16");
+      EXPECT_TRUE(got == part.bytes) << "the copied slice differs from the file's";
+    }
+  }
+  ctx.TryCancel();
+}
+
+TEST_F(WeightsTest, SlicesOutsideTheirTensorAreRefusedAndNothingStays) {
+  StartDaemon();
+  WriteSafetensors(root_ + "/model.safetensors", Checkpoint());
+  auto with_slice = [](int axis, int64_t start, int64_t length) {
+    std::vector<v1::WeightRule> rules = Rules();
+    *rules[1].mutable_slice() = SliceProto(axis, start, length);
+    return rules;
+  };
+  ExpectRefused(Load("a", "model.safetensors", with_slice(3, 0, 1)), grpc::StatusCode::INVALID_ARGUMENT,
+                {"layers.0.experts_blocks", "rule 1", "slice axis 3", "rank 3"});
+  ExpectRefused(Load("b", "model.safetensors", with_slice(-4, 0, 1)), grpc::StatusCode::INVALID_ARGUMENT,
+                {"slice axis -4"});
+  ExpectRefused(Load("c", "model.safetensors", with_slice(0, 1, 2)), grpc::StatusCode::INVALID_ARGUMENT,
+                {"layers.0.experts_blocks", "passes axis 0 of size 2"});
+  ExpectRefused(Load("d", "model.safetensors", with_slice(0, 0, 0)), grpc::StatusCode::INVALID_ARGUMENT,
+                {"rules[1].slice", "length >= 1"});
+  ExpectRefused(Load("e", "model.safetensors", with_slice(0, -1, 1)), grpc::StatusCode::INVALID_ARGUMENT,
+                {"rules[1].slice"});
+  // A slice whose shape the conversion cannot take (Hopper values need rows in whole tiles).
+  ExpectRefused(Load("f", "model.safetensors", with_slice(1, 0, 7)), grpc::StatusCode::INVALID_ARGUMENT,
+                {"layers.0.experts_blocks", "rule 1"});
+}
+
 TEST_F(WeightsTest, ShardedCheckpointGivesTheSameTensors) {
   StartDaemon();
   const std::vector<Tensor> cp = Checkpoint();
@@ -676,6 +789,40 @@ TEST_F(WeightsTest, CliLoadsListsShowsAndDrops) {
   out.clear();
   EXPECT_EQ(RunCli("weights load x model.safetensors --rules 'a=nolayout' " + target, &out), 2);
   EXPECT_EQ(out.rfind("INVALID_ARGUMENT", 0), 0u) << out;
+  out.clear();
+  EXPECT_EQ(RunCli("weights load x model.safetensors --rules 'a=verbatim:slice=0/1' " + target, &out), 2);
+  EXPECT_EQ(out.rfind("INVALID_ARGUMENT", 0), 0u) << out;
+  EXPECT_NE(out.find("slice=AXIS/START/LENGTH"), std::string::npos) << out;
+  out.clear();
+  // A slice in the rules: rows 4..11 of the BF16 copy, the second expert converted.
+  ASSERT_EQ(RunCli(absl::StrCat("weights load sliced model.safetensors ", target,
+                                " --progress none --rules 'embed.*=verbatim:slice=0/4/8;"
+                                "*experts_blocks=hopper_value:slice=0/1/1'"),
+                   &out),
+            0)
+      << out;
+  {
+    grpc::ClientContext actx;
+    auto attach = Attach(&actx, "sliced");
+    v1::AttachWeightsResponse a;
+    ASSERT_TRUE(attach->Read(&a));
+    for (const v1::WeightTensor& t : a.manifest().tensors()) {
+      if (t.name() == "embed.weight") {
+        EXPECT_EQ(t.slice().start(), 4);
+        EXPECT_EQ(ReadShm(a.shm_path(), t.offset(), t.bytes()), Sliced(Checkpoint()[3], 0, 4, 8).bytes);
+      } else if (t.name() == "layers.0.experts_blocks") {
+        EXPECT_EQ(t.slice().length(), 1);
+        EXPECT_EQ(ReadShm(a.shm_path(), t.offset(), t.bytes()), Converted(HopperValue(), Sliced(Checkpoint()[0], 0, 1, 1)));
+      } else {
+        EXPECT_FALSE(t.has_slice()) << t.name();
+      }
+    }
+    actx.TryCancel();
+    attach->Finish();
+  }
+  ASSERT_TRUE(WaitAttachments("sliced", 0));
+  out.clear();
+  ASSERT_EQ(RunCli("weights drop sliced " + target, &out), 0) << out;
   out.clear();
   ASSERT_EQ(RunCli("weights drop cli " + target, &out), 0) << out;
   out.clear();

@@ -373,6 +373,56 @@ def test_the_cli_rules_syntax_gives_the_same_rules():
     assert wprep.weights.parse_rules(None) == []
 
 
+def test_slices_in_every_rules_form():
+    S = wprep.weights.Slice
+    pb = wprep.v1.wprep_pb2
+    want = [
+        pb.WeightRule(pattern="emb*", verbatim=True, slice=pb.WeightSlice(axis=0, start=4, length=8)),
+        pb.WeightRule(pattern="*_blocks", convert=Spec("hopper_value", packing_axis=-2).to_proto(),
+                      slice=pb.WeightSlice(axis=-3, start=0, length=2)),
+        pb.WeightRule(pattern="lm_head*", verbatim=True),
+    ]
+    text = "emb*=verbatim:slice=0/4/8;*_blocks=hopper_value:slice=-3/0/2:packing_axis=-2;lm_head*=verbatim"
+    assert wprep.weights.parse_rules(text) == want
+    triples = [("emb*", "verbatim", S(0, 4, 8)), ("*_blocks", Spec("hopper_value", packing_axis=-2), (-3, 0, 2)),
+               ("lm_head*", "verbatim")]
+    assert wprep.weights.parse_rules(triples) == want
+    mapping = {"emb*": ("verbatim", S(0, 4, 8)), "*_blocks": ("hopper_value:packing_axis=-2", S(-3, 0, 2)),
+               "lm_head*": "verbatim"}
+    assert wprep.weights.parse_rules(mapping) == want
+    for bad in ("a=verbatim:slice=0/1", "a=verbatim:slice=x/1/2", "a=verbatim:slice=0/1/2/3"):
+        with pytest.raises(ValueError, match="slice=AXIS/START/LENGTH"):
+            wprep.weights.parse_rules(bad)
+    with pytest.raises(TypeError, match="Slice"):
+        wprep.weights.parse_rules([("a", "verbatim", (0, 1))])
+
+
+def test_a_ranks_slice_is_loaded_and_attached(wclient, checkpoint):
+    # Rows 4..11 of the BF16 copy and columns 8..23 of the shielded U8 copy, as the
+    # manifest reports them and as the attached views read.
+    rules = [("embed.weight", "verbatim", wprep.weights.Slice(0, 4, 8)),
+             ("ref.shielded", "verbatim", wprep.weights.Slice(-1, 8, 16))]
+    r = wprep.weights.load("sliced", "model.safetensors", rules=rules, client=wclient)
+    try:
+        t = {x.name: x for x in r.manifest.tensors}
+        assert t["embed.weight"].shape == (8, 8) and t["embed.weight"].slice == wprep.weights.Slice(0, 4, 8)
+        assert t["ref.shielded"].shape == (64, 16) and t["ref.shielded"].slice == wprep.weights.Slice(1, 8, 16)
+        assert t["ref.0.w"].slice is None
+        embed = np.frombuffer(TENSORS[-1][3], np.uint16).reshape(16, 8)
+        shielded = np.frombuffer(TENSORS[-2][3], np.uint8).reshape(64, 32)
+        with wclient.attach_weights("sliced") as w:
+            assert np.array_equal(w["embed.weight"], embed[4:12])
+            assert np.array_equal(w["ref.shielded"], shielded[:, 8:24])
+        with pytest.raises(WprepError) as e:
+            wprep.weights.load("bad", "model.safetensors", rules=[("embed.weight", "verbatim", (0, 10, 8))],
+                               client=wclient)
+        assert e.value.code == grpc.StatusCode.INVALID_ARGUMENT and "passes axis 0 of size 16" in e.value.details
+        assert wclient.list_weights().get("bad") is None
+    finally:
+        _wait_attachments(wclient, "sliced", 0)
+        wclient.drop_weights("sliced")
+
+
 _CHILD = """
 import sys, time, wprep
 c = wprep.Client(sys.argv[1])

@@ -27,8 +27,8 @@ import sys
 import threading
 import warnings
 from dataclasses import dataclass
-from typing import (TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple,
-                    Union)
+from typing import (TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Mapping, NamedTuple, Optional, Sequence,
+                    Tuple, Union)
 
 import grpc
 import numpy as np
@@ -56,12 +56,25 @@ __all__ = [
     "list_sets",
     "load",
     "parse_rules",
+    "Slice",
 ]
 
+
+
+class Slice(NamedTuple):
+    """Elements [start, start + length) along `axis` of a stored tensor (negative axes count
+    from the last): a tensor- or expert-parallel rank's shard, cut before the conversion."""
+
+    axis: int
+    start: int
+    length: int
+
+
 # A rule's action: a Spec (swizzle the tensor's bytes), "verbatim", or the CLI's
-# "LAYOUT[:param=value...]".
+# "LAYOUT[:param=value...][:slice=AXIS/START/LENGTH]".
 Action = Union[Spec, str]
-Rules = Union[None, str, Mapping[str, Action], Sequence[Tuple[str, Action]]]
+Rules = Union[None, str, Mapping[str, Union[Action, Tuple[Action, Slice]]],
+              Sequence[Union[Tuple[str, Action], Tuple[str, Action, Slice]]]]
 
 # numpy has no bfloat16 or float8: those come as unsigned integers of their width (the raw
 # bits); torch_tensors() gives the real dtype.
@@ -96,6 +109,8 @@ class WeightTensor:
     dtype: the safetensors dtype ("BF16", "U8"; converted tensors are "U8"). strides: in
     elements. offset: where it starts in the set's memory. identity: the layout of a
     converted tensor (None for copies). rule: the index of the rule that matched, -1 for none.
+    slice: the slice of the stored tensor the set holds (its axis non-negative), None for
+    whole tensors.
     """
 
     name: str
@@ -106,12 +121,14 @@ class WeightTensor:
     offset: int
     identity: Optional[LayoutIdentity]
     rule: int
+    slice: Optional[Slice] = None
 
     @classmethod
     def from_proto(cls, p: pb.WeightTensor) -> "WeightTensor":
         return cls(name=p.name, dtype=p.dtype, shape=tuple(p.shape), strides=tuple(p.strides), bytes=p.bytes,
                    offset=p.offset, identity=LayoutIdentity.from_proto(p.identity) if p.HasField("identity") else None,
-                   rule=p.rule)
+                   rule=p.rule,
+                   slice=Slice(p.slice.axis, p.slice.start, p.slice.length) if p.HasField("slice") else None)
 
 
 @dataclass(frozen=True)
@@ -185,6 +202,22 @@ class WeightSets:
 # -- rules --------------------------------------------------------------------------------------
 
 
+def _slice_from_text(text: str, where: str) -> Tuple[str, Optional[Slice]]:
+    """`text` without its ":slice=AXIS/START/LENGTH" field, and that slice (None without one)."""
+    fields = text.split(":")
+    for i, f in enumerate(fields[1:], 1):
+        if f.startswith("slice="):
+            parts = f[len("slice="):].split("/")
+            try:
+                if len(parts) != 3:
+                    raise ValueError
+                sl = Slice(*(int(x) for x in parts))
+            except ValueError:
+                raise ValueError(f"{where}: {f!r}: want slice=AXIS/START/LENGTH") from None
+            return ":".join(fields[:i] + fields[i + 1:]), sl
+    return text, None
+
+
 def _action_from_text(text: str, where: str) -> Action:
     fields = text.split(":")
     if fields[0] == "verbatim" and len(fields) == 1:
@@ -210,15 +243,19 @@ def parse_rules(rules: Rules) -> List[pb.WeightRule]:
     """The wprep.v1.WeightRule list of `rules`, in order (the first match wins):
 
     - a string in the CLI's --rules syntax, "PATTERN=LAYOUT[:param=value...]" separated by
-      ';' ("*_blocks=hopper_value:packing_axis=-2;*_scales=hopper_scale;lm_head*=verbatim");
-    - a mapping (in its order) or a sequence of (pattern, action) pairs, where an action is a
-      Spec (a swizzle of the tensor's bytes), "verbatim", or "LAYOUT[:param=value...]".
+      ';' ("*_blocks=hopper_value:packing_axis=-2;*_scales=hopper_scale;lm_head*=verbatim"),
+      each optionally with ":slice=AXIS/START/LENGTH";
+    - a mapping (in its order) of pattern -> action or (action, Slice), or a sequence of
+      (pattern, action) pairs or (pattern, action, Slice) triples, where an action is a Spec
+      (a swizzle of the tensor's bytes), "verbatim", or "LAYOUT[:param=value...]".
 
-    ValueError for a rule the client can tell is bad; the daemon checks the rest.
+    A Slice keeps only that slice of each matched tensor (a rank's shard), cut from the
+    stored tensor before its conversion. ValueError for a rule the client can tell is bad;
+    the daemon checks the rest.
     """
     if rules is None:
         return []
-    pairs: List[Tuple[str, Action]] = []
+    triples: List[Tuple[Any, Any, Optional[Slice]]] = []
     if isinstance(rules, str):
         for part in (p.strip() for p in rules.split(";")):
             if not part:
@@ -226,24 +263,37 @@ def parse_rules(rules: Rules) -> List[pb.WeightRule]:
             eq = part.rfind("=", 0, part.find(":") if ":" in part else len(part))
             if eq <= 0:
                 raise ValueError(f"rules {part!r}: want PATTERN=LAYOUT[:param=value...]")
-            pairs.append((part[:eq], _action_from_text(part[eq + 1:], f"rules {part!r}")))
-    elif isinstance(rules, Mapping):
-        pairs = list(rules.items())
+            text, sl = _slice_from_text(part[eq + 1:], f"rules {part!r}")
+            triples.append((part[:eq], _action_from_text(text, f"rules {part!r}"), sl))
     else:
-        pairs = [tuple(r) for r in rules]  # type: ignore[misc]
+        items = list(rules.items()) if isinstance(rules, Mapping) else [tuple(r) for r in rules]  # type: ignore[misc]
+        for i, item in enumerate(items):
+            if isinstance(rules, Mapping) and isinstance(item[1], tuple) and not isinstance(item[1], Slice):
+                item = (item[0],) + tuple(item[1])
+            if len(item) not in (2, 3):
+                raise TypeError(f"rules[{i}]: want (pattern, action) or (pattern, action, Slice); got {item!r}")
+            sl = item[2] if len(item) == 3 else None
+            if sl is not None and not isinstance(sl, Slice):
+                if not (isinstance(sl, tuple) and len(sl) == 3 and all(isinstance(x, int) for x in sl)):
+                    raise TypeError(f"rules[{i}]: a slice is a wprep.weights.Slice(axis, start, length); got {sl!r}")
+                sl = Slice(*sl)
+            triples.append((item[0], item[1], sl))
     out = []
-    for i, (pattern, action) in enumerate(pairs):
+    for i, (pattern, action, sl) in enumerate(triples):
         if not isinstance(pattern, str):
             raise TypeError(f"rules[{i}]: the pattern must be a str; got {pattern!r}")
         if isinstance(action, str):
             action = _action_from_text(action, f"rules[{i}] ({pattern!r})")
         if isinstance(action, str):  # "verbatim"
-            out.append(pb.WeightRule(pattern=pattern, verbatim=True))
+            rule = pb.WeightRule(pattern=pattern, verbatim=True)
         elif isinstance(action, Spec):
-            out.append(pb.WeightRule(pattern=pattern, convert=action.to_proto()))
+            rule = pb.WeightRule(pattern=pattern, convert=action.to_proto())
         else:
             raise TypeError(f"rules[{i}] ({pattern!r}): an action is a Spec, 'verbatim' or "
                             f"'LAYOUT[:param=value...]'; got {action!r}")
+        if sl is not None:
+            rule.slice.CopyFrom(pb.WeightSlice(axis=sl.axis, start=sl.start, length=sl.length))
+        out.append(rule)
     return out
 
 

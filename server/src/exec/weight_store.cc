@@ -228,13 +228,50 @@ absl::StatusOr<std::vector<int64_t>> LogicalShape(const ConversionSpec& spec, co
 
 uint64_t AlignUp(uint64_t n) { return (n + kWeightAlignment - 1) / kWeightAlignment * kWeightAlignment; }
 
-// Where a tensor's bytes come from.
+// Where a tensor's bytes come from: `runs` runs of `run_bytes` each, the first at
+// `file_offset` and each next `run_stride` bytes further (one run for a whole tensor; a
+// slice along an axis is one run per index of the axes before it), read back to back.
 struct Source {
   size_t shard = 0;
   uint64_t file_offset = 0;
   uint64_t bytes = 0;
   std::optional<Plan> plan;
+  uint64_t runs = 1;
+  uint64_t run_bytes = 0;
+  uint64_t run_stride = 0;
 };
+
+// The slice `slice` of stored tensor `t` (shape, dtype) as runs of `src`, and the sliced
+// shape; INVALID_ARGUMENT (after `where`) when the slice does not fit the tensor.
+absl::StatusOr<std::vector<int64_t>> SliceTensor(const cli::SafetensorsTensor& t, const WeightSliceSpec& slice,
+                                                 const std::string& where, WeightSliceSpec* normalized, Source* src) {
+  const int rank = static_cast<int>(t.shape.size());
+  const int axis = slice.axis < 0 ? slice.axis + rank : slice.axis;
+  if (axis < 0 || axis >= rank) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": slice axis ", slice.axis, " is outside a tensor of rank ", rank));
+  }
+  const int64_t dim = t.shape[static_cast<size_t>(axis)];
+  if (slice.start < 0 || slice.length < 1 || slice.start > dim || slice.length > dim - slice.start) {
+    return absl::InvalidArgumentError(absl::StrCat(where, ": slice [", slice.start, ", ", slice.start, " + ",
+                                                   slice.length, ") passes axis ", axis, " of size ", dim));
+  }
+  // The stored bytes are dense: the axes before `axis` make the runs, the axis and those
+  // after it one run's bytes.
+  uint64_t outer = 1;
+  for (int i = 0; i < axis; ++i) outer *= static_cast<uint64_t>(t.shape[static_cast<size_t>(i)]);
+  // The bytes of one index of the axis (everything after it).
+  const uint64_t inner = outer == 0 ? 0 : t.bytes() / outer / static_cast<uint64_t>(dim);
+  src->runs = outer;
+  src->run_bytes = inner * static_cast<uint64_t>(slice.length);
+  src->run_stride = inner * static_cast<uint64_t>(dim);
+  src->file_offset += inner * static_cast<uint64_t>(slice.start);
+  src->bytes = src->runs * src->run_bytes;
+  *normalized = WeightSliceSpec{axis, slice.start, slice.length};
+  std::vector<int64_t> shape = t.shape;
+  shape[static_cast<size_t>(axis)] = slice.length;
+  return shape;
+}
 
 // Every tensor of `shards` matched against `rules` and planned; `entries` and `sources`
 // in order. INVALID_ARGUMENT naming the file and tensor.
@@ -249,6 +286,7 @@ absl::Status PlanTensors(const std::vector<Shard>& shards, const std::vector<Wei
       WeightEntry e;
       e.name = t.name;
       Source src{s, shards[s].header.data_offset() + t.begin, t.bytes(), std::nullopt};
+      src.run_bytes = src.run_stride = t.bytes();
       for (size_t r = 0; r < rules.size(); ++r) {
         if (fnmatch(rules[r].pattern.c_str(), t.name.c_str(), 0) == 0) {
           e.rule = static_cast<int>(r);
@@ -256,20 +294,29 @@ absl::Status PlanTensors(const std::vector<Shard>& shards, const std::vector<Wei
         }
       }
       const WeightRuleSpec* rule = e.rule >= 0 ? &rules[static_cast<size_t>(e.rule)] : nullptr;
+      std::vector<int64_t> stored = t.shape;
+      if (rule != nullptr && rule->slice.has_value()) {
+        WeightSliceSpec kept;
+        absl::StatusOr<std::vector<int64_t>> sliced =
+            SliceTensor(t, *rule->slice, absl::StrCat(where, ", rule ", e.rule), &kept, &src);
+        if (!sliced.ok()) return sliced.status();
+        stored = *std::move(sliced);
+        e.slice = kept;
+      }
       if (rule != nullptr && rule->convert.has_value()) {
         if (t.dtype != cli::Dtype::kU8 && t.dtype != cli::Dtype::kF8E8M0) {
           return absl::InvalidArgumentError(absl::StrCat(where, " is ", cli::DtypeName(t.dtype), "; rule ", e.rule,
                                                          " converts packed bytes (U8 or F8_E8M0)"));
         }
-        absl::StatusOr<std::vector<int64_t>> logical = LogicalShape(*rule->convert, t.shape);
+        absl::StatusOr<std::vector<int64_t>> logical = LogicalShape(*rule->convert, stored);
         absl::StatusOr<Plan> plan =
             logical.ok() ? MakePlan(*rule->convert, *logical) : absl::StatusOr<Plan>(logical.status());
         if (!plan.ok()) {
           return absl::InvalidArgumentError(absl::StrCat(where, ", rule ", e.rule, ": ", plan.status().message()));
         }
-        if (plan->input_bytes != t.bytes()) {
+        if (plan->input_bytes != src.bytes) {
           return absl::InvalidArgumentError(absl::StrCat(where, ", rule ", e.rule, ": the conversion reads ",
-                                                         plan->input_bytes, " bytes, the tensor has ", t.bytes()));
+                                                         plan->input_bytes, " bytes, the tensor has ", src.bytes));
         }
         e.dtype = "U8";
         e.shape = plan->output_shape;
@@ -279,9 +326,9 @@ absl::Status PlanTensors(const std::vector<Shard>& shards, const std::vector<Wei
         src.plan = *std::move(plan);
       } else {
         e.dtype = std::string(cli::DtypeName(t.dtype));
-        e.shape = t.shape;
-        e.strides = DenseStrides(t.shape);
-        e.bytes = t.bytes();
+        e.shape = stored;
+        e.strides = DenseStrides(stored);
+        e.bytes = src.bytes;
       }
       e.offset = offset;
       offset = AlignUp(offset + e.bytes);
@@ -418,12 +465,20 @@ absl::StatusOr<std::shared_ptr<const WeightManifestData>> WeightStore::Load(
     const WeightEntry& e = manifest->tensors[i];
     const std::string& file = (*shards)[src.shard].display;
     uint8_t* out = set->base + e.offset;
+    // The tensor's bytes (its slice's runs back to back) into `to`.
+    auto read_source = [&](uint8_t* to) -> absl::Status {
+      for (uint64_t r = 0; r < src.runs; ++r) {
+        WPREP_RETURN_IF_ERROR(ReadAt(files[src.shard]->get(), src.file_offset + r * src.run_stride,
+                                     to + r * src.run_bytes, src.run_bytes, file));
+      }
+      return absl::OkStatus();
+    };
     if (!src.plan.has_value()) {
-      absl::Status read = ReadAt(files[src.shard]->get(), src.file_offset, out, src.bytes, file);
+      absl::Status read = read_source(out);
       if (!read.ok()) return fail(read);
     } else {
       staging.resize(src.bytes);
-      absl::Status read = ReadAt(files[src.shard]->get(), src.file_offset, staging.data(), src.bytes, file);
+      absl::Status read = read_source(staging.data());
       if (!read.ok()) return fail(read);
       absl::Status converted = ConvertOnCpu(*src.plan, staging.data(), staging.size(), out, e.bytes, cpu);
       if (!converted.ok()) {

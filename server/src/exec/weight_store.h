@@ -32,11 +32,21 @@
 
 namespace wprep::server {
 
+// Elements [start, start + length) along `axis` of a stored tensor (negative axes count
+// from the last).
+struct WeightSliceSpec {
+  int axis = 0;
+  int64_t start = 0;
+  int64_t length = 0;
+};
+
 // Tensors whose name matches `pattern` (fnmatch(3) glob) get `convert`, or are copied
-// when it is unset.
+// when it is unset; with `slice`, only that slice of the stored tensor is kept (and
+// converted).
 struct WeightRuleSpec {
   std::string pattern;
   std::optional<ConversionSpec> convert;
+  std::optional<WeightSliceSpec> slice;
 };
 
 // One tensor of a set.
@@ -49,6 +59,7 @@ struct WeightEntry {
   uint64_t offset = 0;  // in the set's memory; a multiple of kWeightAlignment
   std::optional<ConversionSpec> spec;  // the conversion applied, if any
   int rule = -1;  // the rule that matched, -1 for none
+  std::optional<WeightSliceSpec> slice;  // the slice kept (axis non-negative), if any
 };
 
 inline constexpr uint64_t kWeightAlignment = 256;

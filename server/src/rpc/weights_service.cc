@@ -39,6 +39,16 @@ absl::StatusOr<std::vector<WeightRuleSpec>> RulesFromProto(
       }
       rule.convert = *spec;
     }
+    if (r.has_slice()) {
+      const wprep::v1::WeightSlice& sl = r.slice();
+      if (sl.start() < 0 || sl.length() < 1) {
+        return WithFieldViolation(
+            absl::InvalidArgumentError(absl::StrCat(field, ".slice: start ", sl.start(), ", length ", sl.length(),
+                                                    "; want start >= 0 and length >= 1")),
+            field + ".slice");
+      }
+      rule.slice = WeightSliceSpec{sl.axis(), sl.start(), sl.length()};
+    }
     out.push_back(std::move(rule));
   }
   return out;
@@ -62,6 +72,12 @@ void WeightManifestToProto(const WeightManifestData& manifest, bool with_tensors
     t->set_offset(e.offset);
     t->set_rule(e.rule);
     if (e.spec.has_value()) *t->mutable_identity() = IdentityToProto(*e.spec);
+    if (e.slice.has_value()) {
+      wprep::v1::WeightSlice* sl = t->mutable_slice();
+      sl->set_axis(e.slice->axis);
+      sl->set_start(e.slice->start);
+      sl->set_length(e.slice->length);
+    }
   }
 }
 

@@ -658,14 +658,16 @@ class WeightManifest(_message.Message):
     def __init__(self, name: _Optional[str] = ..., path: _Optional[str] = ..., tensors: _Optional[_Iterable[_Union[WeightTensor, _Mapping]]] = ..., total_bytes: _Optional[int] = ..., source_checksum: _Optional[bytes] = ..., device_uuid: _Optional[bytes] = ...) -> None: ...
 
 class WeightRule(_message.Message):
-    __slots__ = ["convert", "pattern", "verbatim"]
+    __slots__ = ["convert", "pattern", "slice", "verbatim"]
     CONVERT_FIELD_NUMBER: _ClassVar[int]
     PATTERN_FIELD_NUMBER: _ClassVar[int]
+    SLICE_FIELD_NUMBER: _ClassVar[int]
     VERBATIM_FIELD_NUMBER: _ClassVar[int]
     convert: ConversionSpec
     pattern: str
+    slice: WeightSlice
     verbatim: bool
-    def __init__(self, pattern: _Optional[str] = ..., convert: _Optional[_Union[ConversionSpec, _Mapping]] = ..., verbatim: bool = ...) -> None: ...
+    def __init__(self, pattern: _Optional[str] = ..., convert: _Optional[_Union[ConversionSpec, _Mapping]] = ..., verbatim: bool = ..., slice: _Optional[_Union[WeightSlice, _Mapping]] = ...) -> None: ...
 
 class WeightSetInfo(_message.Message):
     __slots__ = ["attachments", "manifest"]
@@ -675,8 +677,18 @@ class WeightSetInfo(_message.Message):
     manifest: WeightManifest
     def __init__(self, manifest: _Optional[_Union[WeightManifest, _Mapping]] = ..., attachments: _Optional[int] = ...) -> None: ...
 
+class WeightSlice(_message.Message):
+    __slots__ = ["axis", "length", "start"]
+    AXIS_FIELD_NUMBER: _ClassVar[int]
+    LENGTH_FIELD_NUMBER: _ClassVar[int]
+    START_FIELD_NUMBER: _ClassVar[int]
+    axis: int
+    length: int
+    start: int
+    def __init__(self, axis: _Optional[int] = ..., start: _Optional[int] = ..., length: _Optional[int] = ...) -> None: ...
+
 class WeightTensor(_message.Message):
-    __slots__ = ["bytes", "dtype", "identity", "name", "offset", "rule", "shape", "strides"]
+    __slots__ = ["bytes", "dtype", "identity", "name", "offset", "rule", "shape", "slice", "strides"]
     BYTES_FIELD_NUMBER: _ClassVar[int]
     DTYPE_FIELD_NUMBER: _ClassVar[int]
     IDENTITY_FIELD_NUMBER: _ClassVar[int]
@@ -684,6 +696,7 @@ class WeightTensor(_message.Message):
     OFFSET_FIELD_NUMBER: _ClassVar[int]
     RULE_FIELD_NUMBER: _ClassVar[int]
     SHAPE_FIELD_NUMBER: _ClassVar[int]
+    SLICE_FIELD_NUMBER: _ClassVar[int]
     STRIDES_FIELD_NUMBER: _ClassVar[int]
     bytes: int
     dtype: str
@@ -692,8 +705,9 @@ class WeightTensor(_message.Message):
     offset: int
     rule: int
     shape: _containers.RepeatedScalarFieldContainer[int]
+    slice: WeightSlice
     strides: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, name: _Optional[str] = ..., dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., strides: _Optional[_Iterable[int]] = ..., bytes: _Optional[int] = ..., offset: _Optional[int] = ..., identity: _Optional[_Union[LayoutIdentity, _Mapping]] = ..., rule: _Optional[int] = ...) -> None: ...
+    def __init__(self, name: _Optional[str] = ..., dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., strides: _Optional[_Iterable[int]] = ..., bytes: _Optional[int] = ..., offset: _Optional[int] = ..., identity: _Optional[_Union[LayoutIdentity, _Mapping]] = ..., rule: _Optional[int] = ..., slice: _Optional[_Union[WeightSlice, _Mapping]] = ...) -> None: ...
 
 class Layout(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = []
