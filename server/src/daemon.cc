@@ -147,6 +147,8 @@ struct DaemonParts {
   std::unique_ptr<WeightPrepService> service;
   std::unique_ptr<WeightStore> weights;
   std::unique_ptr<WeightSetsService> weights_service;
+  std::vector<PreloadSet> preload;  // --preload's sets, loaded by preload_thread once serving
+  std::thread preload_thread;
   std::unique_ptr<WatchSlots> watch_slots;      // both health services' Watch bound
   std::unique_ptr<HealthService> health;        // on the API listeners
   std::unique_ptr<HealthService> probe_health;  // on --health-listen
@@ -174,7 +176,37 @@ struct DaemonParts {
 };
 
 Daemon::Daemon(std::unique_ptr<DaemonParts> parts) : parts_(std::move(parts)) {}
-Daemon::~Daemon() = default;
+Daemon::~Daemon() {
+  if (parts_ != nullptr && parts_->preload_thread.joinable()) {
+    RequestStop();
+    parts_->preload_thread.join();
+  }
+}
+
+namespace {
+
+// --preload's sets, one after another (a load stops between tensors once the daemon stops).
+void Preload(DaemonParts* p) {
+  for (const PreloadSet& set : p->preload) {
+    if (p->Stopping()) return;
+    const absl::Time t0 = absl::Now();
+    absl::StatusOr<std::shared_ptr<const WeightManifestData>> m =
+        p->weights->Load(set.name, set.path, set.rules, [p](const WeightLoadProgress&) { return !p->Stopping(); });
+    if (m.ok()) {
+      LogLine(LogLevel::kInfo, "weights_preloaded",
+              absl::StrCat("set=", LogQuote(set.name), " path=", LogQuote(set.path), " tensors=",
+                           (*m)->tensors.size(), " bytes=", (*m)->total_bytes,
+                           " seconds=", absl::ToDoubleSeconds(absl::Now() - t0)));
+    } else {
+      LogLine(LogLevel::kError, "weights_preload_failed",
+              absl::StrCat("set=", LogQuote(set.name), " path=", LogQuote(set.path),
+                           " code=", absl::StatusCodeToString(m.status().code()),
+                           " error=", LogQuote(m.status().message())));
+    }
+  }
+}
+
+}  // namespace
 
 absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const Options& options, DeviceRuntime* runtime,
                                                       const DaemonHooks& hooks) {
@@ -227,6 +259,9 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const Options& options, De
                                              options.weights_shm_dir, WeightMetrics(p->metrics.get()));
   p->weights->RemoveStaleFiles();
   p->weights_service = std::make_unique<WeightSetsService>(p->weights.get());
+  if (!options.preload.empty()) {
+    WPREP_ASSIGN_OR_RETURN(p->preload, ReadWeightPreload(options.preload));
+  }
 
   p->watch_slots = std::make_unique<WatchSlots>(options.max_watch_streams);
   p->health = std::make_unique<HealthService>(p->watch_slots.get());
@@ -351,6 +386,7 @@ absl::Status Daemon::WarmUp() {
   p.SetHealth(true);
   LogLine(LogLevel::kInfo, "serving",
           absl::StrCat("seconds_since_start=", absl::ToDoubleSeconds(absl::Now() - p.start)));
+  if (!p.preload.empty() && !p.preload_thread.joinable()) p.preload_thread = std::thread(Preload, &p);
   return absl::OkStatus();
 }
 
@@ -396,6 +432,10 @@ bool Daemon::Drain(absl::string_view why) {
   p.health_socket.reset();
   p.health->Shutdown();
   p.probe_health->Shutdown();
+  if (p.preload_thread.joinable()) {
+    RequestStop();  // a load in progress stops after its current tensor
+    p.preload_thread.join();
+  }
   p.weights->Close();  // attachments hold their handlers until they end
   // A handler that returned has not necessarily sent its final status yet: give gRPC a
   // second to deliver those (it takes microseconds), then cancel whatever remains.

@@ -120,6 +120,10 @@ flags::FlagSet DaemonFlags() {
            "it is refused; 0 = unlimited");
   fs.String("weights-shm-dir", "DIR", d.weights_shm_dir,
             "where each weight set's shared-memory file goes; attaching clients open it there");
+  fs.String("preload", "FILE", d.preload,
+            "weight sets to load, one after another, once the daemon serves: a text-format "
+            "wprep.v1.WeightPreload (LoadWeightsRequest entries); a malformed file stops the start, "
+            "a set that fails to load is logged and counted");
   fs.Footer(kFooter);
   // Launchers (the tests' harnesses, a container's CMD plus its args) append overrides to a
   // base command line, so a later value replaces an earlier one.
@@ -164,6 +168,7 @@ absl::StatusOr<Options> ParseOptions(const std::vector<std::string>& args) {
   o.weights_root = fs.GetString("weights-root");
   o.weights_budget = fs.GetBytes("weights-budget");
   o.weights_shm_dir = fs.GetString("weights-shm-dir");
+  o.preload = fs.GetString("preload");
   if (absl::Status s = ValidateOptions(o); !s.ok()) return s;
   return o;
 }

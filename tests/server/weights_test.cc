@@ -22,6 +22,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "daemon_harness.h"
+#include "google/protobuf/text_format.h"
 #include "grpcpp/grpcpp.h"
 #include "openssl/evp.h"
 #include "wprep/kernels/cpu_engine.h"
@@ -171,8 +172,9 @@ class WeightsTest : public ::testing::Test {
     ASSERT_EQ(std::system(cmd.c_str()), 0);
   }
 
-  void StartDaemon(uint64_t budget = 0, bool with_root = true) {
+  void StartDaemon(uint64_t budget = 0, bool with_root = true, const std::vector<std::string>& extra = {}) {
     std::vector<std::string> args = {"--devices=cpu", "--cpu-threads=2"};
+    args.insert(args.end(), extra.begin(), extra.end());
     if (with_root) args.push_back("--weights-root=" + root_);
     args.push_back("--weights-shm-dir=" + shm_);  // the harness kills its daemons; no leftovers
     if (budget != 0) args.push_back(absl::StrCat("--weights-budget=", budget));
@@ -492,6 +494,70 @@ TEST_F(WeightsTest, SlicesOutsideTheirTensorAreRefusedAndNothingStays) {
   // A slice whose shape the conversion cannot take (Hopper values need rows in whole tiles).
   ExpectRefused(Load("f", "model.safetensors", with_slice(1, 0, 7)), grpc::StatusCode::INVALID_ARGUMENT,
                 {"layers.0.experts_blocks", "rule 1"});
+}
+
+// --preload: the file's sets load once the daemon serves, as LoadWeights would load them; a
+// set whose checkpoint is missing is logged and the daemon serves on.
+TEST_F(WeightsTest, PreloadLoadsTheFilesSetsOnceServing) {
+  WriteSafetensors(root_ + "/model.safetensors", Checkpoint());
+  v1::WeightPreload preload;
+  v1::LoadWeightsRequest* a = preload.add_sets();
+  a->set_name("pre");
+  a->set_path("model.safetensors");
+  for (const v1::WeightRule& r : Rules()) *a->add_rules() = r;
+  v1::LoadWeightsRequest* b = preload.add_sets();
+  b->set_name("missing");
+  b->set_path("absent.safetensors");
+  std::string text;
+  ASSERT_TRUE(google::protobuf::TextFormat::PrintToString(preload, &text));
+  const std::string file = dir_ + "/preload.txtpb";
+  std::ofstream(file) << text;
+  StartDaemon(0, true, {"--preload=" + file});
+  const absl::Time end = absl::Now() + absl::Seconds(30);
+  while (absl::Now() < end && daemon_->Log().find("event=weights_preload_failed") == std::string::npos) {
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  const std::string log = daemon_->Log();
+  EXPECT_NE(log.find("event=weights_preloaded set=pre "), std::string::npos) << log;
+  EXPECT_NE(log.find("event=weights_preload_failed set=missing "), std::string::npos) << log;
+  const v1::ListWeightsResponse list = List();
+  ASSERT_EQ(list.sets_size(), 1) << list.DebugString();
+  EXPECT_EQ(list.sets(0).manifest().name(), "pre");
+  grpc::ClientContext actx;
+  auto attach = Attach(&actx, "pre");
+  v1::AttachWeightsResponse att;
+  ASSERT_TRUE(attach->Read(&att));
+  ExpectPrepared(Checkpoint(), att.manifest(), att.shm_path());
+  actx.TryCancel();
+  attach->Finish();
+  EXPECT_EQ(daemon_->Health(), 1);
+}
+
+TEST_F(WeightsTest, AMalformedPreloadFileStopsTheStartNamingTheEntry) {
+  const std::string file = dir_ + "/preload.txtpb";
+  const struct {
+    std::string text;
+    std::vector<std::string> names;
+  } cases[] = {
+      {"sets { name: \"a\" path: \"m\" ", {"preload.txtpb", "not a text-format wprep.v1.WeightPreload", "line"}},
+      {"sets { name: \"a\" path: \"m\" rules { pattern: \"\" verbatim: true } }", {"sets[0].rules[0].pattern"}},
+      {"sets { name: \"a\" path: \"m\" } sets { name: \"a\" path: \"n\" }", {"sets[1].name 'a' is given twice"}},
+      {"sets { name: \"a b\" path: \"m\" }", {"sets[0].name 'a b'"}},
+      {"sets { name: \"a\" path: \"m\" rules { pattern: \"x\" slice { length: 0 } } }", {"sets[0].rules[0].slice"}},
+  };
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.text);
+    std::ofstream(file, std::ios::trunc) << c.text;
+    std::string error;
+    std::unique_ptr<Daemon> d =
+        Daemon::Start({"--devices=cpu", "--weights-root=" + root_, "--weights-shm-dir=" + shm_, "--preload=" + file},
+                      &error);
+    EXPECT_EQ(d, nullptr);
+    for (const std::string& n : c.names) EXPECT_NE(error.find(n), std::string::npos) << error << " lacks " << n;
+  }
+  std::string error;
+  EXPECT_EQ(Daemon::Start({"--devices=cpu", "--preload=" + dir_ + "/none.txtpb"}, &error), nullptr);
+  EXPECT_NE(error.find("none.txtpb: cannot be read"), std::string::npos) << error;
 }
 
 TEST_F(WeightsTest, ShardedCheckpointGivesTheSameTensors) {

@@ -1,11 +1,16 @@
 #include "rpc/weights_service.h"
 
 #include <atomic>
+#include <fstream>
+#include <iterator>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "google/protobuf/io/tokenizer.h"
+#include "google/protobuf/text_format.h"
 #include "rpc/service.h"
 #include "rpc/status.h"
 #include "wprep/proto/spec_codec.h"
@@ -55,6 +60,52 @@ absl::StatusOr<std::vector<WeightRuleSpec>> RulesFromProto(
 }
 
 }  // namespace
+
+absl::StatusOr<std::vector<PreloadSet>> ReadWeightPreload(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) return absl::InvalidArgumentError(absl::StrCat("--preload ", path, ": cannot be read"));
+  std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  if (text.size() > (16u << 20)) {
+    return absl::InvalidArgumentError(absl::StrCat("--preload ", path, ": larger than 16 MiB"));
+  }
+  // The parser's errors name line and column; collect the first.
+  class Errors final : public google::protobuf::io::ErrorCollector {
+   public:
+    void AddError(int line, google::protobuf::io::ColumnNumber column, const std::string& message) override {
+      if (first.empty()) first = absl::StrCat("line ", line + 1, ", column ", column + 1, ": ", message);
+    }
+    std::string first;
+  };
+  Errors errors;
+  google::protobuf::TextFormat::Parser parser;
+  parser.RecordErrorsTo(&errors);
+  wprep::v1::WeightPreload preload;
+  if (!parser.ParseFromString(text, &preload)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--preload ", path, ": not a text-format wprep.v1.WeightPreload: ", errors.first));
+  }
+  std::vector<PreloadSet> sets;
+  std::set<std::string> names;
+  for (int i = 0; i < preload.sets_size(); ++i) {
+    const wprep::v1::LoadWeightsRequest& r = preload.sets(i);
+    const std::string where = absl::StrCat("--preload ", path, ": sets[", i, "]");
+    if (!ValidWeightSetName(r.name())) {
+      return absl::InvalidArgumentError(absl::StrCat(where, ".name '", r.name(),
+                                                     "': want 1 to 64 characters of [A-Za-z0-9._-]"));
+    }
+    if (!names.insert(r.name()).second) {
+      return absl::InvalidArgumentError(absl::StrCat(where, ".name '", r.name(), "' is given twice"));
+    }
+    if (!r.device_uuid().empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ".device_uuid: sets are kept in host memory; GPU residency is not built yet"));
+    }
+    absl::StatusOr<std::vector<WeightRuleSpec>> rules = RulesFromProto(r.rules());
+    if (!rules.ok()) return absl::InvalidArgumentError(absl::StrCat(where, ".", rules.status().message()));
+    sets.push_back(PreloadSet{r.name(), r.path(), *std::move(rules)});
+  }
+  return sets;
+}
 
 void WeightManifestToProto(const WeightManifestData& manifest, bool with_tensors, wprep::v1::WeightManifest* out) {
   out->set_name(manifest.name);

@@ -4,10 +4,25 @@
 #ifndef WPREP_SERVER_SRC_RPC_WEIGHTS_SERVICE_H_
 #define WPREP_SERVER_SRC_RPC_WEIGHTS_SERVICE_H_
 
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
 #include "exec/weight_store.h"
 #include "wprep/v1/wprep.grpc.pb.h"
 
 namespace wprep::server {
+
+// A set of a --preload file, checked as LoadWeights checks its request.
+struct PreloadSet {
+  std::string name;
+  std::string path;
+  std::vector<WeightRuleSpec> rules;
+};
+// The sets of `path`, a text-format wprep.v1.WeightPreload; INVALID_ARGUMENT naming the file
+// and the entry (sets[i].rules[j]...) for a file that cannot be read or parsed or a set
+// LoadWeights would refuse before reading its checkpoint.
+absl::StatusOr<std::vector<PreloadSet>> ReadWeightPreload(const std::string& path);
 
 // The store's manifest as the wire has it (tensors left out unless `with_tensors`).
 void WeightManifestToProto(const WeightManifestData& manifest, bool with_tensors, wprep::v1::WeightManifest* out);

@@ -657,6 +657,12 @@ class WeightManifest(_message.Message):
     total_bytes: int
     def __init__(self, name: _Optional[str] = ..., path: _Optional[str] = ..., tensors: _Optional[_Iterable[_Union[WeightTensor, _Mapping]]] = ..., total_bytes: _Optional[int] = ..., source_checksum: _Optional[bytes] = ..., device_uuid: _Optional[bytes] = ...) -> None: ...
 
+class WeightPreload(_message.Message):
+    __slots__ = ["sets"]
+    SETS_FIELD_NUMBER: _ClassVar[int]
+    sets: _containers.RepeatedCompositeFieldContainer[LoadWeightsRequest]
+    def __init__(self, sets: _Optional[_Iterable[_Union[LoadWeightsRequest, _Mapping]]] = ...) -> None: ...
+
 class WeightRule(_message.Message):
     __slots__ = ["convert", "pattern", "slice", "verbatim"]
     CONVERT_FIELD_NUMBER: _ClassVar[int]

@@ -86,6 +86,8 @@ struct Options {
   uint64_t weights_budget = 0;
   // Where the sets' shared-memory files go (clients open them there): a tmpfs.
   std::string weights_shm_dir = "/dev/shm";
+  // Weight sets to load once the daemon serves: a text-format wprep.v1.WeightPreload file.
+  std::string preload;
 };
 
 // Parses flags ("--name=value" or "--name value"); args excludes argv[0]. A repeated
