@@ -423,6 +423,25 @@ def test_a_ranks_slice_is_loaded_and_attached(wclient, checkpoint):
         wclient.drop_weights("sliced")
 
 
+def test_a_preloaded_set_is_waited_for_and_attached(wdir, checkpoint):
+    # A daemon started with --preload: wait() returns once the set is resident, the set is
+    # the one LoadWeights makes with the same rules, and an unknown set times out.
+    pb = wprep.v1.wprep_pb2
+    from google.protobuf import text_format
+
+    preload = pb.WeightPreload(sets=[pb.LoadWeightsRequest(name="pre", path="model.safetensors",
+                                                           rules=wprep.weights.parse_rules(RULES))])
+    path = wdir / "preload.txtpb"
+    path.write_text(text_format.MessageToString(preload))
+    with _start(wdir, f"--preload={path}") as d, wprep.Client(d.target) as c:
+        info = wprep.weights.wait("pre", timeout=60, client=c)
+        assert info.manifest.name == "pre"
+        with c.attach_weights("pre") as w:
+            _check_every_tensor(c, w)
+        with pytest.raises(TimeoutError, match="'nope'"):
+            wprep.weights.wait("nope", timeout=0.3, client=c)
+
+
 _CHILD = """
 import sys, time, wprep
 c = wprep.Client(sys.argv[1])

@@ -25,6 +25,7 @@ import mmap
 import os
 import sys
 import threading
+import time
 import warnings
 from dataclasses import dataclass
 from typing import (TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Mapping, NamedTuple, Optional, Sequence,
@@ -57,6 +58,7 @@ __all__ = [
     "load",
     "parse_rules",
     "Slice",
+    "wait",
 ]
 
 
@@ -404,6 +406,20 @@ def list_sets(*, with_tensors: bool = False, client: Optional["Client"] = None,
     return WeightSets(
         sets=tuple(WeightSetInfo(WeightManifest.from_proto(s.manifest), s.attachments) for s in resp.sets),
         budget_bytes=resp.budget_bytes, resident_bytes=resp.resident_bytes)
+
+
+def wait(name: str, *, timeout: float = 600.0, poll: float = 0.1, client: Optional["Client"] = None) -> WeightSetInfo:
+    """Waits until set `name` is resident (a daemon's --preload, or another process's load, is
+    still making it) and returns its entry of list_sets. TimeoutError after `timeout` s."""
+    c = _client(client)
+    deadline = time.monotonic() + timeout
+    while True:
+        info = list_sets(client=c).get(name)
+        if info is not None:
+            return info
+        if time.monotonic() >= deadline:
+            raise TimeoutError(f"weight set {name!r} is not resident after {timeout} s")
+        time.sleep(poll)
 
 
 def drop(name: str, *, force: bool = False, client: Optional["Client"] = None, timeout: Optional[float] = None) -> int:
