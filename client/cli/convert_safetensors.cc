@@ -735,23 +735,20 @@ class Converter {
           Quantization& z = quants_[static_cast<size_t>(q->second)];
           o.quantization = q->second;
           o.out.dtype = Dtype::kU8;
-          o.out.name = BlocksName(t.name);
-          o.out.shape = z.blocks_shape;
-          if (z.fused) o.out.shape = z.values.plan.output_shape;
-          o.out.begin = at;
-          o.out.end = at + z.BlocksBytes();
-          z.blocks_begin = at;
-          at = o.out.end;
-          out.tensors.push_back(o);
-          o.scales = true;
-          o.out.name = ScalesName(t.name);
-          o.out.shape = z.scales_shape;
-          if (z.fused) o.out.shape = z.scales.plan.output_shape;
-          o.out.begin = at;
-          o.out.end = at + z.ScalesBytes();
-          z.scales_begin = at;
-          at = o.out.end;
-          out.tensors.push_back(std::move(o));
+          // NAME_blocks, then NAME_scales, each at the next free offset.
+          auto place = [&](bool scales, std::string name, std::vector<int64_t> shape, uint64_t bytes,
+                           uint64_t* begin) {
+            o.scales = scales;
+            o.out.name = std::move(name);
+            o.out.shape = std::move(shape);
+            o.out.begin = *begin = at;
+            o.out.end = at = at + bytes;
+            out.tensors.push_back(o);
+          };
+          place(false, BlocksName(t.name), z.fused ? z.values.plan.output_shape : z.blocks_shape, z.BlocksBytes(),
+                &z.blocks_begin);
+          place(true, ScalesName(t.name), z.fused ? z.scales.plan.output_shape : z.scales_shape, z.ScalesBytes(),
+                &z.scales_begin);
           metadata.emplace_back(absl::StrCat("wprep.quantized.", t.name), QuantizedJson(z));
           if (z.fused) {
             // As --layout records the pair it converts.

@@ -20,6 +20,7 @@
 #include "absl/strings/str_join.h"
 #include "cli_runner.h"
 #include "daemon_harness.h"
+#include "golden.h"
 #include "nlohmann/json.hpp"
 #include "safetensors.h"
 #include "shared_daemon.h"
@@ -27,11 +28,6 @@
 
 namespace wprep {
 namespace {
-
-std::string QuantDataDir() {
-  const char* env = std::getenv("WPREP_TEST_DATA_DIR");
-  return std::string(env != nullptr && *env != '\0' ? env : WPREP_TEST_DATA_DIR) + "/golden_quant/";
-}
 
 std::vector<uint8_t> Bytes(const fs::path& p) {
   std::ifstream f(p, std::ios::binary);
@@ -63,25 +59,15 @@ std::vector<uint8_t> SafetensorsFile(const std::vector<Tensor>& tensors) {
   return out;
 }
 
-std::vector<uint8_t> Pattern(size_t n, uint32_t seed) {
-  std::vector<uint8_t> v(n);
-  uint32_t x = seed * 2654435761u + 1;
-  for (uint8_t& b : v) {
-    x = x * 1664525u + 1013904223u;
-    b = static_cast<uint8_t>(x >> 24);
-  }
-  return v;
-}
-
 // Finite float16 / float32 weights (no NaN or infinity bit patterns): the exponent field
 // kept below all-ones.
 std::vector<uint8_t> FiniteHalf(size_t count, uint32_t seed) {
-  std::vector<uint8_t> v = Pattern(2 * count, seed);
+  std::vector<uint8_t> v = testing::RandomBytes(2 * count, seed);
   for (size_t i = 1; i < v.size(); i += 2) v[i] &= 0xBB;
   return v;
 }
 std::vector<uint8_t> FiniteFloat(size_t count, uint32_t seed) {
-  std::vector<uint8_t> v = Pattern(4 * count, seed);
+  std::vector<uint8_t> v = testing::RandomBytes(4 * count, seed);
   for (size_t i = 3; i < v.size(); i += 4) v[i] &= 0xBF;
   return v;
 }
@@ -146,7 +132,7 @@ struct Golden {
 };
 
 std::vector<Golden> GoldenCases() {
-  const std::string dir = QuantDataDir();
+  const std::string dir = testing::TestDataDir("golden_quant") + "/";
   std::ifstream mf(dir + "manifest.json");
   EXPECT_TRUE(mf.good());
   const nlohmann::json manifest = nlohmann::json::parse(mf);
@@ -172,12 +158,12 @@ std::vector<Golden> GoldenCases() {
 TEST_F(CliSafetensorsQuantizeTest, QuantizesChosenTensorsToTheGoldenVectors) {
   const std::vector<Golden> golden = GoldenCases();
   std::vector<Tensor> tensors;
-  tensors.push_back({"embed.weight", "BF16", {8, 32}, Pattern(512, 1)});
+  tensors.push_back({"embed.weight", "BF16", {8, 32}, testing::RandomBytes(512, 1)});
   for (const Golden& g : golden) tensors.push_back(g.input);
   tensors.push_back({"h.weight", "F16", {3, 64}, FiniteHalf(192, 2)});
   tensors.push_back({"f.weight", "F32", {2, 2, 96}, FiniteFloat(384, 3)});
-  tensors.push_back({"router.bias", "BF16", {7}, Pattern(14, 4)});
-  tensors.push_back({"ids", "I32", {3}, Pattern(12, 5)});
+  tensors.push_back({"router.bias", "BF16", {7}, testing::RandomBytes(14, 4)});
+  tensors.push_back({"ids", "I32", {3}, testing::RandomBytes(12, 5)});
   const fs::path in = Write("model.safetensors", SafetensorsFile(tensors));
 
   for (const std::string rounding : {"up", "down"}) {
@@ -276,16 +262,16 @@ TEST_F(CliSafetensorsQuantizeTest, GoldenVectorsOnTheGpu) {
 // same checkpoint as the two runs: every tensor and every metadata entry.
 TEST_F(CliSafetensorsQuantizeTest, FusedLayoutEqualsQuantizeThenConvert) {
   std::vector<Tensor> tensors = {
-      {"experts.gate_up_proj", "BF16", {2, 64, 256}, Pattern(2 * 64 * 256 * 2, 7)},
-      {"experts.down_proj", "BF16", {2, 32, 128}, Pattern(2 * 32 * 128 * 2, 8)},
-      {"norm.weight", "BF16", {32}, Pattern(64, 9)},
+      {"experts.gate_up_proj", "BF16", {2, 64, 256}, testing::RandomBytes(2 * 64 * 256 * 2, 7)},
+      {"experts.down_proj", "BF16", {2, 32, 128}, testing::RandomBytes(2 * 32 * 128 * 2, 8)},
+      {"norm.weight", "BF16", {32}, testing::RandomBytes(64, 9)},
   };
   for (Tensor& t : tensors) {
     for (size_t i = 1; i < t.bytes.size(); i += 2) t.bytes[i] &= 0xBF;  // finite bf16
   }
   const fs::path plain = Write("plain.safetensors", SafetensorsFile(tensors));
-  tensors.push_back({"moe.w_blocks", "U8", {2, 64, 4, 16}, Pattern(2 * 64 * 4 * 16, 10)});
-  tensors.push_back({"moe.w_scales", "U8", {2, 64, 4}, Pattern(2 * 64 * 4, 11)});
+  tensors.push_back({"moe.w_blocks", "U8", {2, 64, 4, 16}, testing::RandomBytes(2 * 64 * 4 * 16, 10)});
+  tensors.push_back({"moe.w_scales", "U8", {2, 64, 4}, testing::RandomBytes(2 * 64 * 4, 11)});
   const fs::path in = Write("model.safetensors", SafetensorsFile(tensors));
   const std::string daemon = " --target " + daemon_->unix_target();
   const fs::path q = dir_ / "q.safetensors", two = dir_ / "two.safetensors", fused = dir_ / "fused.safetensors";
@@ -341,8 +327,8 @@ TEST_F(CliSafetensorsQuantizeTest, FusedLayoutEqualsQuantizeThenConvert) {
 // A sharded checkpoint: each pair stays in its tensor's shard and the index maps it there.
 TEST_F(CliSafetensorsQuantizeTest, ShardedIndexMapsThePairs) {
   fs::create_directories(dir_ / "in");
-  const Tensor a{"a.weight", "BF16", {4, 64}, Pattern(512, 10)};
-  const Tensor b{"b.weight", "BF16", {2, 32}, Pattern(128, 11)};
+  const Tensor a{"a.weight", "BF16", {4, 64}, testing::RandomBytes(512, 10)};
+  const Tensor b{"b.weight", "BF16", {2, 32}, testing::RandomBytes(128, 11)};
   Write("in/s1.safetensors", SafetensorsFile({a}));
   Write("in/s2.safetensors", SafetensorsFile({b}));
   const std::string index =
@@ -368,15 +354,15 @@ TEST_F(CliSafetensorsQuantizeTest, ShardedIndexMapsThePairs) {
 
 TEST_F(CliSafetensorsQuantizeTest, RefusalsAreOneLineExitTwoAndNoOutput) {
   const std::vector<Tensor> tensors = {
-      {"w.weight", "BF16", {2, 64}, Pattern(256, 12)},
-      {"ids", "U8", {2, 32}, Pattern(64, 13)},
+      {"w.weight", "BF16", {2, 64}, testing::RandomBytes(256, 12)},
+      {"ids", "U8", {2, 32}, testing::RandomBytes(64, 13)},
       {"empty.weight", "BF16", {4, 0}, {}},
-      {"odd.weight", "BF16", {2, 48}, Pattern(192, 14)},
-      {"scalar", "F32", {}, Pattern(4, 15)},
-      {"d.weight", "F64", {1, 32}, Pattern(256, 16)},
-      {"taken", "BF16", {1, 32}, Pattern(64, 17)},
-      {"taken_scales", "U8", {1, 1}, Pattern(1, 18)},
-      {"vec", "BF16", {64}, Pattern(128, 19)},
+      {"odd.weight", "BF16", {2, 48}, testing::RandomBytes(192, 14)},
+      {"scalar", "F32", {}, testing::RandomBytes(4, 15)},
+      {"d.weight", "F64", {1, 32}, testing::RandomBytes(256, 16)},
+      {"taken", "BF16", {1, 32}, testing::RandomBytes(64, 17)},
+      {"taken_scales", "U8", {1, 1}, testing::RandomBytes(1, 18)},
+      {"vec", "BF16", {64}, testing::RandomBytes(128, 19)},
   };
   const fs::path in = Write("model.safetensors", SafetensorsFile(tensors));
   const std::string unknown_json = R"({"a":{"dtype":"Q4","shape":[64],"data_offsets":[0,64]}})";

@@ -265,6 +265,10 @@ class WeightsTest : public ::testing::Test {
     EXPECT_EQ(SetCount(), 0);
   }
 
+  // Attaches to set `name` and checks it against `cp` as Rules() prepare it
+  // (ExpectPrepared), then detaches.
+  void ExpectAttachedPrepared(const std::string& name, const std::vector<Tensor>& cp);
+
   std::string dir_, root_, outside_, shm_;
   std::unique_ptr<Daemon> daemon_;
   std::unique_ptr<v1::WeightSets::Stub> stub_;
@@ -314,6 +318,16 @@ void ExpectPrepared(const std::vector<Tensor>& cp, const v1::WeightManifest& man
       EXPECT_TRUE(got == src->bytes) << "a copied tensor differs from the file";
     }
   }
+}
+
+void WeightsTest::ExpectAttachedPrepared(const std::string& name, const std::vector<Tensor>& cp) {
+  grpc::ClientContext actx;
+  auto attach = Attach(&actx, name);
+  v1::AttachWeightsResponse a;
+  ASSERT_TRUE(attach->Read(&a)) << name;
+  ExpectPrepared(cp, a.manifest(), a.shm_path());
+  actx.TryCancel();
+  attach->Finish();
 }
 
 TEST_F(WeightsTest, LoadsAppliesRulesAndAttachesTheSameBytes) {
@@ -523,13 +537,7 @@ TEST_F(WeightsTest, PreloadLoadsTheFilesSetsOnceServing) {
   const v1::ListWeightsResponse list = List();
   ASSERT_EQ(list.sets_size(), 1) << list.DebugString();
   EXPECT_EQ(list.sets(0).manifest().name(), "pre");
-  grpc::ClientContext actx;
-  auto attach = Attach(&actx, "pre");
-  v1::AttachWeightsResponse att;
-  ASSERT_TRUE(attach->Read(&att));
-  ExpectPrepared(Checkpoint(), att.manifest(), att.shm_path());
-  actx.TryCancel();
-  attach->Finish();
+  ExpectAttachedPrepared("pre", Checkpoint());
   EXPECT_EQ(daemon_->Health(), 1);
 }
 
@@ -831,15 +839,7 @@ TEST_F(WeightsTest, CliLoadsListsShowsAndDrops) {
       << out;
   EXPECT_NE(out.find("cli  model.safetensors"), std::string::npos) << out;
   // The same rules as Rules(): the same set.
-  {
-    grpc::ClientContext actx;
-    auto attach = Attach(&actx, "cli");
-    v1::AttachWeightsResponse a;
-    ASSERT_TRUE(attach->Read(&a));
-    ExpectPrepared(Checkpoint(), a.manifest(), a.shm_path());
-    actx.TryCancel();
-    attach->Finish();
-  }
+  ExpectAttachedPrepared("cli", Checkpoint());
   ASSERT_TRUE(WaitAttachments("cli", 0));
   out.clear();
   ASSERT_EQ(RunCli("weights list " + target, &out), 0) << out;
