@@ -48,23 +48,36 @@ std::vector<uint8_t> RandomBf16(uint64_t bytes) {
   return v;
 }
 
-void Bench(const std::vector<int64_t>& shape, wprep::ScaleRounding rounding, bool blackwell,
+// What a row of output calls a layout.
+std::string LayoutName(const wprep::QuantLayoutSpec& spec) {
+  switch (spec.layout) {
+    case wprep::QuantLayout::kCanonical:
+      return "quantize (canonical)";
+    case wprep::QuantLayout::kBlackwell:
+      return "fused blackwell_value+blackwell_scale";
+    case wprep::QuantLayout::kHopper:
+      return "fused hopper_value(mma_version=" + std::to_string(spec.mma_version) +
+             ")+hopper_scale(num_warps=" + std::to_string(spec.num_warps) +
+             ",align_k=" + std::to_string(spec.align_k) + ")";
+  }
+  return "?";
+}
+
+void Bench(const std::vector<int64_t>& shape, wprep::ScaleRounding rounding, const wprep::QuantLayoutSpec& layout,
            int iters, int warmup) {
   auto plan = wprep::MakeQuantizePlan(wprep::QuantDtype::kBfloat16, shape, rounding);
   if (!plan.ok()) {
     std::fprintf(stderr, "%s\n", plan.status().ToString().c_str());
     std::exit(1);
   }
-  uint64_t in_b = plan->input_bytes, v_b = plan->values_bytes, s_b = plan->scales_bytes;
-  if (blackwell) {
-    auto sizes = wprep::PlanQuantizeBlackwell(*plan);
-    if (!sizes.ok()) std::exit(1);
-    v_b = sizes->values_bytes;
-    s_b = sizes->scales_bytes;
+  auto sizes = wprep::PlanQuantizeLayout(*plan, layout);
+  if (!sizes.ok()) {
+    std::fprintf(stderr, "%s\n", sizes.status().ToString().c_str());
+    std::exit(1);
   }
+  const uint64_t in_b = plan->input_bytes, v_b = sizes->values_bytes, s_b = sizes->scales_bytes;
   auto run = [&](const void* i, void* vv, void* ss, cudaStream_t st) {
-    return blackwell ? wprep::QuantizeBlackwellOnCuda(*plan, i, vv, ss, st)
-                     : wprep::QuantizeOnCuda(*plan, i, vv, ss, st);
+    return wprep::QuantizeLayoutOnCuda(*plan, layout, i, vv, ss, st);
   };
   const uint64_t moved = in_b + v_b + s_b;  // bytes the quantization reads plus writes
   const uint64_t copy_b = moved / 2;        // a copy of copy_b bytes moves 2 * copy_b
@@ -86,8 +99,7 @@ void Bench(const std::vector<int64_t>& shape, wprep::ScaleRounding rounding, boo
   std::vector<uint8_t> gv(v_b), gs(s_b), cv(v_b), cs(s_b);
   CHECK_CUDA(cudaMemcpy(gv.data(), v, v_b, cudaMemcpyDeviceToHost));
   CHECK_CUDA(cudaMemcpy(gs.data(), s, s_b, cudaMemcpyDeviceToHost));
-  if (!(blackwell ? wprep::QuantizeBlackwellOnCpu(*plan, host.data(), in_b, cv.data(), v_b, cs.data(), s_b)
-                 : wprep::QuantizeOnCpu(*plan, host.data(), in_b, cv.data(), v_b, cs.data(), s_b)).ok()) {
+  if (!wprep::QuantizeLayoutOnCpu(*plan, layout, host.data(), in_b, cv.data(), v_b, cs.data(), s_b).ok()) {
     std::exit(1);
   }
   const bool equal = gv == cv && gs == cs;
@@ -123,7 +135,7 @@ void Bench(const std::vector<int64_t>& shape, wprep::ScaleRounding rounding, boo
   const double qm = Median(q), cm = Median(c);
   std::printf("%s bf16 %s rounding=%s: quantize %.3f ms (%.1f GB/s of %llu B read+written), "
               "copy of %llu B %.3f ms (%.1f GB/s moved); quantize/copy %.2f; gpu==cpu %s\n",
-              blackwell ? "fused blackwell_value+blackwell_scale" : "quantize (canonical)",
+              LayoutName(layout).c_str(),
               name.c_str(), rounding == wprep::ScaleRounding::kUp ? "up" : "down", qm,
               moved / qm / 1e6, static_cast<unsigned long long>(moved),
               static_cast<unsigned long long>(copy_b), cm, 2.0 * copy_b / cm / 1e6, qm / cm,
@@ -161,10 +173,17 @@ int main(int argc, char** argv) {
   cudaDeviceProp p{};
   CHECK_CUDA(cudaGetDeviceProperties(&p, 0));
   std::printf("device: %s; iters %d, warm-up 5, medians of CUDA-event times\n", p.name, iters);
-  Bench({16, 4096, 4096}, wprep::ScaleRounding::kUp, false, iters, 5);
-  Bench({16, 4096, 4096}, wprep::ScaleRounding::kDown, false, iters, 5);
-  Bench({16, 4096, 4000}, wprep::ScaleRounding::kUp, false, iters, 5);  // rows not 16-byte aligned
-  Bench({16, 4096, 4096}, wprep::ScaleRounding::kUp, true, iters, 5);
+  using wprep::QuantLayout;
+  const wprep::QuantLayoutSpec canonical, blackwell{QuantLayout::kBlackwell};
+  const wprep::QuantLayoutSpec hopper{QuantLayout::kHopper}, hopper_v2{QuantLayout::kHopper, 2, 8, 4};
+  Bench({16, 4096, 4096}, wprep::ScaleRounding::kUp, canonical, iters, 5);
+  Bench({16, 4096, 4096}, wprep::ScaleRounding::kDown, canonical, iters, 5);
+  Bench({16, 4096, 4000}, wprep::ScaleRounding::kUp, canonical, iters, 5);  // rows not 16-byte aligned
+  Bench({16, 4096, 4096}, wprep::ScaleRounding::kUp, blackwell, iters, 5);
+  Bench({16, 4096, 4096}, wprep::ScaleRounding::kUp, hopper, iters, 5);
+  Bench({16, 4096, 4096}, wprep::ScaleRounding::kUp, hopper_v2, iters, 5);
+  // 16 of gpt-oss-120b's w13 experts in bf16 ([E, 2I, H]): K = 2880 is 90 groups, no tile multiple.
+  Bench({16, 5760, 2880}, wprep::ScaleRounding::kUp, hopper, iters, 5);
   return 0;
 }
 #else

@@ -4,12 +4,14 @@
 
 #include <cstdio>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "convert_args.h"
 #include "flags.h"
 #include "local_convert.h"
 #include "wprep/kernels/quantize.h"
@@ -31,7 +33,7 @@ int Fail(const absl::Status& s) {
 // The daemon at `target` quantizes `input` as one quantize batch item; its two inline
 // outputs must be exactly the sizes the local planner gives (`values` and `scales` are
 // sized so).
-absl::Status QuantizeRemote(const std::string& target, const QuantizePlan& plan, bool blackwell,
+absl::Status QuantizeRemote(const std::string& target, const QuantizePlan& plan, const QuantLayoutSpec& layout,
                             const std::vector<uint8_t>& input, std::vector<uint8_t>* values,
                             std::vector<uint8_t>* scales) {
 #if defined(WPREP_CLI_REMOTE)
@@ -43,7 +45,20 @@ absl::Status QuantizeRemote(const std::string& target, const QuantizePlan& plan,
                                                        : v1::QUANTIZE_DTYPE_FLOAT32);
   for (int64_t d : plan.input_shape) item->add_shape(d);
   item->set_scale_rounding(plan.rounding == ScaleRounding::kDown ? v1::SCALE_ROUNDING_DOWN : v1::SCALE_ROUNDING_UP);
-  item->set_layout(blackwell ? v1::QUANTIZE_LAYOUT_BLACKWELL : v1::QUANTIZE_LAYOUT_CANONICAL);
+  switch (layout.layout) {
+    case QuantLayout::kCanonical:
+      item->set_layout(v1::QUANTIZE_LAYOUT_CANONICAL);
+      break;
+    case QuantLayout::kBlackwell:
+      item->set_layout(v1::QUANTIZE_LAYOUT_BLACKWELL);
+      break;
+    case QuantLayout::kHopper:
+      item->set_layout(v1::QUANTIZE_LAYOUT_HOPPER);
+      item->mutable_hopper()->set_mma_version(layout.mma_version);
+      item->mutable_hopper_scale()->set_num_warps(layout.num_warps);
+      item->mutable_hopper_scale()->set_align_k(layout.align_k);
+      break;
+  }
   item->mutable_source()->set_inline_bytes(input.data(), input.size());
   client::Client client(target, 1);
   absl::StatusOr<v1::ConvertBatchResponse> resp = client.ConvertBatch(req);
@@ -62,7 +77,7 @@ absl::Status QuantizeRemote(const std::string& target, const QuantizePlan& plan,
   }
   return absl::OkStatus();
 #else
-  (void)target, (void)plan, (void)blackwell, (void)input, (void)values, (void)scales;
+  (void)target, (void)plan, (void)layout, (void)input, (void)values, (void)scales;
   return absl::UnimplementedError("--target: this wprep was built without the RPC client; use --local");
 #endif
 }
@@ -80,14 +95,15 @@ flags::FlagSet QuantizeFlags() {
   fs.String("target", "ADDR", "",
             "the daemon quantizes (a quantize batch item, on its CPU engine): unix:///path.sock or "
             "HOST:PORT");
-  fs.String("device", "cpu", "cpu", "with --local: where it runs (cuda:N is not yet available)");
+  fs.String("device", "cpu|cuda:N", "cpu", "with --local: where it runs");
   fs.String("dtype", "T", "", "the input's type: bfloat16, float16 or float32");
   fs.String("shape", "D0,...,Q", "", "the input's shape");
   fs.String("scale-rounding", "up|down", "up", "how a group's scale rounds");
-  fs.String("layout", "blackwell_value", "",
-            "a weight stored [..., N, K]: write blackwell_value values and blackwell_scale scales "
-            "directly (fused, K even); the Hopper and Blackwell shuffled fused layouts are not "
-            "yet available");
+  fs.String("layout", "L", "",
+            "a weight stored [..., N, K], quantized along K: write the layout of the matmul's "
+            "logical [..., K, N] directly (fused, K even): blackwell_value (scales "
+            "blackwell_scale) or hopper_value (mx_axis -2; scales hopper_scale, mx_axis -2)");
+  AddSpecFlags(&fs, {"mma-version", "num-warps", "align-k"});
   fs.String("input", "FILE", "", "the weights");
   fs.String("values-output", "FILE", "", "where the MXFP4 values go");
   fs.String("scales-output", "FILE", "", "where the e8m0 scales go");
@@ -104,24 +120,40 @@ absl::Status Run(const std::vector<std::string>& args) {
   if (remote && flags->Has("--device")) {
     return absl::InvalidArgumentError("--device is for --local; with --target the daemon picks the engine");
   }
-  // Fused output: only the Blackwell pair so far (values blackwell_value, scales
-  // blackwell_scale, for a weight stored [..., N, K]).
-  bool blackwell = false;
-  if (const std::string* layout = flags->Get("--layout"); layout != nullptr) {
-    if (*layout != "blackwell_value") {
-      return absl::UnimplementedError(absl::StrCat(
-          "quantize --layout ", *layout, ": fused quantize-and-lay-out serves blackwell_value "
-          "(with blackwell_scale) only so far; quantize, then wprep convert --local"));
+  // Fused output: the Blackwell or the Hopper pair, for a weight stored [..., N, K].
+  QuantLayoutSpec layout;
+  if (const std::string* l = flags->Get("--layout"); l != nullptr) {
+    if (*l == "blackwell_value") {
+      layout.layout = QuantLayout::kBlackwell;
+    } else if (*l == "hopper_value") {
+      layout.layout = QuantLayout::kHopper;
+    } else if (*l == "blackwell_shuffled_value") {
+      return absl::UnimplementedError(
+          "quantize --layout blackwell_shuffled_value: fused quantize-and-lay-out serves blackwell_value and "
+          "hopper_value; quantize, then wprep convert --local");
+    } else {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--layout: '", *l, "' is not a value layout a quantization writes (blackwell_value, hopper_value)"));
     }
-    blackwell = true;
   }
-  if (const std::string* d = flags->Get("--device"); d != nullptr && *d != "cpu") {
-    if (d->rfind("cuda:", 0) == 0) {
-      return absl::UnimplementedError(absl::StrCat(
-          "--device ", *d, ": quantize runs on the CPU only in this build; use --device cpu"));
+  for (const char* hopper_flag : {"--mma-version", "--num-warps", "--align-k"}) {
+    if (layout.layout != QuantLayout::kHopper && flags->Has(hopper_flag)) {
+      return absl::InvalidArgumentError(absl::StrCat(hopper_flag, " is for --layout hopper_value"));
     }
-    return absl::InvalidArgumentError(
-        absl::StrCat("--device: '", *d, "' is not cpu or cuda:N"));
+  }
+  const std::pair<const char*, int*> hopper_params[] = {
+      {"--mma-version", &layout.mma_version}, {"--num-warps", &layout.num_warps}, {"--align-k", &layout.align_k}};
+  for (const auto& [flag, dst] : hopper_params) {
+    absl::StatusOr<int64_t> v = flags->Int(flag, *dst);
+    if (!v.ok()) return v.status();
+    if (*v < 0 || *v > 1024) return absl::InvalidArgumentError(absl::StrCat(flag, ": ", *v, " is out of range"));
+    *dst = static_cast<int>(*v);
+  }
+  int device = -1;
+  if (const std::string* d = flags->Get("--device"); d != nullptr) {
+    absl::StatusOr<int> parsed = ParseDevice(*d);
+    if (!parsed.ok()) return parsed.status();
+    device = *parsed;
   }
   for (const char* required : {"--dtype", "--shape", "--input", "--values-output",
                                "--scales-output"}) {
@@ -153,25 +185,22 @@ absl::Status Run(const std::vector<std::string>& args) {
         "--input: '", *flags->Get("--input"), "' has ", input->size(), " bytes; ",
         *flags->Get("--dtype"), " [", absl::StrJoin(*shape, ","), "] needs ", plan->input_bytes));
   }
-  int64_t values_bytes = plan->values_bytes, scales_bytes = plan->scales_bytes;
-  if (blackwell) {
-    auto sizes = PlanQuantizeBlackwell(*plan);
-    if (!sizes.ok()) return absl::InvalidArgumentError(absl::StrCat("--", sizes.status().message()));
-    values_bytes = sizes->values_bytes;
-    scales_bytes = sizes->scales_bytes;
-  }
+  auto sizes = PlanQuantizeLayout(*plan, layout);
+  if (!sizes.ok()) return absl::InvalidArgumentError(absl::StrCat("--", sizes.status().message()));
+  const int64_t values_bytes = sizes->values_bytes, scales_bytes = sizes->scales_bytes;
   std::vector<uint8_t> values(static_cast<size_t>(values_bytes));
   std::vector<uint8_t> scales(static_cast<size_t>(scales_bytes));
-  if (absl::Status s = remote ? QuantizeRemote(*flags->Get("--target"), *plan, blackwell, *input, &values, &scales)
-                       : blackwell ? QuantizeBlackwellOnCpu(*plan, input->data(), input->size(),
-                                                            values.data(), values.size(),
-                                                            scales.data(), scales.size())
-                                   : QuantizeOnCpu(*plan, input->data(), input->size(),
-                                                   values.data(), values.size(), scales.data(),
-                                                   scales.size());
-      !s.ok()) {
-    return s;
+  absl::Status done;
+  if (remote) {
+    done = QuantizeRemote(*flags->Get("--target"), *plan, layout, *input, &values, &scales);
+  } else if (device >= 0) {
+    done = QuantizeHostBuffersOnCuda(*plan, input->data(), input->size(), values.data(), values.size(),
+                                     scales.data(), scales.size(), device, layout);
+  } else {
+    done = QuantizeLayoutOnCpu(*plan, layout, input->data(), input->size(), values.data(), values.size(),
+                               scales.data(), scales.size());
   }
+  if (!done.ok()) return done;
   if (absl::Status s = WriteFileAtomically(*flags->Get("--values-output"), values.data(),
                                            values.size());
       !s.ok()) {
@@ -184,9 +213,11 @@ absl::Status Run(const std::vector<std::string>& args) {
     std::remove(flags->Get("--values-output")->c_str());
     return s;
   }
-  if (blackwell) {
-    std::printf("values_bytes %lld (blackwell_value) scales_bytes %lld (blackwell_scale)\n",
-                static_cast<long long>(values_bytes), static_cast<long long>(scales_bytes));
+  if (layout.layout != QuantLayout::kCanonical) {
+    const bool hopper = layout.layout == QuantLayout::kHopper;
+    std::printf("values_bytes %lld (%s) scales_bytes %lld (%s)\n", static_cast<long long>(values_bytes),
+                hopper ? "hopper_value" : "blackwell_value", static_cast<long long>(scales_bytes),
+                hopper ? "hopper_scale" : "blackwell_scale");
   } else {
     std::printf("values_shape [%s] scales_shape [%s]\n",
                 absl::StrJoin(plan->values_shape, ", ").c_str(),

@@ -1,7 +1,9 @@
 // Planning and the CPU engine for quantize_mxfp4. The per-group math lives in
 // quantize_math.h (shared with the device code); this file only walks groups.
+#include <algorithm>
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -222,6 +224,169 @@ absl::Status QuantizeBlackwellOnCpu(const QuantizePlan& plan, const uint8_t* in,
     }
   }
   return absl::OkStatus();
+}
+
+namespace {
+
+bool PowerOfTwoIn(int v, int lo, int hi) { return v >= lo && v <= hi && (v & (v - 1)) == 0; }
+
+// The fused pairs' common shape rule: a matrix [..., N, K] with an even K.
+absl::Status CheckFusedShape(const QuantizePlan& plan, const char* layout) {
+  if (plan.input_shape.size() < 2) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("shape: a fused ", layout, " layout needs a matrix [..., N, K] (rank >= 2)"));
+  }
+  if (plan.q % 2 != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("shape: K (the last dim) is ", plan.q, "; the ", layout,
+                                                   " value layout needs it even"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<FusedHopperGeometry> HopperGeometry(const QuantizePlan& plan, const QuantLayoutSpec& spec) {
+  if (absl::Status s = CheckFusedShape(plan, "Hopper"); !s.ok()) return s;
+  if (spec.mma_version != 2 && spec.mma_version != 3) {
+    return absl::InvalidArgumentError(absl::StrCat("mma_version: ", spec.mma_version, " is not 2 or 3"));
+  }
+  if (!PowerOfTwoIn(spec.num_warps, 1, 32)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("num_warps: ", spec.num_warps, " is not a power of two in [1, 32]"));
+  }
+  if (!PowerOfTwoIn(spec.align_k, 2, 64)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("align_k: ", spec.align_k, " is not a power of two in [2, 64]"));
+  }
+  const int64_t n = plan.input_shape[plan.input_shape.size() - 2];
+  // Bounds that keep every product below in 64 bits (rows and bytes of a matrix < 2^40).
+  if (n > (int64_t{1} << 40) || plan.q > (int64_t{1} << 40)) {
+    return absl::InvalidArgumentError("shape: the Hopper layout's byte size overflows 64 bits");
+  }
+  FusedHopperGeometry g =
+      MakeFusedHopperGeometry(n == 0 ? 0 : plan.rows / n, n, plan.q, spec.mma_version, spec.num_warps, spec.align_k);
+  int64_t v = 0, sc = 0;
+  if (!CheckedMul(g.vt.rows_pad, g.vt.cols_pad, &v) || !CheckedMul(v, g.mats, &v) ||
+      !CheckedMul(g.st.rows_pad, g.st.cols_pad, &sc) || !CheckedMul(sc, g.mats, &sc)) {
+    return absl::InvalidArgumentError("shape: the Hopper layout's byte size overflows 64 bits");
+  }
+  return g;
+}
+
+}  // namespace
+
+absl::StatusOr<QuantOutputSizes> PlanQuantizeLayout(const QuantizePlan& plan, const QuantLayoutSpec& spec) {
+  QuantOutputSizes sizes;
+  switch (spec.layout) {
+    case QuantLayout::kCanonical:
+      sizes.values_bytes = plan.values_bytes;
+      sizes.scales_bytes = plan.scales_bytes;
+      return sizes;
+    case QuantLayout::kBlackwell: {
+      auto b = PlanQuantizeBlackwell(plan);
+      if (!b.ok()) return b.status();
+      sizes.values_bytes = b->values_bytes;
+      sizes.scales_bytes = b->scales_bytes;
+      return sizes;
+    }
+    case QuantLayout::kHopper: {
+      auto g = HopperGeometry(plan, spec);
+      if (!g.ok()) return g.status();
+      sizes.values_bytes = g->mats * g->v_mat_bytes;
+      sizes.scales_bytes = g->mats * g->s_mat_bytes;
+      return sizes;
+    }
+  }
+  return absl::InvalidArgumentError("layout: unknown quantize layout");
+}
+
+namespace {
+
+// Hopper pair on the CPU, 16 Q rows at a time (one O row block of 4 rows): the rows are
+// quantized into a scratch of 16 rows (never the whole tensor), then every O word of those
+// rows is gathered from it and interleaved, and every scale byte placed.
+absl::Status QuantizeHopperOnCpu(const QuantizePlan& plan, const FusedHopperGeometry& g, const uint8_t* in,
+                                 uint8_t* values, uint8_t* scales) {
+  const int esize = QuantDtypeBytes(plan.dtype);
+  const bool up = plan.rounding == ScaleRounding::kUp;
+  const int64_t qcols = g.tile_cols * kFusedHopperTileBytes, scols = qcols / 16;
+  std::vector<uint8_t> q(static_cast<size_t>(16 * qcols)), sc(static_cast<size_t>(16 * scols));
+  const int64_t rows = g.tile_rows * kFusedHopperTileRows;
+  float group[qmath::kGroup];
+  for (int64_t e = 0; e < g.mats; ++e) {
+    for (int64_t rb = 0; rb < rows; rb += 16) {
+      std::fill(q.begin(), q.end(), uint8_t{0});
+      std::fill(sc.begin(), sc.end(), uint8_t{0});
+      for (int64_t i = 0; i < 16 && rb + i < g.n; ++i) {
+        const uint8_t* row = in + ((e * g.n + rb + i) * g.k) * esize;
+        for (int64_t grp = 0; grp < g.sq; ++grp) {
+          const int64_t begin = grp * qmath::kGroup;
+          const int nel = static_cast<int>(g.k - begin < qmath::kGroup ? g.k - begin : qmath::kGroup);
+          float amax = 0.0f;
+          for (int j = 0; j < nel; ++j) {
+            group[j] = LoadElement(plan.dtype, row + (begin + j) * esize);
+            amax = qmath::AbsMaxNum(amax, group[j]);
+          }
+          const uint32_t eb = qmath::ScaleBits(amax, up);
+          sc[static_cast<size_t>(i * scols + grp)] = static_cast<uint8_t>(eb >> 23);
+          const float qs = qmath::ScaleMultiplier(eb);
+          for (int j = 0; j < nel; j += 2) {  // K is even: whole pairs
+            q[static_cast<size_t>(i * qcols + (begin + j) / 2)] = static_cast<uint8_t>(
+                qmath::EncodeE2m1(group[j] * qs) | qmath::EncodeE2m1(group[j + 1] * qs) << 4);
+          }
+        }
+      }
+      if (rb < g.vt.rows_pad) {
+        uint8_t* vmat = values + e * g.v_mat_bytes;
+        for (int64_t orow = rb / 4; orow < rb / 4 + 4; ++orow) {
+          for (int64_t ocol = 0; ocol < g.vt.out_cols; ocol += 4) {
+            uint32_t o = 0;
+            for (int b = 0; b < 4; ++b) {
+              int64_t r = 0, c = 0;
+              HopperSource<int64_t>(orow, ocol + b, g.mma_version, &r, &c);
+              o |= static_cast<uint32_t>(q[static_cast<size_t>((r - rb) * qcols + c)]) << (8 * b);
+            }
+            const uint32_t w = HopperInterleaveWord(o);
+            std::memcpy(vmat + orow * g.vt.out_cols + ocol, &w, 4);  // little-endian hosts
+          }
+        }
+      }
+      uint8_t* smat = scales + e * g.s_mat_bytes;
+      for (int64_t i = 0; i < 16 && rb + i < g.st.rows_pad; ++i) {
+        for (int64_t col = 0; col < g.st.cols_pad; ++col) {
+          smat[HopperScaleOffset(g.st, rb + i, col)] = sc[static_cast<size_t>(i * scols + col)];
+        }
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status QuantizeLayoutOnCpu(const QuantizePlan& plan, const QuantLayoutSpec& spec, const uint8_t* in,
+                                 size_t in_size, uint8_t* values, size_t values_size, uint8_t* scales,
+                                 size_t scales_size) {
+  switch (spec.layout) {
+    case QuantLayout::kCanonical:
+      return QuantizeOnCpu(plan, in, in_size, values, values_size, scales, scales_size);
+    case QuantLayout::kBlackwell:
+      return QuantizeBlackwellOnCpu(plan, in, in_size, values, values_size, scales, scales_size);
+    case QuantLayout::kHopper:
+      break;
+  }
+  auto g = HopperGeometry(plan, spec);
+  if (!g.ok()) return g.status();
+  if (static_cast<int64_t>(in_size) != plan.input_bytes ||
+      static_cast<int64_t>(values_size) != g->mats * g->v_mat_bytes ||
+      static_cast<int64_t>(scales_size) != g->mats * g->s_mat_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat("buffers: ", in_size, "/", values_size, "/", scales_size,
+                                                   " bytes, the plan needs ", plan.input_bytes, "/",
+                                                   g->mats * g->v_mat_bytes, "/", g->mats * g->s_mat_bytes));
+  }
+  return QuantizeHopperOnCpu(plan, *g, in, values, scales);
+}
+
+absl::StatusOr<FusedHopperGeometry> FusedHopperGeometryOf(const QuantizePlan& plan, const QuantLayoutSpec& spec) {
+  return HopperGeometry(plan, spec);
 }
 
 }  // namespace wprep

@@ -245,6 +245,101 @@ __global__ void Bf16GroupKernel(const uint4* __restrict__ in, uint8_t* __restric
   }
 }
 
+// ---------------------------------------------------------------------------------------
+// Fused quantize + hopper_value(mx_axis=-2) + hopper_scale(mx_axis=-2). A weight stored
+// [..., N, K] quantizes along K into the checkpoint-order MXFP4 of the logical [..., K, N],
+// whose Hopper matrix Q (LAYOUTS.md step 1, mx_axis -2 from packing -2) is the quantized rows
+// as they are: Q[e, n, c] = codes of elements 2c, 2c+1 of row n. The scale tensor's S is
+// likewise the groups' scales [e, n, g]. A block takes a tile of 64 Q rows x 64 Q bytes
+// (4 groups): it quantizes the tile into shared memory (4 lanes a group, 8 elements a
+// lane), then writes the tile's 16 O rows x 256 bytes of hopper_value as whole words and
+// its 256 scale bytes at their hopper_scale places. Tiles past N or K write the layouts'
+// zero padding.
+constexpr int kHopperTileRows = kFusedHopperTileRows;
+constexpr int kHopperTileBytes = kFusedHopperTileBytes;  // Q columns: 4 groups
+constexpr int kHopperTilePitch = kHopperTileBytes / 4 + 1;  // words; +1 spreads the banks
+
+template <QuantDtype D>
+__global__ void __launch_bounds__(256) HopperFusedKernel(const uint8_t* __restrict__ in,
+                                                         uint8_t* __restrict__ values,
+                                                         uint8_t* __restrict__ scales,
+                                                         FusedHopperGeometry g, bool up) {
+  constexpr int kEsize = D == QuantDtype::kFloat32 ? 4 : 2;
+  __shared__ uint32_t q[kHopperTileRows * kHopperTilePitch];
+  __shared__ uint8_t s[kHopperTileRows * 4];
+  const int sub = threadIdx.x & 3;
+  const int64_t total = g.mats * g.tiles_per_mat;
+  for (int64_t t = blockIdx.x; t < total; t += gridDim.x) {
+    const int64_t e = t / g.tiles_per_mat, rest = t - e * g.tiles_per_mat;
+    const int64_t tr = rest / g.tile_cols, row0 = tr * kHopperTileRows;
+    const int64_t c0 = (rest - tr * g.tile_cols) * kHopperTileBytes;
+    // 1. Quantize: pass p takes groups 64p .. 64p+63 of the tile (row 16p + i/4, group i%4).
+    for (int p = 0; p < 4; ++p) {
+      const int tg = 64 * p + (threadIdx.x >> 2);
+      const int lr = tg >> 2, j = tg & 3;
+      const int64_t n = row0 + lr, grp = c0 / 16 + j;
+      const bool live = n < g.n && grp < g.sq;
+      const int64_t k0 = grp * 32 + 8 * sub;  // this lane's first element
+      const uint8_t* src = in + ((e * g.n + n) * g.k + k0) * kEsize;
+      float x[8];
+      int valid = 0;
+      if (live) valid = g.k - k0 >= 8 ? 8 : (g.k - k0 > 0 ? static_cast<int>(g.k - k0) : 0);
+      // 16-bit types: the lane's 8 elements in one 16-byte load where aligned.
+      uint4 raw = make_uint4(0, 0, 0, 0);
+      const bool vec = kEsize == 2 && valid == 8 && (reinterpret_cast<uintptr_t>(src) & 15) == 0;
+      if (vec) raw = __ldg(reinterpret_cast<const uint4*>(src));
+      const auto* rb = reinterpret_cast<const uint8_t*>(&raw);
+      float amax = 0.0f;
+      WPREP_UNROLL
+      for (int i = 0; i < 8; ++i) {
+        x[i] = vec ? Load<D>(rb, i) : (i < valid ? Load<D>(src, i) : 0.0f);
+        amax = qmath::AbsMaxNum(amax, x[i]);
+      }
+      amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, 1));
+      amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, 2));
+      uint32_t word = 0, sbyte = 0;
+      if (live) {
+        const uint32_t eb = qmath::ScaleBits(amax, up);
+        const float qs = qmath::ScaleMultiplier(eb);
+        WPREP_UNROLL
+        for (int i = 0; i < 8; ++i) {
+          if (i < valid) word |= qmath::EncodeE2m1(x[i] * qs) << (4 * i);
+        }
+        sbyte = eb >> 23;
+      }
+      q[lr * kHopperTilePitch + 4 * j + sub] = word;
+      if (sub == 0) s[lr * 4 + j] = static_cast<uint8_t>(sbyte);
+    }
+    __syncthreads();
+    // 2. Values: O rows row0/4 .. +16, bytes 4*c0 .. +256, one word a thread per step.
+    if (row0 < g.vt.rows_pad && c0 < g.vt.cols_pad) {
+      const auto* qb = reinterpret_cast<const uint8_t*>(q);
+      uint8_t* vmat = values + e * g.v_mat_bytes;
+      for (int w = threadIdx.x; w < 16 * 64; w += 256) {
+        const int orl = w >> 6, ow = w & 63;
+        uint32_t o = 0;
+        WPREP_UNROLL
+        for (int b = 0; b < 4; ++b) {
+          int r = 0, c = 0;
+          HopperSource<int>(orl, 4 * ow + b, g.mma_version, &r, &c);
+          o |= static_cast<uint32_t>(qb[(r * kHopperTilePitch) * 4 + c]) << (8 * b);
+        }
+        *reinterpret_cast<uint32_t*>(vmat + (row0 / 4 + orl) * g.vt.out_cols + 4 * c0 + 4 * ow) =
+            HopperInterleaveWord(o);
+      }
+    }
+    // 3. Scales: S[n, grp] to its hopper_scale place.
+    {
+      const int lr = threadIdx.x >> 2, j = threadIdx.x & 3;
+      const int64_t r = row0 + lr, col = c0 / 16 + j;
+      if (r < g.st.rows_pad && col < g.st.cols_pad) {
+        scales[e * g.s_mat_bytes + HopperScaleOffset(g.st, r, col)] = s[lr * 4 + j];
+      }
+    }
+    __syncthreads();
+  }
+}
+
 // The padding bytes of blackwell_scale (k >= K/32 or n >= N), which no group writes.
 __global__ void BlackwellScalePaddingKernel(uint8_t* __restrict__ scales, int64_t total,
                                             BlackwellScaleTiling t) {
@@ -386,18 +481,67 @@ absl::Status QuantizeBlackwellOnCuda(const QuantizePlan& plan, const void* in, v
   return launched;
 }
 
+absl::Status QuantizeLayoutOnCuda(const QuantizePlan& plan, const QuantLayoutSpec& spec, const void* in,
+                                  void* values, void* scales, CudaStream stream) {
+  switch (spec.layout) {
+    case QuantLayout::kCanonical:
+      return QuantizeOnCuda(plan, in, values, scales, stream);
+    case QuantLayout::kBlackwell:
+      return QuantizeBlackwellOnCuda(plan, in, values, scales, stream);
+    case QuantLayout::kHopper:
+      break;
+  }
+  auto g = FusedHopperGeometryOf(plan, spec);
+  if (!g.ok()) return g.status();
+  const int64_t total = g->mats * g->tiles_per_mat;
+  if (total == 0) return absl::OkStatus();
+  int previous = 0;
+  WPREP_CUDA_RETURN_IF_ERROR(cudaGetDevice(&previous));
+  cudaPointerAttributes a{};
+  WPREP_CUDA_RETURN_IF_ERROR(cudaPointerGetAttributes(&a, in));
+  if (a.type != cudaMemoryTypeDevice) {
+    return absl::InvalidArgumentError("quantize: input must be device memory");
+  }
+  WPREP_CUDA_RETURN_IF_ERROR(cudaSetDevice(a.device));
+  // A resident wave of blocks (8 of 256 threads per multiprocessor) walks the tiles.
+  int sms = 0;
+  if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, a.device) != cudaSuccess || sms <= 0) sms = 1;
+  const unsigned blocks = static_cast<unsigned>(total < 8 * int64_t{sms} ? total : 8 * int64_t{sms});
+  const bool up = plan.rounding == ScaleRounding::kUp;
+  const auto* src = static_cast<const uint8_t*>(in);
+  auto* v = static_cast<uint8_t*>(values);
+  auto* s = static_cast<uint8_t*>(scales);
+  switch (plan.dtype) {
+    case QuantDtype::kBfloat16:
+      HopperFusedKernel<QuantDtype::kBfloat16><<<blocks, 256, 0, stream>>>(src, v, s, *g, up);
+      break;
+    case QuantDtype::kFloat16:
+      HopperFusedKernel<QuantDtype::kFloat16><<<blocks, 256, 0, stream>>>(src, v, s, *g, up);
+      break;
+    case QuantDtype::kFloat32:
+      HopperFusedKernel<QuantDtype::kFloat32><<<blocks, 256, 0, stream>>>(src, v, s, *g, up);
+      break;
+  }
+  absl::Status launched = WPREP_CUDA_STATUS(cudaGetLastError());
+  WPREP_CUDA_RETURN_IF_ERROR(cudaSetDevice(previous));
+  return launched;
+}
+
 absl::Status QuantizeHostBuffersOnCuda(const QuantizePlan& plan, const uint8_t* in,
                                        size_t in_size, uint8_t* values, size_t values_size,
-                                       uint8_t* scales, size_t scales_size, int device) {
+                                       uint8_t* scales, size_t scales_size, int device,
+                                       const QuantLayoutSpec& spec) {
+  auto sizes = PlanQuantizeLayout(plan, spec);
+  if (!sizes.ok()) return sizes.status();
   if (static_cast<int64_t>(in_size) != plan.input_bytes ||
-      static_cast<int64_t>(values_size) != plan.values_bytes ||
-      static_cast<int64_t>(scales_size) != plan.scales_bytes) {
+      static_cast<int64_t>(values_size) != sizes->values_bytes ||
+      static_cast<int64_t>(scales_size) != sizes->scales_bytes) {
     return absl::InvalidArgumentError(absl::StrCat(
         "quantize: buffer sizes ", in_size, "/", values_size, "/", scales_size,
-        " do not match the plan's ", plan.input_bytes, "/", plan.values_bytes, "/",
-        plan.scales_bytes));
+        " do not match the plan's ", plan.input_bytes, "/", sizes->values_bytes, "/",
+        sizes->scales_bytes));
   }
-  if (plan.scales_bytes == 0) return absl::OkStatus();
+  if (sizes->scales_bytes == 0 && sizes->values_bytes == 0) return absl::OkStatus();
   int previous = 0;
   WPREP_CUDA_RETURN_IF_ERROR(cudaGetDevice(&previous));
   WPREP_CUDA_RETURN_IF_ERROR(cudaSetDevice(device));
@@ -406,7 +550,7 @@ absl::Status QuantizeHostBuffersOnCuda(const QuantizePlan& plan, const uint8_t* 
   if (st.ok()) st.Update(WPREP_CUDA_STATUS(cudaMalloc(&d_v, values_size > 0 ? values_size : 1)));
   if (st.ok()) st.Update(WPREP_CUDA_STATUS(cudaMalloc(&d_s, scales_size)));
   if (st.ok()) st.Update(WPREP_CUDA_STATUS(cudaMemcpy(d_in, in, in_size, cudaMemcpyHostToDevice)));
-  if (st.ok()) st.Update(QuantizeOnCuda(plan, d_in, d_v, d_s, nullptr));
+  if (st.ok()) st.Update(QuantizeLayoutOnCuda(plan, spec, d_in, d_v, d_s, nullptr));
   if (st.ok()) st.Update(WPREP_CUDA_STATUS(cudaMemcpy(values, d_v, values_size, cudaMemcpyDeviceToHost)));
   if (st.ok()) st.Update(WPREP_CUDA_STATUS(cudaMemcpy(scales, d_s, scales_size, cudaMemcpyDeviceToHost)));
   (void)cudaFree(d_in);

@@ -12,8 +12,13 @@ absl::Status QuantizeBlackwellOnCuda(const QuantizePlan&, const void*, void*, vo
   return absl::UnimplementedError("quantize on CUDA: this build has no CUDA");
 }
 
+absl::Status QuantizeLayoutOnCuda(const QuantizePlan&, const QuantLayoutSpec&, const void*, void*, void*,
+                                  CudaStream) {
+  return absl::UnimplementedError("quantize on CUDA: this build has no CUDA");
+}
+
 absl::Status QuantizeHostBuffersOnCuda(const QuantizePlan&, const uint8_t*, size_t, uint8_t*,
-                                       size_t, uint8_t*, size_t, int) {
+                                       size_t, uint8_t*, size_t, int, const QuantLayoutSpec&) {
   return absl::UnimplementedError("quantize on CUDA: this build has no CUDA");
 }
 

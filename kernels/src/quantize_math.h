@@ -6,7 +6,9 @@
 #include <cstdint>
 #include <cstring>
 
+#include "absl/status/statusor.h"
 #include "layout_math.h"
+#include "wprep/kernels/quantize.h"
 
 namespace wprep {
 namespace qmath {
@@ -90,6 +92,48 @@ WPREP_HD uint32_t EncodeE2m1(float q) {
 }
 
 }  // namespace qmath
+
+// The fused Hopper pair (quantize + hopper_value + hopper_scale, both mx_axis -2) of a weight
+// stored [mats, N, K]: the value matrix Q is the quantized rows [N, K/2] as they are, the
+// scale matrix S the groups' scales [N, ceil(K/32)]. Work is cut into tiles of 64 Q rows x
+// 64 Q bytes (4 groups) covering both padded matrices.
+struct FusedHopperGeometry {
+  int64_t mats = 0, n = 0, k = 0, sq = 0;
+  HopperTiling vt;       // MakeHopperTiling(-2, K, N)
+  HopperScaleTiling st;  // MakeHopperScaleTiling(-2, num_warps, align_k, ceil(K/32), N)
+  int64_t v_mat_bytes = 0, s_mat_bytes = 0;
+  int64_t tile_rows = 0, tile_cols = 0;  // tiles along rows and along bytes, per matrix
+  int64_t tiles_per_mat = 0;
+  int32_t mma_version = 3;
+};
+
+inline constexpr int kFusedHopperTileRows = 64;
+inline constexpr int kFusedHopperTileBytes = 64;
+
+inline FusedHopperGeometry MakeFusedHopperGeometry(int64_t mats, int64_t n, int64_t k, int mma_version,
+                                                   int num_warps, int align_k) {
+  FusedHopperGeometry g;
+  g.mats = mats;
+  g.n = n;
+  g.k = k;
+  g.sq = CeilDiv(k, qmath::kGroup);
+  g.mma_version = mma_version;
+  g.vt = MakeHopperTiling(-2, k, n);
+  g.st = MakeHopperScaleTiling(-2, num_warps, align_k, g.sq, n);
+  g.v_mat_bytes = g.vt.rows_pad * g.vt.cols_pad;
+  g.s_mat_bytes = g.st.rows_pad * g.st.cols_pad;
+  const int64_t rows = g.vt.rows_pad > g.st.rows_pad ? g.vt.rows_pad : g.st.rows_pad;
+  const int64_t bytes = g.vt.cols_pad > 16 * g.st.cols_pad ? g.vt.cols_pad : 16 * g.st.cols_pad;
+  g.tile_rows = CeilDiv(rows, kFusedHopperTileRows);
+  g.tile_cols = CeilDiv(bytes, kFusedHopperTileBytes);
+  g.tiles_per_mat = g.tile_rows * g.tile_cols;
+  return g;
+}
+
+// The geometry of a checked QuantLayout::kHopper spec (quantize_cpu.cc): INVALID_ARGUMENT as
+// PlanQuantizeLayout.
+absl::StatusOr<FusedHopperGeometry> FusedHopperGeometryOf(const QuantizePlan& plan, const QuantLayoutSpec& spec);
+
 }  // namespace wprep
 
 #endif  // WPREP_KERNELS_SRC_QUANTIZE_MATH_H_

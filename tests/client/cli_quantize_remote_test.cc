@@ -64,7 +64,9 @@ TEST_F(CliQuantizeRemoteTest, RemoteMatchesEveryReferenceCase) {
   EXPECT_EQ(checked, 40);
 }
 
-TEST_F(CliQuantizeRemoteTest, BlackwellOverTcpEqualsLocal) {
+// The fused pairs through the daemon (Blackwell; Hopper with non-default parameters) equal
+// the local engine's bytes.
+TEST_F(CliQuantizeRemoteTest, FusedLayoutsOverTcpEqualLocal) {
   std::vector<uint8_t> in(2 * 3 * 130 * 96);
   uint64_t x = 0x9E3779B97F4A7C15ull;
   for (size_t i = 0; i + 1 < in.size(); i += 2) {
@@ -73,16 +75,20 @@ TEST_F(CliQuantizeRemoteTest, BlackwellOverTcpEqualsLocal) {
     in[i + 1] = static_cast<uint8_t>(0x3A + (x >> 8) % 10 + ((x >> 20) & 1) * 0x80);
   }
   const fs::path input = Write("w.bf16", in);
-  const std::string common = " --dtype bfloat16 --shape 3,130,96 --layout blackwell_value --input " + input.string();
-  const RunResult local = RunCli("quantize --local" + common + " --values-output " + (dir_ / "lv").string() +
-                                 " --scales-output " + (dir_ / "ls").string());
-  ASSERT_EQ(local.exit_code, 0) << local.err;
-  const RunResult remote = RunCli("quantize --target " + daemon_->tcp_target() + common + " --values-output " +
-                                  (dir_ / "rv").string() + " --scales-output " + (dir_ / "rs").string());
-  ASSERT_EQ(remote.exit_code, 0) << remote.err;
-  EXPECT_EQ(Bytes(dir_ / "rv"), Bytes(dir_ / "lv"));
-  EXPECT_EQ(Bytes(dir_ / "rs"), Bytes(dir_ / "ls"));
-  EXPECT_EQ(remote.out, local.out);
+  for (const std::string layout : {"blackwell_value", "hopper_value --mma-version 2 --num-warps 4 --align-k 4"}) {
+    SCOPED_TRACE(layout);
+    const std::string common = " --dtype bfloat16 --shape 3,130,96 --layout " + layout + " --input " + input.string();
+    const RunResult local = RunCli("quantize --local" + common + " --values-output " + (dir_ / "lv").string() +
+                                   " --scales-output " + (dir_ / "ls").string());
+    ASSERT_EQ(local.exit_code, 0) << local.err;
+    const RunResult remote = RunCli("quantize --target " + daemon_->tcp_target() + common + " --values-output " +
+                                    (dir_ / "rv").string() + " --scales-output " + (dir_ / "rs").string());
+    ASSERT_EQ(remote.exit_code, 0) << remote.err;
+    EXPECT_EQ(Bytes(dir_ / "rv"), Bytes(dir_ / "lv"));
+    EXPECT_EQ(Bytes(dir_ / "rs"), Bytes(dir_ / "ls"));
+    EXPECT_FALSE(Bytes(dir_ / "rv").empty());
+    EXPECT_EQ(remote.out, local.out);
+  }
 }
 
 // A daemon that cannot be reached, and flags that are refused before any call: exit 2, one

@@ -125,15 +125,50 @@ TEST_F(CliTest, QuantizeBlackwellEqualsQuantizeThenConvert) {
   EXPECT_FALSE(Bytes(fv).empty());
 }
 
+// The fused Hopper output (with its parameters) equals canonical quantization followed by
+// `wprep convert`'s Hopper swizzles, mx axis -2 (values from checkpoint order, scales from the
+// transposed view).
+TEST_F(CliTest, QuantizeHopperEqualsQuantizeThenConvert) {
+  const std::string in = kQuantDir + "cases/quant_2x64x1024_ties_up.in.bin";  // [2, 64, 1024]
+  const fs::path v = dir_ / "v.bin", s = dir_ / "s.bin", fv = dir_ / "fv.bin", fs_ = dir_ / "fs.bin";
+  const fs::path wv = dir_ / "wv.bin", ws = dir_ / "ws.bin";
+  RunResult r = RunCli("quantize --local --dtype bfloat16 --shape 2,64,1024 --input " + in +
+                       " --values-output " + v.string() + " --scales-output " + s.string());
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  r = RunCli("convert --local --layout hopper_value --direction swizzle --mx-axis -2 --mma-version 2 "
+             "--packing-axis -2 --shape 2,1024,64 --input " + v.string() + " --output " + wv.string());
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  r = RunCli("convert --local --layout hopper_scale --direction swizzle --mx-axis -2 --num-warps 4 --align-k 4 "
+             "--shape 2,32,64 --input-strides 2048,1,32 --input " + s.string() + " --output " + ws.string());
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  r = RunCli("quantize --local --layout hopper_value --mma-version 2 --num-warps 4 --align-k 4 --dtype bfloat16 "
+             "--shape 2,64,1024 --input " + in + " --values-output " + fv.string() + " --scales-output " +
+             fs_.string());
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("(hopper_value)"), std::string::npos) << r.out;
+  EXPECT_EQ(Bytes(fv), Bytes(wv));
+  EXPECT_EQ(Bytes(fs_), Bytes(ws));
+  EXPECT_FALSE(Bytes(fv).empty());
+}
+
 TEST_F(CliTest, QuantizeUnservedFusedLayoutsSayUnimplemented) {
   const fs::path in = Write("in.bin", std::vector<uint8_t>(2 * 4 * 64, 0));
   const fs::path v = dir_ / "v.bin", s = dir_ / "s.bin";
-  for (const std::string layout : {"hopper_value", "blackwell_shuffled_value"}) {
-    const RunResult r = RunCli("quantize --local --layout " + layout +
-                               " --dtype bfloat16 --shape 4,64 --input " + in.string() +
-                               " --values-output " + v.string() + " --scales-output " + s.string());
+  {
+    const RunResult r = RunCli("quantize --local --layout blackwell_shuffled_value --dtype bfloat16 --shape 4,64 "
+                               "--input " + in.string() + " --values-output " + v.string() + " --scales-output " +
+                               s.string());
     EXPECT_EQ(r.exit_code, 2);
     EXPECT_EQ(r.err.rfind("UNIMPLEMENTED: ", 0), 0u) << r.err;
+    EXPECT_FALSE(fs::exists(v));
+  }
+  // Hopper parameters without the Hopper layout, and a bad one with it: refused, no files.
+  for (const std::string flags : {"--num-warps 4", "--layout hopper_value --num-warps 6",
+                                  "--layout hopper_value --mma-version 4"}) {
+    const RunResult r = RunCli("quantize --local " + flags + " --dtype bfloat16 --shape 4,64 --input " +
+                               in.string() + " --values-output " + v.string() + " --scales-output " + s.string());
+    EXPECT_EQ(r.exit_code, 2) << flags;
+    EXPECT_EQ(r.err.rfind("INVALID_ARGUMENT: ", 0), 0u) << r.err;
     EXPECT_FALSE(fs::exists(v));
   }
   // An odd K cannot take the Blackwell value layout: refused before any file is written.

@@ -275,5 +275,115 @@ TEST(QuantizeFused, BlackwellRefusesOddKAndVectors) {
   EXPECT_EQ(PlanQuantizeBlackwell(*vec).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
+// Any dtype's input for the Hopper oracle: bf16 with every special class, widened exactly
+// to float32, or raw random fp16 bits (every fp16 class occurs).
+std::vector<uint8_t> HopperInput(QuantDtype dtype, int64_t elems, std::mt19937_64& rng) {
+  const std::vector<uint8_t> bf = SpecialBf16(elems, rng);
+  if (dtype == QuantDtype::kBfloat16) return bf;
+  std::vector<uint8_t> out;
+  if (dtype == QuantDtype::kFloat32) {
+    for (size_t i = 0; i < bf.size(); i += 2) {
+      out.insert(out.end(), {0, 0, bf[i], bf[i + 1]});
+    }
+    return out;
+  }
+  out.resize(bf.size());
+  for (auto& b : out) b = static_cast<uint8_t>(rng());
+  return out;
+}
+
+// The oracle: canonical quantization, then the CPU engine's hopper_value swizzle (mx_axis -2,
+// from packing -2) of the logical [E, K, N] and hopper_scale swizzle of the transposed scale
+// view [E, ceil(K/32), N].
+TEST(QuantizeFused, HopperEqualsQuantizeThenSwizzle) {
+  std::mt19937_64 rng(2929);
+  const QuantDtype dtypes[] = {QuantDtype::kBfloat16, QuantDtype::kFloat16, QuantDtype::kFloat32};
+  const int warps[] = {1, 4, 8, 16};
+  const int aligns[] = {2, 4, 64};
+  int compared = 0;
+  for (int trial = 0; trial < 30; ++trial) {
+    const QuantDtype dtype = dtypes[trial % 3];
+    const ScaleRounding rounding = (trial / 3) % 2 ? ScaleRounding::kDown : ScaleRounding::kUp;
+    QuantLayoutSpec spec;
+    spec.layout = QuantLayout::kHopper;
+    spec.mma_version = 2 + trial % 2;
+    spec.num_warps = warps[rng() % 4];
+    spec.align_k = aligns[rng() % 3];
+    const int64_t e = 1 + static_cast<int64_t>(rng() % 3);
+    const int64_t n = 1 + static_cast<int64_t>(rng() % 300);
+    const int64_t k = 2 * (1 + static_cast<int64_t>(rng() % 200));  // ragged last groups too
+    SCOPED_TRACE(::testing::Message() << "[" << e << "," << n << "," << k << "] trial " << trial << " mma "
+                                      << spec.mma_version << " warps " << spec.num_warps << " align_k "
+                                      << spec.align_k);
+    auto plan = MakeQuantizePlan(dtype, std::vector<int64_t>{e, n, k}, rounding);
+    ASSERT_TRUE(plan.ok());
+    const std::vector<uint8_t> in = HopperInput(dtype, e * n * k, rng);
+    Result canon = Quantize(dtype, {e, n, k}, in, rounding);
+
+    ConversionSpec vspec;
+    vspec.layout = Layout::kHopperValue;
+    vspec.direction = Direction::kSwizzle;
+    vspec.hopper.mx_axis = -2;
+    vspec.hopper.mma_version = spec.mma_version;
+    vspec.packing_axis = -2;
+    auto vplan = MakePlan(vspec, std::vector<int64_t>{e, k, n});
+    ASSERT_TRUE(vplan.ok()) << vplan.status();
+    std::vector<uint8_t> want_v(vplan->output_bytes);
+    ASSERT_TRUE(ConvertOnCpu(*vplan, canon.values.data(), canon.values.size(), want_v.data(),
+                             want_v.size()).ok());
+    const int64_t sq = (k + 31) / 32;
+    ConversionSpec sspec;
+    sspec.layout = Layout::kHopperScale;
+    sspec.direction = Direction::kSwizzle;
+    sspec.hopper_scale.mx_axis = -2;
+    sspec.hopper_scale.num_warps = spec.num_warps;
+    sspec.hopper_scale.align_k = spec.align_k;
+    auto splan = MakePlan(sspec, std::vector<int64_t>{e, sq, n},
+                          InputBinding{{n * sq, 1, sq}, canon.scales.size()});
+    ASSERT_TRUE(splan.ok()) << splan.status();
+    std::vector<uint8_t> want_s(splan->output_bytes);
+    ASSERT_TRUE(ConvertOnCpu(*splan, canon.scales.data(), canon.scales.size(), want_s.data(),
+                             want_s.size()).ok());
+
+    auto sizes = PlanQuantizeLayout(*plan, spec);
+    ASSERT_TRUE(sizes.ok()) << sizes.status();
+    ASSERT_EQ(static_cast<uint64_t>(sizes->values_bytes), want_v.size());
+    ASSERT_EQ(static_cast<uint64_t>(sizes->scales_bytes), want_s.size());
+    std::vector<uint8_t> got_v(want_v.size(), 0xAB), got_s(want_s.size(), 0xAB);
+    absl::Status st = QuantizeLayoutOnCpu(*plan, spec, in.data(), in.size(), got_v.data(), got_v.size(),
+                                          got_s.data(), got_s.size());
+    ASSERT_TRUE(st.ok()) << st;
+    EXPECT_EQ(got_v, want_v);
+    EXPECT_EQ(got_s, want_s);
+    ++compared;
+  }
+  EXPECT_EQ(compared, 30);
+}
+
+TEST(QuantizeFused, HopperRefusesBadShapesAndParamsNamingThem) {
+  auto odd = MakeQuantizePlan(QuantDtype::kBfloat16, std::vector<int64_t>{4, 33});
+  ASSERT_TRUE(odd.ok());
+  QuantLayoutSpec spec;
+  spec.layout = QuantLayout::kHopper;
+  EXPECT_EQ(PlanQuantizeLayout(*odd, spec).status().code(), absl::StatusCode::kInvalidArgument);
+  auto vec = MakeQuantizePlan(QuantDtype::kBfloat16, std::vector<int64_t>{64});
+  ASSERT_TRUE(vec.ok());
+  EXPECT_EQ(PlanQuantizeLayout(*vec, spec).status().code(), absl::StatusCode::kInvalidArgument);
+  auto ok = MakeQuantizePlan(QuantDtype::kBfloat16, std::vector<int64_t>{4, 64});
+  ASSERT_TRUE(ok.ok());
+  const std::pair<QuantLayoutSpec, const char*> bad[] = {
+      {{QuantLayout::kHopper, 1, 8, 2}, "mma_version"},
+      {{QuantLayout::kHopper, 3, 3, 2}, "num_warps"},
+      {{QuantLayout::kHopper, 3, 64, 2}, "num_warps"},
+      {{QuantLayout::kHopper, 3, 8, 1}, "align_k"},
+      {{QuantLayout::kHopper, 3, 8, 128}, "align_k"},
+  };
+  for (const auto& [s, field] : bad) {
+    absl::Status st = PlanQuantizeLayout(*ok, s).status();
+    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << field;
+    EXPECT_NE(st.message().find(field), absl::string_view::npos) << st;
+  }
+}
+
 }  // namespace
 }  // namespace wprep

@@ -213,8 +213,8 @@ absl::Status FakeRuntime::ConvertMoe(int gpu, const MoePlan& plan, absl::Span<co
   return RunMoeCpu(plan, ins, outs, 1);
 }
 
-absl::Status FakeRuntime::Quantize(int gpu, const QuantizePlan& plan, bool blackwell, const void* in, void* values,
-                                   void* scales, Stream) {
+absl::Status FakeRuntime::Quantize(int gpu, const QuantizePlan& plan, const QuantLayoutSpec& layout, const void* in,
+                                   void* values, void* scales, Stream) {
   if (absl::Status s = CheckGpu(gpu); !s.ok()) return s;
   {
     absl::MutexLock lock(&mu_);
@@ -224,12 +224,9 @@ absl::Status FakeRuntime::Quantize(int gpu, const QuantizePlan& plan, bool black
   const auto* src = static_cast<const uint8_t*>(in);
   auto* v = static_cast<uint8_t*>(values);
   auto* s = static_cast<uint8_t*>(scales);
-  if (!blackwell) {
-    return QuantizeOnCpu(plan, src, plan.input_bytes, v, plan.values_bytes, s, plan.scales_bytes);
-  }
-  absl::StatusOr<FusedBlackwellSizes> sizes = PlanQuantizeBlackwell(plan);
+  absl::StatusOr<QuantOutputSizes> sizes = PlanQuantizeLayout(plan, layout);
   if (!sizes.ok()) return sizes.status();
-  return QuantizeBlackwellOnCpu(plan, src, plan.input_bytes, v, sizes->values_bytes, s, sizes->scales_bytes);
+  return QuantizeLayoutOnCpu(plan, layout, src, plan.input_bytes, v, sizes->values_bytes, s, sizes->scales_bytes);
 }
 
 absl::Status FakeRuntime::Synchronize(int gpu, Stream) { return CheckGpu(gpu); }

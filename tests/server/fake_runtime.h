@@ -103,8 +103,8 @@ class FakeRuntime final : public server::DeviceRuntime {
   // The CPU engine on the fake GPU's (host) memory; counted in Counts::converts.
   absl::Status ConvertMoe(int gpu, const MoePlan& plan, absl::Span<const void* const> in, absl::Span<void* const> out,
                           Stream stream) override;
-  absl::Status Quantize(int gpu, const QuantizePlan& plan, bool blackwell, const void* in, void* values, void* scales,
-                        Stream stream) override;
+  absl::Status Quantize(int gpu, const QuantizePlan& plan, const QuantLayoutSpec& layout, const void* in,
+                        void* values, void* scales, Stream stream) override;
   std::unique_ptr<server::DeviceTimer> NewTimer(int gpu) override;
   absl::StatusOr<void*> AllocatePinned(uint64_t bytes) override;
   void FreePinned(void* ptr) override;

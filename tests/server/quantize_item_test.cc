@@ -197,6 +197,55 @@ TEST_F(QuantizeItemTest, BlackwellPairOverTheWireEqualsTheEngine) {
   }
 }
 
+// The fused Hopper pair over the wire equals the engine's (held to quantize-then-swizzle by
+// the kernel tests), with its parameters; shapes and strides are the swizzles' (transposed
+// views of row-major memory), as a convert item of the same layout reports them.
+TEST_F(QuantizeItemTest, HopperPairOverTheWireEqualsTheEngine) {
+  std::mt19937_64 rng(2805);
+  Client client(MakeChannel(daemon_->unix_target()));
+  for (const std::vector<int64_t>& shape : std::vector<std::vector<int64_t>>{{2, 130, 96}, {1, 300, 64}, {3, 7, 34}}) {
+    SCOPED_TRACE(::testing::PrintToString(shape));
+    absl::StatusOr<QuantizePlan> plan = MakeQuantizePlan(QuantDtype::kBfloat16, shape, ScaleRounding::kUp);
+    ASSERT_TRUE(plan.ok());
+    QuantLayoutSpec spec;
+    spec.layout = QuantLayout::kHopper;
+    spec.mma_version = 2;
+    spec.num_warps = 4;
+    spec.align_k = 4;
+    absl::StatusOr<QuantOutputSizes> sizes = PlanQuantizeLayout(*plan, spec);
+    ASSERT_TRUE(sizes.ok());
+    std::vector<uint8_t> in(static_cast<size_t>(plan->input_bytes));
+    for (auto& b : in) b = static_cast<uint8_t>(rng());
+    std::vector<uint8_t> v(static_cast<size_t>(sizes->values_bytes)), s(static_cast<size_t>(sizes->scales_bytes));
+    ASSERT_TRUE(QuantizeLayoutOnCpu(*plan, spec, in.data(), in.size(), v.data(), v.size(), s.data(), s.size()).ok());
+    v1::ConvertBatchRequest req;
+    v1::QuantizeItem* item = req.add_items()->mutable_quantize();
+    item->set_dtype(v1::QUANTIZE_DTYPE_BFLOAT16);
+    for (int64_t d : shape) item->add_shape(d);
+    item->set_layout(v1::QUANTIZE_LAYOUT_HOPPER);
+    item->mutable_hopper()->set_mma_version(2);
+    item->mutable_hopper()->set_mx_axis(-2);
+    item->mutable_hopper_scale()->set_num_warps(4);
+    item->mutable_hopper_scale()->set_align_k(4);
+    item->mutable_source()->set_inline_bytes(in.data(), in.size());
+    absl::StatusOr<v1::ConvertBatchResponse> resp = client.ConvertBatch(req);
+    ASSERT_TRUE(resp.ok()) << resp.status();
+    const v1::BatchItemResult& r = resp->items(0);
+    EXPECT_EQ(Bytes(r.outputs(0).inline_bytes()), v);
+    EXPECT_EQ(Bytes(r.outputs(1).inline_bytes()), s);
+    EXPECT_EQ(r.outputs(0).identity().layout(), "HopperMXValueLayout(mx_axis=-2, mma_version=2)");
+    EXPECT_EQ(r.outputs(1).identity().layout(), "HopperMXScaleLayout(mx_axis=-2, num_warps=4)");
+    EXPECT_EQ(r.outputs(1).identity().conversion(),
+              "bfloat16 -> quantize_mxfp4(scale_rounding=up) -> scales(align_k=4) -> "
+              "HopperMXScaleLayout(mx_axis=-2, num_warps=4)");
+    // The value layout's memory [R/4, 4C] per matrix, reported as its transpose.
+    const int64_t rows = (shape[1] + 255) / 256 * 256, cols = (shape[2] / 2 + 63) / 64 * 64;
+    EXPECT_EQ(Shape(r.outputs(0)), (std::vector<int64_t>{shape[0], 4 * cols, rows / 4}));
+    EXPECT_EQ(std::vector<int64_t>(r.outputs(0).strides().begin(), r.outputs(0).strides().end()),
+              (std::vector<int64_t>{rows * cols, 1, 4 * cols}));
+  }
+}
+
 // Each malformed batch {good, bad}: its code and the field its message starts with; then a
 // good batch is still served.
 TEST_F(QuantizeItemTest, MalformedItemsNameTheirFieldAndTheDaemonServesOn) {
@@ -229,6 +278,28 @@ TEST_F(QuantizeItemTest, MalformedItemsNameTheirFieldAndTheDaemonServesOn) {
          q(r)->mutable_source()->mutable_inline_bytes()->resize(64);
        },
        kInvalid, "items[1].quantize.layout"},
+      {"Hopper parameters without the Hopper layout", [&](auto& r) { q(r)->mutable_hopper_scale()->set_num_warps(4); },
+       kInvalid, "items[1].quantize.hopper_scale"},
+      {"a Hopper scale mx_axis of -1",
+       [&](auto& r) {
+         q(r)->clear_shape();
+         q(r)->add_shape(2);
+         q(r)->add_shape(32);
+         q(r)->set_layout(v1::QUANTIZE_LAYOUT_HOPPER);
+         q(r)->mutable_hopper_scale()->set_mx_axis(-1);
+         q(r)->mutable_source()->mutable_inline_bytes()->resize(128);
+       },
+       kInvalid, "items[1].quantize.hopper_scale.mx_axis"},
+      {"a Hopper num_warps not a power of two",
+       [&](auto& r) {
+         q(r)->clear_shape();
+         q(r)->add_shape(2);
+         q(r)->add_shape(32);
+         q(r)->set_layout(v1::QUANTIZE_LAYOUT_HOPPER);
+         q(r)->mutable_hopper_scale()->set_num_warps(6);
+         q(r)->mutable_source()->mutable_inline_bytes()->resize(128);
+       },
+       kInvalid, "items[1].quantize.layout QUANTIZE_LAYOUT_HOPPER: num_warps"},
       {"no source", [&](auto& r) { q(r)->clear_source(); }, kInvalid, "items[1].quantize.source"},
       {"short input", [&](auto& r) { q(r)->mutable_source()->mutable_inline_bytes()->pop_back(); }, kInvalid,
        "items[1].quantize.source.inline_bytes"},
@@ -285,32 +356,42 @@ v1::CudaIpcBuffer Buffer(const FakeRuntime::Exported& e, int gpu, uint64_t size)
   return b;
 }
 
+QuantLayoutSpec HopperOrNot(QuantLayout layout) {
+  QuantLayoutSpec spec;
+  spec.layout = layout;
+  if (layout == QuantLayout::kHopper) spec = {layout, 2, 16, 4};
+  return spec;
+}
+
 struct IpcItem {
   v1::QuantizeItem item;
   FakeRuntime::Exported in, values, scales;
   uint64_t values_bytes = 0, scales_bytes = 0;
 };
 
-// Case `c` (Blackwell when `blackwell`) with its source and outputs in fake GPU memory; the
-// outputs hold 0xEE, one byte more than the output.
-IpcItem MakeIpcItem(Parts& p, const QuantCase& c, bool blackwell, int gpu) {
+// Case `c` into `layout` (the Hopper pair with mma_version 2, 16 warps, align_k 4) with its
+// source and outputs in fake GPU memory; the outputs hold 0xEE, one byte more than the output.
+IpcItem MakeIpcItem(Parts& p, const QuantCase& c, QuantLayout layout, int gpu) {
   IpcItem k;
   k.item = ItemFor(c);
   k.item.mutable_source()->clear_inline_bytes();
-  if (blackwell) k.item.set_layout(v1::QUANTIZE_LAYOUT_BLACKWELL);
+  const QuantLayoutSpec spec = HopperOrNot(layout);
+  if (layout == QuantLayout::kBlackwell) k.item.set_layout(v1::QUANTIZE_LAYOUT_BLACKWELL);
+  if (layout == QuantLayout::kHopper) {
+    k.item.set_layout(v1::QUANTIZE_LAYOUT_HOPPER);
+    k.item.mutable_hopper()->set_mma_version(spec.mma_version);
+    k.item.mutable_hopper_scale()->set_num_warps(spec.num_warps);
+    k.item.mutable_hopper_scale()->set_align_k(spec.align_k);
+  }
   absl::StatusOr<QuantizePlan> plan =
       MakeQuantizePlan(c.dtype == "float32" ? QuantDtype::kFloat32 : c.dtype == "float16" ? QuantDtype::kFloat16
                                                                                          : QuantDtype::kBfloat16,
                        c.shape, c.rounding == "down" ? ScaleRounding::kDown : ScaleRounding::kUp);
   EXPECT_TRUE(plan.ok());
-  k.values_bytes = static_cast<uint64_t>(plan->values_bytes);
-  k.scales_bytes = static_cast<uint64_t>(plan->scales_bytes);
-  if (blackwell) {
-    absl::StatusOr<FusedBlackwellSizes> s = PlanQuantizeBlackwell(*plan);
-    EXPECT_TRUE(s.ok());
-    k.values_bytes = static_cast<uint64_t>(s->values_bytes);
-    k.scales_bytes = static_cast<uint64_t>(s->scales_bytes);
-  }
+  absl::StatusOr<QuantOutputSizes> sizes = PlanQuantizeLayout(*plan, spec);
+  EXPECT_TRUE(sizes.ok());
+  k.values_bytes = static_cast<uint64_t>(sizes->values_bytes);
+  k.scales_bytes = static_cast<uint64_t>(sizes->scales_bytes);
   k.in = p.runtime.ExportHandle(gpu, c.input.size() + 1);
   if (!c.input.empty()) std::memcpy(k.in.ptr, c.input.data(), c.input.size());
   *k.item.mutable_source()->mutable_ipc() = Buffer(k.in, gpu, c.input.size());
@@ -324,20 +405,21 @@ IpcItem MakeIpcItem(Parts& p, const QuantCase& c, bool blackwell, int gpu) {
 }
 
 // Every reference case IPC -> IPC in one batch on fake GPU 1, and the same inputs fused to
-// the Blackwell pair where the shape allows: written in place, byte-exact (Blackwell: equal
-// to the CPU engine's), nothing past the outputs, no device memory of the daemon's.
+// the Blackwell and the Hopper pairs where the shape allows: written in place, byte-exact
+// (fused: equal to the CPU engine's), nothing past the outputs, no device memory of the
+// daemon's.
 TEST(QuantizeIpc, EveryReferenceCaseIpcToIpcInPlaceWithNoDeviceMemory) {
   Parts p(2);
   std::vector<IpcItem> items;
   std::vector<const QuantCase*> cases;
-  std::vector<bool> fused;
+  std::vector<QuantLayout> fused;
   v1::ConvertBatchRequest req;
   for (const QuantCase& c : QuantCases()) {
-    for (bool blackwell : {false, true}) {
-      if (blackwell && (c.shape.size() < 2 || c.shape.back() % 2 != 0)) continue;
-      items.push_back(MakeIpcItem(p, c, blackwell, 1));
+    for (QuantLayout layout : {QuantLayout::kCanonical, QuantLayout::kBlackwell, QuantLayout::kHopper}) {
+      if (layout != QuantLayout::kCanonical && (c.shape.size() < 2 || c.shape.back() % 2 != 0)) continue;
+      items.push_back(MakeIpcItem(p, c, layout, 1));
       cases.push_back(&c);
-      fused.push_back(blackwell);
+      fused.push_back(layout);
       *req.add_items()->mutable_quantize() = items.back().item;
     }
   }
@@ -349,16 +431,16 @@ TEST(QuantizeIpc, EveryReferenceCaseIpcToIpcInPlaceWithNoDeviceMemory) {
   ASSERT_TRUE(run.ok()) << run;
   ASSERT_EQ(resp.items_size(), req.items_size());
   for (size_t i = 0; i < items.size(); ++i) {
-    SCOPED_TRACE(cases[i]->name + (fused[i] ? " blackwell" : ""));
+    SCOPED_TRACE(cases[i]->name + " layout " + std::to_string(static_cast<int>(fused[i])));
     const IpcItem& k = items[i];
     EXPECT_EQ(resp.items(static_cast<int>(i)).engine(), p.devices->gpu(1).engine_name());
     std::vector<uint8_t> v(k.values.ptr, k.values.ptr + k.values_bytes), s(k.scales.ptr, k.scales.ptr + k.scales_bytes);
-    if (fused[i]) {
+    if (fused[i] != QuantLayout::kCanonical) {
       absl::StatusOr<QuantizePlan> plan = MakeQuantizePlan(
           (*jobs)[i].plan.dtype, cases[i]->shape, (*jobs)[i].plan.rounding);
       std::vector<uint8_t> wv(v.size()), ws(s.size());
-      ASSERT_TRUE(QuantizeBlackwellOnCpu(*plan, cases[i]->input.data(), cases[i]->input.size(), wv.data(), wv.size(),
-                                         ws.data(), ws.size()).ok());
+      ASSERT_TRUE(QuantizeLayoutOnCpu(*plan, HopperOrNot(fused[i]), cases[i]->input.data(), cases[i]->input.size(),
+                                      wv.data(), wv.size(), ws.data(), ws.size()).ok());
       EXPECT_EQ(v, wv);
       EXPECT_EQ(s, ws);
     } else {
@@ -404,8 +486,8 @@ TEST(QuantizeIpc, IpcProblemsNameTheirOperandAndNothingIsWritten) {
   for (const Bad& b : table) {
     SCOPED_TRACE(b.what);
     Parts p(2);
-    IpcItem first = MakeIpcItem(p, c, false, 1);
-    IpcItem second = MakeIpcItem(p, c, false, 1);
+    IpcItem first = MakeIpcItem(p, c, QuantLayout::kCanonical, 1);
+    IpcItem second = MakeIpcItem(p, c, QuantLayout::kCanonical, 1);
     b.edit(p, second);
     v1::ConvertBatchRequest req;
     *req.add_items()->mutable_quantize() = first.item;

@@ -134,6 +134,73 @@ def test_blackwell_equals_quantize_then_the_swizzles(client, case):
     assert q.value_identity.conversion.startswith(f"bfloat16 -> quantize_mxfp4(scale_rounding={_rounding(case)})")
 
 
+# -- the fused Hopper layout -------------------------------------------------------------------
+
+HOPPER_PARAMS = [(3, 8, 2), (2, 4, 4), (3, 1, 64), (2, 16, 2)]
+
+
+def _hopper_by_convert(client, x, rounding, mma_version, num_warps, align_k):
+    """quantize, then hopper_value (mx_axis -2, from packing -2 of the logical [..., K, N]) and
+    hopper_scale (mx_axis -2) of the transposed scales [..., ceil(K/32), N]."""
+    q = wprep.quantize_mxfp4(x, scale_rounding=rounding, client=client)
+    *lead, n, k = x.shape
+    v = client.convert(Spec("hopper_value", mx_axis=-2, mma_version=mma_version, packing_axis=-2), [*lead, k, n],
+                       q.values)
+    s = client.convert(Spec("hopper_scale", mx_axis=-2, num_warps=num_warps, align_k=align_k),
+                       [*lead, (k + 31) // 32, n], q.scales.swapaxes(-2, -1))
+    return v, s
+
+
+def _memory(a):
+    """The bytes of a Hopper output's row-major memory (it is returned as the transposed view)."""
+    return np.ascontiguousarray(a.swapaxes(-1, -2)).tobytes()
+
+
+@pytest.mark.parametrize("params", HOPPER_PARAMS, ids=[f"mma{m}-w{w}-a{a}" for m, w, a in HOPPER_PARAMS])
+@pytest.mark.parametrize("case", CASES[::2], ids=[c["name"] for c in CASES[::2]])
+def test_hopper_equals_quantize_then_the_swizzles(client, case, params):
+    x = _input(case)
+    if x.ndim < 2 or x.shape[-1] % 2:
+        pytest.skip("the fused layouts take a weight [..., N, K] with an even K")
+    mma_version, num_warps, align_k = params
+    q = wprep.quantize_mxfp4(x, layout="hopper_value", scale_rounding=_rounding(case), mma_version=mma_version,
+                             num_warps=num_warps, align_k=align_k, client=client)
+    v, s = _hopper_by_convert(client, x, _rounding(case), *params)
+    assert _memory(q.values) == v.data and _memory(q.scales) == s.data
+    # Shapes and strides as the swizzles report them: the transposed views of row-major memory.
+    assert q.values.shape == tuple(v.shape) and q.scales.shape == tuple(s.shape)
+    assert q.values.strides == tuple(v.strides) and q.scales.strides == tuple(s.strides)
+    assert q.value_identity.layout == f"HopperMXValueLayout(mx_axis=-2, mma_version={mma_version})"
+    assert q.scale_identity.layout == f"HopperMXScaleLayout(mx_axis=-2, num_warps={num_warps})"
+    assert q.value_identity.conversion.startswith("bfloat16 -> quantize_mxfp4(scale_rounding=")
+
+
+def test_hopper_parameters_are_checked_before_sending(client):
+    x = np.zeros((4, 64), np.float32)
+    assert "mma_version" in _invalid(lambda: wprep.quantize_mxfp4(x, layout="hopper_value", mma_version=4,
+                                                                  client=client))
+    assert "num_warps" in _invalid(lambda: wprep.quantize_mxfp4(x, layout="hopper_value", num_warps=3,
+                                                                client=client))
+    assert "align_k" in _invalid(lambda: wprep.quantize_mxfp4(x, layout="hopper_value", align_k=128, client=client))
+    assert "hopper_value" in _invalid(lambda: wprep.quantize_mxfp4(x, num_warps=4, client=client))
+    assert "even K" in _invalid(lambda: wprep.quantize_mxfp4(np.zeros((4, 33), np.float32), layout="hopper_value",
+                                                             client=client))
+
+
+def test_the_daemon_refuses_a_hopper_item_with_mx_axis_minus_1(client):
+    req = pb.ConvertBatchRequest()
+    item = req.items.add().quantize
+    item.dtype = pb.QUANTIZE_DTYPE_FLOAT32
+    item.shape.extend([4, 64])
+    item.layout = pb.QUANTIZE_LAYOUT_HOPPER
+    item.hopper.mx_axis = -1
+    item.source.inline_bytes = bytes(4 * 64 * 4)
+    with pytest.raises(WprepError) as e:
+        client._unary("ConvertBatch", req, None)
+    assert e.value.code == grpc.StatusCode.INVALID_ARGUMENT
+    assert "items[0].quantize.hopper.mx_axis must be -2" in e.value.details
+
+
 def _cli():
     """The wprep CLI: $WPREP_CLI, else the one built next to $WPREPD (build/client/cli/wprep)."""
     from conftest import wprepd_path
@@ -168,6 +235,9 @@ CLI_CASES = [
     ("float32", "up", None, (2, 3, 95)),
     ("float32", "down", "blackwell_value", (1, 257, 64)),
     ("float32", "up", "blackwell_value", (2, 2, 7, 34)),
+    ("bfloat16", "up", "hopper_value", (2, 300, 200)),
+    ("float16", "down", "hopper_value", (3, 70, 96)),
+    ("float32", "up", "hopper_value", (1, 257, 64)),
 ]
 
 
@@ -183,12 +253,14 @@ def test_equals_the_clis_local_engine(client, tmp_path, dtype, rounding, layout,
         cmd += ["--layout", layout]
     subprocess.run(cmd, check=True, capture_output=True)
     q = wprep.quantize_mxfp4(x, layout=layout, scale_rounding=rounding, client=client)
+    if layout == "hopper_value":  # returned as the transposed views of the memory the CLI writes
+        q.values, q.scales = q.values.swapaxes(-1, -2), q.scales.swapaxes(-1, -2)
     assert q.values.tobytes() == (tmp_path / "v").read_bytes()
     assert q.scales.tobytes() == (tmp_path / "s").read_bytes()
     assert (q.values.shape, q.scales.shape) == output_shapes(shape, layout)
 
 
-@pytest.mark.parametrize("layout", [None, "blackwell_value"])
+@pytest.mark.parametrize("layout", [None, "blackwell_value", "hopper_value"])
 def test_the_clients_output_shapes_are_the_daemons(client, layout):
     # A CUDA caller's outputs are allocated from output_shapes before the call: it must give
     # what the daemon answers, ragged and empty shapes included (the call checks the answer too).
@@ -198,6 +270,8 @@ def test_the_clients_output_shapes_are_the_daemons(client, layout):
         shapes += [(0,), (1,), (31,), (33,), (2, 3, 65)]
     for shape in shapes:
         q = wprep.quantize_mxfp4(rng.standard_normal(shape).astype(np.float16), layout=layout, client=client)
+        if layout == "hopper_value":  # the transposed views of the memory output_shapes gives
+            q.values, q.scales = q.values.swapaxes(-1, -2), q.scales.swapaxes(-1, -2)
         assert (q.values.shape, q.scales.shape) == output_shapes(shape, layout), shape
 
 
@@ -228,7 +302,7 @@ def test_bad_shapes_are_refused(client):
 
 def test_bad_arguments_are_refused(client):
     x = np.zeros((2, 32), np.float32)
-    assert "layout" in _invalid(lambda: wprep.quantize_mxfp4(x, layout="hopper_value", client=client))
+    assert "layout" in _invalid(lambda: wprep.quantize_mxfp4(x, layout="blackwell_shuffled_value", client=client))
     assert "scale_rounding" in _invalid(lambda: wprep.quantize_mxfp4(x, scale_rounding="nearest", client=client))
     assert "numpy array" in _invalid(lambda: wprep.quantize_mxfp4([[1.0] * 32], client=client))
     assert "completion" in _invalid(lambda: wprep.quantize_mxfp4(x, completion="later", client=client))
@@ -354,6 +428,28 @@ def test_gpu_cuda_float16_and_float32_equal_the_cpu_engine(client, gpu_client, d
     cpu = wprep.quantize_mxfp4(x, layout="blackwell_value", client=client)
     q = wprep.quantize_mxfp4(torch.from_numpy(x).cuda(), layout="blackwell_value", client=gpu_client)
     assert _bytes(q.values) == cpu.values.tobytes() and _bytes(q.scales) == cpu.scales.tobytes()
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
+def test_gpu_hopper_pair_in_place_equals_the_cpu_engine(client, gpu_client, dtype):
+    torch = _torch_cuda()
+    rng = np.random.default_rng(11)
+    for shape, params in (((3, 300, 200), (3, 8, 2)), ((2, 130, 96), (2, 4, 4)), ((1, 513, 5760), (3, 16, 64))):
+        x = _random(rng, shape, dtype)
+        kw = dict(layout="hopper_value", mma_version=params[0], num_warps=params[1], align_k=params[2])
+        cpu = wprep.quantize_mxfp4(x, client=client, **kw)
+        xc = _cuda_bf16(torch, x) if dtype == "bfloat16" else torch.from_numpy(x).cuda()
+        q = wprep.quantize_mxfp4(xc, client=gpu_client, **kw)
+        assert q.engine.startswith("cuda:"), q.engine
+        assert tuple(q.values.shape) == cpu.values.shape and tuple(q.scales.shape) == cpu.scales.shape
+        assert q.values.stride() == cpu.values.strides and q.scales.stride() == cpu.scales.strides
+        assert _bytes(q.values) == cpu.values.tobytes() and _bytes(q.scales) == cpu.scales.tobytes()
+        # out= is the layouts' row-major memory; the answer views it, addresses kept.
+        mem = output_shapes(shape, "hopper_value", params[1], params[2])
+        out = tuple(torch.full(m, 0xEE, dtype=torch.uint8, device="cuda") for m in mem)
+        r = wprep.quantize_mxfp4(xc, out=out, client=gpu_client, **kw)
+        assert [t.data_ptr() for t in (r.values, r.scales)] == [t.data_ptr() for t in out]
+        assert _bytes(r.values) == cpu.values.tobytes() and _bytes(r.scales) == cpu.scales.tobytes()
 
 
 def test_gpu_cuda_bad_inputs_are_refused(gpu_client):

@@ -34,7 +34,8 @@ from .v1 import wprep_pb2 as pb
 Shape = Tuple[int, ...]
 
 _GROUP = 32
-_LAYOUTS = {None: pb.QUANTIZE_LAYOUT_CANONICAL, "blackwell_value": pb.QUANTIZE_LAYOUT_BLACKWELL}
+_LAYOUTS = {None: pb.QUANTIZE_LAYOUT_CANONICAL, "blackwell_value": pb.QUANTIZE_LAYOUT_BLACKWELL,
+            "hopper_value": pb.QUANTIZE_LAYOUT_HOPPER}
 _ROUNDINGS = {"up": pb.SCALE_ROUNDING_UP, "down": pb.SCALE_ROUNDING_DOWN}
 
 
@@ -76,12 +77,14 @@ def _prod(dims: Sequence[int]) -> int:
     return n
 
 
-def output_shapes(shape: Sequence[int], layout: Optional[str]) -> Tuple[Shape, Shape]:
-    """The (values, scales) shapes the daemon answers for input `shape`; one-byte elements.
+def output_shapes(shape: Sequence[int], layout: Optional[str], num_warps: int = 8,
+                  align_k: int = 2) -> Tuple[Shape, Shape]:
+    """The (values, scales) shapes of the outputs' memory, row-major; one-byte elements.
 
     The same arithmetic as the daemon's planner, so that a CUDA caller's outputs can be
-    allocated (and out= checked) before the call. Raises WprepError(INVALID_ARGUMENT) for a
-    shape the layout cannot take.
+    allocated (and out= checked) before the call. For layout="hopper_value" the daemon reports
+    each output as the transpose of this shape (upstream's view, stride 1 on dim -2). Raises
+    WprepError(INVALID_ARGUMENT) for a shape the layout cannot take.
     """
     shape = tuple(int(d) for d in shape)
     if not shape:
@@ -90,16 +93,23 @@ def output_shapes(shape: Sequence[int], layout: Optional[str]) -> Tuple[Shape, S
     if layout is None:
         return (*shape[:-1], (q + 1) // 2), (*shape[:-1], (q + _GROUP - 1) // _GROUP)
     if len(shape) < 2:
-        raise _bad(f"layout='blackwell_value' takes a weight stored [..., N, K] (rank >= 2); x is {list(shape)}")
+        raise _bad(f"layout={layout!r} takes a weight stored [..., N, K] (rank >= 2); x is {list(shape)}")
     if q % 2:
-        raise _bad(f"layout='blackwell_value' needs an even K (the last dim); x is {list(shape)}")
+        raise _bad(f"layout={layout!r} needs an even K (the last dim); x is {list(shape)}")
     n = shape[-2]
+    if layout == "hopper_value":
+        # hopper_value(mx_axis=-2): Q is [N, K/2] padded to [rup(N, 256), rup(K/2, 64)], stored
+        # as [R/4, 4C]; hopper_scale(mx_axis=-2): S is [N, ceil(K/32)] padded to
+        # [rup(N, 32 * num_warps), rup(ceil(K/32), align_k)], stored as [R/32, 32C].
+        r, c = _round_up(n, 256), _round_up(q // 2, 64)
+        rs, cs = _round_up(n, 32 * num_warps), _round_up((q + _GROUP - 1) // _GROUP, align_k)
+        return (*shape[:-2], r // 4, 4 * c), (*shape[:-2], rs // 32, 32 * cs)
     mats = _prod(shape[:-2]) if n else 0
     per_matrix = _round_up((q + _GROUP - 1) // _GROUP, 8) * _round_up(n, 128)
     return (*shape[:-1], _round_up(q // 2, 128)), (mats, per_matrix if mats else 0)
 
 
-def _check_args(layout: Optional[str], scale_rounding: str, completion: str) -> None:
+def _check_args(layout: Optional[str], scale_rounding: str, completion: str, hopper: Sequence[int]) -> None:
     if completion in ("stream", "async"):
         # The daemon answers a quantize batch once its work is done and refuses fences
         # (UNIMPLEMENTED); say so before anything is exported or sent.
@@ -109,7 +119,15 @@ def _check_args(layout: Optional[str], scale_rounding: str, completion: str) -> 
     if completion != "host":
         raise _bad(f"completion must be 'host'; got {completion!r}")
     if layout not in _LAYOUTS:
-        raise _bad(f"layout must be None (canonical) or 'blackwell_value'; got {layout!r}")
+        raise _bad(f"layout must be None (canonical), 'blackwell_value' or 'hopper_value'; got {layout!r}")
+    mma_version, num_warps, align_k = hopper
+    if layout != "hopper_value" and (mma_version, num_warps, align_k) != (3, 8, 2):
+        raise _bad("mma_version, num_warps and align_k are parameters of layout='hopper_value'")
+    if mma_version not in (2, 3):
+        raise _bad(f"mma_version must be 2 or 3; got {mma_version!r}")
+    for name, v, lo, hi in (("num_warps", num_warps, 1, 32), ("align_k", align_k, 2, 64)):
+        if not isinstance(v, int) or v < lo or v > hi or v & (v - 1):
+            raise _bad(f"{name} must be a power of two in [{lo}, {hi}]; got {v!r}")
     if scale_rounding not in _ROUNDINGS:
         raise _bad(f"scale_rounding must be 'up' or 'down'; got {scale_rounding!r}")
 
@@ -240,7 +258,12 @@ def _fill_cuda(item: "pb.QuantizeItem", x: Any, outs: Sequence[Any], registry: _
 # -- the call --------------------------------------------------------------------------------------
 
 
+def _transposed(shape: Shape) -> Shape:
+    return (*shape[:-2], shape[-1], shape[-2])
+
+
 def _check_answer(item: "pb.BatchItemResult", shapes: Tuple[Shape, Shape]) -> None:
+    """`shapes`: as the daemon reports them."""
     got = [(t.name, tuple(t.shape)) for t in item.outputs]
     if got != [("values", shapes[0]), ("scales", shapes[1])]:
         raise RuntimeError(f"the daemon answered outputs {got}, not values {list(shapes[0])} and scales "
@@ -248,6 +271,7 @@ def _check_answer(item: "pb.BatchItemResult", shapes: Tuple[Shape, Shape]) -> No
 
 
 def quantize_mxfp4(x: Any, *, layout: Optional[str] = None, scale_rounding: str = "up",
+                   mma_version: int = 3, num_warps: int = 8, align_k: int = 2,
                    out: Optional[Sequence[Any]] = None, client: Any = None, timeout: Optional[float] = None,
                    stream: Any = None, completion: str = "host") -> QuantizedMXFP4:
     """Quantizes `x` [..., Q] to MXFP4 (docs/LAYOUTS.md, "Quantization to MXFP4") in one round trip.
@@ -260,7 +284,14 @@ def quantize_mxfp4(x: Any, *, layout: Optional[str] = None, scale_rounding: str 
     layout: None for canonical values [..., ceil(Q/2)] and scales [..., ceil(Q/32)];
     "blackwell_value" for a weight stored [..., N, K] (even K): blackwell_value values
     [..., N, rup(K/2, 128)] and blackwell_scale scales [M, rup(ceil(K/32), 8) * rup(N, 128)]
-    (M matrices), fused in one pass. scale_rounding: "up" (default) or "down".
+    (M matrices), fused in one pass; "hopper_value" for a weight stored [..., N, K] (even K):
+    hopper_value(mx_axis=-2, mma_version) values of the matmul's logical [..., K, N] and
+    hopper_scale(mx_axis=-2, num_warps, align_k) scales of its [..., ceil(K/32), N], fused in
+    one pass, returned as upstream's layouts report them: the transposed views
+    [..., 4*rup(K/2, 64), rup(N, 256)/4] and [..., 32*rup(ceil(K/32), align_k),
+    rup(N, 32*num_warps)/32] (stride 1 on dim -2) of row-major memory; out= takes that memory
+    (output_shapes). scale_rounding: "up" (default) or "down". mma_version (2 or 3), num_warps
+    and align_k: hopper_value's and hopper_scale's parameters (defaults 3, 8, 2).
 
     out: (values, scales) to write in place, of exactly the outputs' bytes: C-contiguous numpy
     arrays (or CPU tensors) for host x, contiguous one-byte CUDA tensors on x's GPU for a CUDA
@@ -278,7 +309,7 @@ def quantize_mxfp4(x: Any, *, layout: Optional[str] = None, scale_rounding: str 
     (before anything is sent) and with the daemon's message for what the daemon refuses
     ("items[0].quantize..."), ExpandableSegmentsError for CUDA memory that cannot be shared.
     """
-    _check_args(layout, scale_rounding, completion)
+    _check_args(layout, scale_rounding, completion, (mma_version, num_warps, align_k))
     if client is None:
         from ._mxfp4 import default_client
 
@@ -287,11 +318,16 @@ def quantize_mxfp4(x: Any, *, layout: Optional[str] = None, scale_rounding: str 
     item = req.items.add().quantize
     item.layout = _LAYOUTS[layout]
     item.scale_rounding = _ROUNDINGS[scale_rounding]
+    hopper = layout == "hopper_value"
+    if hopper:
+        item.hopper.mma_version = mma_version
+        item.hopper_scale.num_warps = num_warps
+        item.hopper_scale.align_k = align_k
     cuda = _torch.is_cuda_tensor(x)
     torch_in = False
     if cuda:
         item.dtype = _cuda_dtype(x)
-        shapes = output_shapes(x.shape, layout)
+        shapes = output_shapes(x.shape, layout, num_warps, align_k)
         if not x.is_contiguous():
             raise _bad(f"a CUDA x is read in place and must be contiguous (row-major); got strides {list(x.stride())}"
                        "; pass x.contiguous()")
@@ -305,13 +341,15 @@ def quantize_mxfp4(x: Any, *, layout: Optional[str] = None, scale_rounding: str 
     else:
         a, torch_in = _host_array(x)
         item.dtype, item.source.inline_bytes = _numpy_source(a)
-        shapes = output_shapes(a.shape, layout)
+        shapes = output_shapes(a.shape, layout, num_warps, align_k)
         item.shape.extend(a.shape)
         if out is not None:
             _check_host_out(out, shapes, torch_in)
     resp = client._unary("ConvertBatch", req, timeout)
     r = resp.items[0]
-    _check_answer(r, shapes)
+    _check_answer(r, tuple(_transposed(s) for s in shapes) if hopper else shapes)
     results = outs if cuda else _host_outputs(r, shapes, out, torch_in)
+    if hopper:  # upstream's views of the row-major memory
+        results = [t.transpose(-1, -2) if _torch.is_tensor(t) else t.swapaxes(-1, -2) for t in results]
     return QuantizedMXFP4(results[0], results[1], LayoutIdentity.from_proto(r.outputs[0].identity),
                           LayoutIdentity.from_proto(r.outputs[1].identity), r.engine, r.kernel_seconds)

@@ -243,10 +243,10 @@ class Cuda final : public DeviceRuntime {
     WPREP_CUDA_RETURN_IF_ERROR(cudaSetDevice(gpu));  // RunMoeCuda launches on the current device
     return RunMoeCuda(plan, in, out, s);
   }
-  absl::Status Quantize(int gpu, const QuantizePlan& plan, bool blackwell, const void* in, void* values, void* scales,
-                        Stream s) override {
+  absl::Status Quantize(int gpu, const QuantizePlan& plan, const QuantLayoutSpec& layout, const void* in,
+                        void* values, void* scales, Stream s) override {
     WPREP_CUDA_RETURN_IF_ERROR(cudaSetDevice(gpu));
-    return blackwell ? QuantizeBlackwellOnCuda(plan, in, values, scales, s) : QuantizeOnCuda(plan, in, values, scales, s);
+    return QuantizeLayoutOnCuda(plan, layout, in, values, scales, s);
   }
   absl::Status Synchronize(int gpu, Stream s) override {
     WPREP_CUDA_RETURN_IF_ERROR(cudaSetDevice(gpu));

@@ -116,11 +116,11 @@ class DeviceRuntime {
     (void)gpu, (void)plan, (void)in, (void)out, (void)stream;
     return absl::UnimplementedError("this device runtime has no trtllm-gen MoE engine");
   }
-  // quantize_mxfp4 between device buffers of `gpu` (QuantizeOnCuda, or with `blackwell`
-  // QuantizeBlackwellOnCuda: launches on `stream`, nothing allocated).
-  virtual absl::Status Quantize(int gpu, const QuantizePlan& plan, bool blackwell, const void* in, void* values,
-                                void* scales, Stream stream) {
-    (void)gpu, (void)plan, (void)blackwell, (void)in, (void)values, (void)scales, (void)stream;
+  // quantize_mxfp4 between device buffers of `gpu` into `layout` (QuantizeLayoutOnCuda:
+  // launches on `stream`, nothing allocated).
+  virtual absl::Status Quantize(int gpu, const QuantizePlan& plan, const QuantLayoutSpec& layout, const void* in,
+                                void* values, void* scales, Stream stream) {
+    (void)gpu, (void)plan, (void)layout, (void)in, (void)values, (void)scales, (void)stream;
     return absl::UnimplementedError("this device runtime has no quantization engine");
   }
   virtual std::unique_ptr<DeviceTimer> NewTimer(int gpu) = 0;

@@ -60,6 +60,34 @@ const char* DTypeName(QuantDtype d) {
   return "?";
 }
 
+// The conversion a fused Hopper output equals: the swizzle of the logical [..., K, N]
+// (values, from packing -2) or of its scales [..., ceil(K/32), N].
+ConversionSpec HopperSpecOf(const QuantizeJob& job, bool values) {
+  ConversionSpec spec;
+  spec.direction = Direction::kSwizzle;
+  if (values) {
+    spec.layout = Layout::kHopperValue;
+    spec.hopper.mx_axis = -2;
+    spec.hopper.mma_version = job.layout.mma_version;
+    spec.packing_axis = -2;
+  } else {
+    spec.layout = Layout::kHopperScale;
+    spec.hopper_scale.mx_axis = -2;
+    spec.hopper_scale.num_warps = job.layout.num_warps;
+    spec.hopper_scale.align_k = job.layout.align_k;
+  }
+  return spec;
+}
+
+std::vector<int64_t> HopperLogicalShape(const QuantizeJob& job, bool values) {
+  std::vector<int64_t> shape(job.plan.input_shape.begin(), job.plan.input_shape.end());
+  const size_t r = shape.size();
+  const int64_t n = shape[r - 2], k = shape[r - 1];
+  shape[r - 2] = values ? k : (k + 31) / 32;
+  shape[r - 1] = n;
+  return shape;
+}
+
 absl::StatusOr<QuantizeJob> JobFromProto(const v1::QuantizeItem& item, const std::string& prefix,
                                          const MoeLimits& limits) {
   QuantizeJob job;
@@ -67,24 +95,55 @@ absl::StatusOr<QuantizeJob> JobFromProto(const v1::QuantizeItem& item, const std
   if (!dtype.ok()) return dtype.status();
   absl::StatusOr<ScaleRounding> rounding = RoundingFromProto(item.scale_rounding(), prefix + ".scale_rounding");
   if (!rounding.ok()) return rounding.status();
-  if (item.layout() != v1::QUANTIZE_LAYOUT_UNSPECIFIED && item.layout() != v1::QUANTIZE_LAYOUT_CANONICAL &&
-      item.layout() != v1::QUANTIZE_LAYOUT_BLACKWELL) {
-    return Bad(absl::StrCat(prefix, ".layout must be QUANTIZE_LAYOUT_CANONICAL or QUANTIZE_LAYOUT_BLACKWELL, got ",
-                            static_cast<int>(item.layout())));
+  switch (item.layout()) {
+    case v1::QUANTIZE_LAYOUT_UNSPECIFIED:
+    case v1::QUANTIZE_LAYOUT_CANONICAL:
+      break;
+    case v1::QUANTIZE_LAYOUT_BLACKWELL:
+      job.layout.layout = QuantLayout::kBlackwell;
+      break;
+    case v1::QUANTIZE_LAYOUT_HOPPER:
+      job.layout.layout = QuantLayout::kHopper;
+      break;
+    default:
+      return Bad(absl::StrCat(prefix, ".layout must be QUANTIZE_LAYOUT_CANONICAL, QUANTIZE_LAYOUT_BLACKWELL or ",
+                              "QUANTIZE_LAYOUT_HOPPER, got ", static_cast<int>(item.layout())));
   }
-  job.blackwell = item.layout() == v1::QUANTIZE_LAYOUT_BLACKWELL;
+  if (job.layout.layout != QuantLayout::kHopper && (item.has_hopper() || item.has_hopper_scale())) {
+    return Bad(absl::StrCat(prefix, item.has_hopper() ? ".hopper" : ".hopper_scale",
+                            " is for layout QUANTIZE_LAYOUT_HOPPER only; leave it unset"));
+  }
+  if (job.layout.layout == QuantLayout::kHopper) {
+    const std::pair<const char*, bool> axes[] = {
+        {".hopper.mx_axis", item.hopper().has_mx_axis() && item.hopper().mx_axis() != -2},
+        {".hopper_scale.mx_axis", item.hopper_scale().has_mx_axis() && item.hopper_scale().mx_axis() != -2}};
+    for (const auto& [field, bad] : axes) {
+      if (bad) {
+        return Bad(absl::StrCat(prefix, field, " must be -2 (or unset): a weight quantized along K has its scale ",
+                                "groups on the matmul's reduction axis, logical axis -2"));
+      }
+    }
+    if (item.hopper().has_mma_version()) job.layout.mma_version = item.hopper().mma_version();
+    if (item.hopper_scale().has_num_warps()) job.layout.num_warps = item.hopper_scale().num_warps();
+    if (item.hopper_scale().has_align_k()) job.layout.align_k = item.hopper_scale().align_k();
+  }
   absl::StatusOr<QuantizePlan> plan = MakeQuantizePlan(*dtype, ShapeFromProto(item.shape()), *rounding);
   if (!plan.ok()) return Bad(absl::StrCat(prefix, ".shape: ", plan.status().message()));
   job.plan = *std::move(plan);
-  job.values_bytes = static_cast<uint64_t>(job.plan.values_bytes);
-  job.scales_bytes = static_cast<uint64_t>(job.plan.scales_bytes);
+  absl::StatusOr<QuantOutputSizes> out_sizes = PlanQuantizeLayout(job.plan, job.layout);
+  if (!out_sizes.ok()) {
+    return Bad(absl::StrCat(prefix, job.layout.layout == QuantLayout::kBlackwell ? ".layout QUANTIZE_LAYOUT_BLACKWELL: "
+                            : job.layout.layout == QuantLayout::kHopper      ? ".layout QUANTIZE_LAYOUT_HOPPER: "
+                                                                              : ".layout: ",
+                            out_sizes.status().message()));
+  }
+  job.values_bytes = static_cast<uint64_t>(out_sizes->values_bytes);
+  job.scales_bytes = static_cast<uint64_t>(out_sizes->scales_bytes);
   job.values_shape = job.plan.values_shape;
   job.scales_shape = job.plan.scales_shape;
-  if (job.blackwell) {
-    absl::StatusOr<FusedBlackwellSizes> sizes = PlanQuantizeBlackwell(job.plan);
-    if (!sizes.ok()) return Bad(absl::StrCat(prefix, ".layout QUANTIZE_LAYOUT_BLACKWELL: ", sizes.status().message()));
-    job.values_bytes = static_cast<uint64_t>(sizes->values_bytes);
-    job.scales_bytes = static_cast<uint64_t>(sizes->scales_bytes);
+  job.values_strides = DenseStrides(job.values_shape);
+  job.scales_strides = DenseStrides(job.scales_shape);
+  if (job.layout.layout == QuantLayout::kBlackwell) {
     const size_t r = job.plan.input_shape.size();
     const int64_t n = job.plan.input_shape[r - 2], k = job.plan.q;
     job.values_shape.assign(job.plan.input_shape.begin(), job.plan.input_shape.end() - 1);
@@ -92,6 +151,21 @@ absl::StatusOr<QuantizeJob> JobFromProto(const v1::QuantizeItem& item, const std
     job.values_shape.push_back((k / 2 + 127) / 128 * 128);
     const int64_t mats = n == 0 ? 0 : job.plan.rows / n;
     job.scales_shape = {mats, job.scales_bytes == 0 || mats == 0 ? 0 : static_cast<int64_t>(job.scales_bytes) / mats};
+    job.values_strides = DenseStrides(job.values_shape);
+    job.scales_strides = DenseStrides(job.scales_shape);
+  }
+  if (job.layout.layout == QuantLayout::kHopper) {
+    // Shapes and strides as a convert item's swizzle reports them (the upstream layout
+    // objects' transposed views), from the conversion planner.
+    for (bool values : {true, false}) {
+      absl::StatusOr<Plan> p = MakePlan(HopperSpecOf(job, values), HopperLogicalShape(job, values));
+      if (!p.ok() || p->output_bytes != (values ? job.values_bytes : job.scales_bytes)) {
+        return absl::InternalError(absl::StrCat(prefix, ": the Hopper ", values ? "value" : "scale",
+                                                " layout's plan disagrees with the fused quantizer's"));
+      }
+      (values ? job.values_shape : job.scales_shape) = p->output_shape;
+      (values ? job.values_strides : job.scales_strides) = p->output_strides;
+    }
   }
   const uint64_t input_bytes = static_cast<uint64_t>(job.plan.input_bytes);
   const std::pair<const char*, uint64_t> sizes[] = {
@@ -161,11 +235,15 @@ v1::LayoutIdentity IdentityOf(const QuantizeJob& job, bool values) {
       absl::StrCat(DTypeName(job.plan.dtype), " -> quantize_mxfp4(scale_rounding=",
                    job.plan.rounding == ScaleRounding::kUp ? "up" : "down", ")");
   v1::LayoutIdentity id;
-  if (job.blackwell) {
+  if (job.layout.layout != QuantLayout::kCanonical) {
     ConversionSpec spec;
-    spec.layout = values ? Layout::kBlackwellValue : Layout::kBlackwellScale;
-    spec.direction = Direction::kSwizzle;
-    spec.packing_axis = -2;
+    if (job.layout.layout == QuantLayout::kHopper) {
+      spec = HopperSpecOf(job, values);
+    } else {
+      spec.layout = values ? Layout::kBlackwellValue : Layout::kBlackwellScale;
+      spec.direction = Direction::kSwizzle;
+      spec.packing_axis = -2;
+    }
     id = IdentityToProto(spec);
     id.set_conversion(absl::StrCat(quantize, " -> ", id.conversion()));
     return id;
@@ -181,7 +259,7 @@ void AddOutput(const QuantizeJob& job, bool values, v1::BatchItemResult* item) {
   t->set_name(values ? "values" : "scales");
   const std::vector<int64_t>& shape = values ? job.values_shape : job.scales_shape;
   for (int64_t d : shape) t->add_shape(d);
-  for (int64_t s : DenseStrides(shape)) t->add_strides(s);
+  for (int64_t s : values ? job.values_strides : job.scales_strides) t->add_strides(s);
   t->set_bytes(values ? job.values_bytes : job.scales_bytes);
   *t->mutable_identity() = IdentityOf(job, values);
 }
@@ -219,7 +297,7 @@ absl::StatusOr<Mapped> MapJob(const QuantizeJob& job, const std::string& prefix,
 absl::Status Queue(const QuantizeJob& job, const Mapped& m, size_t index, GpuQueues& queues) {
   absl::StatusOr<Stream> stream = queues.StreamOf(*m.gpu);
   if (!stream.ok()) return stream.status();
-  WPREP_RETURN_IF_ERROR(m.gpu->runtime().Quantize(m.gpu->ordinal(), job.plan, job.blackwell, m.in.ptr(),
+  WPREP_RETURN_IF_ERROR(m.gpu->runtime().Quantize(m.gpu->ordinal(), job.plan, job.layout, m.in.ptr(),
                                                   m.values.ptr(), m.scales.ptr(), *stream));
   queues.Queued(*m.gpu, index);
   return absl::OkStatus();
@@ -234,9 +312,8 @@ absl::Status RunInline(const QuantizeJob& job, v1::BatchItemResult* item) {
   auto* v = reinterpret_cast<uint8_t*>(values->data());
   auto* s = reinterpret_cast<uint8_t*>(scales->data());
   const absl::Time start = absl::Now();
-  absl::Status st = job.blackwell
-                        ? QuantizeBlackwellOnCpu(job.plan, in, job.input.size(), v, values->size(), s, scales->size())
-                        : QuantizeOnCpu(job.plan, in, job.input.size(), v, values->size(), s, scales->size());
+  absl::Status st = QuantizeLayoutOnCpu(job.plan, job.layout, in, job.input.size(), v, values->size(), s,
+                                        scales->size());
   item->set_engine("cpu");
   item->set_kernel_seconds(absl::ToDoubleSeconds(absl::Now() - start));
   return st;

@@ -1,5 +1,5 @@
 // The quantize batch item (ConvertBatchRequest.items[i].quantize: quantize_mxfp4, canonical
-// or fused to the Blackwell layouts) at the daemon's wire edge: the item checked and planned
+// or fused to the Blackwell or Hopper layouts) at the daemon's wire edge: the item checked and planned
 // (MakeQuantizePlan) before any work, errors naming the field (items[2].quantize.shape: ...),
 // then run: inline bytes on the CPU engine, CUDA IPC operands on the GPU that owns them (in
 // place, no device memory of the daemon's).
@@ -23,9 +23,10 @@ namespace wprep::server {
 // One quantize item, planned. `input` views the request, which must outlive the job.
 struct QuantizeJob {
   QuantizePlan plan;
-  bool blackwell = false;               // the fused blackwell_value + blackwell_scale pair
+  QuantLayoutSpec layout;               // canonical, or a fused pair
   uint64_t values_bytes = 0, scales_bytes = 0;
-  std::vector<int64_t> values_shape, scales_shape;
+  std::vector<int64_t> values_shape, scales_shape;      // as reported
+  std::vector<int64_t> values_strides, scales_strides;  // elements (bytes: uint8 outputs)
   absl::string_view input;              // inline bytes
   IpcRegion input_ipc, values_ipc, scales_ipc;
   bool ipc = false;

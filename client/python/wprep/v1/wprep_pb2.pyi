@@ -27,6 +27,7 @@ QUANTIZE_DTYPE_FLOAT32: QuantizeDType
 QUANTIZE_DTYPE_UNSPECIFIED: QuantizeDType
 QUANTIZE_LAYOUT_BLACKWELL: QuantizeLayout
 QUANTIZE_LAYOUT_CANONICAL: QuantizeLayout
+QUANTIZE_LAYOUT_HOPPER: QuantizeLayout
 QUANTIZE_LAYOUT_UNSPECIFIED: QuantizeLayout
 SCALE_ROUNDING_DOWN: ScaleRounding
 SCALE_ROUNDING_UNSPECIFIED: ScaleRounding
@@ -516,8 +517,10 @@ class PlanResponse(_message.Message):
     def __init__(self, input_shape: _Optional[_Iterable[int]] = ..., input_strides: _Optional[_Iterable[int]] = ..., input_bytes: _Optional[int] = ..., output_shape: _Optional[_Iterable[int]] = ..., output_strides: _Optional[_Iterable[int]] = ..., output_bytes: _Optional[int] = ..., description: _Optional[str] = ..., identity: _Optional[_Union[LayoutIdentity, _Mapping]] = ...) -> None: ...
 
 class QuantizeItem(_message.Message):
-    __slots__ = ["dtype", "layout", "scale_rounding", "scales", "shape", "source", "values"]
+    __slots__ = ["dtype", "hopper", "hopper_scale", "layout", "scale_rounding", "scales", "shape", "source", "values"]
     DTYPE_FIELD_NUMBER: _ClassVar[int]
+    HOPPER_FIELD_NUMBER: _ClassVar[int]
+    HOPPER_SCALE_FIELD_NUMBER: _ClassVar[int]
     LAYOUT_FIELD_NUMBER: _ClassVar[int]
     SCALES_FIELD_NUMBER: _ClassVar[int]
     SCALE_ROUNDING_FIELD_NUMBER: _ClassVar[int]
@@ -525,13 +528,15 @@ class QuantizeItem(_message.Message):
     SOURCE_FIELD_NUMBER: _ClassVar[int]
     VALUES_FIELD_NUMBER: _ClassVar[int]
     dtype: QuantizeDType
+    hopper: HopperValueParams
+    hopper_scale: HopperScaleParams
     layout: QuantizeLayout
     scale_rounding: ScaleRounding
     scales: TensorDestination
     shape: _containers.RepeatedScalarFieldContainer[int]
     source: TensorSource
     values: TensorDestination
-    def __init__(self, dtype: _Optional[_Union[QuantizeDType, str]] = ..., shape: _Optional[_Iterable[int]] = ..., scale_rounding: _Optional[_Union[ScaleRounding, str]] = ..., layout: _Optional[_Union[QuantizeLayout, str]] = ..., source: _Optional[_Union[TensorSource, _Mapping]] = ..., values: _Optional[_Union[TensorDestination, _Mapping]] = ..., scales: _Optional[_Union[TensorDestination, _Mapping]] = ...) -> None: ...
+    def __init__(self, dtype: _Optional[_Union[QuantizeDType, str]] = ..., shape: _Optional[_Iterable[int]] = ..., scale_rounding: _Optional[_Union[ScaleRounding, str]] = ..., layout: _Optional[_Union[QuantizeLayout, str]] = ..., source: _Optional[_Union[TensorSource, _Mapping]] = ..., values: _Optional[_Union[TensorDestination, _Mapping]] = ..., scales: _Optional[_Union[TensorDestination, _Mapping]] = ..., hopper: _Optional[_Union[HopperValueParams, _Mapping]] = ..., hopper_scale: _Optional[_Union[HopperScaleParams, _Mapping]] = ...) -> None: ...
 
 class RegisterIpcHandlesRequest(_message.Message):
     __slots__ = ["handles"]

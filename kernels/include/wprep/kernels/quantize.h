@@ -72,11 +72,55 @@ absl::Status QuantizeOnCuda(const QuantizePlan& plan, const void* in, void* valu
 absl::Status QuantizeBlackwellOnCuda(const QuantizePlan& plan, const void* in, void* values,
                                      void* scales, CudaStream stream);
 
+// Where quantized values and scales go: canonical storage, or one of the fused pairs of a
+// weight stored [..., N, K] (quantized along K into the checkpoint-order MXFP4 of the
+// matmul's logical [..., K, N]).
+enum class QuantLayout {
+  kCanonical,  // values [..., ceil(Q/2)], scales [..., ceil(Q/32)]
+  kBlackwell,  // blackwell_value + blackwell_scale (QuantizeBlackwellOnCpu)
+  // hopper_value(mx_axis=-2, mma_version) of the logical [..., K, N] from packing -2, and
+  // hopper_scale(mx_axis=-2, num_warps, align_k) of its scales [..., ceil(K/32), N]:
+  // byte-equal to QuantizeOnCpu followed by those two swizzles.
+  kHopper,
+};
+
+struct QuantLayoutSpec {
+  QuantLayout layout = QuantLayout::kCanonical;
+  // kHopper only: mma_version 2 or 3; num_warps a power of two in [1, 32]; align_k a power
+  // of two in [2, 64] (the scale groups zero-padded to a multiple of it first).
+  int mma_version = 3;
+  int num_warps = 8;
+  int align_k = 2;
+};
+
+struct QuantOutputSizes {
+  int64_t values_bytes = 0;
+  int64_t scales_bytes = 0;
+};
+
+// The byte sizes `spec` writes for `plan`; INVALID_ARGUMENT for a shape or parameter the
+// layout cannot take (the fused pairs need rank >= 2 and an even K).
+absl::StatusOr<QuantOutputSizes> PlanQuantizeLayout(const QuantizePlan& plan, const QuantLayoutSpec& spec);
+
+// Quantizes into `spec`'s layout on the CPU. The fused layouts write each output byte from
+// its group quantized on the fly (no canonical copy of the tensor); buffer sizes must be
+// PlanQuantizeLayout's.
+absl::Status QuantizeLayoutOnCpu(const QuantizePlan& plan, const QuantLayoutSpec& spec, const uint8_t* in,
+                                 size_t in_size, uint8_t* values, size_t values_size, uint8_t* scales,
+                                 size_t scales_size);
+
+// The same on the GPU (device pointers on one GPU; launches on `stream`, no allocation, no
+// synchronization). The Hopper pair is one launch: a block quantizes a tile into shared
+// memory and writes both layouts from it. Unimplemented in a build without CUDA.
+absl::Status QuantizeLayoutOnCuda(const QuantizePlan& plan, const QuantLayoutSpec& spec, const void* in,
+                                  void* values, void* scales, CudaStream stream);
+
 // For tools and tests: host buffers in and out through device buffers of GPU `device`
-// (allocated, freed, synchronized). Sizes must match the plan exactly.
+// (allocated, freed, synchronized), in `spec`'s layout. Sizes must be PlanQuantizeLayout's.
 absl::Status QuantizeHostBuffersOnCuda(const QuantizePlan& plan, const uint8_t* in,
                                        size_t in_size, uint8_t* values, size_t values_size,
-                                       uint8_t* scales, size_t scales_size, int device);
+                                       uint8_t* scales, size_t scales_size, int device,
+                                       const QuantLayoutSpec& spec = {});
 
 }  // namespace wprep
 
