@@ -404,6 +404,7 @@ struct Quantization {
   std::vector<int64_t> blocks_shape, scales_shape;
   uint64_t blocks_begin = 0, scales_begin = 0;  // offsets in the file's data section
   bool fused = false;
+  QuantLayoutSpec layout;  // fused: the pair the quantizer writes
   FusedPart values, scales;
   uint64_t BlocksBytes() const { return fused ? values.plan.output_bytes : static_cast<uint64_t>(plan.values_bytes); }
   uint64_t ScalesBytes() const { return fused ? scales.plan.output_bytes : static_cast<uint64_t>(plan.scales_bytes); }
@@ -612,7 +613,19 @@ class Converter {
       part->conversion = *conv;
       part->plan = *std::move(plan);
     }
-    absl::StatusOr<FusedBlackwellSizes> sizes = PlanQuantizeBlackwell(q.plan);
+    const ConversionSpec& vs = q.values.conversion.spec;
+    const ConversionSpec& ss = q.scales.conversion.spec;
+    if (vs.layout == Layout::kBlackwellValue && ss.layout == Layout::kBlackwellScale) {
+      q.layout.layout = QuantLayout::kBlackwell;
+    } else if (vs.layout == Layout::kHopperValue && ss.layout == Layout::kHopperScale && vs.hopper.mx_axis == -2 &&
+               ss.hopper_scale.mx_axis == -2) {
+      q.layout = {QuantLayout::kHopper, vs.hopper.mma_version, ss.hopper_scale.num_warps, ss.hopper_scale.align_k};
+    } else {
+      return absl::UnimplementedError(
+          "quantizing straight into a layout serves blackwell_value with blackwell_scale, and hopper_value with "
+          "hopper_scale at mx axis -2; run --quantize alone, then --layout on its output");
+    }
+    absl::StatusOr<QuantOutputSizes> sizes = PlanQuantizeLayout(q.plan, q.layout);
     if (!sizes.ok()) return sizes.status();
     if (static_cast<uint64_t>(sizes->values_bytes) != q.values.plan.output_bytes ||
         static_cast<uint64_t>(sizes->scales_bytes) != q.scales.plan.output_bytes) {
@@ -988,9 +1001,10 @@ class Converter {
     return absl::InternalError("unknown job");
   }
 
-  // One tensor quantized from the input's mapping straight into the output's: fused on
-  // the CPU, or in pieces of whole rows (each row quantizes on its own, so the bytes are
-  // the whole tensor's) of at most --piece-bytes in, on the CPU or the --device GPU.
+  // One tensor quantized from the input's mapping straight into the output's, on the CPU or
+  // the --device GPU, in pieces of at most --piece-bytes in (at least one unit each): whole
+  // rows (each row quantizes on its own), or fused, whole matrices (each lays out on its
+  // own). Either way the bytes are the whole tensor's.
   absl::Status RunQuantize(const Job& job) {
     const OutFile& out = outs_[static_cast<size_t>(job.file)];
     const OutTensor& t = out.tensors[static_cast<size_t>(job.tensor)];
@@ -999,25 +1013,26 @@ class Converter {
     uint8_t* blocks = out.map + out.header.size() + q.blocks_begin;
     uint8_t* scales = out.map + out.header.size() + q.scales_begin;
     absl::Status s;
-    if (q.fused) {
-      s = QuantizeBlackwellOnCpu(q.plan, in.data(), in.size(), blocks, q.BlocksBytes(), scales, q.ScalesBytes());
-    } else {
-      const int64_t row_in = q.plan.input_bytes / std::max<int64_t>(q.plan.rows, 1);
-      const int64_t row_v = q.plan.values_bytes / std::max<int64_t>(q.plan.rows, 1);
-      const int64_t row_s = q.plan.scales_bytes / std::max<int64_t>(q.plan.rows, 1);
-      const int64_t step = std::max<int64_t>(1, static_cast<int64_t>(args_.piece_bytes) / std::max<int64_t>(row_in, 1));
-      for (int64_t first = 0; first < q.plan.rows && s.ok(); first += step) {
-        const int64_t n = std::min(step, q.plan.rows - first);
-        absl::StatusOr<QuantizePlan> piece = MakeQuantizePlan(q.plan.dtype, {n, q.plan.q}, q.plan.rounding);
-        if (!piece.ok()) return piece.status();
-        const uint8_t* src = in.data() + first * row_in;
-        uint8_t* v = blocks + first * row_v;
-        uint8_t* sc = scales + first * row_s;
-        const size_t in_n = static_cast<size_t>(n * row_in), v_n = static_cast<size_t>(n * row_v),
-                     s_n = static_cast<size_t>(n * row_s);
-        s = args_.device < 0 ? QuantizeOnCpu(*piece, src, in_n, v, v_n, sc, s_n)
-                             : QuantizeHostBuffersOnCuda(*piece, src, in_n, v, v_n, sc, s_n, args_.device);
-      }
+    // A unit: a row [Q], or fused, a matrix [N, K]; each piece is a plan of whole units.
+    const int64_t units = q.fused ? (q.plan.input_shape.end()[-2] == 0 ? 0 : q.plan.rows / q.plan.input_shape.end()[-2])
+                                  : q.plan.rows;
+    const int64_t unit_in = q.plan.input_bytes / std::max<int64_t>(units, 1);
+    const int64_t unit_v = static_cast<int64_t>(q.BlocksBytes()) / std::max<int64_t>(units, 1);
+    const int64_t unit_s = static_cast<int64_t>(q.ScalesBytes()) / std::max<int64_t>(units, 1);
+    const int64_t step = std::max<int64_t>(1, static_cast<int64_t>(args_.piece_bytes) / std::max<int64_t>(unit_in, 1));
+    for (int64_t first = 0; first < units && s.ok(); first += step) {
+      const int64_t n = std::min(step, units - first);
+      std::vector<int64_t> shape = {n, q.plan.q};
+      if (q.fused) shape = {n, q.plan.input_shape.end()[-2], q.plan.q};
+      absl::StatusOr<QuantizePlan> piece = MakeQuantizePlan(q.plan.dtype, shape, q.plan.rounding);
+      if (!piece.ok()) return piece.status();
+      const uint8_t* src = in.data() + first * unit_in;
+      uint8_t* v = blocks + first * unit_v;
+      uint8_t* sc = scales + first * unit_s;
+      const size_t in_n = static_cast<size_t>(n * unit_in), v_n = static_cast<size_t>(n * unit_v),
+                   s_n = static_cast<size_t>(n * unit_s);
+      s = args_.device < 0 ? QuantizeLayoutOnCpu(*piece, q.layout, src, in_n, v, v_n, sc, s_n)
+                           : QuantizeHostBuffersOnCuda(*piece, src, in_n, v, v_n, sc, s_n, args_.device, q.layout);
     }
     if (!s.ok()) return Prefixed(s, q.tensor->name);
     progress_->AddBytes(in.size());
@@ -1199,15 +1214,16 @@ flags::FlagSet ConvertSafetensorsFlags() {
       "With --quantize instead, the BF16/F16/F32 tensors the patterns name, each NAME of shape\n"
       "[..., Q] (Q a multiple of 32), are quantized to MXFP4 in this process (no daemon):\n"
       "NAME_blocks U8 [..., Q/32, 16] and NAME_scales U8 [..., Q/32], the pair --layout reads;\n"
-      "__metadata__ records each as wprep.quantized.NAME. With --layout blackwell_value too, the\n"
-      "pair is written already converted, as --layout would convert it.\n");
+      "__metadata__ records each as wprep.quantized.NAME. With --layout blackwell_value, or\n"
+      "hopper_value at --mx-axis -2, too, the pair is written already converted, as --layout\n"
+      "would convert it.\n");
   fs.String("layout", "L", "", "the values' layout: hopper_value, blackwell_value or blackwell_shuffled_value");
   fs.String("quantize", "PATTERNS", "",
             "fnmatch(3) globs of the BF16/F16/F32 tensors to quantize to MXFP4, separated by ';' or ','; "
-            "with --layout blackwell_value they are written laid out (fused)");
+            "with --layout blackwell_value or hopper_value they are written laid out (fused)");
   fs.String("scale-rounding", "up|down", "up", "with --quantize: how a group's e8m0 scale rounds");
   fs.String("device", "cpu|cuda:N", "cpu",
-            "with --quantize: where this process quantizes (cuda:N: not yet with --layout)");
+            "with --quantize: where this process quantizes");
   fs.String("scale-layout", "L", "",
             "hopper_scale or blackwell_scale (default: hopper_scale for hopper_value, "
             "blackwell_scale for the Blackwell layouts)");
@@ -1242,10 +1258,6 @@ absl::Status ParseQuantizeFlags(const Flags& flags, ConvertSafetensorsArgs* out)
     if (q == nullptr) return Bad("--device is for --quantize");
     absl::StatusOr<int> device = ParseDevice(*d);
     if (!device.ok()) return device.status();
-    if (*device >= 0 && flags.Get("--layout") != nullptr) {
-      return absl::UnimplementedError(absl::StrCat("--device ", *d, " with --layout: quantizing straight into a layout "
-                                                   "runs on the CPU only so far; use --device cpu"));
-    }
     out->device = *device;
   }
   if (q == nullptr) return absl::OkStatus();
@@ -1332,10 +1344,14 @@ absl::StatusOr<ConvertSafetensorsArgs> ParseConvertSafetensorsArgs(const std::ve
   out.values = *v;
   out.values.packing_axis = -2;
   out.scales = *s;
-  if (!out.quantize.empty() && (*values != Layout::kBlackwellValue || scales != Layout::kBlackwellScale)) {
+  const bool blackwell_pair = *values == Layout::kBlackwellValue && scales == Layout::kBlackwellScale;
+  const bool hopper_pair = *values == Layout::kHopperValue && scales == Layout::kHopperScale &&
+                           out.values.hopper.mx_axis == -2 && out.scales.hopper_scale.mx_axis == -2;
+  if (!out.quantize.empty() && !blackwell_pair && !hopper_pair) {
     return absl::UnimplementedError(absl::StrCat(
         "--quantize with --layout ", *layout, ": quantizing straight into a layout serves blackwell_value with "
-        "blackwell_scale so far; run --quantize alone, then --layout on its output"));
+        "blackwell_scale, and hopper_value with hopper_scale at --mx-axis -2; run --quantize alone, then --layout "
+        "on its output"));
   }
   return ParseRunFlags(*flags, out);
 }

@@ -123,6 +123,9 @@ class CliSafetensorsQuantizeTest : public testing::SharedDaemonTest<CliSafetenso
     EXPECT_EQ(r.exit_code, 0) << r.err;
     return {Bytes(dir_ / "q.v"), Bytes(dir_ / "q.s")};
   }
+
+  // The body of FusedLayoutEqualsQuantizeThenConvert for one --layout (and its flags).
+  void FusedLayoutEqualsQuantizeThenConvert(const std::string& layout, const std::string& extra);
 };
 
 struct Golden {
@@ -257,10 +260,22 @@ TEST_F(CliSafetensorsQuantizeTest, GoldenVectorsOnTheGpu) {
 }
 
 // The quantized checkpoint is a gpt-oss one: --layout converts its new pairs through the
-// daemon into exactly what the fused `wprep quantize --layout blackwell_value` writes. And
-// --quantize with --layout in one run (fused, beside a pair the daemon converts) writes the
-// same checkpoint as the two runs: every tensor and every metadata entry.
+// daemon into exactly what the fused `wprep quantize --layout L` writes. And --quantize with
+// --layout in one run (fused, beside a pair the daemon converts) writes the same checkpoint as
+// the two runs: every tensor and every metadata entry. For the Blackwell pair and the Hopper
+// pair (non-default parameters, and pieces of one matrix each).
 TEST_F(CliSafetensorsQuantizeTest, FusedLayoutEqualsQuantizeThenConvert) {
+  for (const std::string layout : {"blackwell_value", "hopper_value --mma-version 2 --num-warps 4 --align-k 4"}) {
+    SCOPED_TRACE(layout);
+    FusedLayoutEqualsQuantizeThenConvert(layout, layout == "blackwell_value" ? "" : " --piece-bytes 40000");
+  }
+}
+
+void CliSafetensorsQuantizeTest::FusedLayoutEqualsQuantizeThenConvert(const std::string& layout,
+                                                                      const std::string& extra) {
+  for (const char* name : {"q.safetensors", "two.safetensors", "fused.safetensors", "alone.safetensors"}) {
+    fs::remove_all(dir_ / name);
+  }
   std::vector<Tensor> tensors = {
       {"experts.gate_up_proj", "BF16", {2, 64, 256}, testing::RandomBytes(2 * 64 * 256 * 2, 7)},
       {"experts.down_proj", "BF16", {2, 32, 128}, testing::RandomBytes(2 * 32 * 128 * 2, 8)},
@@ -278,11 +293,11 @@ TEST_F(CliSafetensorsQuantizeTest, FusedLayoutEqualsQuantizeThenConvert) {
 
   RunResult r = Quantize(in, q, "--quantize 'experts.*'");
   ASSERT_EQ(r.exit_code, 0) << r.err;
-  r = RunCli("convert-safetensors " + q.string() + " " + two.string() + daemon + " --layout blackwell_value");
+  r = RunCli("convert-safetensors " + q.string() + " " + two.string() + daemon + " --layout " + layout);
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_EQ(r.out.rfind("converted 6 tensors and copied 1", 0), 0u) << r.out;
-  r = RunCli("convert-safetensors " + in.string() + " " + fused.string() + daemon +
-             " --layout blackwell_value --quantize 'experts.*'");
+  r = RunCli("convert-safetensors " + in.string() + " " + fused.string() + daemon + " --layout " + layout +
+             " --quantize 'experts.*'" + extra);
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_EQ(r.out.rfind("quantized 2 tensors (scales rounded up) into the layouts, converted 2 tensors and copied 1", 0),
             0u)
@@ -304,14 +319,14 @@ TEST_F(CliSafetensorsQuantizeTest, FusedLayoutEqualsQuantizeThenConvert) {
   for (const Tensor& t : tensors) {
     SCOPED_TRACE(t.name);
     if (!absl::StartsWith(t.name, "experts.")) continue;
-    const auto [values, scales] = QuantizeCli(t, "--layout blackwell_value");
+    const auto [values, scales] = QuantizeCli(t, "--layout " + layout);
     EXPECT_TRUE(a.Data(t.name + "_blocks") == values) << "differs from the fused quantize";
     EXPECT_TRUE(a.Data(t.name + "_scales") == scales) << "differs from the fused quantize";
   }
 
   // Nothing for the daemon to convert: no daemon asked, the same bytes.
   const fs::path alone = dir_ / "alone.safetensors";
-  r = Quantize(plain, alone, "--layout blackwell_value --quantize 'experts.*'");
+  r = Quantize(plain, alone, "--layout " + layout + " --quantize 'experts.*'" + extra);
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const Output c = ReadOutput(alone);
   ASSERT_EQ(c.tensors.size(), 5u);
@@ -396,8 +411,9 @@ TEST_F(CliSafetensorsQuantizeTest, RefusalsAreOneLineExitTwoAndNoOutput) {
       {in, "", "INVALID_ARGUMENT", "--layout"},
       {in, "--quantize w.weight --device gpu", "INVALID_ARGUMENT", "gpu"},
       {in, "--layout hopper_value --device cpu", "INVALID_ARGUMENT", "--device is for --quantize"},
-      {in, "--quantize w.weight --layout blackwell_value --device cuda:0", "UNIMPLEMENTED", "use --device cpu"},
-      {in, "--quantize w.weight --layout hopper_value", "UNIMPLEMENTED", "run --quantize alone"},
+      {in, "--quantize w.weight --layout hopper_value --mx-axis -1", "UNIMPLEMENTED", "run --quantize alone"},
+      {in, "--quantize w.weight --layout hopper_value --scale-layout blackwell_scale", "UNIMPLEMENTED",
+       "run --quantize alone"},
       {in, "--quantize w.weight --layout blackwell_shuffled_value", "UNIMPLEMENTED", "run --quantize alone"},
       {in, "--quantize vec --layout blackwell_value", "INVALID_ARGUMENT", "'vec' has shape [64]; quantizing into a layout"},
   };
