@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "wprep/kernels/moe.h"
 #include "wprep/kernels/quantize.h"
 #include "wprep/config.h"
 #include "wprep/flags/flags.h"
@@ -59,8 +60,65 @@ std::string LayoutName(const wprep::QuantLayoutSpec& spec) {
       return "fused hopper_value(mma_version=" + std::to_string(spec.mma_version) +
              ")+hopper_scale(num_warps=" + std::to_string(spec.num_warps) +
              ",align_k=" + std::to_string(spec.align_k) + ")";
+    case wprep::QuantLayout::kTrtllmW13:
+    case wprep::QuantLayout::kTrtllmW2:
+      return std::string("fused trtllm-gen mxfp4 ") +
+             (spec.layout == wprep::QuantLayout::kTrtllmW13 ? "prepare_w13" : "prepare_w2") +
+             " align=" + std::to_string(spec.align);
   }
   return "?";
+}
+
+// The unfused GPU chain of a trtllm layout: QuantizeOnCuda into canonical temporaries, then
+// RunMoeCuda's prepare_w13 / prepare_w2. Writes its values and scales to `v` and `s` (host)
+// and returns its median time over `iters` calls (temporaries allocated outside the timing).
+double TrtllmChain(const wprep::QuantizePlan& plan, const wprep::QuantLayoutSpec& layout, const void* in,
+                   size_t /*in_bytes*/, std::vector<uint8_t>* v, std::vector<uint8_t>* s, cudaStream_t stream,
+                   int iters) {
+  const int64_t e = plan.input_shape[0], r = plan.input_shape[1], k = plan.q;
+  wprep::MoeParams params;
+  if (!wprep::SetMoeParam(params, "align", std::to_string(layout.align)).ok()) std::exit(1);
+  auto mp = wprep::PlanMoe(layout.layout == wprep::QuantLayout::kTrtllmW13 ? wprep::MoeOp::kPrepareW13
+                                                                             : wprep::MoeOp::kPrepareW2,
+                           params,
+                           {{"values", wprep::MoeDType::kUint8, {e, r, k / 2}},
+                            {"scales", wprep::MoeDType::kUint8, {e, r, k / 32}}});
+  if (!mp.ok()) {
+    std::fprintf(stderr, "%s\n", mp.status().ToString().c_str());
+    std::exit(1);
+  }
+  void *cv, *cs, *ov, *os;
+  CHECK_CUDA(cudaMalloc(&cv, plan.values_bytes));
+  CHECK_CUDA(cudaMalloc(&cs, plan.scales_bytes));
+  CHECK_CUDA(cudaMalloc(&ov, mp->output_bytes[0]));
+  CHECK_CUDA(cudaMalloc(&os, mp->output_bytes[1]));
+  auto once = [&] {
+    if (!wprep::QuantizeOnCuda(plan, in, cv, cs, stream).ok()) std::exit(1);
+    if (!wprep::RunMoeCuda(*mp, {cv, cs}, {ov, os}, stream).ok()) std::exit(1);
+  };
+  once();
+  CHECK_CUDA(cudaStreamSynchronize(stream));
+  v->resize(mp->output_bytes[0]);
+  s->resize(mp->output_bytes[1]);
+  CHECK_CUDA(cudaMemcpy(v->data(), ov, v->size(), cudaMemcpyDeviceToHost));
+  CHECK_CUDA(cudaMemcpy(s->data(), os, s->size(), cudaMemcpyDeviceToHost));
+  std::vector<double> t;
+  cudaEvent_t a, b;
+  CHECK_CUDA(cudaEventCreate(&a));
+  CHECK_CUDA(cudaEventCreate(&b));
+  for (int i = 0; i < iters; ++i) {
+    CHECK_CUDA(cudaEventRecord(a, stream));
+    once();
+    CHECK_CUDA(cudaEventRecord(b, stream));
+    CHECK_CUDA(cudaEventSynchronize(b));
+    float ms = 0;
+    CHECK_CUDA(cudaEventElapsedTime(&ms, a, b));
+    t.push_back(ms);
+  }
+  (void)cudaEventDestroy(a);
+  (void)cudaEventDestroy(b);
+  for (void* p : {cv, cs, ov, os}) (void)cudaFree(p);
+  return Median(t);
 }
 
 void Bench(const std::vector<int64_t>& shape, wprep::ScaleRounding rounding, const wprep::QuantLayoutSpec& layout,
@@ -93,13 +151,19 @@ void Bench(const std::vector<int64_t>& shape, wprep::ScaleRounding rounding, con
   cudaStream_t stream;
   CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
 
-  // Correctness first: GPU bytes == CPU engine bytes.
+  // Correctness first: GPU bytes == CPU engine bytes, or for the trtllm layouts (whose
+  // shapes are too large for the CPU engine in a bench) == the unfused GPU chain: canonical
+  // quantization into a temporary, then the MoE engine's prepare.
   if (!run(in, v, s, stream).ok()) std::exit(1);
   CHECK_CUDA(cudaStreamSynchronize(stream));
   std::vector<uint8_t> gv(v_b), gs(s_b), cv(v_b), cs(s_b);
   CHECK_CUDA(cudaMemcpy(gv.data(), v, v_b, cudaMemcpyDeviceToHost));
   CHECK_CUDA(cudaMemcpy(gs.data(), s, s_b, cudaMemcpyDeviceToHost));
-  if (!wprep::QuantizeLayoutOnCpu(*plan, layout, host.data(), in_b, cv.data(), v_b, cs.data(), s_b).ok()) {
+  const bool trtllm = layout.layout == wprep::QuantLayout::kTrtllmW13 || layout.layout == wprep::QuantLayout::kTrtllmW2;
+  double chain_ms = 0;
+  if (trtllm) {
+    chain_ms = TrtllmChain(*plan, layout, in, host.size(), &cv, &cs, stream, iters);
+  } else if (!wprep::QuantizeLayoutOnCpu(*plan, layout, host.data(), in_b, cv.data(), v_b, cs.data(), s_b).ok()) {
     std::exit(1);
   }
   const bool equal = gv == cv && gs == cs;
@@ -133,13 +197,14 @@ void Bench(const std::vector<int64_t>& shape, wprep::ScaleRounding rounding, con
     name.append(std::to_string(shape[i]));
   }
   const double qm = Median(q), cm = Median(c);
+  if (trtllm) std::printf("  the unfused chain (quantize, then prepare): %.3f ms\n", chain_ms);
   std::printf("%s bf16 %s rounding=%s: quantize %.3f ms (%.1f GB/s of %llu B read+written), "
-              "copy of %llu B %.3f ms (%.1f GB/s moved); quantize/copy %.2f; gpu==cpu %s\n",
+              "copy of %llu B %.3f ms (%.1f GB/s moved); quantize/copy %.2f; gpu==%s %s\n",
               LayoutName(layout).c_str(),
               name.c_str(), rounding == wprep::ScaleRounding::kUp ? "up" : "down", qm,
               moved / qm / 1e6, static_cast<unsigned long long>(moved),
               static_cast<unsigned long long>(copy_b), cm, 2.0 * copy_b / cm / 1e6, qm / cm,
-              equal ? "yes" : "NO");
+              trtllm ? "chain" : "cpu", equal ? "yes" : "NO");
   for (auto& e : ev) (void)cudaEventDestroy(e);
   (void)cudaFree(in);
   (void)cudaFree(v);
@@ -184,6 +249,10 @@ int main(int argc, char** argv) {
   Bench({16, 4096, 4096}, wprep::ScaleRounding::kUp, hopper_v2, iters, 5);
   // 16 of gpt-oss-120b's w13 experts in bf16 ([E, 2I, H]): K = 2880 is 90 groups, no tile multiple.
   Bench({16, 5760, 2880}, wprep::ScaleRounding::kUp, hopper, iters, 5);
+  // One gpt-oss-120b MoE layer in bf16 (128 experts, H = I = 2880) to the trtllm-gen layout.
+  wprep::QuantLayoutSpec w13{QuantLayout::kTrtllmW13}, w2{QuantLayout::kTrtllmW2};
+  Bench({128, 5760, 2880}, wprep::ScaleRounding::kUp, w13, iters, 5);
+  Bench({128, 2880, 2880}, wprep::ScaleRounding::kUp, w2, iters, 5);
   return 0;
 }
 #else

@@ -33,9 +33,16 @@ int Fail(const absl::Status& s) {
 // The daemon at `target` quantizes `input` as one quantize batch item; its two inline
 // outputs must be exactly the sizes the local planner gives (`values` and `scales` are
 // sized so).
+// The trtllm layouts' optional bias: its bytes in, its prepared bytes out (sized so).
+struct BiasIo {
+  bool bf16 = false;
+  const std::vector<uint8_t>* in = nullptr;
+  std::vector<uint8_t>* out = nullptr;
+};
+
 absl::Status QuantizeRemote(const std::string& target, const QuantizePlan& plan, const QuantLayoutSpec& layout,
                             const std::vector<uint8_t>& input, std::vector<uint8_t>* values,
-                            std::vector<uint8_t>* scales) {
+                            std::vector<uint8_t>* scales, const BiasIo& bias) {
 #if defined(WPREP_CLI_REMOTE)
   namespace v1 = wprep::v1;
   v1::ConvertBatchRequest req;
@@ -58,17 +65,28 @@ absl::Status QuantizeRemote(const std::string& target, const QuantizePlan& plan,
       item->mutable_hopper_scale()->set_num_warps(layout.num_warps);
       item->mutable_hopper_scale()->set_align_k(layout.align_k);
       break;
+    case QuantLayout::kTrtllmW13:
+    case QuantLayout::kTrtllmW2:
+      item->set_layout(layout.layout == QuantLayout::kTrtllmW13 ? v1::QUANTIZE_LAYOUT_TRTLLM_W13
+                                                                : v1::QUANTIZE_LAYOUT_TRTLLM_W2);
+      item->set_align(layout.align);
+      if (bias.in != nullptr) {
+        item->mutable_bias()->set_inline_bytes(bias.in->data(), bias.in->size());
+        item->set_bias_dtype(bias.bf16 ? v1::QUANTIZE_DTYPE_BFLOAT16 : v1::QUANTIZE_DTYPE_FLOAT32);
+      }
+      break;
   }
   item->mutable_source()->set_inline_bytes(input.data(), input.size());
   client::Client client(target, 1);
   absl::StatusOr<v1::ConvertBatchResponse> resp = client.ConvertBatch(req);
   if (!resp.ok()) return resp.status();
-  if (resp->items_size() != 1 || resp->items(0).outputs_size() != 2) {
-    return absl::DataLossError("the daemon answered a quantize item without its two outputs");
+  const int outputs = bias.in != nullptr ? 3 : 2;
+  if (resp->items_size() != 1 || resp->items(0).outputs_size() != outputs) {
+    return absl::DataLossError(absl::StrCat("the daemon answered a quantize item without its ", outputs, " outputs"));
   }
-  for (int j = 0; j < 2; ++j) {
+  for (int j = 0; j < outputs; ++j) {
     const std::string& got = resp->items(0).outputs(j).inline_bytes();
-    std::vector<uint8_t>* out = j == 0 ? values : scales;
+    std::vector<uint8_t>* out = j == 0 ? values : j == 1 ? scales : bias.out;
     if (got.size() != out->size()) {
       return absl::DataLossError(absl::StrCat("the daemon answered ", got.size(), " bytes of ",
                                               resp->items(0).outputs(j).name(), "; the plan has ", out->size()));
@@ -77,7 +95,7 @@ absl::Status QuantizeRemote(const std::string& target, const QuantizePlan& plan,
   }
   return absl::OkStatus();
 #else
-  (void)target, (void)plan, (void)layout, (void)input, (void)values, (void)scales;
+  (void)target, (void)plan, (void)layout, (void)input, (void)values, (void)scales, (void)bias;
   return absl::UnimplementedError("--target: this wprep was built without the RPC client; use --local");
 #endif
 }
@@ -102,8 +120,15 @@ flags::FlagSet QuantizeFlags() {
   fs.String("layout", "L", "",
             "a weight stored [..., N, K], quantized along K: write the layout of the matmul's "
             "logical [..., K, N] directly (fused, K even): blackwell_value (scales "
-            "blackwell_scale) or hopper_value (mx_axis -2; scales hopper_scale, mx_axis -2)");
+            "blackwell_scale) or hopper_value (mx_axis -2; scales hopper_scale, mx_axis -2); or "
+            "trtllm_w13 / trtllm_w2 (see --align)");
   AddSpecFlags(&fs, {"mma-version", "num-warps", "align-k"});
+  fs.String("align", "N", "256",
+            "trtllm_w13 / trtllm_w2: expert weights [E, R, K] to the trtllm-gen MXFP4 prepare_w13 / "
+            "prepare_w2 bytes, H and I padded to a multiple of N (a multiple of 128)");
+  fs.String("bias-input", "FILE", "", "trtllm layouts: the experts' bias [E, R] to prepare beside them");
+  fs.String("bias-dtype", "float32|bfloat16", "float32", "the bias's type");
+  fs.String("bias-output", "FILE", "", "where the prepared bias [E, rows] float32 goes");
   fs.String("input", "FILE", "", "the weights");
   fs.String("values-output", "FILE", "", "where the MXFP4 values go");
   fs.String("scales-output", "FILE", "", "where the e8m0 scales go");
@@ -127,13 +152,16 @@ absl::Status Run(const std::vector<std::string>& args) {
       layout.layout = QuantLayout::kBlackwell;
     } else if (*l == "hopper_value") {
       layout.layout = QuantLayout::kHopper;
+    } else if (*l == "trtllm_w13" || *l == "trtllm_w2") {
+      layout.layout = *l == "trtllm_w13" ? QuantLayout::kTrtllmW13 : QuantLayout::kTrtllmW2;
     } else if (*l == "blackwell_shuffled_value") {
       return absl::UnimplementedError(
           "quantize --layout blackwell_shuffled_value: fused quantize-and-lay-out serves blackwell_value and "
           "hopper_value; quantize, then wprep convert --local");
     } else {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "--layout: '", *l, "' is not a value layout a quantization writes (blackwell_value, hopper_value)"));
+      return absl::InvalidArgumentError(absl::StrCat("--layout: '", *l,
+                                                     "' is not a layout a quantization writes (blackwell_value, "
+                                                     "hopper_value, trtllm_w13, trtllm_w2)"));
     }
   }
   for (const char* hopper_flag : {"--mma-version", "--num-warps", "--align-k"}) {
@@ -148,6 +176,27 @@ absl::Status Run(const std::vector<std::string>& args) {
     if (!v.ok()) return v.status();
     if (*v < 0 || *v > 1024) return absl::InvalidArgumentError(absl::StrCat(flag, ": ", *v, " is out of range"));
     *dst = static_cast<int>(*v);
+  }
+  const bool trtllm = layout.layout == QuantLayout::kTrtllmW13 || layout.layout == QuantLayout::kTrtllmW2;
+  for (const char* trtllm_flag : {"--align", "--bias-input", "--bias-dtype", "--bias-output"}) {
+    if (!trtllm && flags->Has(trtllm_flag)) {
+      return absl::InvalidArgumentError(absl::StrCat(trtllm_flag, " is for --layout trtllm_w13 or trtllm_w2"));
+    }
+  }
+  if (flags->Has("--bias-input") != flags->Has("--bias-output")) {
+    return absl::InvalidArgumentError("--bias-input and --bias-output go together");
+  }
+  if (absl::StatusOr<int64_t> align = flags->Int("--align", layout.align); align.ok()) {
+    layout.align = *align;
+  } else {
+    return align.status();
+  }
+  BiasIo bias;
+  if (const std::string* d = flags->Get("--bias-dtype"); d != nullptr) {
+    if (*d != "float32" && *d != "bfloat16") {
+      return absl::InvalidArgumentError(absl::StrCat("--bias-dtype: '", *d, "' is not float32 or bfloat16"));
+    }
+    bias.bf16 = *d == "bfloat16";
   }
   int device = -1;
   if (const std::string* d = flags->Get("--device"); d != nullptr) {
@@ -190,15 +239,34 @@ absl::Status Run(const std::vector<std::string>& args) {
   const int64_t values_bytes = sizes->values_bytes, scales_bytes = sizes->scales_bytes;
   std::vector<uint8_t> values(static_cast<size_t>(values_bytes));
   std::vector<uint8_t> scales(static_cast<size_t>(scales_bytes));
+  std::vector<uint8_t> bias_out;
+  absl::StatusOr<std::vector<uint8_t>> bias_in;
+  if (const std::string* b = flags->Get("--bias-input"); b != nullptr) {
+    bias_in = ReadWholeFile(*b);
+    if (!bias_in.ok()) return bias_in.status();
+    const uint64_t want = static_cast<uint64_t>(plan->rows) * (bias.bf16 ? 2 : 4);
+    if (bias_in->size() != want) {
+      return absl::InvalidArgumentError(absl::StrCat("--bias-input: '", *b, "' has ", bias_in->size(), " bytes; ",
+                                                     bias.bf16 ? "bfloat16" : "float32", " [E, R] needs ", want));
+    }
+    bias_out.resize(static_cast<size_t>(sizes->bias_bytes));
+    bias.in = &*bias_in;
+    bias.out = &bias_out;
+  }
+  if (bias.in != nullptr && device >= 0) {
+    return absl::UnimplementedError("--bias-input with --device cuda:N: prepare the bias with --device cpu or --target");
+  }
   absl::Status done;
   if (remote) {
-    done = QuantizeRemote(*flags->Get("--target"), *plan, layout, *input, &values, &scales);
+    done = QuantizeRemote(*flags->Get("--target"), *plan, layout, *input, &values, &scales, bias);
   } else if (device >= 0) {
     done = QuantizeHostBuffersOnCuda(*plan, input->data(), input->size(), values.data(), values.size(),
                                      scales.data(), scales.size(), device, layout);
   } else {
+    QuantBias qb;
+    if (bias.in != nullptr) qb = {bias.in->data(), bias.bf16, bias.out->data()};
     done = QuantizeLayoutOnCpu(*plan, layout, input->data(), input->size(), values.data(), values.size(),
-                               scales.data(), scales.size());
+                               scales.data(), scales.size(), qb);
   }
   if (!done.ok()) return done;
   if (absl::Status s = WriteFileAtomically(*flags->Get("--values-output"), values.data(),
@@ -213,7 +281,17 @@ absl::Status Run(const std::vector<std::string>& args) {
     std::remove(flags->Get("--values-output")->c_str());
     return s;
   }
-  if (layout.layout != QuantLayout::kCanonical) {
+  if (bias.in != nullptr) {
+    if (absl::Status s = WriteFileAtomically(*flags->Get("--bias-output"), bias_out.data(), bias_out.size()); !s.ok()) {
+      std::remove(flags->Get("--values-output")->c_str());
+      std::remove(flags->Get("--scales-output")->c_str());
+      return s;
+    }
+  }
+  if (trtllm) {
+    std::printf("values_shape [%s] scales_shape [%s] (%s)\n", absl::StrJoin(sizes->values_shape, ", ").c_str(),
+                absl::StrJoin(sizes->scales_shape, ", ").c_str(), sizes->moe_identity.c_str());
+  } else if (layout.layout != QuantLayout::kCanonical) {
     const bool hopper = layout.layout == QuantLayout::kHopper;
     std::printf("values_bytes %lld (%s) scales_bytes %lld (%s)\n", static_cast<long long>(values_bytes),
                 hopper ? "hopper_value" : "blackwell_value", static_cast<long long>(scales_bytes),

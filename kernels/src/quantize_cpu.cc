@@ -10,7 +10,9 @@
 #include "absl/strings/str_join.h"
 #include "wprep/kernels/quantize.h"
 #include "layout_math.h"
+#include "moe_geometry.h"
 #include "quantize_math.h"
+#include "wprep/kernels/moe.h"
 
 namespace wprep {
 namespace {
@@ -273,6 +275,40 @@ absl::StatusOr<FusedHopperGeometry> HopperGeometry(const QuantizePlan& plan, con
 
 }  // namespace
 
+absl::StatusOr<FusedTrtllmGeometry> FusedTrtllmGeometryOf(const QuantizePlan& plan, const QuantLayoutSpec& spec,
+                                                          bool bias_bf16) {
+  const bool w13 = spec.layout == QuantLayout::kTrtllmW13;
+  const char* op = w13 ? "prepare_w13" : "prepare_w2";
+  if (plan.input_shape.size() != 3) {
+    return absl::InvalidArgumentError(absl::StrCat("shape: the trtllm ", op, " layout takes expert weights [E, R, K] ",
+                                                   "(rank 3), got [", absl::StrJoin(plan.input_shape, ","), "]"));
+  }
+  if (plan.q % 32 != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("shape: K (the last dim) is ", plan.q, "; the trtllm MXFP4 layout needs a multiple of 32"));
+  }
+  MoeParams params;
+  if (absl::Status s = SetMoeParam(params, "align", absl::StrCat(spec.align)); !s.ok()) return s;
+  const int64_t e = plan.input_shape[0], r = plan.input_shape[1];
+  std::vector<MoeTensorDesc> inputs = {{"values", MoeDType::kUint8, {e, r, plan.q / 2}},
+                                       {"scales", MoeDType::kUint8, {e, r, plan.q / 32}},
+                                       {"bias", bias_bf16 ? MoeDType::kBfloat16 : MoeDType::kFloat32, {e, r}}};
+  moe::Geometry geo;
+  absl::StatusOr<MoePlan> moe_plan =
+      moe::PlanWithGeometry(w13 ? MoeOp::kPrepareW13 : MoeOp::kPrepareW2, params, std::move(inputs), &geo);
+  if (!moe_plan.ok()) {
+    // The planner names its own operands: the quantized values are the weights here.
+    return absl::InvalidArgumentError(absl::StrCat("the trtllm ", op, " layout: ", moe_plan.status().message()));
+  }
+  FusedTrtllmGeometry g;
+  g.values = geo.outputs[0].rows;
+  g.scales = geo.outputs[1].il;
+  g.bias = geo.outputs[2].rows;
+  g.k = plan.q;
+  g.identity = moe_plan->identity;
+  return g;
+}
+
 absl::StatusOr<QuantOutputSizes> PlanQuantizeLayout(const QuantizePlan& plan, const QuantLayoutSpec& spec) {
   QuantOutputSizes sizes;
   switch (spec.layout) {
@@ -292,6 +328,20 @@ absl::StatusOr<QuantOutputSizes> PlanQuantizeLayout(const QuantizePlan& plan, co
       if (!g.ok()) return g.status();
       sizes.values_bytes = g->mats * g->v_mat_bytes;
       sizes.scales_bytes = g->mats * g->s_mat_bytes;
+      return sizes;
+    }
+    case QuantLayout::kTrtllmW13:
+    case QuantLayout::kTrtllmW2: {
+      auto g = FusedTrtllmGeometryOf(plan, spec);
+      if (!g.ok()) return g.status();
+      const int64_t e = g->values.experts, rows = g->values.rows_out;
+      sizes.values_shape = {e, rows, g->values.out_row_bytes};
+      sizes.scales_shape = {e, rows, g->scales.cols_p};
+      sizes.bias_shape = {e, rows};
+      sizes.values_bytes = e * rows * g->values.out_row_bytes;
+      sizes.scales_bytes = e * rows * g->scales.cols_p;
+      sizes.bias_bytes = e * rows * 4;
+      sizes.moe_identity = g->identity;
       return sizes;
     }
   }
@@ -362,14 +412,97 @@ absl::Status QuantizeHopperOnCpu(const QuantizePlan& plan, const FusedHopperGeom
 
 }  // namespace
 
+namespace {
+
+// The trtllm values and scales on the CPU, an output row at a time: the row's source weight
+// row (the prepare's row map) is quantized into a row scratch, written padded, and its scale
+// bytes placed in the 128x4 layout. The bias rows follow the same map.
+void QuantizeTrtllmOnCpu(const QuantizePlan& plan, const FusedTrtllmGeometry& g, const uint8_t* in,
+                         uint8_t* values, uint8_t* scales, const QuantBias& bias) {
+  const int esize = QuantDtypeBytes(plan.dtype);
+  const bool up = plan.rounding == ScaleRounding::kUp;
+  const moe::RowsPass& vp = g.values;
+  const moe::InterleavePass& sp = g.scales;
+  const int64_t sq = g.k / qmath::kGroup;
+  std::vector<uint8_t> codes(static_cast<size_t>(g.k / 2)), sc(static_cast<size_t>(sq));
+  float group[qmath::kGroup];
+  for (int64_t e = 0; e < vp.experts; ++e) {
+    for (int64_t n = 0; n < vp.rows_out; ++n) {
+      const int64_t src = moe::SrcRow(vp.map, n);
+      std::fill(codes.begin(), codes.end(), uint8_t{0});
+      std::fill(sc.begin(), sc.end(), uint8_t{0});
+      if (src >= 0) {
+        const uint8_t* row = in + (e * vp.rows_in + src) * g.k * esize;
+        for (int64_t grp = 0; grp < sq; ++grp) {
+          float amax = 0.0f;
+          for (int j = 0; j < qmath::kGroup; ++j) {
+            group[j] = LoadElement(plan.dtype, row + (grp * qmath::kGroup + j) * esize);
+            amax = qmath::AbsMaxNum(amax, group[j]);
+          }
+          const uint32_t eb = qmath::ScaleBits(amax, up);
+          sc[static_cast<size_t>(grp)] = static_cast<uint8_t>(eb >> 23);
+          const float qs = qmath::ScaleMultiplier(eb);
+          for (int j = 0; j < qmath::kGroup; j += 2) {
+            codes[static_cast<size_t>((grp * qmath::kGroup + j) / 2)] = static_cast<uint8_t>(
+                qmath::EncodeE2m1(group[j] * qs) | qmath::EncodeE2m1(group[j + 1] * qs) << 4);
+          }
+        }
+      }
+      uint8_t* vrow = values + (e * vp.rows_out + n) * vp.out_row_bytes;
+      std::memcpy(vrow, codes.data(), codes.size());
+      std::memset(vrow + codes.size(), 0, static_cast<size_t>(vp.out_row_bytes) - codes.size());
+      uint8_t* smat = scales + e * sp.rows_p * sp.cols_p;
+      for (int64_t c = 0; c < sp.cols_p; ++c) smat[moe::SfOffset(n, c, sp.cols_p)] = c < sq ? sc[static_cast<size_t>(c)] : 0;
+    }
+  }
+  if (bias.in == nullptr) return;
+  const auto* bin = static_cast<const uint8_t*>(bias.in);
+  auto* bout = static_cast<uint8_t*>(bias.out);
+  for (int64_t e = 0; e < g.bias.experts; ++e) {
+    for (int64_t n = 0; n < g.bias.rows_out; ++n) {
+      const int64_t src = moe::SrcRow(g.bias.map, n);
+      uint8_t word[4] = {0, 0, 0, 0};
+      if (src >= 0 && bias.bfloat16) {
+        word[2] = bin[(e * g.bias.rows_in + src) * 2];
+        word[3] = bin[(e * g.bias.rows_in + src) * 2 + 1];
+      } else if (src >= 0) {
+        std::memcpy(word, bin + (e * g.bias.rows_in + src) * 4, 4);
+      }
+      std::memcpy(bout + (e * g.bias.rows_out + n) * 4, word, 4);
+    }
+  }
+}
+
+}  // namespace
+
 absl::Status QuantizeLayoutOnCpu(const QuantizePlan& plan, const QuantLayoutSpec& spec, const uint8_t* in,
                                  size_t in_size, uint8_t* values, size_t values_size, uint8_t* scales,
-                                 size_t scales_size) {
+                                 size_t scales_size, const QuantBias& bias) {
+  const bool trtllm = spec.layout == QuantLayout::kTrtllmW13 || spec.layout == QuantLayout::kTrtllmW2;
+  if ((bias.in == nullptr) != (bias.out == nullptr) || (bias.in != nullptr && !trtllm)) {
+    return absl::InvalidArgumentError("bias: give both its input and output, for a trtllm layout only");
+  }
   switch (spec.layout) {
     case QuantLayout::kCanonical:
       return QuantizeOnCpu(plan, in, in_size, values, values_size, scales, scales_size);
     case QuantLayout::kBlackwell:
       return QuantizeBlackwellOnCpu(plan, in, in_size, values, values_size, scales, scales_size);
+    case QuantLayout::kTrtllmW13:
+    case QuantLayout::kTrtllmW2: {
+      auto g = FusedTrtllmGeometryOf(plan, spec, bias.bfloat16);
+      if (!g.ok()) return g.status();
+      auto sizes = PlanQuantizeLayout(plan, spec);
+      if (!sizes.ok()) return sizes.status();
+      if (static_cast<int64_t>(in_size) != plan.input_bytes ||
+          static_cast<int64_t>(values_size) != sizes->values_bytes ||
+          static_cast<int64_t>(scales_size) != sizes->scales_bytes) {
+        return absl::InvalidArgumentError(absl::StrCat("buffers: ", in_size, "/", values_size, "/", scales_size,
+                                                       " bytes, the plan needs ", plan.input_bytes, "/",
+                                                       sizes->values_bytes, "/", sizes->scales_bytes));
+      }
+      QuantizeTrtllmOnCpu(plan, *g, in, values, scales, bias);
+      return absl::OkStatus();
+    }
     case QuantLayout::kHopper:
       break;
   }

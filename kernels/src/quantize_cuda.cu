@@ -340,6 +340,118 @@ __global__ void __launch_bounds__(256) HopperFusedKernel(const uint8_t* __restri
   }
 }
 
+
+// ---------------------------------------------------------------------------------------
+// Fused quantize + the trtllm-gen MXFP4 preparation (values and scales of prepare_w13 /
+// prepare_w2). A block takes a tile of 128 output rows (one row tile of the 128x4 scale
+// layout) x 4 groups (64 value bytes, one 512-byte scale block): it finds each output row's
+// source weight row through the prepare's row map, quantizes the tile into shared memory (4
+// lanes a group, 8 elements a lane), then writes the 128 value row pieces and the scale block.
+// Rows the map leaves empty and groups past K are the load-time zero padding.
+template <QuantDtype D>
+__global__ void __launch_bounds__(256) TrtllmFusedKernel(const uint8_t* __restrict__ in,
+                                                         uint8_t* __restrict__ values,
+                                                         uint8_t* __restrict__ scales, moe::RowsPass vp,
+                                                         int64_t k, int64_t cols_p, bool up) {
+  constexpr int kEsize = D == QuantDtype::kFloat32 ? 4 : 2;
+  constexpr int kRows = kFusedTrtllmTileRows, kGroups = kFusedTrtllmTileGroups;
+  constexpr int kPitch = 4 * kGroups + 1;  // words of a row's 64 value bytes, +1 for the banks
+  __shared__ uint32_t q[kRows * kPitch];
+  __shared__ uint32_t s[kRows];  // the row's 4 scale bytes, little-endian
+  __shared__ int64_t src_row[kRows];
+  const int sub = threadIdx.x & 3;
+  const int64_t sq = k / qmath::kGroup;
+  const int64_t row_tiles = vp.rows_out / kRows, col_tiles = cols_p / kGroups;
+  const int64_t per_expert = row_tiles * col_tiles, total = vp.experts * per_expert;
+  for (int64_t t = blockIdx.x; t < total; t += gridDim.x) {
+    const int64_t e = t / per_expert, rest = t - e * per_expert;
+    const int64_t mt = rest / col_tiles, cg = rest - mt * col_tiles;
+    if (threadIdx.x < kRows) {
+      const int64_t r = moe::SrcRow(vp.map, kRows * mt + threadIdx.x);
+      src_row[threadIdx.x] = r < 0 ? -1 : (e * vp.rows_in + r) * k;
+      s[threadIdx.x] = 0;
+    }
+    __syncthreads();
+    // 1. Quantize: pass p takes groups 64p .. 64p+63 of the tile (row 16p + i/4, group i%4).
+    for (int p = 0; p < kRows * kGroups / 64; ++p) {
+      const int tg = 64 * p + (threadIdx.x >> 2);
+      const int lr = tg >> 2, j = tg & 3;
+      const int64_t grp = kGroups * cg + j;
+      const int64_t base = src_row[lr];
+      const bool live = base >= 0 && grp < sq;
+      const uint8_t* src = live ? in + (base + grp * qmath::kGroup + 8 * sub) * kEsize : in;
+      float x[8];
+      float amax = 0.0f;
+      const bool vec = live && kEsize == 2 && (reinterpret_cast<uintptr_t>(src) & 15) == 0;
+      uint4 raw = make_uint4(0, 0, 0, 0);
+      if (vec) raw = __ldg(reinterpret_cast<const uint4*>(src));
+      const auto* rb = reinterpret_cast<const uint8_t*>(&raw);
+      WPREP_UNROLL
+      for (int i = 0; i < 8; ++i) {
+        x[i] = vec ? Load<D>(rb, i) : (live ? Load<D>(src, i) : 0.0f);
+        amax = qmath::AbsMaxNum(amax, x[i]);
+      }
+      amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, 1));
+      amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, 2));
+      uint32_t word = 0, sbyte = 0;
+      if (live) {
+        const uint32_t eb = qmath::ScaleBits(amax, up);
+        const float qs = qmath::ScaleMultiplier(eb);
+        WPREP_UNROLL
+        for (int i = 0; i < 8; ++i) word |= qmath::EncodeE2m1(x[i] * qs) << (4 * i);
+        sbyte = eb >> 23;
+      }
+      q[lr * kPitch + 4 * j + sub] = word;
+      if (sub == 0 && sbyte != 0) atomicOr(&s[lr], sbyte << (8 * j));
+    }
+    __syncthreads();
+    // 2. Values: 128 rows x 16 words at bytes 64 * cg of each row.
+    for (int w = threadIdx.x; w < kRows * 16; w += 256) {
+      const int r = w >> 4, c = w & 15;
+      uint8_t* dst = values + (e * vp.rows_out + kRows * mt + r) * vp.out_row_bytes + 64 * cg + 4 * c;
+      const uint32_t v = q[r * kPitch + c];
+      if ((reinterpret_cast<uintptr_t>(dst) & 3) == 0) {
+        *reinterpret_cast<uint32_t*>(dst) = v;
+      } else {
+        for (int b = 0; b < 4; ++b) dst[b] = static_cast<uint8_t>(v >> (8 * b));
+      }
+    }
+    // 3. Scales: the block's 512 bytes, word i of 16-byte unit u = row u + 32 i.
+    uint8_t* block = scales + e * vp.rows_out * cols_p + mt * (cols_p / 4) * 512 + cg * 512;
+    for (int w = threadIdx.x; w < kRows; w += 256) {
+      const uint32_t v = s[(w >> 2) + 32 * (w & 3)];
+      uint8_t* dst = block + 4 * w;
+      if ((reinterpret_cast<uintptr_t>(dst) & 3) == 0) {
+        *reinterpret_cast<uint32_t*>(dst) = v;
+      } else {
+        for (int b = 0; b < 4; ++b) dst[b] = static_cast<uint8_t>(v >> (8 * b));
+      }
+    }
+    __syncthreads();
+  }
+}
+
+// The trtllm bias rows: a thread per output float32 (bf16 widened), through the row map.
+__global__ void TrtllmBiasKernel(const uint8_t* __restrict__ in, uint8_t* __restrict__ out, moe::RowsPass bp,
+                                 bool bf16) {
+  const int64_t total = bp.experts * bp.rows_out;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t e = i / bp.rows_out, n = i - e * bp.rows_out;
+    const int64_t src = moe::SrcRow(bp.map, n);
+    uint32_t word = 0;
+    if (src >= 0 && bf16) {
+      const uint8_t* b = in + (e * bp.rows_in + src) * 2;
+      word = (static_cast<uint32_t>(b[0]) | static_cast<uint32_t>(b[1]) << 8) << 16;
+    } else if (src >= 0) {
+      const uint8_t* b = in + (e * bp.rows_in + src) * 4;
+      word = static_cast<uint32_t>(b[0]) | static_cast<uint32_t>(b[1]) << 8 | static_cast<uint32_t>(b[2]) << 16 |
+             static_cast<uint32_t>(b[3]) << 24;
+    }
+    for (int b = 0; b < 4; ++b) out[4 * i + b] = static_cast<uint8_t>(word >> (8 * b));
+  }
+}
+
 // The padding bytes of blackwell_scale (k >= K/32 or n >= N), which no group writes.
 __global__ void BlackwellScalePaddingKernel(uint8_t* __restrict__ scales, int64_t total,
                                             BlackwellScaleTiling t) {
@@ -481,13 +593,69 @@ absl::Status QuantizeBlackwellOnCuda(const QuantizePlan& plan, const void* in, v
   return launched;
 }
 
+namespace {
+
+absl::Status QuantizeTrtllmOnCuda(const QuantizePlan& plan, const QuantLayoutSpec& spec, const void* in, void* values,
+                                  void* scales, CudaStream stream, const QuantBias& bias) {
+  auto g = FusedTrtllmGeometryOf(plan, spec, bias.bfloat16);
+  if (!g.ok()) return g.status();
+  int previous = 0;
+  WPREP_CUDA_RETURN_IF_ERROR(cudaGetDevice(&previous));
+  cudaPointerAttributes a{};
+  WPREP_CUDA_RETURN_IF_ERROR(cudaPointerGetAttributes(&a, in));
+  if (a.type != cudaMemoryTypeDevice) {
+    return absl::InvalidArgumentError("quantize: input must be device memory");
+  }
+  WPREP_CUDA_RETURN_IF_ERROR(cudaSetDevice(a.device));
+  int sms = 0;
+  if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, a.device) != cudaSuccess || sms <= 0) sms = 1;
+  const moe::RowsPass& vp = g->values;
+  const int64_t tiles = vp.experts * (vp.rows_out / kFusedTrtllmTileRows) * (g->scales.cols_p / kFusedTrtllmTileGroups);
+  const unsigned blocks = static_cast<unsigned>(tiles < 8 * int64_t{sms} ? tiles : 8 * int64_t{sms});
+  const bool up = plan.rounding == ScaleRounding::kUp;
+  const auto* src = static_cast<const uint8_t*>(in);
+  auto* v = static_cast<uint8_t*>(values);
+  auto* s = static_cast<uint8_t*>(scales);
+  if (tiles > 0) {
+    switch (plan.dtype) {
+      case QuantDtype::kBfloat16:
+        TrtllmFusedKernel<QuantDtype::kBfloat16><<<blocks, 256, 0, stream>>>(src, v, s, vp, g->k, g->scales.cols_p, up);
+        break;
+      case QuantDtype::kFloat16:
+        TrtllmFusedKernel<QuantDtype::kFloat16><<<blocks, 256, 0, stream>>>(src, v, s, vp, g->k, g->scales.cols_p, up);
+        break;
+      case QuantDtype::kFloat32:
+        TrtllmFusedKernel<QuantDtype::kFloat32><<<blocks, 256, 0, stream>>>(src, v, s, vp, g->k, g->scales.cols_p, up);
+        break;
+    }
+  }
+  if (bias.in != nullptr) {
+    const int64_t n = g->bias.experts * g->bias.rows_out;
+    const unsigned bb = static_cast<unsigned>(n / 256 + 1 < 8 * int64_t{sms} ? n / 256 + 1 : 8 * int64_t{sms});
+    TrtllmBiasKernel<<<bb, 256, 0, stream>>>(static_cast<const uint8_t*>(bias.in), static_cast<uint8_t*>(bias.out),
+                                              g->bias, bias.bfloat16);
+  }
+  absl::Status launched = WPREP_CUDA_STATUS(cudaGetLastError());
+  WPREP_CUDA_RETURN_IF_ERROR(cudaSetDevice(previous));
+  return launched;
+}
+
+}  // namespace
+
 absl::Status QuantizeLayoutOnCuda(const QuantizePlan& plan, const QuantLayoutSpec& spec, const void* in,
-                                  void* values, void* scales, CudaStream stream) {
+                                  void* values, void* scales, CudaStream stream, const QuantBias& bias) {
+  const bool trtllm = spec.layout == QuantLayout::kTrtllmW13 || spec.layout == QuantLayout::kTrtllmW2;
+  if ((bias.in == nullptr) != (bias.out == nullptr) || (bias.in != nullptr && !trtllm)) {
+    return absl::InvalidArgumentError("bias: give both its input and output, for a trtllm layout only");
+  }
   switch (spec.layout) {
     case QuantLayout::kCanonical:
       return QuantizeOnCuda(plan, in, values, scales, stream);
     case QuantLayout::kBlackwell:
       return QuantizeBlackwellOnCuda(plan, in, values, scales, stream);
+    case QuantLayout::kTrtllmW13:
+    case QuantLayout::kTrtllmW2:
+      return QuantizeTrtllmOnCuda(plan, spec, in, values, scales, stream, bias);
     case QuantLayout::kHopper:
       break;
   }

@@ -13,7 +13,7 @@ absl::Status QuantizeBlackwellOnCuda(const QuantizePlan&, const void*, void*, vo
 }
 
 absl::Status QuantizeLayoutOnCuda(const QuantizePlan&, const QuantLayoutSpec&, const void*, void*, void*,
-                                  CudaStream) {
+                                  CudaStream, const QuantBias&) {
   return absl::UnimplementedError("quantize on CUDA: this build has no CUDA");
 }
 

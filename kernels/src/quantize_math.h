@@ -5,9 +5,11 @@
 
 #include <cstdint>
 #include <cstring>
+#include <string>
 
 #include "absl/status/statusor.h"
 #include "layout_math.h"
+#include "moe_math.h"
 #include "wprep/kernels/quantize.h"
 
 namespace wprep {
@@ -133,6 +135,23 @@ inline FusedHopperGeometry MakeFusedHopperGeometry(int64_t mats, int64_t n, int6
 // The geometry of a checked QuantLayout::kHopper spec (quantize_cpu.cc): INVALID_ARGUMENT as
 // PlanQuantizeLayout.
 absl::StatusOr<FusedHopperGeometry> FusedHopperGeometryOf(const QuantizePlan& plan, const QuantLayoutSpec& spec);
+
+// A trtllm layout (kTrtllmW13 / kTrtllmW2) is the MXFP4 prepare_w13 / prepare_w2 of the
+// quantized weights: the planner's own passes for it (values rows, scales 128x4 interleave,
+// bias rows; one row map for the three), and the plan's identity and shapes.
+struct FusedTrtllmGeometry {
+  moe::RowsPass values;         // in_row_bytes K/2, out_row_bytes kp/2
+  moe::InterleavePass scales;   // cols_in K/32, cols_p kp/32, rows_p = values.rows_out
+  moe::RowsPass bias;           // 4-byte words out (elem widens a bf16 input)
+  int64_t k = 0;                // elements of a weight row
+  std::string identity;         // the prepare plan's
+};
+inline constexpr int kFusedTrtllmTileRows = 128;   // one row tile of the 128x4 layout
+inline constexpr int kFusedTrtllmTileGroups = 4;   // one 512-byte scale block, 64 value bytes
+
+// `bias_bf16`: the bias input's type, where one is given (it sets the bias pass's element mode).
+absl::StatusOr<FusedTrtllmGeometry> FusedTrtllmGeometryOf(const QuantizePlan& plan, const QuantLayoutSpec& spec,
+                                                          bool bias_bf16 = false);
 
 }  // namespace wprep
 

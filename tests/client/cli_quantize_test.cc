@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "cli_runner.h"
+#include "golden.h"
 #include "nlohmann/json.hpp"
 
 namespace wprep {
@@ -149,6 +150,44 @@ TEST_F(CliTest, QuantizeHopperEqualsQuantizeThenConvert) {
   EXPECT_EQ(Bytes(fv), Bytes(wv));
   EXPECT_EQ(Bytes(fs_), Bytes(ws));
   EXPECT_FALSE(Bytes(fv).empty());
+}
+
+// The trtllm layouts, with a bias, equal canonical quantization followed by `wprep moe`'s
+// MXFP4 prepare of its outputs (the MoE engine, another path through the code).
+TEST_F(CliTest, QuantizeTrtllmEqualsQuantizeThenPrepare) {
+  const std::string in = kQuantDir + "cases/quant_2x64x1024_ties_up.in.bin";  // [2, 64, 1024]
+  const fs::path bias = Write("bias.bin", testing::RandomBytes(2 * 64 * 4, 5));
+  const fs::path v = dir_ / "v.bin", s = dir_ / "s.bin";
+  RunResult r = RunCli("quantize --local --dtype bfloat16 --shape 2,64,1024 --input " + in + " --values-output " +
+                       v.string() + " --scales-output " + s.string());
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  for (const std::string op : {"w13", "w2"}) {
+    SCOPED_TRACE(op);
+    const fs::path wv = dir_ / "wv.bin", ws = dir_ / "ws.bin", wb = dir_ / "wb.bin";
+    const fs::path fv = dir_ / "fv.bin", fs_ = dir_ / "fs.bin", fb = dir_ / "fb.bin";
+    r = RunCli("moe --local --op prepare_" + op + " --param format=mxfp4 --param align=128 --input values:uint8:2,64,512=" +
+               v.string() + " --input scales:uint8:2,64,32=" + s.string() + " --input bias:float32:2,64=" +
+               bias.string() + " --output values=" + wv.string() + " --output scales=" + ws.string() +
+               " --output bias=" + wb.string());
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    r = RunCli("quantize --local --layout trtllm_" + op + " --align 128 --dtype bfloat16 --shape 2,64,1024 --input " +
+               in + " --bias-input " + bias.string() + " --values-output " + fv.string() + " --scales-output " +
+               fs_.string() + " --bias-output " + fb.string());
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_NE(r.out.find("trtllm_gen:prepare_" + op + " format=mxfp4 align=128"), std::string::npos) << r.out;
+    EXPECT_EQ(Bytes(fv), Bytes(wv));
+    EXPECT_EQ(Bytes(fs_), Bytes(ws));
+    EXPECT_EQ(Bytes(fb), Bytes(wb));
+    EXPECT_FALSE(Bytes(fb).empty());
+  }
+  // A bias that does not fit [E, R]: refused, no file.
+  const fs::path short_bias = Write("short.bin", std::vector<uint8_t>(12, 0));
+  r = RunCli("quantize --local --layout trtllm_w2 --dtype bfloat16 --shape 2,64,1024 --input " + in +
+             " --bias-input " + short_bias.string() + " --values-output " + (dir_ / "x.v").string() +
+             " --scales-output " + (dir_ / "x.s").string() + " --bias-output " + (dir_ / "x.b").string());
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_EQ(r.err.rfind("INVALID_ARGUMENT: --bias-input", 0), 0u) << r.err;
+  EXPECT_FALSE(fs::exists(dir_ / "x.v"));
 }
 
 TEST_F(CliTest, QuantizeUnservedFusedLayoutsSayUnimplemented) {

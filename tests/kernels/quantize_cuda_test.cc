@@ -324,6 +324,68 @@ TEST(QuantizeCuda, HopperFusedHostBuffersEqualTheCpuOnTies) {
     EXPECT_EQ(gpu.scales, cpu.scales);
   }
 }
+
+// The trtllm layouts on the GPU equal the CPU's (held to quantize-then-prepare by the CPU
+// test): w13 and w2, both alignments, bias none / float32 / bfloat16, gpt-oss-like rows, and
+// an input that is not 16-byte aligned (the element path).
+TEST(QuantizeCuda, TrtllmFusedEqualsTheCpu) {
+  if (CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
+  std::mt19937_64 rng(3132);
+  int compared = 0;
+  for (int trial = 0; trial < 18; ++trial) {
+    const QuantDtype dtype = static_cast<QuantDtype>(trial % 3);
+    const ScaleRounding rounding = (trial / 3) % 2 ? ScaleRounding::kDown : ScaleRounding::kUp;
+    QuantLayoutSpec spec;
+    spec.layout = trial % 2 == 0 ? QuantLayout::kTrtllmW13 : QuantLayout::kTrtllmW2;
+    spec.align = trial % 4 < 2 ? 128 : 256;
+    const int bias_kind = trial % 3;
+    const bool unaligned = trial % 5 == 4;
+    const std::vector<int64_t> shape = {1 + static_cast<int64_t>(rng() % 3), 2 * (1 + static_cast<int64_t>(rng() % 200)),
+                                        32 * (1 + static_cast<int64_t>(rng() % 100))};
+    auto plan = MakeQuantizePlan(dtype, shape, rounding);
+    ASSERT_TRUE(plan.ok());
+    SCOPED_TRACE(::testing::Message() << "trial " << trial << " shape " << ::testing::PrintToString(shape));
+    const std::vector<uint8_t> in = SpecialInput(dtype, plan->input_bytes / QuantDtypeBytes(dtype), rng);
+    std::vector<uint8_t> bias(static_cast<size_t>(shape[0] * shape[1] * (bias_kind == 2 ? 2 : 4)));
+    for (auto& b : bias) b = static_cast<uint8_t>(rng());
+    auto sizes = PlanQuantizeLayout(*plan, spec);
+    ASSERT_TRUE(sizes.ok()) << sizes.status();
+    Out cpu, gpu;
+    cpu.values.assign(sizes->values_bytes, 0xAB);
+    cpu.scales.assign(sizes->scales_bytes, 0xAB);
+    std::vector<uint8_t> cpu_bias(bias_kind ? sizes->bias_bytes : 0, 0xAB), gpu_bias(cpu_bias.size());
+    QuantBias qb;
+    if (bias_kind) qb = {bias.data(), bias_kind == 2, cpu_bias.data()};
+    ASSERT_TRUE(QuantizeLayoutOnCpu(*plan, spec, in.data(), in.size(), cpu.values.data(), cpu.values.size(),
+                                    cpu.scales.data(), cpu.scales.size(), qb).ok());
+    const size_t off = unaligned ? QuantDtypeBytes(dtype) : 0;
+    uint8_t *din = nullptr, *dv = nullptr, *ds = nullptr, *dbi = nullptr, *dbo = nullptr;
+    ASSERT_EQ(cudaMalloc(&din, in.size() + off), cudaSuccess);
+    ASSERT_EQ(cudaMalloc(&dv, cpu.values.size()), cudaSuccess);
+    ASSERT_EQ(cudaMalloc(&ds, cpu.scales.size()), cudaSuccess);
+    ASSERT_EQ(cudaMalloc(&dbi, bias.size()), cudaSuccess);
+    ASSERT_EQ(cudaMalloc(&dbo, cpu_bias.size() + 1), cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(din + off, in.data(), in.size(), cudaMemcpyHostToDevice), cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(dbi, bias.data(), bias.size(), cudaMemcpyHostToDevice), cudaSuccess);
+    ASSERT_EQ(cudaMemset(dv, 0xAB, cpu.values.size()), cudaSuccess);
+    ASSERT_EQ(cudaMemset(ds, 0xAB, cpu.scales.size()), cudaSuccess);
+    QuantBias gb;
+    if (bias_kind) gb = {dbi, bias_kind == 2, dbo};
+    absl::Status st = QuantizeLayoutOnCuda(*plan, spec, din + off, dv, ds, nullptr, gb);
+    EXPECT_TRUE(st.ok()) << st;
+    gpu.values.resize(cpu.values.size());
+    gpu.scales.resize(cpu.scales.size());
+    EXPECT_EQ(cudaMemcpy(gpu.values.data(), dv, gpu.values.size(), cudaMemcpyDeviceToHost), cudaSuccess);
+    EXPECT_EQ(cudaMemcpy(gpu.scales.data(), ds, gpu.scales.size(), cudaMemcpyDeviceToHost), cudaSuccess);
+    EXPECT_EQ(cudaMemcpy(gpu_bias.data(), dbo, gpu_bias.size(), cudaMemcpyDeviceToHost), cudaSuccess);
+    for (uint8_t* p : {din, dv, ds, dbi, dbo}) (void)cudaFree(p);
+    EXPECT_EQ(gpu.values, cpu.values);
+    EXPECT_EQ(gpu.scales, cpu.scales);
+    EXPECT_EQ(gpu_bias, cpu_bias);
+    ++compared;
+  }
+  EXPECT_EQ(compared, 18);
+}
 #endif
 
 }  // namespace

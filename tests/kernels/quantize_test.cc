@@ -12,6 +12,7 @@
 #include "nlohmann/json.hpp"
 #include "wprep/kernels/cpu_engine.h"
 #include "wprep/kernels/plan.h"
+#include "wprep/kernels/moe.h"
 #include "wprep/kernels/quantize.h"
 
 namespace wprep {
@@ -383,6 +384,104 @@ TEST(QuantizeFused, HopperRefusesBadShapesAndParamsNamingThem) {
     EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << field;
     EXPECT_NE(st.message().find(field), absl::string_view::npos) << st;
   }
+}
+
+// The trtllm layouts' oracle: canonical quantization, then the MoE engine's MXFP4
+// prepare_w13 / prepare_w2 (with the bias where given) on the CPU.
+struct TrtllmOut {
+  std::vector<uint8_t> values, scales, bias;
+};
+
+TrtllmOut TrtllmByPrepare(QuantDtype dtype, const std::vector<int64_t>& shape, const std::vector<uint8_t>& in,
+                          ScaleRounding rounding, bool w13, int64_t align, const std::vector<uint8_t>* bias,
+                          bool bias_bf16) {
+  Result canon = Quantize(dtype, shape, in, rounding);
+  MoeParams params;
+  EXPECT_TRUE(SetMoeParam(params, "align", std::to_string(align)).ok());
+  std::vector<MoeTensorDesc> inputs = {{"values", MoeDType::kUint8, {shape[0], shape[1], shape[2] / 2}},
+                                       {"scales", MoeDType::kUint8, {shape[0], shape[1], shape[2] / 32}}};
+  std::vector<absl::Span<const uint8_t>> ins = {canon.values, canon.scales};
+  if (bias != nullptr) {
+    inputs.push_back({"bias", bias_bf16 ? MoeDType::kBfloat16 : MoeDType::kFloat32, {shape[0], shape[1]}});
+    ins.push_back(*bias);
+  }
+  auto plan = PlanMoe(w13 ? MoeOp::kPrepareW13 : MoeOp::kPrepareW2, params, inputs);
+  EXPECT_TRUE(plan.ok()) << plan.status();
+  TrtllmOut o;
+  if (!plan.ok()) return o;
+  o.values.assign(plan->output_bytes[0], 0xAB);
+  o.scales.assign(plan->output_bytes[1], 0xAB);
+  std::vector<absl::Span<uint8_t>> outs = {absl::MakeSpan(o.values), absl::MakeSpan(o.scales)};
+  if (bias != nullptr) {
+    o.bias.assign(plan->output_bytes[2], 0xAB);
+    outs.push_back(absl::MakeSpan(o.bias));
+  }
+  EXPECT_TRUE(RunMoeCpu(*plan, ins, outs, 1).ok());
+  return o;
+}
+
+TEST(QuantizeFused, TrtllmEqualsQuantizeThenPrepare) {
+  std::mt19937_64 rng(3131);
+  int compared = 0;
+  for (int trial = 0; trial < 24; ++trial) {
+    const QuantDtype dtype = static_cast<QuantDtype>(trial % 3);
+    const ScaleRounding rounding = (trial / 3) % 2 ? ScaleRounding::kDown : ScaleRounding::kUp;
+    const bool w13 = trial % 2 == 0;
+    const int64_t align = trial % 4 < 2 ? 128 : 256;
+    const int64_t e = 1 + static_cast<int64_t>(rng() % 3);
+    const int64_t r = 2 * (1 + static_cast<int64_t>(rng() % 150));
+    const int64_t k = 32 * (1 + static_cast<int64_t>(rng() % 12));
+    const int bias_kind = trial % 3;  // none, float32, bfloat16
+    SCOPED_TRACE(::testing::Message() << "[" << e << "," << r << "," << k << "] trial " << trial << " w13 " << w13
+                                      << " align " << align << " bias " << bias_kind);
+    auto plan = MakeQuantizePlan(dtype, std::vector<int64_t>{e, r, k}, rounding);
+    ASSERT_TRUE(plan.ok());
+    const std::vector<uint8_t> in = HopperInput(dtype, e * r * k, rng);
+    std::vector<uint8_t> bias(static_cast<size_t>(e * r * (bias_kind == 2 ? 2 : 4)));
+    for (auto& b : bias) b = static_cast<uint8_t>(rng());
+    const TrtllmOut want = TrtllmByPrepare(dtype, {e, r, k}, in, rounding, w13, align,
+                                           bias_kind ? &bias : nullptr, bias_kind == 2);
+    QuantLayoutSpec spec;
+    spec.layout = w13 ? QuantLayout::kTrtllmW13 : QuantLayout::kTrtllmW2;
+    spec.align = align;
+    auto sizes = PlanQuantizeLayout(*plan, spec);
+    ASSERT_TRUE(sizes.ok()) << sizes.status();
+    ASSERT_EQ(static_cast<size_t>(sizes->values_bytes), want.values.size());
+    ASSERT_EQ(static_cast<size_t>(sizes->scales_bytes), want.scales.size());
+    std::vector<uint8_t> v(want.values.size(), 0xCD), s(want.scales.size(), 0xCD), b;
+    QuantBias qb;
+    if (bias_kind) {
+      ASSERT_EQ(static_cast<size_t>(sizes->bias_bytes), want.bias.size());
+      b.assign(want.bias.size(), 0xCD);
+      qb = {bias.data(), bias_kind == 2, b.data()};
+    }
+    absl::Status st = QuantizeLayoutOnCpu(*plan, spec, in.data(), in.size(), v.data(), v.size(), s.data(), s.size(), qb);
+    ASSERT_TRUE(st.ok()) << st;
+    EXPECT_EQ(v, want.values);
+    EXPECT_EQ(s, want.scales);
+    EXPECT_EQ(b, want.bias);
+    ++compared;
+  }
+  EXPECT_EQ(compared, 24);
+}
+
+TEST(QuantizeFused, TrtllmRefusesWhatPrepareRefuses) {
+  QuantLayoutSpec spec;
+  spec.layout = QuantLayout::kTrtllmW13;
+  const std::pair<std::vector<int64_t>, const char*> bad[] = {
+      {{4, 64}, "rank 3"}, {{2, 6, 48}, "multiple of 32"}, {{2, 7, 64}, "even"}};
+  for (const auto& [shape, mention] : bad) {
+    auto plan = MakeQuantizePlan(QuantDtype::kBfloat16, shape);
+    ASSERT_TRUE(plan.ok());
+    absl::Status st = PlanQuantizeLayout(*plan, spec).status();
+    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << mention;
+    EXPECT_NE(st.message().find(mention), absl::string_view::npos) << st;
+  }
+  spec.align = 100;
+  auto plan = MakeQuantizePlan(QuantDtype::kBfloat16, std::vector<int64_t>{2, 6, 64});
+  ASSERT_TRUE(plan.ok());
+  absl::Status st = PlanQuantizeLayout(*plan, spec).status();
+  EXPECT_NE(st.message().find("align"), absl::string_view::npos) << st;
 }
 
 }  // namespace

@@ -214,7 +214,7 @@ absl::Status FakeRuntime::ConvertMoe(int gpu, const MoePlan& plan, absl::Span<co
 }
 
 absl::Status FakeRuntime::Quantize(int gpu, const QuantizePlan& plan, const QuantLayoutSpec& layout, const void* in,
-                                   void* values, void* scales, Stream) {
+                                   void* values, void* scales, const QuantBias& bias, Stream) {
   if (absl::Status s = CheckGpu(gpu); !s.ok()) return s;
   {
     absl::MutexLock lock(&mu_);
@@ -226,7 +226,7 @@ absl::Status FakeRuntime::Quantize(int gpu, const QuantizePlan& plan, const Quan
   auto* s = static_cast<uint8_t*>(scales);
   absl::StatusOr<QuantOutputSizes> sizes = PlanQuantizeLayout(plan, layout);
   if (!sizes.ok()) return sizes.status();
-  return QuantizeLayoutOnCpu(plan, layout, src, plan.input_bytes, v, sizes->values_bytes, s, sizes->scales_bytes);
+  return QuantizeLayoutOnCpu(plan, layout, src, plan.input_bytes, v, sizes->values_bytes, s, sizes->scales_bytes, bias);
 }
 
 absl::Status FakeRuntime::Synchronize(int gpu, Stream) { return CheckGpu(gpu); }

@@ -104,7 +104,7 @@ class FakeRuntime final : public server::DeviceRuntime {
   absl::Status ConvertMoe(int gpu, const MoePlan& plan, absl::Span<const void* const> in, absl::Span<void* const> out,
                           Stream stream) override;
   absl::Status Quantize(int gpu, const QuantizePlan& plan, const QuantLayoutSpec& layout, const void* in,
-                        void* values, void* scales, Stream stream) override;
+                        void* values, void* scales, const QuantBias& bias, Stream stream) override;
   std::unique_ptr<server::DeviceTimer> NewTimer(int gpu) override;
   absl::StatusOr<void*> AllocatePinned(uint64_t bytes) override;
   void FreePinned(void* ptr) override;

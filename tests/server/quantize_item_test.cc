@@ -246,6 +246,59 @@ TEST_F(QuantizeItemTest, HopperPairOverTheWireEqualsTheEngine) {
   }
 }
 
+// The trtllm layouts over the wire, with a bias of each type, equal the engine's (held to
+// quantize-then-prepare by the kernel tests); the outputs carry the prepare's identities.
+TEST_F(QuantizeItemTest, TrtllmLayoutsWithTheirBiasOverTheWireEqualTheEngine) {
+  std::mt19937_64 rng(2806);
+  Client client(MakeChannel(daemon_->unix_target()));
+  for (const bool w13 : {true, false}) {
+    for (const bool bf16 : {false, true}) {
+      SCOPED_TRACE(::testing::Message() << "w13 " << w13 << " bf16 bias " << bf16);
+      const std::vector<int64_t> shape = {3, 70, 96};
+      absl::StatusOr<QuantizePlan> plan = MakeQuantizePlan(QuantDtype::kBfloat16, shape, ScaleRounding::kUp);
+      ASSERT_TRUE(plan.ok());
+      QuantLayoutSpec spec;
+      spec.layout = w13 ? QuantLayout::kTrtllmW13 : QuantLayout::kTrtllmW2;
+      spec.align = 128;
+      absl::StatusOr<QuantOutputSizes> sizes = PlanQuantizeLayout(*plan, spec);
+      ASSERT_TRUE(sizes.ok()) << sizes.status();
+      std::vector<uint8_t> in(static_cast<size_t>(plan->input_bytes)), bias(3 * 70 * (bf16 ? 2 : 4));
+      for (auto& b : in) b = static_cast<uint8_t>(rng());
+      for (auto& b : bias) b = static_cast<uint8_t>(rng());
+      std::vector<uint8_t> v(static_cast<size_t>(sizes->values_bytes)), sc(static_cast<size_t>(sizes->scales_bytes)),
+          bo(static_cast<size_t>(sizes->bias_bytes));
+      ASSERT_TRUE(QuantizeLayoutOnCpu(*plan, spec, in.data(), in.size(), v.data(), v.size(), sc.data(), sc.size(),
+                                      QuantBias{bias.data(), bf16, bo.data()}).ok());
+      v1::ConvertBatchRequest req;
+      v1::QuantizeItem* item = req.add_items()->mutable_quantize();
+      item->set_dtype(v1::QUANTIZE_DTYPE_BFLOAT16);
+      for (int64_t d : shape) item->add_shape(d);
+      item->set_layout(w13 ? v1::QUANTIZE_LAYOUT_TRTLLM_W13 : v1::QUANTIZE_LAYOUT_TRTLLM_W2);
+      item->set_align(128);
+      item->mutable_source()->set_inline_bytes(in.data(), in.size());
+      item->mutable_bias()->set_inline_bytes(bias.data(), bias.size());
+      item->set_bias_dtype(bf16 ? v1::QUANTIZE_DTYPE_BFLOAT16 : v1::QUANTIZE_DTYPE_FLOAT32);
+      absl::StatusOr<v1::ConvertBatchResponse> resp = client.ConvertBatch(req);
+      ASSERT_TRUE(resp.ok()) << resp.status();
+      const v1::BatchItemResult& r = resp->items(0);
+      ASSERT_EQ(r.outputs_size(), 3);
+      EXPECT_EQ(Bytes(r.outputs(0).inline_bytes()), v);
+      EXPECT_EQ(Bytes(r.outputs(1).inline_bytes()), sc);
+      EXPECT_EQ(Bytes(r.outputs(2).inline_bytes()), bo);
+      EXPECT_EQ(r.outputs(2).name(), "bias");
+      const std::string op = w13 ? "prepare_w13" : "prepare_w2";
+      EXPECT_EQ(r.outputs(0).moe_identity().op(), op);
+      EXPECT_EQ(r.outputs(0).moe_identity().description(), "trtllm_gen:" + op + " format=mxfp4 align=128 contract=1");
+      EXPECT_EQ(r.outputs(1).identity().conversion(),
+                "bfloat16 -> quantize_mxfp4(scale_rounding=up) -> trtllm_gen:" + op + " format=mxfp4 align=128 contract=1");
+      const int64_t rows = w13 ? 2 * 128 : 128;
+      EXPECT_EQ(Shape(r.outputs(0)), (std::vector<int64_t>{3, rows, 64}));
+      EXPECT_EQ(Shape(r.outputs(1)), (std::vector<int64_t>{3, rows, 4}));
+      EXPECT_EQ(Shape(r.outputs(2)), (std::vector<int64_t>{3, rows}));
+    }
+  }
+}
+
 // Each malformed batch {good, bad}: its code and the field its message starts with; then a
 // good batch is still served.
 TEST_F(QuantizeItemTest, MalformedItemsNameTheirFieldAndTheDaemonServesOn) {
@@ -300,6 +353,27 @@ TEST_F(QuantizeItemTest, MalformedItemsNameTheirFieldAndTheDaemonServesOn) {
          q(r)->mutable_source()->mutable_inline_bytes()->resize(128);
        },
        kInvalid, "items[1].quantize.layout QUANTIZE_LAYOUT_HOPPER: num_warps"},
+      {"a bias without a trtllm layout", [&](auto& r) { q(r)->mutable_bias()->set_inline_bytes("abcd"); }, kInvalid,
+       "items[1].quantize.bias"},
+      {"a trtllm layout on a matrix",
+       [&](auto& r) {
+         q(r)->clear_shape();
+         q(r)->add_shape(2);
+         q(r)->add_shape(32);
+         q(r)->set_layout(v1::QUANTIZE_LAYOUT_TRTLLM_W2);
+         q(r)->mutable_source()->mutable_inline_bytes()->resize(128);
+       },
+       kInvalid, "items[1].quantize.layout QUANTIZE_LAYOUT_TRTLLM_W2: shape"},
+      {"a trtllm bias of the wrong size",
+       [&](auto& r) {
+         q(r)->clear_shape();
+         for (int d : {1, 2, 32}) q(r)->add_shape(d);
+         q(r)->set_layout(v1::QUANTIZE_LAYOUT_TRTLLM_W13);
+         q(r)->mutable_source()->mutable_inline_bytes()->resize(128);
+         q(r)->mutable_bias()->set_inline_bytes(std::string(4, 'x'));
+         q(r)->set_bias_dtype(v1::QUANTIZE_DTYPE_FLOAT32);
+       },
+       kInvalid, "items[1].quantize.bias"},
       {"no source", [&](auto& r) { q(r)->clear_source(); }, kInvalid, "items[1].quantize.source"},
       {"short input", [&](auto& r) { q(r)->mutable_source()->mutable_inline_bytes()->pop_back(); }, kInvalid,
        "items[1].quantize.source.inline_bytes"},
@@ -454,6 +528,66 @@ TEST(QuantizeIpc, EveryReferenceCaseIpcToIpcInPlaceWithNoDeviceMemory) {
   EXPECT_EQ(p.runtime.counts(1).converts, req.items_size());
   EXPECT_EQ(p.runtime.counts(0).converts, 0);
   EXPECT_EQ(p.runtime.totals().device_bytes_peak, 0u);
+}
+
+// A trtllm w13 item with a bfloat16 bias, every operand in fake GPU memory: the three
+// outputs written in place, equal to the CPU engine's, nothing past them, no device memory of
+// the daemon's.
+TEST(QuantizeIpc, TrtllmWithItsBiasIpcToIpcInPlace) {
+  Parts p(2);
+  std::mt19937_64 rng(2807);
+  const std::vector<int64_t> shape = {2, 66, 64};
+  absl::StatusOr<QuantizePlan> plan = MakeQuantizePlan(QuantDtype::kBfloat16, shape, ScaleRounding::kDown);
+  ASSERT_TRUE(plan.ok());
+  QuantLayoutSpec spec;
+  spec.layout = QuantLayout::kTrtllmW13;
+  absl::StatusOr<QuantOutputSizes> sizes = PlanQuantizeLayout(*plan, spec);
+  ASSERT_TRUE(sizes.ok());
+  std::vector<uint8_t> in(static_cast<size_t>(plan->input_bytes)), bias(2 * 66 * 2);
+  for (auto& b : in) b = static_cast<uint8_t>(rng());
+  for (auto& b : bias) b = static_cast<uint8_t>(rng());
+  std::vector<uint8_t> wv(static_cast<size_t>(sizes->values_bytes)), ws(static_cast<size_t>(sizes->scales_bytes)),
+      wb(static_cast<size_t>(sizes->bias_bytes));
+  ASSERT_TRUE(QuantizeLayoutOnCpu(*plan, spec, in.data(), in.size(), wv.data(), wv.size(), ws.data(), ws.size(),
+                                  QuantBias{bias.data(), true, wb.data()}).ok());
+  auto exported = [&](const std::vector<uint8_t>* bytes, uint64_t size) {
+    FakeRuntime::Exported e = p.runtime.ExportHandle(1, size + 1);
+    std::memset(e.ptr, 0xEE, size + 1);
+    if (bytes != nullptr) std::memcpy(e.ptr, bytes->data(), bytes->size());
+    return e;
+  };
+  const FakeRuntime::Exported src = exported(&in, in.size()), bsrc = exported(&bias, bias.size());
+  const FakeRuntime::Exported v = exported(nullptr, wv.size()), s = exported(nullptr, ws.size()),
+                              b = exported(nullptr, wb.size());
+  v1::ConvertBatchRequest req;
+  v1::QuantizeItem* item = req.add_items()->mutable_quantize();
+  item->set_dtype(v1::QUANTIZE_DTYPE_BFLOAT16);
+  for (int64_t d : shape) item->add_shape(d);
+  item->set_scale_rounding(v1::SCALE_ROUNDING_DOWN);
+  item->set_layout(v1::QUANTIZE_LAYOUT_TRTLLM_W13);
+  *item->mutable_source()->mutable_ipc() = Buffer(src, 1, in.size());
+  *item->mutable_bias()->mutable_ipc() = Buffer(bsrc, 1, bias.size());
+  item->set_bias_dtype(v1::QUANTIZE_DTYPE_BFLOAT16);
+  *item->mutable_values()->mutable_ipc() = Buffer(v, 1, wv.size());
+  *item->mutable_scales()->mutable_ipc() = Buffer(s, 1, ws.size());
+  *item->mutable_bias_out()->mutable_ipc() = Buffer(b, 1, wb.size());
+  absl::StatusOr<std::vector<server::QuantizeJob>> jobs = server::QuantizeJobsFromProto(req, server::MoeLimits{});
+  ASSERT_TRUE(jobs.ok()) << jobs.status();
+  v1::ConvertBatchResponse resp;
+  ASSERT_TRUE(server::RunQuantizeJobs(*jobs, p.engines(), absl::InfiniteFuture(), &resp).ok());
+  EXPECT_EQ(std::vector<uint8_t>(v.ptr, v.ptr + wv.size()), wv);
+  EXPECT_EQ(std::vector<uint8_t>(s.ptr, s.ptr + ws.size()), ws);
+  EXPECT_EQ(std::vector<uint8_t>(b.ptr, b.ptr + wb.size()), wb);
+  EXPECT_EQ(v.ptr[wv.size()], 0xEE);
+  EXPECT_EQ(s.ptr[ws.size()], 0xEE);
+  EXPECT_EQ(b.ptr[wb.size()], 0xEE);
+  ASSERT_EQ(resp.items(0).outputs_size(), 3);
+  EXPECT_EQ(p.runtime.totals().device_bytes_peak, 0u);
+  // Without bias_out, an IPC bias is refused naming the field, before any work.
+  item->clear_bias_out();
+  absl::StatusOr<std::vector<server::QuantizeJob>> bad = server::QuantizeJobsFromProto(req, server::MoeLimits{});
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("items[0].quantize.bias_out"), std::string::npos) << bad.status();
 }
 
 // Each IPC problem of the second item: INVALID_ARGUMENT naming the operand, and nothing of

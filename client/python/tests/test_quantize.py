@@ -201,6 +201,61 @@ def test_the_daemon_refuses_a_hopper_item_with_mx_axis_minus_1(client):
     assert "items[0].quantize.hopper.mx_axis must be -2" in e.value.details
 
 
+# -- the trtllm-gen MXFP4 preparation ------------------------------------------------------------
+
+TRTLLM_CASES = [("trtllm_w13", (2, 70, 96), 128, "float32"), ("trtllm_w2", (3, 130, 64), 256, "bfloat16"),
+                ("trtllm_w13", (1, 8, 2880), 256, None), ("trtllm_w2", (2, 33, 320), 128, "float32")]
+
+
+def _bias(rng, shape, dtype):
+    b = rng.standard_normal(shape[:2]).astype(np.float32)
+    return (b.view(np.uint32) >> 16).astype("<u2") if dtype == "bfloat16" else b
+
+
+@pytest.mark.parametrize("layout,shape,align,bias_dtype", TRTLLM_CASES)
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_trtllm_equals_quantize_then_prepare(client, layout, shape, align, bias_dtype, dtype):
+    import wprep.trtllm as trtllm
+
+    rng = np.random.default_rng(sum(shape) + align)
+    x = _random(rng, shape, dtype)
+    bias = _bias(rng, shape, bias_dtype) if bias_dtype else None
+    q = wprep.quantize_mxfp4(x, layout=layout, align=align, bias=bias, client=client)
+    canon = wprep.quantize_mxfp4(x, client=client)
+    prepare = trtllm.prepare_w13 if layout == "trtllm_w13" else trtllm.prepare_w2
+    if bias_dtype == "bfloat16":  # the MoE item takes bf16 bits as ml_dtypes; float32 widening is exact
+        bias_in = (bias.astype(np.uint32) << 16).view(np.float32)
+    else:
+        bias_in = bias
+    want = prepare(canon.values, canon.scales, bias_in, align=align, client=client)
+    assert q.values.tobytes() == want.values.tobytes() and q.scales.tobytes() == want.scales.tobytes()
+    assert q.values.shape == want.values.shape and q.scales.shape == want.scales.shape
+    if bias is None:
+        assert q.bias is None
+    else:
+        assert q.bias.dtype == np.float32 and q.bias.tobytes() == want.bias.tobytes()
+    op = "prepare_w13" if layout == "trtllm_w13" else "prepare_w2"
+    assert q.value_identity.layout == f"trtllm_gen:{op} format=mxfp4 align={align} contract=1"
+    assert (q.values.shape, q.scales.shape) == output_shapes(shape, layout, align=align)
+
+
+def test_trtllm_arguments_are_checked_before_sending(client):
+    x = np.zeros((2, 6, 64), np.float32)
+    assert "rank 3" in _invalid(lambda: wprep.quantize_mxfp4(np.zeros((6, 64), np.float32), layout="trtllm_w2",
+                                                             client=client))
+    assert "multiple of 32" in _invalid(lambda: wprep.quantize_mxfp4(np.zeros((2, 6, 48), np.float32),
+                                                                     layout="trtllm_w2", client=client))
+    assert "even R" in _invalid(lambda: wprep.quantize_mxfp4(np.zeros((2, 7, 64), np.float32), layout="trtllm_w13",
+                                                             client=client))
+    assert "align" in _invalid(lambda: wprep.quantize_mxfp4(x, layout="trtllm_w2", align=100, client=client))
+    assert "align and bias" in _invalid(lambda: wprep.quantize_mxfp4(x, bias=np.zeros((2, 6), np.float32),
+                                                                     client=client))
+    assert "[E, R]" in _invalid(lambda: wprep.quantize_mxfp4(x, layout="trtllm_w2", bias=np.zeros((2, 5), np.float32),
+                                                             client=client))
+    assert "bias_dtype" in _invalid(lambda: wprep.quantize_mxfp4(x, layout="trtllm_w2",
+                                                                 bias=np.zeros((2, 6), np.float16), client=client))
+
+
 def _cli():
     """The wprep CLI: $WPREP_CLI, else the one built next to $WPREPD (build/client/cli/wprep)."""
     from conftest import wprepd_path
@@ -450,6 +505,34 @@ def test_gpu_hopper_pair_in_place_equals_the_cpu_engine(client, gpu_client, dtyp
         r = wprep.quantize_mxfp4(xc, out=out, client=gpu_client, **kw)
         assert [t.data_ptr() for t in (r.values, r.scales)] == [t.data_ptr() for t in out]
         assert _bytes(r.values) == cpu.values.tobytes() and _bytes(r.scales) == cpu.scales.tobytes()
+
+
+@pytest.mark.parametrize("layout,shape,align,bias_dtype", TRTLLM_CASES)
+def test_gpu_trtllm_in_place_equals_the_cpu_engine(client, gpu_client, layout, shape, align, bias_dtype):
+    torch = _torch_cuda()
+    rng = np.random.default_rng(sum(shape))
+    x = _random(rng, shape, "bfloat16")
+    bias = _bias(rng, shape, bias_dtype) if bias_dtype else None
+    cpu = wprep.quantize_mxfp4(x, layout=layout, align=align, bias=bias, client=client)
+    bc = None
+    if bias is not None:
+        bc = _cuda_bf16(torch, bias) if bias_dtype == "bfloat16" else torch.from_numpy(bias).cuda()
+    q = wprep.quantize_mxfp4(_cuda_bf16(torch, x), layout=layout, align=align, bias=bc, client=gpu_client)
+    assert q.engine.startswith("cuda:"), q.engine
+    assert _bytes(q.values) == cpu.values.tobytes() and _bytes(q.scales) == cpu.scales.tobytes()
+    if bias is not None:
+        assert q.bias.dtype == torch.float32 and _bytes(q.bias) == cpu.bias.tobytes()
+    # out=: the loader's parameters, written in place.
+    out = [torch.full(cpu.values.shape, 0xEE, dtype=torch.uint8, device="cuda"),
+           torch.full(cpu.scales.shape, 0xEE, dtype=torch.uint8, device="cuda")]
+    if bias is not None:
+        out.append(torch.full(cpu.bias.shape, 7.0, dtype=torch.float32, device="cuda"))
+    ptrs = [t.data_ptr() for t in out]
+    r = wprep.quantize_mxfp4(_cuda_bf16(torch, x), layout=layout, align=align, bias=bc, out=out, client=gpu_client)
+    assert [t.data_ptr() for t in out] == ptrs and r.values is out[0]
+    assert _bytes(out[0]) == cpu.values.tobytes() and _bytes(out[1]) == cpu.scales.tobytes()
+    if bias is not None:
+        assert _bytes(out[2]) == cpu.bias.tobytes()
 
 
 def test_gpu_cuda_bad_inputs_are_refused(gpu_client):

@@ -35,7 +35,9 @@ Shape = Tuple[int, ...]
 
 _GROUP = 32
 _LAYOUTS = {None: pb.QUANTIZE_LAYOUT_CANONICAL, "blackwell_value": pb.QUANTIZE_LAYOUT_BLACKWELL,
-            "hopper_value": pb.QUANTIZE_LAYOUT_HOPPER}
+            "hopper_value": pb.QUANTIZE_LAYOUT_HOPPER, "trtllm_w13": pb.QUANTIZE_LAYOUT_TRTLLM_W13,
+            "trtllm_w2": pb.QUANTIZE_LAYOUT_TRTLLM_W2}
+_TRTLLM = ("trtllm_w13", "trtllm_w2")
 _ROUNDINGS = {"up": pb.SCALE_ROUNDING_UP, "down": pb.SCALE_ROUNDING_DOWN}
 
 
@@ -45,7 +47,8 @@ class QuantizedMXFP4:
 
     values / scales: uint8 numpy arrays (numpy input), uint8 CPU tensors (CPU tensor input),
     or the CUDA tensors written in place (CUDA input: out=, or tensors allocated on the input's
-    GPU). value_identity / scale_identity: what produced each, e.g. the conversion
+    GPU). bias: the prepared bias (float32) of a trtllm layout given bias=, else None.
+    value_identity / scale_identity: what produced each, e.g. the conversion
     "bfloat16 -> quantize_mxfp4(scale_rounding=up) -> canonical(packing_axis=-1)". engine: "cpu"
     or "cuda:GPU-...". kernel_seconds: the engine's time.
     """
@@ -56,6 +59,7 @@ class QuantizedMXFP4:
     scale_identity: LayoutIdentity
     engine: str
     kernel_seconds: float
+    bias: Any = None
 
     def __iter__(self) -> Iterator[Any]:
         yield self.values
@@ -77,8 +81,23 @@ def _prod(dims: Sequence[int]) -> int:
     return n
 
 
+def _trtllm_shapes(shape: Shape, layout: str, align: int) -> Tuple[Shape, Shape, Shape]:
+    if len(shape) != 3:
+        raise _bad(f"layout={layout!r} takes expert weights [E, R, K] (rank 3); x is {list(shape)}")
+    e, r, k = shape
+    if k % _GROUP:
+        raise _bad(f"layout={layout!r} needs K (the last dim) a multiple of 32; x is {list(shape)}")
+    if layout == "trtllm_w13" and r % 2:
+        raise _bad(f"layout='trtllm_w13' needs an even R (the gated w1/w3 rows, 2*I); x is {list(shape)}")
+    if not isinstance(align, int) or align <= 0 or align % 128:
+        raise _bad(f"align must be a positive multiple of 128; got {align!r}")
+    rows = 2 * _round_up(r // 2, align) if layout == "trtllm_w13" else _round_up(r, align)
+    kp = _round_up(k, align)
+    return (e, rows, kp // 2), (e, rows, kp // _GROUP), (e, rows)
+
+
 def output_shapes(shape: Sequence[int], layout: Optional[str], num_warps: int = 8,
-                  align_k: int = 2) -> Tuple[Shape, Shape]:
+                  align_k: int = 2, align: int = 256) -> Tuple[Shape, Shape]:
     """The (values, scales) shapes of the outputs' memory, row-major; one-byte elements.
 
     The same arithmetic as the daemon's planner, so that a CUDA caller's outputs can be
@@ -92,6 +111,8 @@ def output_shapes(shape: Sequence[int], layout: Optional[str], num_warps: int = 
     q = shape[-1]
     if layout is None:
         return (*shape[:-1], (q + 1) // 2), (*shape[:-1], (q + _GROUP - 1) // _GROUP)
+    if layout in _TRTLLM:
+        return _trtllm_shapes(shape, layout, align)[:2]
     if len(shape) < 2:
         raise _bad(f"layout={layout!r} takes a weight stored [..., N, K] (rank >= 2); x is {list(shape)}")
     if q % 2:
@@ -119,8 +140,11 @@ def _check_args(layout: Optional[str], scale_rounding: str, completion: str, hop
     if completion != "host":
         raise _bad(f"completion must be 'host'; got {completion!r}")
     if layout not in _LAYOUTS:
-        raise _bad(f"layout must be None (canonical), 'blackwell_value' or 'hopper_value'; got {layout!r}")
-    mma_version, num_warps, align_k = hopper
+        raise _bad(f"layout must be None (canonical), 'blackwell_value', 'hopper_value', 'trtllm_w13' or "
+                   f"'trtllm_w2'; got {layout!r}")
+    mma_version, num_warps, align_k = hopper[:3]
+    if layout not in _TRTLLM and (hopper[3] != 256 or hopper[4] is not None):
+        raise _bad("align and bias are parameters of layout='trtllm_w13' and 'trtllm_w2'")
     if layout != "hopper_value" and (mma_version, num_warps, align_k) != (3, 8, 2):
         raise _bad("mma_version, num_warps and align_k are parameters of layout='hopper_value'")
     if mma_version not in (2, 3):
@@ -166,12 +190,14 @@ def _host_array(x: Any) -> Tuple[np.ndarray, bool]:
     raise _bad(f"x must be a numpy array or a torch tensor; got {type(x).__name__}")
 
 
-def _check_host_out(out: Any, shapes: Tuple[Shape, Shape], torch_in: bool) -> None:
-    """out= of a host call: two C-contiguous arrays (tensors) of exactly the outputs' bytes."""
-    if len(out) != 2:
-        raise _bad(f"out must be (values, scales); got {len(out)} items")
-    for name, dst, shape in zip(("values", "scales"), out, shapes):
-        need = _prod(shape)
+def _check_host_out(out: Any, shapes: Sequence[Shape], torch_in: bool) -> None:
+    """out= of a host call: C-contiguous arrays (tensors) of exactly the outputs' bytes (the
+    third, a trtllm bias, of float32)."""
+    names = ("values", "scales", "bias")[:len(shapes)]
+    if len(out) != len(shapes):
+        raise _bad(f"out must be ({', '.join(names)}); got {len(out)} items")
+    for j, (name, dst, shape) in enumerate(zip(names, out, shapes)):
+        need = _prod(shape) * (4 if j == 2 else 1)
         if torch_in and _torch.is_tensor(dst) and not dst.is_cuda:
             ok, n = dst.is_contiguous(), dst.numel() * dst.element_size()
         elif not torch_in and isinstance(dst, np.ndarray):
@@ -180,8 +206,8 @@ def _check_host_out(out: Any, shapes: Tuple[Shape, Shape], torch_in: bool) -> No
             what = "a CPU torch tensor" if torch_in else "a numpy array"
             raise _bad(f"out {name}: for x of this kind it must be {what}; got {type(dst).__name__}")
         if not ok or n != need:
-            raise _bad(f"out {name}: needs a contiguous, writable buffer of {need} bytes ({list(shape)} uint8); "
-                       f"got {n} bytes")
+            raise _bad(f"out {name}: needs a contiguous, writable buffer of {need} bytes ({list(shape)} "
+                       f"{'float32' if j == 2 else 'uint8'}); got {n} bytes")
 
 
 def _write(dst: Any, data: bytes) -> None:
@@ -194,14 +220,14 @@ def _write(dst: Any, data: bytes) -> None:
     dst.reshape(-1).view(np.uint8)[:] = np.frombuffer(data, dtype=np.uint8)
 
 
-def _host_outputs(item: "pb.BatchItemResult", shapes: Tuple[Shape, Shape], out: Any, torch_in: bool) -> List[Any]:
+def _host_outputs(item: "pb.BatchItemResult", shapes: Sequence[Shape], out: Any, torch_in: bool) -> List[Any]:
     results = []
     for j, t in enumerate(item.outputs):
         if out is not None:
             _write(out[j], t.inline_bytes)
             results.append(out[j])
             continue
-        a = np.frombuffer(t.inline_bytes, dtype=np.uint8).reshape(shapes[j]).copy()
+        a = np.frombuffer(t.inline_bytes, dtype="<f4" if j == 2 else np.uint8).reshape(shapes[j]).copy()
         if torch_in:
             import torch
 
@@ -223,21 +249,36 @@ def _cuda_dtype(t: Any) -> int:
     return codes[t.dtype]
 
 
-def _cuda_outputs(x: Any, shapes: Tuple[Shape, Shape], out: Any) -> List[Any]:
-    """out= checked (one-byte, dense, on x's GPU, exactly the outputs' bytes), or new uint8 tensors."""
+def _check_bias(x: Any, bias: Any, cuda: bool) -> None:
+    if cuda != _torch.is_cuda_tensor(bias):
+        raise _bad("bias must be of x's kind: a CUDA tensor on x's GPU for a CUDA x, else a host array or tensor")
+    if cuda and bias.device != x.device:
+        raise _bad(f"bias is on {bias.device}, x on {x.device}; they must share a GPU")
+    if tuple(bias.shape) != tuple(x.shape[:2]):
+        raise _bad(f"bias must have shape [E, R] = {list(x.shape[:2])}; got {list(bias.shape)}")
+
+
+def _cuda_outputs(x: Any, shapes: Sequence[Shape], out: Any, float32_last: bool = False) -> List[Any]:
+    """out= checked (dense, on x's GPU, exactly the outputs' elements: one-byte, and a float32
+    bias last with `float32_last`), or new tensors."""
     import torch
 
+    kinds = [torch.uint8] * len(shapes)
+    if float32_last:
+        kinds[-1] = torch.float32
     if out is None:
-        return [torch.empty(s, dtype=torch.uint8, device=x.device) for s in shapes]
-    if len(out) != 2:
-        raise _bad(f"out must be (values, scales); got {len(out)} items")
-    for name, dst, shape in zip(("values", "scales"), out, shapes):
+        return [torch.empty(s, dtype=k, device=x.device) for s, k in zip(shapes, kinds)]
+    names = ("values", "scales", "bias")[:len(shapes)]
+    if len(out) != len(shapes):
+        raise _bad(f"out must be ({', '.join(names)}); got {len(out)} items")
+    for name, dst, shape, kind in zip(names, out, shapes, kinds):
         if not _torch.is_cuda_tensor(dst):
             raise _bad(f"out {name}: for a CUDA x it must be a CUDA tensor on {x.device}; got {type(dst).__name__}")
         if dst.device != x.device:
             raise _bad(f"out {name} is on {dst.device}, x on {x.device}; they must share a GPU")
-        if dst.element_size() != 1 or not dst.is_contiguous() or dst.numel() != _prod(shape):
-            raise _bad(f"out {name}: needs a contiguous one-byte tensor (uint8) of {_prod(shape)} elements "
+        size, what = (4, "four-byte tensor (float32)") if kind == torch.float32 else (1, "one-byte tensor (uint8)")
+        if dst.element_size() != size or not dst.is_contiguous() or dst.numel() != _prod(shape):
+            raise _bad(f"out {name}: needs a contiguous {what} of {_prod(shape)} elements "
                        f"({list(shape)}); got {dst.dtype} {list(dst.shape)}")
     return list(out)
 
@@ -262,16 +303,17 @@ def _transposed(shape: Shape) -> Shape:
     return (*shape[:-2], shape[-1], shape[-2])
 
 
-def _check_answer(item: "pb.BatchItemResult", shapes: Tuple[Shape, Shape]) -> None:
+def _check_answer(item: "pb.BatchItemResult", shapes: Sequence[Shape]) -> None:
     """`shapes`: as the daemon reports them."""
     got = [(t.name, tuple(t.shape)) for t in item.outputs]
-    if got != [("values", shapes[0]), ("scales", shapes[1])]:
+    if got != list(zip(("values", "scales", "bias"), shapes)):
         raise RuntimeError(f"the daemon answered outputs {got}, not values {list(shapes[0])} and scales "
                            f"{list(shapes[1])}: is it a different version?")
 
 
 def quantize_mxfp4(x: Any, *, layout: Optional[str] = None, scale_rounding: str = "up",
-                   mma_version: int = 3, num_warps: int = 8, align_k: int = 2,
+                   mma_version: int = 3, num_warps: int = 8, align_k: int = 2, align: int = 256,
+                   bias: Any = None,
                    out: Optional[Sequence[Any]] = None, client: Any = None, timeout: Optional[float] = None,
                    stream: Any = None, completion: str = "host") -> QuantizedMXFP4:
     """Quantizes `x` [..., Q] to MXFP4 (docs/LAYOUTS.md, "Quantization to MXFP4") in one round trip.
@@ -293,6 +335,13 @@ def quantize_mxfp4(x: Any, *, layout: Optional[str] = None, scale_rounding: str 
     (output_shapes). scale_rounding: "up" (default) or "down". mma_version (2 or 3), num_warps
     and align_k: hopper_value's and hopper_scale's parameters (defaults 3, 8, 2).
 
+    layout "trtllm_w13" / "trtllm_w2": expert weights [E, R, K] (K a multiple of 32; w13's R
+    even, the gated w1/w3 rows) straight to the bytes of FlashInfer's trtllm-gen MXFP4
+    prepare_w13 / prepare_w2 (docs/TRTLLM_GEN.md) with `align` (a multiple of 128, default
+    256): values [E, rows, rup(K, align)/2], scales [E, rows, rup(K, align)/32]. bias: the
+    experts' bias [E, R] (float32 or bfloat16, of x's kind: host or CUDA on x's GPU), prepared
+    into [E, rows] float32 as the result's .bias; out= then takes (values, scales, bias).
+
     out: (values, scales) to write in place, of exactly the outputs' bytes: C-contiguous numpy
     arrays (or CPU tensors) for host x, contiguous one-byte CUDA tensors on x's GPU for a CUDA
     x; their addresses are kept. Without out=: new uint8 numpy arrays (CPU tensors), or new
@@ -309,7 +358,7 @@ def quantize_mxfp4(x: Any, *, layout: Optional[str] = None, scale_rounding: str 
     (before anything is sent) and with the daemon's message for what the daemon refuses
     ("items[0].quantize..."), ExpandableSegmentsError for CUDA memory that cannot be shared.
     """
-    _check_args(layout, scale_rounding, completion, (mma_version, num_warps, align_k))
+    _check_args(layout, scale_rounding, completion, (mma_version, num_warps, align_k, align, bias))
     if client is None:
         from ._mxfp4 import default_client
 
@@ -323,25 +372,42 @@ def quantize_mxfp4(x: Any, *, layout: Optional[str] = None, scale_rounding: str 
         item.hopper.mma_version = mma_version
         item.hopper_scale.num_warps = num_warps
         item.hopper_scale.align_k = align_k
+    trtllm = layout in _TRTLLM
+    if trtllm:
+        item.align = align
     cuda = _torch.is_cuda_tensor(x)
+    bias_shape = _trtllm_shapes(tuple(int(d) for d in x.shape), layout, align)[2] if trtllm else None
+    if bias is not None:
+        _check_bias(x, bias, cuda)
     torch_in = False
     if cuda:
         item.dtype = _cuda_dtype(x)
-        shapes = output_shapes(x.shape, layout, num_warps, align_k)
+        shapes = output_shapes(x.shape, layout, num_warps, align_k, align)
+        if bias is not None:
+            shapes = (*shapes, bias_shape)
         if not x.is_contiguous():
             raise _bad(f"a CUDA x is read in place and must be contiguous (row-major); got strides {list(x.stride())}"
                        "; pass x.contiguous()")
-        outs = _cuda_outputs(x, shapes, out)
+        outs = _cuda_outputs(x, shapes, out, float32_last=bias is not None)
         item.shape.extend(x.shape)
         if x.numel() == 0:  # no memory to share: nothing to read or write, checked by the daemon
             item.source.inline_bytes = b""
         else:
             _fill_cuda(item, x, outs, client._registry)
+            if bias is not None:
+                bias = bias.contiguous()  # kept alive (by this name) until the daemon has answered
+                item.bias_dtype = _cuda_dtype(bias)
+                _torch.source_view(_byte_view(bias), client._registry).fill(item.bias.ipc)
+                _torch.destination_view(_byte_view(outs[2]), client._registry).fill(item.bias_out.ipc)
             _torch.synchronize([x.device.index], stream)  # the producer's writes land before the daemon reads
     else:
         a, torch_in = _host_array(x)
         item.dtype, item.source.inline_bytes = _numpy_source(a)
-        shapes = output_shapes(a.shape, layout, num_warps, align_k)
+        shapes = output_shapes(a.shape, layout, num_warps, align_k, align)
+        if bias is not None:
+            b, _ = _host_array(bias)
+            item.bias_dtype, item.bias.inline_bytes = _numpy_source(b)
+            shapes = (*shapes, bias_shape)
         item.shape.extend(a.shape)
         if out is not None:
             _check_host_out(out, shapes, torch_in)
@@ -349,7 +415,8 @@ def quantize_mxfp4(x: Any, *, layout: Optional[str] = None, scale_rounding: str 
     r = resp.items[0]
     _check_answer(r, tuple(_transposed(s) for s in shapes) if hopper else shapes)
     results = outs if cuda else _host_outputs(r, shapes, out, torch_in)
+    prepared_bias = results[2] if bias is not None else None
     if hopper:  # upstream's views of the row-major memory
         results = [t.transpose(-1, -2) if _torch.is_tensor(t) else t.swapaxes(-1, -2) for t in results]
     return QuantizedMXFP4(results[0], results[1], LayoutIdentity.from_proto(r.outputs[0].identity),
-                          LayoutIdentity.from_proto(r.outputs[1].identity), r.engine, r.kernel_seconds)
+                          LayoutIdentity.from_proto(r.outputs[1].identity), r.engine, r.kernel_seconds, prepared_bias)

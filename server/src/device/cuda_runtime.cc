@@ -244,9 +244,9 @@ class Cuda final : public DeviceRuntime {
     return RunMoeCuda(plan, in, out, s);
   }
   absl::Status Quantize(int gpu, const QuantizePlan& plan, const QuantLayoutSpec& layout, const void* in,
-                        void* values, void* scales, Stream s) override {
+                        void* values, void* scales, const QuantBias& bias, Stream s) override {
     WPREP_CUDA_RETURN_IF_ERROR(cudaSetDevice(gpu));
-    return QuantizeLayoutOnCuda(plan, layout, in, values, scales, s);
+    return QuantizeLayoutOnCuda(plan, layout, in, values, scales, s, bias);
   }
   absl::Status Synchronize(int gpu, Stream s) override {
     WPREP_CUDA_RETURN_IF_ERROR(cudaSetDevice(gpu));

@@ -119,8 +119,8 @@ class DeviceRuntime {
   // quantize_mxfp4 between device buffers of `gpu` into `layout` (QuantizeLayoutOnCuda:
   // launches on `stream`, nothing allocated).
   virtual absl::Status Quantize(int gpu, const QuantizePlan& plan, const QuantLayoutSpec& layout, const void* in,
-                                void* values, void* scales, Stream stream) {
-    (void)gpu, (void)plan, (void)layout, (void)in, (void)values, (void)scales, (void)stream;
+                                void* values, void* scales, const QuantBias& bias, Stream stream) {
+    (void)gpu, (void)plan, (void)layout, (void)in, (void)values, (void)scales, (void)bias, (void)stream;
     return absl::UnimplementedError("this device runtime has no quantization engine");
   }
   virtual std::unique_ptr<DeviceTimer> NewTimer(int gpu) = 0;

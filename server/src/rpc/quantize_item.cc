@@ -10,6 +10,7 @@
 #include "absl/time/clock.h"
 #include "exec/gpu_queues.h"
 #include "rpc/proto_translate.h"
+#include "wprep/kernels/moe.h"
 #include "wprep/kernels/plan.h"
 #include "wprep/spec/status_macros.h"
 #include "wprep/proto/spec_codec.h"
@@ -105,10 +106,28 @@ absl::StatusOr<QuantizeJob> JobFromProto(const v1::QuantizeItem& item, const std
     case v1::QUANTIZE_LAYOUT_HOPPER:
       job.layout.layout = QuantLayout::kHopper;
       break;
+    case v1::QUANTIZE_LAYOUT_TRTLLM_W13:
+      job.layout.layout = QuantLayout::kTrtllmW13;
+      break;
+    case v1::QUANTIZE_LAYOUT_TRTLLM_W2:
+      job.layout.layout = QuantLayout::kTrtllmW2;
+      break;
     default:
-      return Bad(absl::StrCat(prefix, ".layout must be QUANTIZE_LAYOUT_CANONICAL, QUANTIZE_LAYOUT_BLACKWELL or ",
-                              "QUANTIZE_LAYOUT_HOPPER, got ", static_cast<int>(item.layout())));
+      return Bad(absl::StrCat(prefix, ".layout must be QUANTIZE_LAYOUT_CANONICAL, QUANTIZE_LAYOUT_BLACKWELL, ",
+                              "QUANTIZE_LAYOUT_HOPPER, QUANTIZE_LAYOUT_TRTLLM_W13 or QUANTIZE_LAYOUT_TRTLLM_W2, got ",
+                              static_cast<int>(item.layout())));
   }
+  const bool trtllm = job.layout.layout == QuantLayout::kTrtllmW13 || job.layout.layout == QuantLayout::kTrtllmW2;
+  const std::pair<const char*, bool> trtllm_only[] = {{".align", item.has_align()},
+                                                      {".bias", item.has_bias()},
+                                                      {".bias_dtype", item.bias_dtype() != v1::QUANTIZE_DTYPE_UNSPECIFIED},
+                                                      {".bias_out", item.has_bias_out()}};
+  for (const auto& [field, set] : trtllm_only) {
+    if (set && !trtllm) {
+      return Bad(absl::StrCat(prefix, field, " is for layouts QUANTIZE_LAYOUT_TRTLLM_W13 and _W2 only; leave it unset"));
+    }
+  }
+  if (item.has_align()) job.layout.align = item.align();
   if (job.layout.layout != QuantLayout::kHopper && (item.has_hopper() || item.has_hopper_scale())) {
     return Bad(absl::StrCat(prefix, item.has_hopper() ? ".hopper" : ".hopper_scale",
                             " is for layout QUANTIZE_LAYOUT_HOPPER only; leave it unset"));
@@ -132,9 +151,7 @@ absl::StatusOr<QuantizeJob> JobFromProto(const v1::QuantizeItem& item, const std
   job.plan = *std::move(plan);
   absl::StatusOr<QuantOutputSizes> out_sizes = PlanQuantizeLayout(job.plan, job.layout);
   if (!out_sizes.ok()) {
-    return Bad(absl::StrCat(prefix, job.layout.layout == QuantLayout::kBlackwell ? ".layout QUANTIZE_LAYOUT_BLACKWELL: "
-                            : job.layout.layout == QuantLayout::kHopper      ? ".layout QUANTIZE_LAYOUT_HOPPER: "
-                                                                              : ".layout: ",
+    return Bad(absl::StrCat(prefix, ".layout ", v1::QuantizeLayout_Name(item.layout()), ": ",
                             out_sizes.status().message()));
   }
   job.values_bytes = static_cast<uint64_t>(out_sizes->values_bytes);
@@ -153,6 +170,26 @@ absl::StatusOr<QuantizeJob> JobFromProto(const v1::QuantizeItem& item, const std
     job.scales_shape = {mats, job.scales_bytes == 0 || mats == 0 ? 0 : static_cast<int64_t>(job.scales_bytes) / mats};
     job.values_strides = DenseStrides(job.values_shape);
     job.scales_strides = DenseStrides(job.scales_shape);
+  }
+  if (trtllm) {
+    job.values_shape = out_sizes->values_shape;
+    job.scales_shape = out_sizes->scales_shape;
+    job.values_strides = DenseStrides(job.values_shape);
+    job.scales_strides = DenseStrides(job.scales_shape);
+    job.moe_identity = out_sizes->moe_identity;
+    if (item.has_bias()) {
+      if (item.bias_dtype() != v1::QUANTIZE_DTYPE_FLOAT32 && item.bias_dtype() != v1::QUANTIZE_DTYPE_BFLOAT16) {
+        return Bad(absl::StrCat(prefix, ".bias_dtype must be QUANTIZE_DTYPE_FLOAT32 or QUANTIZE_DTYPE_BFLOAT16, got ",
+                                static_cast<int>(item.bias_dtype())));
+      }
+      job.bias = true;
+      job.bias_bf16 = item.bias_dtype() == v1::QUANTIZE_DTYPE_BFLOAT16;
+      job.bias_in_bytes = static_cast<uint64_t>(job.plan.rows) * (job.bias_bf16 ? 2 : 4);
+      job.bias_out_bytes = static_cast<uint64_t>(out_sizes->bias_bytes);
+      job.bias_shape = out_sizes->bias_shape;
+    } else if (item.bias_dtype() != v1::QUANTIZE_DTYPE_UNSPECIFIED || item.has_bias_out()) {
+      return Bad(absl::StrCat(prefix, item.has_bias_out() ? ".bias_out" : ".bias_dtype", " is set without .bias"));
+    }
   }
   if (job.layout.layout == QuantLayout::kHopper) {
     // Shapes and strides as a convert item's swizzle reports them (the upstream layout
@@ -190,11 +227,20 @@ absl::StatusOr<QuantizeJob> JobFromProto(const v1::QuantizeItem& item, const std
                               DTypeName(job.plan.dtype), " [", absl::StrJoin(job.plan.input_shape, ","), "] needs ",
                               input_bytes));
     }
-    if (item.values().has_ipc() || item.scales().has_ipc()) {
-      return Bad(absl::StrCat(prefix, item.values().has_ipc() ? ".values" : ".scales",
+    if (item.values().has_ipc() || item.scales().has_ipc() || item.bias_out().has_ipc()) {
+      return Bad(absl::StrCat(prefix, item.values().has_ipc() ? ".values" : item.scales().has_ipc() ? ".scales" : ".bias_out",
                               ".ipc: an item with an inline source returns its outputs inline"));
     }
     job.input = src.inline_bytes();
+    if (job.bias) {
+      if (item.bias().has_ipc() || item.bias().inline_strides_size() != 0 ||
+          item.bias().inline_bytes().size() != job.bias_in_bytes) {
+        return Bad(absl::StrCat(prefix, ".bias: an item with an inline source takes an inline, dense bias of ",
+                                job.bias_in_bytes, " bytes ([E, R] ", job.bias_bf16 ? "bfloat16" : "float32", "), got ",
+                                item.bias().has_ipc() ? "IPC" : absl::StrCat(item.bias().inline_bytes().size(), " bytes")));
+      }
+      job.bias_input = item.bias().inline_bytes();
+    }
     return job;
   }
   absl::StatusOr<IpcRegion> in = DenseRegionFromProto(src.ipc(), input_bytes, prefix + ".source.ipc");
@@ -226,6 +272,36 @@ absl::StatusOr<QuantizeJob> JobFromProto(const v1::QuantizeItem& item, const std
   if (IpcRegionsOverlap(job.values_ipc, job.values_bytes, job.scales_ipc, job.scales_bytes)) {
     return Bad(absl::StrCat(prefix, ".scales.ipc overlaps values.ipc: give another buffer"));
   }
+  if (job.bias) {
+    if (!item.bias().has_ipc() || !item.bias_out().has_ipc()) {
+      return Bad(absl::StrCat(prefix, !item.bias().has_ipc() ? ".bias.ipc" : ".bias_out.ipc",
+                              " is not set: an item with an IPC source takes its bias and writes it as IPC memory"));
+    }
+    absl::StatusOr<IpcRegion> bin = DenseRegionFromProto(item.bias().ipc(), job.bias_in_bytes, prefix + ".bias.ipc");
+    if (!bin.ok()) return bin.status();
+    absl::StatusOr<IpcRegion> bout = DenseRegionFromProto(item.bias_out().ipc(), job.bias_out_bytes, prefix + ".bias_out.ipc");
+    if (!bout.ok()) return bout.status();
+    if (bin->gpu != job.input_ipc.gpu || bout->gpu != job.input_ipc.gpu) {
+      return Bad(absl::StrCat(prefix, bin->gpu != job.input_ipc.gpu ? ".bias" : ".bias_out",
+                              ".ipc.device_uuid: the source, the bias and the outputs must be on one GPU"));
+    }
+    job.bias_ipc = *std::move(bin);
+    job.bias_out_ipc = *std::move(bout);
+    const std::pair<const IpcRegion*, uint64_t> others[] = {{&job.input_ipc, input_bytes},
+                                                            {&job.values_ipc, job.values_bytes},
+                                                            {&job.scales_ipc, job.scales_bytes},
+                                                            {&job.bias_ipc, job.bias_in_bytes}};
+    for (const auto& [region, bytes] : others) {
+      if (IpcRegionsOverlap(job.bias_out_ipc, job.bias_out_bytes, *region, bytes)) {
+        return Bad(absl::StrCat(prefix, ".bias_out.ipc overlaps another operand of the item: give another buffer"));
+      }
+    }
+    for (const auto& [region, bytes] : {std::pair{&job.values_ipc, job.values_bytes}, std::pair{&job.scales_ipc, job.scales_bytes}}) {
+      if (IpcRegionsOverlap(*region, bytes, job.bias_ipc, job.bias_in_bytes)) {
+        return Bad(absl::StrCat(prefix, ".bias.ipc overlaps an output of the item: give another buffer"));
+      }
+    }
+  }
   return job;
 }
 
@@ -235,6 +311,12 @@ v1::LayoutIdentity IdentityOf(const QuantizeJob& job, bool values) {
       absl::StrCat(DTypeName(job.plan.dtype), " -> quantize_mxfp4(scale_rounding=",
                    job.plan.rounding == ScaleRounding::kUp ? "up" : "down", ")");
   v1::LayoutIdentity id;
+  if (!job.moe_identity.empty()) {
+    id.set_layout(job.moe_identity);
+    id.set_conversion(absl::StrCat(quantize, " -> ", job.moe_identity));
+    id.set_contract_version(kMoeContractVersion);
+    return id;
+  }
   if (job.layout.layout != QuantLayout::kCanonical) {
     ConversionSpec spec;
     if (job.layout.layout == QuantLayout::kHopper) {
@@ -254,6 +336,18 @@ v1::LayoutIdentity IdentityOf(const QuantizeJob& job, bool values) {
   return id;
 }
 
+// The MoeIdentity a trtllm layout's outputs carry, as a prepare item's would.
+v1::MoeIdentity MoeIdentityOf(const QuantizeJob& job) {
+  v1::MoeIdentity m;
+  m.set_format("mxfp4");
+  m.set_op(job.layout.layout == QuantLayout::kTrtllmW13 ? "prepare_w13" : "prepare_w2");
+  m.mutable_params()->set_format("mxfp4");
+  m.mutable_params()->set_align(job.layout.align);
+  m.set_contract_version(kMoeContractVersion);
+  m.set_description(job.moe_identity);
+  return m;
+}
+
 void AddOutput(const QuantizeJob& job, bool values, v1::BatchItemResult* item) {
   v1::TensorResult* t = item->add_outputs();
   t->set_name(values ? "values" : "scales");
@@ -262,12 +356,27 @@ void AddOutput(const QuantizeJob& job, bool values, v1::BatchItemResult* item) {
   for (int64_t s : values ? job.values_strides : job.scales_strides) t->add_strides(s);
   t->set_bytes(values ? job.values_bytes : job.scales_bytes);
   *t->mutable_identity() = IdentityOf(job, values);
+  if (!job.moe_identity.empty()) {
+    t->set_dtype(v1::MOE_DTYPE_UINT8);
+    *t->mutable_moe_identity() = MoeIdentityOf(job);
+  }
+}
+
+void AddBiasOutput(const QuantizeJob& job, v1::BatchItemResult* item) {
+  v1::TensorResult* t = item->add_outputs();
+  t->set_name("bias");
+  for (int64_t d : job.bias_shape) t->add_shape(d);
+  for (int64_t s : DenseStrides(job.bias_shape)) t->add_strides(s);
+  t->set_bytes(job.bias_out_bytes);
+  t->set_dtype(v1::MOE_DTYPE_FLOAT32);
+  *t->mutable_identity() = IdentityOf(job, true);
+  *t->mutable_moe_identity() = MoeIdentityOf(job);
 }
 
 // An IPC job's GPU and mapped regions (leases held until its GPU's work is done).
 struct Mapped {
   Gpu* gpu = nullptr;
-  IpcCache::Lease in, values, scales;
+  IpcCache::Lease in, values, scales, bias, bias_out;
 };
 
 absl::StatusOr<Mapped> MapJob(const QuantizeJob& job, const std::string& prefix, const MoeEngines& engines) {
@@ -278,10 +387,13 @@ absl::StatusOr<Mapped> MapJob(const QuantizeJob& job, const std::string& prefix,
                         absl::StrCat(prefix, ".source.ipc.device_uuid: ", gpu.status().message()));
   }
   m.gpu = *gpu;
-  const std::pair<const IpcRegion*, IpcCache::Lease*> regions[] = {
-      {&job.input_ipc, &m.in}, {&job.values_ipc, &m.values}, {&job.scales_ipc, &m.scales}};
-  const char* names[] = {"source", "values", "scales"};
-  for (int i = 0; i < 3; ++i) {
+  const std::pair<const IpcRegion*, IpcCache::Lease*> regions[] = {{&job.input_ipc, &m.in},
+                                                                    {&job.values_ipc, &m.values},
+                                                                    {&job.scales_ipc, &m.scales},
+                                                                    {&job.bias_ipc, &m.bias},
+                                                                    {&job.bias_out_ipc, &m.bias_out}};
+  const char* names[] = {"source", "values", "scales", "bias", "bias_out"};
+  for (int i = 0; i < (job.bias ? 5 : 3); ++i) {
     const IpcRegion& r = *regions[i].first;
     absl::StatusOr<IpcCache::Lease> l = engines.ipc->Acquire(m.gpu->ordinal(), r.handle, r.offset, r.size);
     if (!l.ok()) {
@@ -297,8 +409,10 @@ absl::StatusOr<Mapped> MapJob(const QuantizeJob& job, const std::string& prefix,
 absl::Status Queue(const QuantizeJob& job, const Mapped& m, size_t index, GpuQueues& queues) {
   absl::StatusOr<Stream> stream = queues.StreamOf(*m.gpu);
   if (!stream.ok()) return stream.status();
+  QuantBias bias;
+  if (job.bias) bias = {m.bias.ptr(), job.bias_bf16, m.bias_out.ptr()};
   WPREP_RETURN_IF_ERROR(m.gpu->runtime().Quantize(m.gpu->ordinal(), job.plan, job.layout, m.in.ptr(),
-                                                  m.values.ptr(), m.scales.ptr(), *stream));
+                                                  m.values.ptr(), m.scales.ptr(), bias, *stream));
   queues.Queued(*m.gpu, index);
   return absl::OkStatus();
 }
@@ -312,8 +426,14 @@ absl::Status RunInline(const QuantizeJob& job, v1::BatchItemResult* item) {
   auto* v = reinterpret_cast<uint8_t*>(values->data());
   auto* s = reinterpret_cast<uint8_t*>(scales->data());
   const absl::Time start = absl::Now();
+  QuantBias bias;
+  if (job.bias) {
+    std::string* out = item->mutable_outputs(2)->mutable_inline_bytes();
+    out->resize(job.bias_out_bytes);
+    bias = {job.bias_input.data(), job.bias_bf16, out->data()};
+  }
   absl::Status st = QuantizeLayoutOnCpu(job.plan, job.layout, in, job.input.size(), v, values->size(), s,
-                                        scales->size());
+                                        scales->size(), bias);
   item->set_engine("cpu");
   item->set_kernel_seconds(absl::ToDoubleSeconds(absl::Now() - start));
   return st;
@@ -343,7 +463,7 @@ absl::StatusOr<std::vector<QuantizeJob>> QuantizeJobsFromProto(const v1::Convert
     }
     absl::StatusOr<QuantizeJob> job = JobFromProto(req.items(i).quantize(), prefix + ".quantize", limits);
     if (!job.ok()) return job.status();
-    if (!job->ipc) inline_out += job->values_bytes + job->scales_bytes;
+    if (!job->ipc) inline_out += job->values_bytes + job->scales_bytes + job->bias_out_bytes;
     jobs.push_back(*std::move(job));
   }
   if (inline_out > limits.max_message_bytes) {
@@ -371,6 +491,7 @@ absl::Status RunQuantizeJobs(const std::vector<QuantizeJob>& jobs, const MoeEngi
     v1::BatchItemResult* item = resp->add_items();
     AddOutput(jobs[i], true, item);
     AddOutput(jobs[i], false, item);
+    if (jobs[i].bias) AddBiasOutput(jobs[i], item);
     failed = jobs[i].ipc ? Queue(jobs[i], mapped[i], i, queues) : RunInline(jobs[i], item);
     if (!failed.ok()) failed = absl::Status(failed.code(), absl::StrCat("items[", i, "].quantize: ", failed.message()));
   }

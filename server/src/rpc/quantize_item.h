@@ -27,9 +27,16 @@ struct QuantizeJob {
   uint64_t values_bytes = 0, scales_bytes = 0;
   std::vector<int64_t> values_shape, scales_shape;      // as reported
   std::vector<int64_t> values_strides, scales_strides;  // elements (bytes: uint8 outputs)
+  std::string moe_identity;             // trtllm layouts: the prepare's description
   absl::string_view input;              // inline bytes
   IpcRegion input_ipc, values_ipc, scales_ipc;
   bool ipc = false;
+  // The trtllm layouts' optional bias: [E, R] in (bias_in_bytes), [E, rows] float32 out.
+  bool bias = false, bias_bf16 = false;
+  uint64_t bias_in_bytes = 0, bias_out_bytes = 0;
+  std::vector<int64_t> bias_shape;
+  absl::string_view bias_input;
+  IpcRegion bias_ipc, bias_out_ipc;
 };
 
 // Whether any item of `req` is a quantize item (the batch is then served by

@@ -82,6 +82,11 @@ enum class QuantLayout {
   // hopper_scale(mx_axis=-2, num_warps, align_k) of its scales [..., ceil(K/32), N]:
   // byte-equal to QuantizeOnCpu followed by those two swizzles.
   kHopper,
+  // The trtllm-gen MXFP4 preparation of expert weights [E, R, K] (K a multiple of 32):
+  // values and scales (and an optional bias) exactly as quantize, then prepare_w13 (R = 2*I,
+  // the gated w1/w3 rows) or prepare_w2 of docs/TRTLLM_GEN.md with `align`.
+  kTrtllmW13,
+  kTrtllmW2,
 };
 
 struct QuantLayoutSpec {
@@ -91,15 +96,32 @@ struct QuantLayoutSpec {
   int mma_version = 3;
   int num_warps = 8;
   int align_k = 2;
+  // kTrtllmW13 / kTrtllmW2 only: the load-time padding of H and I, a positive multiple of 128.
+  int64_t align = 256;
 };
 
 struct QuantOutputSizes {
   int64_t values_bytes = 0;
   int64_t scales_bytes = 0;
+  // The trtllm layouts' shapes ([E, rows, kp/2], [E, rows, kp/32]) and their bias's ([E, rows],
+  // float32): the bias is prepared beside them when given (QuantBias).
+  std::vector<int64_t> values_shape, scales_shape, bias_shape;
+  int64_t bias_bytes = 0;
+  std::string moe_identity;  // the prepare's, e.g. "trtllm_gen:prepare_w13 format=mxfp4 align=256 contract=1"
+};
+
+// The optional bias [E, R] of a trtllm layout (float32, or bfloat16 widened to float32),
+// prepared into [E, rows] float32 as prepare_w13 / prepare_w2 prepare it. Both pointers set,
+// or neither.
+struct QuantBias {
+  const void* in = nullptr;
+  bool bfloat16 = false;
+  void* out = nullptr;
 };
 
 // The byte sizes `spec` writes for `plan`; INVALID_ARGUMENT for a shape or parameter the
-// layout cannot take (the fused pairs need rank >= 2 and an even K).
+// layout cannot take (the fused pairs need rank >= 2 and an even K; the trtllm layouts rank
+// 3, K a multiple of 32 and, for w13, an even R).
 absl::StatusOr<QuantOutputSizes> PlanQuantizeLayout(const QuantizePlan& plan, const QuantLayoutSpec& spec);
 
 // Quantizes into `spec`'s layout on the CPU. The fused layouts write each output byte from
@@ -107,13 +129,14 @@ absl::StatusOr<QuantOutputSizes> PlanQuantizeLayout(const QuantizePlan& plan, co
 // PlanQuantizeLayout's.
 absl::Status QuantizeLayoutOnCpu(const QuantizePlan& plan, const QuantLayoutSpec& spec, const uint8_t* in,
                                  size_t in_size, uint8_t* values, size_t values_size, uint8_t* scales,
-                                 size_t scales_size);
+                                 size_t scales_size, const QuantBias& bias = {});
 
 // The same on the GPU (device pointers on one GPU; launches on `stream`, no allocation, no
-// synchronization). The Hopper pair is one launch: a block quantizes a tile into shared
-// memory and writes both layouts from it. Unimplemented in a build without CUDA.
+// synchronization). The Hopper pair and the trtllm values + scales are one launch each: a
+// block quantizes a tile into shared memory and writes both outputs from it. Unimplemented
+// in a build without CUDA.
 absl::Status QuantizeLayoutOnCuda(const QuantizePlan& plan, const QuantLayoutSpec& spec, const void* in,
-                                  void* values, void* scales, CudaStream stream);
+                                  void* values, void* scales, CudaStream stream, const QuantBias& bias = {});
 
 // For tools and tests: host buffers in and out through device buffers of GPU `device`
 // (allocated, freed, synchronized), in `spec`'s layout. Sizes must be PlanQuantizeLayout's.
