@@ -1014,8 +1014,9 @@ class Converter {
     uint8_t* scales = out.map + out.header.size() + q.scales_begin;
     absl::Status s;
     // A unit: a row [Q], or fused, a matrix [N, K]; each piece is a plan of whole units.
-    const int64_t units = q.fused ? (q.plan.input_shape.end()[-2] == 0 ? 0 : q.plan.rows / q.plan.input_shape.end()[-2])
-                                  : q.plan.rows;
+    // Fused tensors have rank 2 or more (PlanFused): their matrices are [N, K].
+    const int64_t n_rows = q.fused ? q.plan.input_shape[q.plan.input_shape.size() - 2] : 1;
+    const int64_t units = q.fused ? (n_rows == 0 ? 0 : q.plan.rows / n_rows) : q.plan.rows;
     const int64_t unit_in = q.plan.input_bytes / std::max<int64_t>(units, 1);
     const int64_t unit_v = static_cast<int64_t>(q.BlocksBytes()) / std::max<int64_t>(units, 1);
     const int64_t unit_s = static_cast<int64_t>(q.ScalesBytes()) / std::max<int64_t>(units, 1);
@@ -1023,7 +1024,7 @@ class Converter {
     for (int64_t first = 0; first < units && s.ok(); first += step) {
       const int64_t n = std::min(step, units - first);
       std::vector<int64_t> shape = {n, q.plan.q};
-      if (q.fused) shape = {n, q.plan.input_shape.end()[-2], q.plan.q};
+      if (q.fused) shape = {n, n_rows, q.plan.q};
       absl::StatusOr<QuantizePlan> piece = MakeQuantizePlan(q.plan.dtype, shape, q.plan.rounding);
       if (!piece.ok()) return piece.status();
       const uint8_t* src = in.data() + first * unit_in;

@@ -135,19 +135,11 @@ flags::FlagSet QuantizeFlags() {
   return fs;
 }
 
-absl::Status Run(const std::vector<std::string>& args) {
-  auto flags = Flags::Parse(args, QuantizeFlags());
-  if (!flags.ok()) return flags.status();
-  const bool remote = flags->Has("--target");
-  if (remote == flags->Has("--local")) {
-    return absl::InvalidArgumentError("quantize: give one of --local and --target (see wprep quantize --help)");
-  }
-  if (remote && flags->Has("--device")) {
-    return absl::InvalidArgumentError("--device is for --local; with --target the daemon picks the engine");
-  }
-  // Fused output: the Blackwell or the Hopper pair, for a weight stored [..., N, K].
+// --layout and the flags of its family (each refused for another layout): the layout a
+// quantization writes, with its parameters.
+absl::StatusOr<QuantLayoutSpec> ParseLayoutFlags(const Flags& flags) {
   QuantLayoutSpec layout;
-  if (const std::string* l = flags->Get("--layout"); l != nullptr) {
+  if (const std::string* l = flags.Get("--layout"); l != nullptr) {
     if (*l == "blackwell_value") {
       layout.layout = QuantLayout::kBlackwell;
     } else if (*l == "hopper_value") {
@@ -164,33 +156,53 @@ absl::Status Run(const std::vector<std::string>& args) {
                                                      "hopper_value, trtllm_w13, trtllm_w2)"));
     }
   }
-  for (const char* hopper_flag : {"--mma-version", "--num-warps", "--align-k"}) {
-    if (layout.layout != QuantLayout::kHopper && flags->Has(hopper_flag)) {
-      return absl::InvalidArgumentError(absl::StrCat(hopper_flag, " is for --layout hopper_value"));
+  const bool hopper = layout.layout == QuantLayout::kHopper;
+  const bool trtllm = layout.layout == QuantLayout::kTrtllmW13 || layout.layout == QuantLayout::kTrtllmW2;
+  struct Family {
+    const char* flag;
+    bool allowed;
+    const char* layouts;
+  };
+  for (const Family& f : {Family{"--mma-version", hopper, "hopper_value"}, Family{"--num-warps", hopper, "hopper_value"},
+                          Family{"--align-k", hopper, "hopper_value"}, Family{"--align", trtllm, "trtllm_w13 or trtllm_w2"},
+                          Family{"--bias-input", trtllm, "trtllm_w13 or trtllm_w2"},
+                          Family{"--bias-dtype", trtllm, "trtllm_w13 or trtllm_w2"},
+                          Family{"--bias-output", trtllm, "trtllm_w13 or trtllm_w2"}}) {
+    if (!f.allowed && flags.Has(f.flag)) {
+      return absl::InvalidArgumentError(absl::StrCat(f.flag, " is for --layout ", f.layouts));
     }
   }
-  const std::pair<const char*, int*> hopper_params[] = {
+  if (flags.Has("--bias-input") != flags.Has("--bias-output")) {
+    return absl::InvalidArgumentError("--bias-input and --bias-output go together");
+  }
+  const std::pair<const char*, int*> params[] = {
       {"--mma-version", &layout.mma_version}, {"--num-warps", &layout.num_warps}, {"--align-k", &layout.align_k}};
-  for (const auto& [flag, dst] : hopper_params) {
-    absl::StatusOr<int64_t> v = flags->Int(flag, *dst);
+  for (const auto& [flag, dst] : params) {
+    absl::StatusOr<int64_t> v = flags.Int(flag, *dst);
     if (!v.ok()) return v.status();
     if (*v < 0 || *v > 1024) return absl::InvalidArgumentError(absl::StrCat(flag, ": ", *v, " is out of range"));
     *dst = static_cast<int>(*v);
   }
+  absl::StatusOr<int64_t> align = flags.Int("--align", layout.align);
+  if (!align.ok()) return align.status();
+  layout.align = *align;
+  return layout;
+}
+
+absl::Status Run(const std::vector<std::string>& args) {
+  auto flags = Flags::Parse(args, QuantizeFlags());
+  if (!flags.ok()) return flags.status();
+  const bool remote = flags->Has("--target");
+  if (remote == flags->Has("--local")) {
+    return absl::InvalidArgumentError("quantize: give one of --local and --target (see wprep quantize --help)");
+  }
+  if (remote && flags->Has("--device")) {
+    return absl::InvalidArgumentError("--device is for --local; with --target the daemon picks the engine");
+  }
+  absl::StatusOr<QuantLayoutSpec> parsed_layout = ParseLayoutFlags(*flags);
+  if (!parsed_layout.ok()) return parsed_layout.status();
+  const QuantLayoutSpec layout = *parsed_layout;
   const bool trtllm = layout.layout == QuantLayout::kTrtllmW13 || layout.layout == QuantLayout::kTrtllmW2;
-  for (const char* trtllm_flag : {"--align", "--bias-input", "--bias-dtype", "--bias-output"}) {
-    if (!trtllm && flags->Has(trtllm_flag)) {
-      return absl::InvalidArgumentError(absl::StrCat(trtllm_flag, " is for --layout trtllm_w13 or trtllm_w2"));
-    }
-  }
-  if (flags->Has("--bias-input") != flags->Has("--bias-output")) {
-    return absl::InvalidArgumentError("--bias-input and --bias-output go together");
-  }
-  if (absl::StatusOr<int64_t> align = flags->Int("--align", layout.align); align.ok()) {
-    layout.align = *align;
-  } else {
-    return align.status();
-  }
   BiasIo bias;
   if (const std::string* d = flags->Get("--bias-dtype"); d != nullptr) {
     if (*d != "float32" && *d != "bfloat16") {

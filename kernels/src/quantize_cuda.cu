@@ -18,6 +18,7 @@
 #include "wprep/kernels/cuda_status.h"
 #include "layout_math.h"
 #include "wprep/kernels/quantize.h"
+#include "wprep/spec/status_macros.h"
 #include "quantize_math.h"
 
 namespace wprep {
@@ -595,50 +596,85 @@ absl::Status QuantizeBlackwellOnCuda(const QuantizePlan& plan, const void* in, v
 
 namespace {
 
+// The fused launches run on the input's GPU: made current for them and the caller's device
+// restored after. `Wave` is a resident wave of 256-thread blocks (8 per multiprocessor) that
+// grid-strides over `work` tiles.
+class OnInputDevice {
+ public:
+  absl::Status Enter(const void* in) {
+    WPREP_CUDA_RETURN_IF_ERROR(cudaGetDevice(&previous_));
+    cudaPointerAttributes a{};
+    WPREP_CUDA_RETURN_IF_ERROR(cudaPointerGetAttributes(&a, in));
+    if (a.type != cudaMemoryTypeDevice) return absl::InvalidArgumentError("quantize: input must be device memory");
+    WPREP_CUDA_RETURN_IF_ERROR(cudaSetDevice(a.device));
+    if (cudaDeviceGetAttribute(&sms_, cudaDevAttrMultiProcessorCount, a.device) != cudaSuccess || sms_ <= 0) sms_ = 1;
+    return absl::OkStatus();
+  }
+  unsigned Wave(int64_t work) const {
+    const int64_t wave = 8 * int64_t{sms_};
+    return static_cast<unsigned>(work < wave ? (work > 0 ? work : 1) : wave);
+  }
+  // The launches' status (checked first), then the caller's device restored.
+  absl::Status Leave() const {
+    absl::Status launched = WPREP_CUDA_STATUS(cudaGetLastError());
+    WPREP_CUDA_RETURN_IF_ERROR(cudaSetDevice(previous_));
+    return launched;
+  }
+
+ private:
+  int previous_ = 0;
+  int sms_ = 1;
+};
+
+// One launch of `kernel`, templated on the input dtype, for `dtype`.
+#define WPREP_LAUNCH_BY_DTYPE(dtype, kernel, grid, stream, ...)                           \
+  switch (dtype) {                                                                        \
+    case QuantDtype::kBfloat16:                                                           \
+      kernel<QuantDtype::kBfloat16><<<grid, 256, 0, stream>>>(__VA_ARGS__);               \
+      break;                                                                              \
+    case QuantDtype::kFloat16:                                                            \
+      kernel<QuantDtype::kFloat16><<<grid, 256, 0, stream>>>(__VA_ARGS__);                \
+      break;                                                                              \
+    case QuantDtype::kFloat32:                                                            \
+      kernel<QuantDtype::kFloat32><<<grid, 256, 0, stream>>>(__VA_ARGS__);                \
+      break;                                                                              \
+  }
+
+absl::Status QuantizeHopperOnCuda(const QuantizePlan& plan, const QuantLayoutSpec& spec, const void* in, void* values,
+                                  void* scales, CudaStream stream) {
+  auto g = FusedHopperGeometryOf(plan, spec);
+  if (!g.ok()) return g.status();
+  const int64_t tiles = g->mats * g->tiles_per_mat;
+  if (tiles == 0) return absl::OkStatus();
+  OnInputDevice dev;
+  WPREP_RETURN_IF_ERROR(dev.Enter(in));
+  WPREP_LAUNCH_BY_DTYPE(plan.dtype, HopperFusedKernel, dev.Wave(tiles), stream, static_cast<const uint8_t*>(in),
+                        static_cast<uint8_t*>(values), static_cast<uint8_t*>(scales), *g,
+                        plan.rounding == ScaleRounding::kUp)
+  return dev.Leave();
+}
+
 absl::Status QuantizeTrtllmOnCuda(const QuantizePlan& plan, const QuantLayoutSpec& spec, const void* in, void* values,
                                   void* scales, CudaStream stream, const QuantBias& bias) {
   auto g = FusedTrtllmGeometryOf(plan, spec, bias.bfloat16);
   if (!g.ok()) return g.status();
-  int previous = 0;
-  WPREP_CUDA_RETURN_IF_ERROR(cudaGetDevice(&previous));
-  cudaPointerAttributes a{};
-  WPREP_CUDA_RETURN_IF_ERROR(cudaPointerGetAttributes(&a, in));
-  if (a.type != cudaMemoryTypeDevice) {
-    return absl::InvalidArgumentError("quantize: input must be device memory");
-  }
-  WPREP_CUDA_RETURN_IF_ERROR(cudaSetDevice(a.device));
-  int sms = 0;
-  if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, a.device) != cudaSuccess || sms <= 0) sms = 1;
   const moe::RowsPass& vp = g->values;
   const int64_t tiles = vp.experts * (vp.rows_out / kFusedTrtllmTileRows) * (g->scales.cols_p / kFusedTrtllmTileGroups);
-  const unsigned blocks = static_cast<unsigned>(tiles < 8 * int64_t{sms} ? tiles : 8 * int64_t{sms});
-  const bool up = plan.rounding == ScaleRounding::kUp;
-  const auto* src = static_cast<const uint8_t*>(in);
-  auto* v = static_cast<uint8_t*>(values);
-  auto* s = static_cast<uint8_t*>(scales);
+  OnInputDevice dev;
+  WPREP_RETURN_IF_ERROR(dev.Enter(in));
   if (tiles > 0) {
-    switch (plan.dtype) {
-      case QuantDtype::kBfloat16:
-        TrtllmFusedKernel<QuantDtype::kBfloat16><<<blocks, 256, 0, stream>>>(src, v, s, vp, g->k, g->scales.cols_p, up);
-        break;
-      case QuantDtype::kFloat16:
-        TrtllmFusedKernel<QuantDtype::kFloat16><<<blocks, 256, 0, stream>>>(src, v, s, vp, g->k, g->scales.cols_p, up);
-        break;
-      case QuantDtype::kFloat32:
-        TrtllmFusedKernel<QuantDtype::kFloat32><<<blocks, 256, 0, stream>>>(src, v, s, vp, g->k, g->scales.cols_p, up);
-        break;
-    }
+    WPREP_LAUNCH_BY_DTYPE(plan.dtype, TrtllmFusedKernel, dev.Wave(tiles), stream, static_cast<const uint8_t*>(in),
+                          static_cast<uint8_t*>(values), static_cast<uint8_t*>(scales), vp, g->k, g->scales.cols_p,
+                          plan.rounding == ScaleRounding::kUp)
   }
   if (bias.in != nullptr) {
-    const int64_t n = g->bias.experts * g->bias.rows_out;
-    const unsigned bb = static_cast<unsigned>(n / 256 + 1 < 8 * int64_t{sms} ? n / 256 + 1 : 8 * int64_t{sms});
-    TrtllmBiasKernel<<<bb, 256, 0, stream>>>(static_cast<const uint8_t*>(bias.in), static_cast<uint8_t*>(bias.out),
-                                              g->bias, bias.bfloat16);
+    TrtllmBiasKernel<<<dev.Wave(g->bias.experts * g->bias.rows_out / 256 + 1), 256, 0, stream>>>(
+        static_cast<const uint8_t*>(bias.in), static_cast<uint8_t*>(bias.out), g->bias, bias.bfloat16);
   }
-  absl::Status launched = WPREP_CUDA_STATUS(cudaGetLastError());
-  WPREP_CUDA_RETURN_IF_ERROR(cudaSetDevice(previous));
-  return launched;
+  return dev.Leave();
 }
+
+#undef WPREP_LAUNCH_BY_DTYPE
 
 }  // namespace
 
@@ -653,46 +689,13 @@ absl::Status QuantizeLayoutOnCuda(const QuantizePlan& plan, const QuantLayoutSpe
       return QuantizeOnCuda(plan, in, values, scales, stream);
     case QuantLayout::kBlackwell:
       return QuantizeBlackwellOnCuda(plan, in, values, scales, stream);
+    case QuantLayout::kHopper:
+      return QuantizeHopperOnCuda(plan, spec, in, values, scales, stream);
     case QuantLayout::kTrtllmW13:
     case QuantLayout::kTrtllmW2:
       return QuantizeTrtllmOnCuda(plan, spec, in, values, scales, stream, bias);
-    case QuantLayout::kHopper:
-      break;
   }
-  auto g = FusedHopperGeometryOf(plan, spec);
-  if (!g.ok()) return g.status();
-  const int64_t total = g->mats * g->tiles_per_mat;
-  if (total == 0) return absl::OkStatus();
-  int previous = 0;
-  WPREP_CUDA_RETURN_IF_ERROR(cudaGetDevice(&previous));
-  cudaPointerAttributes a{};
-  WPREP_CUDA_RETURN_IF_ERROR(cudaPointerGetAttributes(&a, in));
-  if (a.type != cudaMemoryTypeDevice) {
-    return absl::InvalidArgumentError("quantize: input must be device memory");
-  }
-  WPREP_CUDA_RETURN_IF_ERROR(cudaSetDevice(a.device));
-  // A resident wave of blocks (8 of 256 threads per multiprocessor) walks the tiles.
-  int sms = 0;
-  if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, a.device) != cudaSuccess || sms <= 0) sms = 1;
-  const unsigned blocks = static_cast<unsigned>(total < 8 * int64_t{sms} ? total : 8 * int64_t{sms});
-  const bool up = plan.rounding == ScaleRounding::kUp;
-  const auto* src = static_cast<const uint8_t*>(in);
-  auto* v = static_cast<uint8_t*>(values);
-  auto* s = static_cast<uint8_t*>(scales);
-  switch (plan.dtype) {
-    case QuantDtype::kBfloat16:
-      HopperFusedKernel<QuantDtype::kBfloat16><<<blocks, 256, 0, stream>>>(src, v, s, *g, up);
-      break;
-    case QuantDtype::kFloat16:
-      HopperFusedKernel<QuantDtype::kFloat16><<<blocks, 256, 0, stream>>>(src, v, s, *g, up);
-      break;
-    case QuantDtype::kFloat32:
-      HopperFusedKernel<QuantDtype::kFloat32><<<blocks, 256, 0, stream>>>(src, v, s, *g, up);
-      break;
-  }
-  absl::Status launched = WPREP_CUDA_STATUS(cudaGetLastError());
-  WPREP_CUDA_RETURN_IF_ERROR(cudaSetDevice(previous));
-  return launched;
+  return absl::InvalidArgumentError("layout: unknown quantize layout");
 }
 
 absl::Status QuantizeHostBuffersOnCuda(const QuantizePlan& plan, const uint8_t* in,
