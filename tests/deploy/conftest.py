@@ -213,6 +213,8 @@ class RenderedDaemon:
         self.log = tempfile.NamedTemporaryFile(prefix=f"wprepd-{variant}-", suffix=".log", delete=False)
         self.proc = None
         self.mounts = []
+        # Files on the node that hostPath volumes of type Directory show: {path: {relative: bytes}}.
+        self.node_files = {}
 
     def lay_out_volumes(self):
         """Each volume the wprepd container mounts, at its mountPath, as kubelet makes it."""
@@ -236,9 +238,22 @@ class RenderedDaemon:
                     os.chmod(path, 0o777)
             elif "hostPath" in v:
                 assert v["hostPath"]["path"] == str(path), "the test lays hostPaths out at the same path"
-                assert v["hostPath"].get("type") == "DirectoryOrCreate"
-                path.mkdir(parents=True, mode=0o755)  # what kubelet creates: root, 0755
+                # DirectoryOrCreate: what kubelet creates, root, 0755. Directory: the node's own
+                # folder, which the test makes the same way (and may fill, see `node_files`).
+                assert v["hostPath"].get("type") in ("DirectoryOrCreate", "Directory")
+                path.mkdir(parents=True, mode=0o755)
                 os.chmod(path, 0o755)
+                for rel, data in self.node_files.get(str(path), {}).items():
+                    (path / rel).parent.mkdir(parents=True, exist_ok=True)
+                    (path / rel).write_bytes(data)
+                    os.chmod(path / rel, 0o644)
+            elif "configMap" in v:
+                # kubelet writes each key of the ConfigMap as a file, readable by all.
+                maps = {o["metadata"]["name"]: o for o in objects(self.variant, "ConfigMap")}
+                path.mkdir(parents=True, mode=0o755)
+                for key, text in maps[v["configMap"]["name"]].get("data", {}).items():
+                    (path / key).write_text(text)
+                    os.chmod(path / key, 0o644)
             else:
                 pytest.fail(f"volume {m['name']}: no stand-in for {v}")
             self.mounts.append(path)

@@ -3,18 +3,21 @@ probes succeed: wprepd runs with the rendered command line (pod IP expanded, as 
 its volumes laid out as kubelet makes them, init containers run first), and each probe runs
 exactly as rendered: native gRPC probes as kubelet's Check to the pod IP, exec probes in the
 wprepd container."""
+import json
 import os
 import pathlib
+import re
 import shutil
 import signal
 import stat
+import struct
 import subprocess
 import tempfile
 import time
 
 import pytest
 
-from conftest import (IMAGE_PREFIX, POD_IP, RenderedDaemon, flag_value, image_env, need_sandbox,
+from conftest import (IMAGE_PREFIX, POD_IP, RenderedDaemon, flag_value, image_env, need_sandbox, objects,
                       require_flags_for, variants)
 
 # A client of the socket in a serving pod: another user, in the daemon's group (fsGroup in
@@ -114,6 +117,54 @@ def test_probes_succeed_as_rendered(daemon, client_dir):
     # SIGTERM drains and exits 0 within the pod's grace period.
     grace = daemon.spec["terminationGracePeriodSeconds"]
     assert daemon.stop(signal.SIGTERM, grace) == 0, daemon.log_text()
+
+
+def safetensors_file(tensors):
+    """A .safetensors file of {name: (dtype, shape, bytes)}."""
+    header, data = {}, b""
+    for name, (dtype, shape, raw) in tensors.items():
+        header[name] = {"dtype": dtype, "shape": list(shape), "data_offsets": [len(data), len(data) + len(raw)]}
+        data += raw
+    h = json.dumps(header).encode()
+    h += b" " * (-len(h) % 8)
+    return struct.pack("<Q", len(h)) + h + data
+
+
+def test_the_weights_recipe_preloads_its_sets_once_serving():
+    """The weights recipe as rendered, with a checkpoint in the node's model folder at the
+    path its preload file names: once serving, the daemon has the set resident, byte for byte
+    as stored, and a serving pod's client (the daemon's group) lists it."""
+    need_sandbox()
+    require_flags_for("daemonset-weights")
+    d = RenderedDaemon("daemonset-weights")
+    root = flag_value(d.cmd, "--weights-root")
+    preload_path = flag_value(d.cmd, "--preload")
+    preload_map = objects("daemonset-weights", "ConfigMap")[0]["data"][pathlib.Path(preload_path).name]
+    names = re.findall(r'^\s*name: "([^"]+)"', preload_map, re.M)
+    paths = re.findall(r'^\s*path: "([^"]+)"', preload_map, re.M)
+    assert names and len(names) == len(paths), preload_map
+    weight = bytes(range(256)) * 8
+    d.node_files[root] = {f"{p}/model.safetensors": safetensors_file({"w": ("BF16", [32, 32], weight)}) for p in paths}
+    d.start()
+    try:
+        c = d.container
+        d.wait_probe(c["startupProbe"], 120)
+        target = flag_value(d.cmd, "--listen")
+        deadline = time.monotonic() + 60
+        listed = None
+        while time.monotonic() < deadline:
+            listed = subprocess.run(["setpriv", f"--reuid={CLIENT_UID}", f"--regid={CLIENT_UID}", f"--groups={d.gid}",
+                                     "--", str(IMAGE_PREFIX / "bin" / "wprep"), "weights", "list", "--target", target],
+                                    env=image_env(), capture_output=True, text=True, timeout=30)
+            if listed.returncode == 0 and all(n in listed.stdout for n in names):
+                break
+            time.sleep(0.2)
+        assert listed.returncode == 0 and all(n in listed.stdout for n in names), \
+            f"{listed.stdout}{listed.stderr}\nwprepd log:\n{d.log_text()}"
+        assert "event=weights_preloaded" in d.log_text(), d.log_text()
+        assert "event=weights_preload_failed" not in d.log_text(), d.log_text()
+    finally:
+        d.close()
 
 
 def test_conversion_api_on_the_pod_ip_without_tls_is_refused():
