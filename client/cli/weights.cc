@@ -43,7 +43,9 @@ flags::FlagSet WeightsFlags() {
             "'verbatim'. Params: mx_axis, mma_version, num_warps, align_k, packing_axis, block_k, "
             "block_n. A rule may add slice=AXIS/START/LENGTH: keep only that slice of each matched tensor "
             "(a tensor- or expert-parallel rank's shard), cut from the stored tensor before its conversion. "
-            "Example: '*_blocks=hopper_value:packing_axis=-2;*_scales=hopper_scale;"
+            "A layout rule may add checkpoint: read the tensor as an MXFP4 checkpoint stores it (gpt-oss's "
+            "*_blocks [..., N, K/32, 16] and *_scales [..., N, K/32]), as convert-safetensors does. "
+            "Example: '*_blocks=hopper_value:checkpoint;*_scales=hopper_scale:checkpoint;"
             "*.q_proj.weight=verbatim:slice=0/0/2048'");
   fs.String("progress", "MODE", "auto", "load: auto (a bar on a terminal), bar, lines or none");
   fs.Switch("tensors", "list: every set's tensors too");
@@ -177,7 +179,15 @@ absl::StatusOr<std::vector<v1::WeightRule>> ParseWeightRules(const std::string& 
       fields.erase(fields.begin() + static_cast<std::ptrdiff_t>(i));
       break;
     }
+    // checkpoint: the conversion reads an MXFP4 checkpoint's *_blocks / *_scales as stored.
+    for (size_t i = 1; i < fields.size(); ++i) {
+      if (fields[i] != "checkpoint") continue;
+      rule.set_checkpoint(true);
+      fields.erase(fields.begin() + static_cast<std::ptrdiff_t>(i));
+      break;
+    }
     if (fields[0] == "verbatim" && fields.size() == 1) {
+      if (rule.checkpoint()) return absl::InvalidArgumentError(absl::StrCat(where, ": checkpoint is for a layout"));
       rule.set_verbatim(true);
       rules.push_back(std::move(rule));
       continue;

@@ -487,6 +487,74 @@ TEST_F(WeightsTest, RulesKeepARanksSliceOfEachMatchedTensor) {
   ctx.TryCancel();
 }
 
+// Rules with `checkpoint` read gpt-oss's pairs as stored: *_blocks [E, N, K/32, 16] as the
+// checkpoint order (packing -2) of the logical [E, K, N], *_scales [E, N, K/32] through the
+// transposed view [E, K/32, N]. The oracle spells those out itself: the blocks' bytes are the
+// [E, N, K/2] storage of the packing -2 swizzle, the scales a strided view for the CPU engine.
+// An expert slice (EP rank) is cut from the stored tensors first.
+TEST_F(WeightsTest, CheckpointRulesReadMxfp4PairsAsStored) {
+  StartDaemon();
+  const int64_t e = 4, n = 96, k = 256;
+  const std::vector<Tensor> cp = {
+      {"model.layers.0.mlp.experts.gate_up_proj_blocks", "U8", {e, n, k / 32, 16}, Pattern(e * n * k / 2, 21)},
+      {"model.layers.0.mlp.experts.gate_up_proj_scales", "U8", {e, n, k / 32}, Pattern(e * n * k / 32, 22)},
+  };
+  WriteSafetensors(root_ + "/model.safetensors", cp);
+  ConversionSpec values = HopperValue();
+  values.hopper.mma_version = 2;
+  ConversionSpec scales = HopperScale();
+  scales.hopper_scale.num_warps = 4;
+  scales.hopper_scale.align_k = 4;
+  std::vector<v1::WeightRule> rules(2);
+  rules[0].set_pattern("*_blocks");
+  *rules[0].mutable_convert() = SpecToProto(values);
+  rules[0].set_checkpoint(true);
+  *rules[0].mutable_slice() = SliceProto(0, 1, 2);
+  rules[1].set_pattern("*_scales");
+  *rules[1].mutable_convert() = SpecToProto(scales);
+  rules[1].set_checkpoint(true);
+  *rules[1].mutable_slice() = SliceProto(0, 1, 2);
+  const LoadResult r = Load("ep1", "model.safetensors", rules);
+  ASSERT_TRUE(r.status.ok()) << r.status.error_message() << daemon_->Log();
+  const v1::WeightManifest& m = r.messages.back().manifest();
+  ASSERT_EQ(m.tensors_size(), 2);
+  grpc::ClientContext ctx;
+  auto stream = Attach(&ctx, "ep1");
+  v1::AttachWeightsResponse first;
+  ASSERT_TRUE(stream->Read(&first)) << daemon_->Log();
+  for (int i = 0; i < 2; ++i) {
+    const v1::WeightTensor& t = m.tensors(i);
+    SCOPED_TRACE(t.name());
+    const Tensor part = Sliced(cp[static_cast<size_t>(i)], 0, 1, 2);
+    ConversionSpec spec = i == 0 ? values : scales;
+    std::vector<int64_t> logical = {2, i == 0 ? k : k / 32, n};
+    InputBinding binding;
+    if (i == 0) {
+      spec.packing_axis = -2;  // [E, N, K/32, 16] is [E, N, K/2]: packing -2 of [E, K, N]
+    } else {
+      binding.strides = {n * (k / 32), 1, k / 32};  // the view [E, K/32, N] of [E, N, K/32]
+    }
+    absl::StatusOr<Plan> plan = MakePlan(spec, logical, binding);
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    std::vector<uint8_t> want(plan->output_bytes);
+    ASSERT_TRUE(ConvertOnCpu(*plan, part.bytes.data(), part.bytes.size(), want.data(), want.size()).ok());
+    EXPECT_EQ(std::vector<int64_t>(t.shape().begin(), t.shape().end()), plan->output_shape);
+    EXPECT_EQ(std::vector<int64_t>(t.strides().begin(), t.strides().end()), plan->output_strides);
+    EXPECT_EQ(t.identity().layout(), IdentityToProto(spec).layout());
+    EXPECT_TRUE(ReadShm(first.shm_path(), t.offset(), t.bytes()) == want)
+        << "differs from the checkpoint pair's conversion";
+  }
+  ctx.TryCancel();
+  // checkpoint on a rule without a conversion is refused naming the field.
+  std::vector<v1::WeightRule> bad(1);
+  bad[0].set_pattern("*");
+  bad[0].set_checkpoint(true);
+  const LoadResult refused = Load("bad", "model.safetensors", bad);
+  EXPECT_EQ(refused.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(refused.status.error_message().find("rules[0].checkpoint"), std::string::npos)
+      << refused.status.error_message();
+}
+
 TEST_F(WeightsTest, SlicesOutsideTheirTensorAreRefusedAndNothingStays) {
   StartDaemon();
   WriteSafetensors(root_ + "/model.safetensors", Checkpoint());

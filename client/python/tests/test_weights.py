@@ -397,6 +397,47 @@ def test_slices_in_every_rules_form():
         wprep.weights.parse_rules([("a", "verbatim", (0, 1))])
 
 
+def test_checkpoint_rules_in_every_form():
+    pb = wprep.v1.wprep_pb2
+    C = wprep.weights.Checkpoint
+    want = [
+        pb.WeightRule(pattern="*_blocks", convert=Spec("hopper_value", mma_version=2).to_proto(), checkpoint=True,
+                      slice=pb.WeightSlice(axis=0, start=0, length=4)),
+        pb.WeightRule(pattern="*_scales", convert=Spec("hopper_scale", align_k=4).to_proto(), checkpoint=True),
+    ]
+    text = "*_blocks=hopper_value:checkpoint:mma_version=2:slice=0/0/4;*_scales=hopper_scale:align_k=4:checkpoint"
+    assert wprep.weights.parse_rules(text) == want
+    pairs = [("*_blocks", C(Spec("hopper_value", mma_version=2)), (0, 0, 4)),
+             ("*_scales", C(Spec("hopper_scale", align_k=4)))]
+    assert wprep.weights.parse_rules(pairs) == want
+    with pytest.raises(ValueError, match="checkpoint is for a layout"):
+        wprep.weights.parse_rules("a=verbatim:checkpoint")
+
+
+def test_checkpoint_rules_load_gpt_oss_pairs_as_convert_safetensors_does(wclient, wdir):
+    # A gpt-oss-style pair: the set's tensors equal the daemon's conversions of the blocks
+    # as the checkpoint order of [E, K, N] and of the scales through their [E, K/32, N] view.
+    e, n, k = 2, 96, 256
+    rng = np.random.default_rng(5)
+    blocks = rng.integers(0, 256, (e, n, k // 32, 16), dtype=np.uint8)
+    scales = rng.integers(100, 140, (e, n, k // 32), dtype=np.uint8)
+    write_safetensors(wdir / "root" / "pair.safetensors", [("experts.w_blocks", "U8", blocks.shape, blocks.tobytes()),
+                                                           ("experts.w_scales", "U8", scales.shape, scales.tobytes())])
+    rules = "*_blocks=hopper_value:checkpoint;*_scales=hopper_scale:checkpoint"
+    wprep.weights.load("pair", "pair.safetensors", rules=rules, progress=None, client=wclient)
+    try:
+        v = wclient.convert(Spec("hopper_value", packing_axis=-2), [e, k, n], blocks.reshape(e, n, k // 2))
+        s = wclient.convert(Spec("hopper_scale"), [e, k // 32, n], scales.swapaxes(-1, -2))
+        with wprep.weights.attach("pair", client=wclient) as tensors:
+            got_v, got_s = tensors["experts.w_blocks"], tensors["experts.w_scales"]
+            assert got_v.shape == tuple(v.shape) and got_s.shape == tuple(s.shape)
+            assert got_v.strides == tuple(v.strides) and got_s.strides == tuple(s.strides)
+            assert np.ascontiguousarray(got_v.swapaxes(-1, -2)).tobytes() == v.data
+            assert np.ascontiguousarray(got_s.swapaxes(-1, -2)).tobytes() == s.data
+    finally:
+        wprep.weights.drop("pair", force=True, client=wclient)
+
+
 def test_a_ranks_slice_is_loaded_and_attached(wclient, checkpoint):
     # Rows 4..11 of the BF16 copy and columns 8..23 of the shielded U8 copy, as the
     # manifest reports them and as the attached views read.

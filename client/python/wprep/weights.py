@@ -53,6 +53,7 @@ __all__ = [
     "WeightSets",
     "WeightTensor",
     "attach",
+    "Checkpoint",
     "drop",
     "list_sets",
     "load",
@@ -72,9 +73,18 @@ class Slice(NamedTuple):
     length: int
 
 
-# A rule's action: a Spec (swizzle the tensor's bytes), "verbatim", or the CLI's
-# "LAYOUT[:param=value...][:slice=AXIS/START/LENGTH]".
-Action = Union[Spec, str]
+class Checkpoint(NamedTuple):
+    """A rule's action that reads the tensor as an MXFP4 checkpoint stores it, as
+    convert-safetensors does: for a value layout gpt-oss's *_blocks [..., N, K/32, 16], the
+    checkpoint order of the logical [..., K, N]; for a scale layout *_scales [..., N, K/32],
+    through its transposed view [..., K/32, N]. The text form adds ":checkpoint"."""
+
+    spec: Spec
+
+
+# A rule's action: a Spec (swizzle the tensor's bytes), Checkpoint(Spec), "verbatim", or the
+# CLI's "LAYOUT[:param=value...][:checkpoint][:slice=AXIS/START/LENGTH]".
+Action = Union[Spec, Checkpoint, str]
 Rules = Union[None, str, Mapping[str, Union[Action, Tuple[Action, Slice]]],
               Sequence[Union[Tuple[str, Action], Tuple[str, Action, Slice]]]]
 
@@ -224,6 +234,12 @@ def _action_from_text(text: str, where: str) -> Action:
     fields = text.split(":")
     if fields[0] == "verbatim" and len(fields) == 1:
         return "verbatim"
+    if "checkpoint" in fields[1:]:
+        fields.remove("checkpoint")
+        spec = _action_from_text(":".join(fields), where)
+        if not isinstance(spec, Spec):
+            raise ValueError(f"{where}: checkpoint is for a layout")
+        return Checkpoint(spec)
     kw: Dict[str, int] = {}
     for f in fields[1:]:
         key, eq, value = f.partition("=")
@@ -245,11 +261,12 @@ def parse_rules(rules: Rules) -> List[pb.WeightRule]:
     """The wprep.v1.WeightRule list of `rules`, in order (the first match wins):
 
     - a string in the CLI's --rules syntax, "PATTERN=LAYOUT[:param=value...]" separated by
-      ';' ("*_blocks=hopper_value:packing_axis=-2;*_scales=hopper_scale;lm_head*=verbatim"),
+      ';' ("*_blocks=hopper_value:checkpoint;*_scales=hopper_scale:checkpoint;lm_head*=verbatim"),
       each optionally with ":slice=AXIS/START/LENGTH";
     - a mapping (in its order) of pattern -> action or (action, Slice), or a sequence of
       (pattern, action) pairs or (pattern, action, Slice) triples, where an action is a Spec
-      (a swizzle of the tensor's bytes), "verbatim", or "LAYOUT[:param=value...]".
+      (a swizzle of the tensor's bytes as its dense input), Checkpoint(Spec) (of an MXFP4
+      checkpoint's *_blocks / *_scales as stored), "verbatim", or "LAYOUT[:param=value...]".
 
     A Slice keeps only that slice of each matched tensor (a rank's shard), cut from the
     stored tensor before its conversion. ValueError for a rule the client can tell is bad;
@@ -290,8 +307,10 @@ def parse_rules(rules: Rules) -> List[pb.WeightRule]:
             rule = pb.WeightRule(pattern=pattern, verbatim=True)
         elif isinstance(action, Spec):
             rule = pb.WeightRule(pattern=pattern, convert=action.to_proto())
+        elif isinstance(action, Checkpoint) and isinstance(action.spec, Spec):
+            rule = pb.WeightRule(pattern=pattern, convert=action.spec.to_proto(), checkpoint=True)
         else:
-            raise TypeError(f"rules[{i}] ({pattern!r}): an action is a Spec, 'verbatim' or "
+            raise TypeError(f"rules[{i}] ({pattern!r}): an action is a Spec, Checkpoint(Spec), 'verbatim' or "
                             f"'LAYOUT[:param=value...]'; got {action!r}")
         if sl is not None:
             rule.slice.CopyFrom(pb.WeightSlice(axis=sl.axis, start=sl.start, length=sl.length))

@@ -26,6 +26,7 @@
 #include "safetensors.h"
 #include "wprep/kernels/cpu_engine.h"
 #include "wprep/kernels/plan.h"
+#include "wprep/spec/checkpoint.h"
 #include "wprep/spec/status_macros.h"
 
 namespace wprep::server {
@@ -226,6 +227,18 @@ absl::StatusOr<std::vector<int64_t>> LogicalShape(const ConversionSpec& spec, co
   return logical;
 }
 
+// What `rule`'s conversion reads a stored tensor of shape `stored` as: its dense canonical
+// input, or with `checkpoint`, an MXFP4 checkpoint's blocks or scales.
+absl::StatusOr<TensorConversion> ConversionOf(const WeightRuleSpec& rule, const std::vector<int64_t>& stored) {
+  if (rule.checkpoint) {
+    return IsValueLayout(rule.convert->layout) ? CheckpointValues(*rule.convert, stored)
+                                               : CheckpointScales(*rule.convert, stored);
+  }
+  absl::StatusOr<std::vector<int64_t>> logical = LogicalShape(*rule.convert, stored);
+  if (!logical.ok()) return logical.status();
+  return TensorConversion{*rule.convert, *std::move(logical), {}};
+}
+
 uint64_t AlignUp(uint64_t n) { return (n + kWeightAlignment - 1) / kWeightAlignment * kWeightAlignment; }
 
 // Where a tensor's bytes come from: `runs` runs of `run_bytes` each, the first at
@@ -308,9 +321,10 @@ absl::Status PlanTensors(const std::vector<Shard>& shards, const std::vector<Wei
           return absl::InvalidArgumentError(absl::StrCat(where, " is ", cli::DtypeName(t.dtype), "; rule ", e.rule,
                                                          " converts packed bytes (U8 or F8_E8M0)"));
         }
-        absl::StatusOr<std::vector<int64_t>> logical = LogicalShape(*rule->convert, stored);
+        absl::StatusOr<TensorConversion> conv = ConversionOf(*rule, stored);
         absl::StatusOr<Plan> plan =
-            logical.ok() ? MakePlan(*rule->convert, *logical) : absl::StatusOr<Plan>(logical.status());
+            conv.ok() ? MakePlan(conv->spec, conv->logical_shape, InputBinding{conv->input_strides, std::nullopt})
+                      : absl::StatusOr<Plan>(conv.status());
         if (!plan.ok()) {
           return absl::InvalidArgumentError(absl::StrCat(where, ", rule ", e.rule, ": ", plan.status().message()));
         }
@@ -322,7 +336,7 @@ absl::Status PlanTensors(const std::vector<Shard>& shards, const std::vector<Wei
         e.shape = plan->output_shape;
         e.strides = plan->output_strides;
         e.bytes = plan->output_bytes;
-        e.spec = rule->convert;
+        e.spec = conv->spec;
         src.plan = *std::move(plan);
       } else {
         e.dtype = std::string(cli::DtypeName(t.dtype));

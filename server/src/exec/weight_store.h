@@ -47,6 +47,9 @@ struct WeightRuleSpec {
   std::string pattern;
   std::optional<ConversionSpec> convert;
   std::optional<WeightSliceSpec> slice;
+  // `convert` reads the tensor as an MXFP4 checkpoint stores it (CheckpointValues /
+  // CheckpointScales of wprep/spec/checkpoint.h), not as the conversion's dense input.
+  bool checkpoint = false;
 };
 
 // One tensor of a set.

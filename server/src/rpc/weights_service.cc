@@ -43,6 +43,11 @@ absl::StatusOr<std::vector<WeightRuleSpec>> RulesFromProto(
             field + ".convert.direction");
       }
       rule.convert = *spec;
+      rule.checkpoint = r.checkpoint();
+    } else if (r.checkpoint()) {
+      return WithFieldViolation(absl::InvalidArgumentError(absl::StrCat(
+                                    field, ".checkpoint: says how a conversion reads the tensor; give convert too")),
+                                field + ".checkpoint");
     }
     if (r.has_slice()) {
       const wprep::v1::WeightSlice& sl = r.slice();

@@ -679,16 +679,18 @@ class WeightPreload(_message.Message):
     def __init__(self, sets: _Optional[_Iterable[_Union[LoadWeightsRequest, _Mapping]]] = ...) -> None: ...
 
 class WeightRule(_message.Message):
-    __slots__ = ["convert", "pattern", "slice", "verbatim"]
+    __slots__ = ["checkpoint", "convert", "pattern", "slice", "verbatim"]
+    CHECKPOINT_FIELD_NUMBER: _ClassVar[int]
     CONVERT_FIELD_NUMBER: _ClassVar[int]
     PATTERN_FIELD_NUMBER: _ClassVar[int]
     SLICE_FIELD_NUMBER: _ClassVar[int]
     VERBATIM_FIELD_NUMBER: _ClassVar[int]
+    checkpoint: bool
     convert: ConversionSpec
     pattern: str
     slice: WeightSlice
     verbatim: bool
-    def __init__(self, pattern: _Optional[str] = ..., convert: _Optional[_Union[ConversionSpec, _Mapping]] = ..., verbatim: bool = ..., slice: _Optional[_Union[WeightSlice, _Mapping]] = ...) -> None: ...
+    def __init__(self, pattern: _Optional[str] = ..., convert: _Optional[_Union[ConversionSpec, _Mapping]] = ..., verbatim: bool = ..., slice: _Optional[_Union[WeightSlice, _Mapping]] = ..., checkpoint: bool = ...) -> None: ...
 
 class WeightSetInfo(_message.Message):
     __slots__ = ["attachments", "manifest"]
