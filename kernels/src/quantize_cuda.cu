@@ -256,6 +256,41 @@ __global__ void Bf16GroupKernel(const uint4* __restrict__ in, uint8_t* __restric
 // lane), then writes the tile's 16 O rows x 256 bytes of hopper_value as whole words and
 // its 256 scale bytes at their hopper_scale places. Tiles past N or K write the layouts'
 // zero padding.
+// One lane's share of a group quantized by four lanes (lanes 4j..4j+3 of the warp, each with
+// 8 consecutive elements): this lane's elements [src, src + valid), zeros past them; the
+// group's amax over its four lanes; and, when the group is `live`, this lane's 8 codes (code
+// i in bits 4i..4i+3; none past `valid`) and the group's scale byte. Every lane of the warp
+// calls it (the shuffles), live or not.
+template <QuantDtype D>
+__device__ __forceinline__ void QuantizeLaneOf8(const uint8_t* src, int valid, bool live, bool up, uint32_t* word,
+                                                uint32_t* sbyte) {
+  constexpr int kEsize = D == QuantDtype::kFloat32 ? 4 : 2;
+  float x[8];
+  // 16-bit types: the lane's 8 elements in one 16-byte load where aligned.
+  uint4 raw = make_uint4(0, 0, 0, 0);
+  const bool vec = kEsize == 2 && valid == 8 && (reinterpret_cast<uintptr_t>(src) & 15) == 0;
+  if (vec) raw = __ldg(reinterpret_cast<const uint4*>(src));
+  const auto* rb = reinterpret_cast<const uint8_t*>(&raw);
+  float amax = 0.0f;
+  WPREP_UNROLL
+  for (int i = 0; i < 8; ++i) {
+    x[i] = vec ? Load<D>(rb, i) : (i < valid ? Load<D>(src, i) : 0.0f);
+    amax = qmath::AbsMaxNum(amax, x[i]);
+  }
+  amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, 1));
+  amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, 2));
+  *word = 0;
+  *sbyte = 0;
+  if (!live) return;
+  const uint32_t eb = qmath::ScaleBits(amax, up);
+  const float qs = qmath::ScaleMultiplier(eb);
+  WPREP_UNROLL
+  for (int i = 0; i < 8; ++i) {
+    if (i < valid) *word |= qmath::EncodeE2m1(x[i] * qs) << (4 * i);
+  }
+  *sbyte = eb >> 23;
+}
+
 constexpr int kHopperTileRows = kFusedHopperTileRows;
 constexpr int kHopperTileBytes = kFusedHopperTileBytes;  // Q columns: 4 groups
 constexpr int kHopperTilePitch = kHopperTileBytes / 4 + 1;  // words; +1 spreads the banks
@@ -282,32 +317,10 @@ __global__ void __launch_bounds__(256) HopperFusedKernel(const uint8_t* __restri
       const bool live = n < g.n && grp < g.sq;
       const int64_t k0 = grp * 32 + 8 * sub;  // this lane's first element
       const uint8_t* src = in + ((e * g.n + n) * g.k + k0) * kEsize;
-      float x[8];
       int valid = 0;
       if (live) valid = g.k - k0 >= 8 ? 8 : (g.k - k0 > 0 ? static_cast<int>(g.k - k0) : 0);
-      // 16-bit types: the lane's 8 elements in one 16-byte load where aligned.
-      uint4 raw = make_uint4(0, 0, 0, 0);
-      const bool vec = kEsize == 2 && valid == 8 && (reinterpret_cast<uintptr_t>(src) & 15) == 0;
-      if (vec) raw = __ldg(reinterpret_cast<const uint4*>(src));
-      const auto* rb = reinterpret_cast<const uint8_t*>(&raw);
-      float amax = 0.0f;
-      WPREP_UNROLL
-      for (int i = 0; i < 8; ++i) {
-        x[i] = vec ? Load<D>(rb, i) : (i < valid ? Load<D>(src, i) : 0.0f);
-        amax = qmath::AbsMaxNum(amax, x[i]);
-      }
-      amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, 1));
-      amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, 2));
       uint32_t word = 0, sbyte = 0;
-      if (live) {
-        const uint32_t eb = qmath::ScaleBits(amax, up);
-        const float qs = qmath::ScaleMultiplier(eb);
-        WPREP_UNROLL
-        for (int i = 0; i < 8; ++i) {
-          if (i < valid) word |= qmath::EncodeE2m1(x[i] * qs) << (4 * i);
-        }
-        sbyte = eb >> 23;
-      }
+      QuantizeLaneOf8<D>(src, valid, live, up, &word, &sbyte);
       q[lr * kHopperTilePitch + 4 * j + sub] = word;
       if (sub == 0) s[lr * 4 + j] = static_cast<uint8_t>(sbyte);
     }
@@ -381,27 +394,8 @@ __global__ void __launch_bounds__(256) TrtllmFusedKernel(const uint8_t* __restri
       const int64_t base = src_row[lr];
       const bool live = base >= 0 && grp < sq;
       const uint8_t* src = live ? in + (base + grp * qmath::kGroup + 8 * sub) * kEsize : in;
-      float x[8];
-      float amax = 0.0f;
-      const bool vec = live && kEsize == 2 && (reinterpret_cast<uintptr_t>(src) & 15) == 0;
-      uint4 raw = make_uint4(0, 0, 0, 0);
-      if (vec) raw = __ldg(reinterpret_cast<const uint4*>(src));
-      const auto* rb = reinterpret_cast<const uint8_t*>(&raw);
-      WPREP_UNROLL
-      for (int i = 0; i < 8; ++i) {
-        x[i] = vec ? Load<D>(rb, i) : (live ? Load<D>(src, i) : 0.0f);
-        amax = qmath::AbsMaxNum(amax, x[i]);
-      }
-      amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, 1));
-      amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, 2));
       uint32_t word = 0, sbyte = 0;
-      if (live) {
-        const uint32_t eb = qmath::ScaleBits(amax, up);
-        const float qs = qmath::ScaleMultiplier(eb);
-        WPREP_UNROLL
-        for (int i = 0; i < 8; ++i) word |= qmath::EncodeE2m1(x[i] * qs) << (4 * i);
-        sbyte = eb >> 23;
-      }
+      QuantizeLaneOf8<D>(src, live ? 8 : 0, live, up, &word, &sbyte);
       q[lr * kPitch + 4 * j + sub] = word;
       if (sub == 0 && sbyte != 0) atomicOr(&s[lr], sbyte << (8 * j));
     }
