@@ -338,8 +338,13 @@ __global__ void __launch_bounds__(256) HopperFusedKernel(const uint8_t* __restri
           HopperSource<int>(orl, 4 * ow + b, g.mma_version, &r, &c);
           o |= static_cast<uint32_t>(qb[(r * kHopperTilePitch) * 4 + c]) << (8 * b);
         }
-        *reinterpret_cast<uint32_t*>(vmat + (row0 / 4 + orl) * g.vt.out_cols + 4 * c0 + 4 * ow) =
-            HopperInterleaveWord(o);
+        const uint32_t word = HopperInterleaveWord(o);
+        uint8_t* dst = vmat + (row0 / 4 + orl) * g.vt.out_cols + 4 * c0 + 4 * ow;
+        if ((reinterpret_cast<uintptr_t>(dst) & 3) == 0) {
+          *reinterpret_cast<uint32_t*>(dst) = word;
+        } else {  // a caller's buffer at an odd offset: bytes, the same result
+          for (int b = 0; b < 4; ++b) dst[b] = static_cast<uint8_t>(word >> (8 * b));
+        }
       }
     }
     // 3. Scales: S[n, grp] to its hopper_scale place.

@@ -615,6 +615,9 @@ TEST(QuantizeIpc, IpcProblemsNameTheirOperandAndNothingIsWritten) {
        "items[1].quantize.scales.ipc overlaps"},
       {"a freed allocation", [](Parts& p, IpcItem& k) { p.runtime.FreeExported(k.values.handle); },
        "items[1].quantize.values.ipc"},
+      {"a source offset that splits an element",
+       [](Parts&, IpcItem& k) { k.item.mutable_source()->mutable_ipc()->set_offset(1); },
+       "items[1].quantize.source.ipc.offset"},
   };
   const QuantCase& c = QuantCases()[5];
   for (const Bad& b : table) {

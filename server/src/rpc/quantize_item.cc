@@ -245,6 +245,13 @@ absl::StatusOr<QuantizeJob> JobFromProto(const v1::QuantizeItem& item, const std
   }
   absl::StatusOr<IpcRegion> in = DenseRegionFromProto(src.ipc(), input_bytes, prefix + ".source.ipc");
   if (!in.ok()) return in.status();
+  // The kernels read whole elements: a source that splits one would fault the GPU.
+  const int esize = QuantDtypeBytes(job.plan.dtype);
+  if (in->offset % static_cast<uint64_t>(esize) != 0) {
+    return Bad(absl::StrCat(prefix, ".source.ipc.offset is ", in->offset, ", not a multiple of the ",
+                            DTypeName(job.plan.dtype), " element size ", esize,
+                            ": give the tensor's own offset in its allocation"));
+  }
   job.input_ipc = *std::move(in);
   const std::pair<const char*, const v1::TensorDestination*> outs[] = {{"values", &item.values()},
                                                                        {"scales", &item.scales()}};
