@@ -157,6 +157,25 @@ TEST_F(QuantizeItemTest, EveryReferenceCaseThroughConvertBatchesOverTcp) {
   EXPECT_EQ(n, QuantCases().size());
 }
 
+// An inline bf16 item of `shape` into `layout`, and the daemon's answer to it alone.
+v1::QuantizeItem InlineBf16Item(const std::vector<int64_t>& shape, v1::QuantizeLayout layout,
+                                const std::vector<uint8_t>& in) {
+  v1::QuantizeItem item;
+  item.set_dtype(v1::QUANTIZE_DTYPE_BFLOAT16);
+  for (int64_t d : shape) item.add_shape(d);
+  item.set_layout(layout);
+  item.mutable_source()->set_inline_bytes(in.data(), in.size());
+  return item;
+}
+
+absl::StatusOr<v1::BatchItemResult> Answer(Client& client, const v1::QuantizeItem& item) {
+  v1::ConvertBatchRequest req;
+  *req.add_items()->mutable_quantize() = item;
+  absl::StatusOr<v1::ConvertBatchResponse> resp = client.ConvertBatch(req);
+  if (!resp.ok()) return resp.status();
+  return resp->items(0);
+}
+
 // The fused Blackwell pair over the wire equals the engine's, which the kernel tests hold to
 // quantize-then-swizzle; shapes with and without padding.
 TEST_F(QuantizeItemTest, BlackwellPairOverTheWireEqualsTheEngine) {
@@ -176,16 +195,11 @@ TEST_F(QuantizeItemTest, BlackwellPairOverTheWireEqualsTheEngine) {
     }
     std::vector<uint8_t> v(static_cast<size_t>(sizes->values_bytes)), s(static_cast<size_t>(sizes->scales_bytes));
     ASSERT_TRUE(QuantizeBlackwellOnCpu(*plan, in.data(), in.size(), v.data(), v.size(), s.data(), s.size()).ok());
-    v1::ConvertBatchRequest req;
-    v1::QuantizeItem* item = req.add_items()->mutable_quantize();
-    item->set_dtype(v1::QUANTIZE_DTYPE_BFLOAT16);
-    for (int64_t d : shape) item->add_shape(d);
-    item->set_scale_rounding(v1::SCALE_ROUNDING_DOWN);
-    item->set_layout(v1::QUANTIZE_LAYOUT_BLACKWELL);
-    item->mutable_source()->set_inline_bytes(in.data(), in.size());
-    absl::StatusOr<v1::ConvertBatchResponse> resp = client.ConvertBatch(req);
-    ASSERT_TRUE(resp.ok()) << resp.status();
-    const v1::BatchItemResult& r = resp->items(0);
+    v1::QuantizeItem item = InlineBf16Item(shape, v1::QUANTIZE_LAYOUT_BLACKWELL, in);
+    item.set_scale_rounding(v1::SCALE_ROUNDING_DOWN);
+    absl::StatusOr<v1::BatchItemResult> answer = Answer(client, item);
+    ASSERT_TRUE(answer.ok()) << answer.status();
+    const v1::BatchItemResult& r = *answer;
     EXPECT_EQ(Bytes(r.outputs(0).inline_bytes()), v);
     EXPECT_EQ(Bytes(r.outputs(1).inline_bytes()), s);
     EXPECT_EQ(r.outputs(0).identity().layout(), "BlackwellMXValueLayout()");
@@ -218,19 +232,14 @@ TEST_F(QuantizeItemTest, HopperPairOverTheWireEqualsTheEngine) {
     for (auto& b : in) b = static_cast<uint8_t>(rng());
     std::vector<uint8_t> v(static_cast<size_t>(sizes->values_bytes)), s(static_cast<size_t>(sizes->scales_bytes));
     ASSERT_TRUE(QuantizeLayoutOnCpu(*plan, spec, in.data(), in.size(), v.data(), v.size(), s.data(), s.size()).ok());
-    v1::ConvertBatchRequest req;
-    v1::QuantizeItem* item = req.add_items()->mutable_quantize();
-    item->set_dtype(v1::QUANTIZE_DTYPE_BFLOAT16);
-    for (int64_t d : shape) item->add_shape(d);
-    item->set_layout(v1::QUANTIZE_LAYOUT_HOPPER);
-    item->mutable_hopper()->set_mma_version(2);
-    item->mutable_hopper()->set_mx_axis(-2);
-    item->mutable_hopper_scale()->set_num_warps(4);
-    item->mutable_hopper_scale()->set_align_k(4);
-    item->mutable_source()->set_inline_bytes(in.data(), in.size());
-    absl::StatusOr<v1::ConvertBatchResponse> resp = client.ConvertBatch(req);
-    ASSERT_TRUE(resp.ok()) << resp.status();
-    const v1::BatchItemResult& r = resp->items(0);
+    v1::QuantizeItem item = InlineBf16Item(shape, v1::QUANTIZE_LAYOUT_HOPPER, in);
+    item.mutable_hopper()->set_mma_version(2);
+    item.mutable_hopper()->set_mx_axis(-2);
+    item.mutable_hopper_scale()->set_num_warps(4);
+    item.mutable_hopper_scale()->set_align_k(4);
+    absl::StatusOr<v1::BatchItemResult> answer = Answer(client, item);
+    ASSERT_TRUE(answer.ok()) << answer.status();
+    const v1::BatchItemResult& r = *answer;
     EXPECT_EQ(Bytes(r.outputs(0).inline_bytes()), v);
     EXPECT_EQ(Bytes(r.outputs(1).inline_bytes()), s);
     EXPECT_EQ(r.outputs(0).identity().layout(), "HopperMXValueLayout(mx_axis=-2, mma_version=2)");
@@ -269,18 +278,14 @@ TEST_F(QuantizeItemTest, TrtllmLayoutsWithTheirBiasOverTheWireEqualTheEngine) {
           bo(static_cast<size_t>(sizes->bias_bytes));
       ASSERT_TRUE(QuantizeLayoutOnCpu(*plan, spec, in.data(), in.size(), v.data(), v.size(), sc.data(), sc.size(),
                                       QuantBias{bias.data(), bf16, bo.data()}).ok());
-      v1::ConvertBatchRequest req;
-      v1::QuantizeItem* item = req.add_items()->mutable_quantize();
-      item->set_dtype(v1::QUANTIZE_DTYPE_BFLOAT16);
-      for (int64_t d : shape) item->add_shape(d);
-      item->set_layout(w13 ? v1::QUANTIZE_LAYOUT_TRTLLM_W13 : v1::QUANTIZE_LAYOUT_TRTLLM_W2);
-      item->set_align(128);
-      item->mutable_source()->set_inline_bytes(in.data(), in.size());
-      item->mutable_bias()->set_inline_bytes(bias.data(), bias.size());
-      item->set_bias_dtype(bf16 ? v1::QUANTIZE_DTYPE_BFLOAT16 : v1::QUANTIZE_DTYPE_FLOAT32);
-      absl::StatusOr<v1::ConvertBatchResponse> resp = client.ConvertBatch(req);
-      ASSERT_TRUE(resp.ok()) << resp.status();
-      const v1::BatchItemResult& r = resp->items(0);
+      v1::QuantizeItem item =
+          InlineBf16Item(shape, w13 ? v1::QUANTIZE_LAYOUT_TRTLLM_W13 : v1::QUANTIZE_LAYOUT_TRTLLM_W2, in);
+      item.set_align(128);
+      item.mutable_bias()->set_inline_bytes(bias.data(), bias.size());
+      item.set_bias_dtype(bf16 ? v1::QUANTIZE_DTYPE_BFLOAT16 : v1::QUANTIZE_DTYPE_FLOAT32);
+      absl::StatusOr<v1::BatchItemResult> answer = Answer(client, item);
+      ASSERT_TRUE(answer.ok()) << answer.status();
+      const v1::BatchItemResult& r = *answer;
       ASSERT_EQ(r.outputs_size(), 3);
       EXPECT_EQ(Bytes(r.outputs(0).inline_bytes()), v);
       EXPECT_EQ(Bytes(r.outputs(1).inline_bytes()), sc);
