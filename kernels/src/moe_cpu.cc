@@ -118,6 +118,14 @@ bool Overlap(const uint8_t* a, size_t an, const uint8_t* b, size_t bn) {
 
 }  // namespace
 
+namespace moe {
+
+void RunRowsOnCpu(const RowsPass& p, const uint8_t* in, uint8_t* out) {
+  RowsRange(p, in, out, 0, p.experts * p.rows_out);
+}
+
+}  // namespace moe
+
 absl::Status RunMoeCpu(const MoePlan& plan, absl::Span<const absl::Span<const uint8_t>> inputs,
                        absl::Span<const absl::Span<uint8_t>> outputs, int threads) {
   if (inputs.size() != plan.inputs.size() || outputs.size() != plan.outputs.size()) {

@@ -302,6 +302,14 @@ absl::Status Launch(const MoePlan& plan, const moe::Geometry& geo, absl::Span<co
 
 }  // namespace
 
+namespace moe {
+
+void LaunchRowsOnCuda(const RowsPass& p, const uint8_t* in, uint8_t* out, void* cuda_stream) {
+  LaunchRows(p, in, out, static_cast<cudaStream_t>(cuda_stream));
+}
+
+}  // namespace moe
+
 absl::Status RunMoeCuda(const MoePlan& plan, absl::Span<const void* const> inputs,
                         absl::Span<void* const> outputs, void* cuda_stream) {
   if (inputs.size() != plan.inputs.size() || outputs.size() != plan.outputs.size()) {

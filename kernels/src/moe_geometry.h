@@ -30,6 +30,14 @@ absl::StatusOr<MoePlan> PlanWithGeometry(MoeOp op, const MoeParams& params,
 // The geometry of a plan PlanMoe returned; Internal if the plan was altered since.
 absl::StatusOr<Geometry> GeometryOf(const MoePlan& plan);
 
+// One rows pass of a geometry alone, as the engines run it for a plan: on the CPU, every
+// row on this thread (moe_cpu.cc); or queued on `cuda_stream` (a cudaStream_t, nullptr the
+// legacy stream) of the current device, the launch's error left for cudaGetLastError
+// (moe_cuda.cu, CUDA builds only). For callers that prepare an operand beside work of
+// their own, such as the fused quantizers' bias.
+void RunRowsOnCpu(const RowsPass& p, const uint8_t* in, uint8_t* out);
+void LaunchRowsOnCuda(const RowsPass& p, const uint8_t* in, uint8_t* out, void* cuda_stream);
+
 }  // namespace moe
 }  // namespace wprep
 

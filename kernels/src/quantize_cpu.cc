@@ -13,6 +13,7 @@
 #include "moe_geometry.h"
 #include "quantize_math.h"
 #include "wprep/kernels/moe.h"
+#include "wprep/spec/status_macros.h"
 
 namespace wprep {
 namespace {
@@ -36,6 +37,61 @@ float LoadElement(QuantDtype dtype, const uint8_t* p) {
     }
   }
   return 0.0f;
+}
+
+// One group of `nel` (<= 32) elements at `src`: its scale byte, and when `codes` is set its
+// e2m1 codes packed two a byte (the even element low; an odd last element's high nibble 0),
+// (nel + 1) / 2 bytes. The steps of docs/LAYOUTS.md, "Quantization to MXFP4".
+uint8_t QuantizeGroup(QuantDtype dtype, const uint8_t* src, int nel, bool up, uint8_t* codes) {
+  const int esize = QuantDtypeBytes(dtype);
+  float group[qmath::kGroup];
+  float amax = 0.0f;
+  for (int i = 0; i < nel; ++i) {
+    group[i] = LoadElement(dtype, src + i * esize);
+    amax = qmath::AbsMaxNum(amax, group[i]);
+  }
+  const uint32_t e = qmath::ScaleBits(amax, up);
+  if (codes != nullptr) {
+    const float qs = qmath::ScaleMultiplier(e);
+    for (int i = 0; i < nel; i += 2) {
+      const uint32_t lo = qmath::EncodeE2m1(group[i] * qs);
+      const uint32_t hi = i + 1 < nel ? qmath::EncodeE2m1(group[i + 1] * qs) : 0u;
+      codes[i / 2] = static_cast<uint8_t>(lo | hi << 4);
+    }
+  }
+  return static_cast<uint8_t>(e >> 23);
+}
+
+bool PowerOfTwoIn(int v, int lo, int hi) { return v >= lo && v <= hi && (v & (v - 1)) == 0; }
+
+// Elements of group `g` of a row of `q`.
+int GroupSize(int64_t q, int64_t g) {
+  return static_cast<int>(q - g * qmath::kGroup < qmath::kGroup ? q - g * qmath::kGroup : qmath::kGroup);
+}
+
+// The fused pairs' common shape rule: a matrix [..., N, K] with an even K.
+absl::Status CheckFusedShape(const QuantizePlan& plan, const char* layout) {
+  if (plan.input_shape.size() < 2) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("shape: a fused ", layout, " layout needs a matrix [..., N, K] (rank >= 2)"));
+  }
+  if (plan.q % 2 != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("shape: K (the last dim) is ", plan.q, "; the ", layout,
+                                                   " value layout needs it even"));
+  }
+  return absl::OkStatus();
+}
+
+// Buffers of exactly the sizes `plan` in and `values` / `scales` bytes out.
+absl::Status CheckBuffers(const QuantizePlan& plan, int64_t values, int64_t scales, size_t in_size,
+                          size_t values_size, size_t scales_size) {
+  if (static_cast<int64_t>(in_size) != plan.input_bytes || static_cast<int64_t>(values_size) != values ||
+      static_cast<int64_t>(scales_size) != scales) {
+    return absl::InvalidArgumentError(absl::StrCat("buffers: ", in_size, "/", values_size, "/", scales_size,
+                                                   " bytes, the plan needs ", plan.input_bytes, "/", values, "/",
+                                                   scales));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -116,42 +172,18 @@ absl::Status QuantizeOnCpu(const QuantizePlan& plan, const uint8_t* in, size_t i
   const bool up = plan.rounding == ScaleRounding::kUp;
   const int64_t vq = (plan.q + 1) / 2;
   const int64_t sq = (plan.q + qmath::kGroup - 1) / qmath::kGroup;
-  float group[qmath::kGroup];
   for (int64_t r = 0; r < plan.rows; ++r) {
     const uint8_t* row = in + r * plan.q * esize;
-    uint8_t* vrow = values + r * vq;
-    if (vq > 0) vrow[vq - 1] = 0;  // an odd Q leaves the last high nibble zero
     for (int64_t g = 0; g < sq; ++g) {
-      const int64_t begin = g * qmath::kGroup;
-      const int n = static_cast<int>(plan.q - begin < qmath::kGroup ? plan.q - begin
-                                                                      : qmath::kGroup);
-      float amax = 0.0f;
-      for (int i = 0; i < n; ++i) {
-        group[i] = LoadElement(plan.dtype, row + (begin + i) * esize);
-        amax = qmath::AbsMaxNum(amax, group[i]);
-      }
-      const uint32_t e = qmath::ScaleBits(amax, up);
-      scales[r * sq + g] = static_cast<uint8_t>(e >> 23);
-      const float qs = qmath::ScaleMultiplier(e);
-      for (int i = 0; i < n; i += 2) {
-        uint32_t lo = qmath::EncodeE2m1(group[i] * qs);
-        uint32_t hi = i + 1 < n ? qmath::EncodeE2m1(group[i + 1] * qs) : 0u;
-        vrow[(begin + i) / 2] = static_cast<uint8_t>(lo | hi << 4);
-      }
+      scales[r * sq + g] = QuantizeGroup(plan.dtype, row + g * qmath::kGroup * esize, GroupSize(plan.q, g), up,
+                                         values + r * vq + g * (qmath::kGroup / 2));
     }
   }
   return absl::OkStatus();
 }
 
 absl::StatusOr<FusedBlackwellSizes> PlanQuantizeBlackwell(const QuantizePlan& plan) {
-  if (plan.input_shape.size() < 2) {
-    return absl::InvalidArgumentError(
-        "shape: a fused Blackwell layout needs a matrix [..., N, K] (rank >= 2)");
-  }
-  if (plan.q % 2 != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "shape: K (the last dim) is ", plan.q, "; the Blackwell value layout needs it even"));
-  }
+  if (absl::Status s = CheckFusedShape(plan, "Blackwell"); !s.ok()) return s;
   const int64_t n = plan.input_shape[plan.input_shape.size() - 2];
   const int64_t mats = n == 0 ? 0 : plan.rows / n;
   const int64_t kpad = RoundUp(plan.q / 2, 128);
@@ -170,13 +202,7 @@ absl::Status QuantizeBlackwellOnCpu(const QuantizePlan& plan, const uint8_t* in,
                                     size_t scales_size) {
   auto sizes = PlanQuantizeBlackwell(plan);
   if (!sizes.ok()) return sizes.status();
-  if (static_cast<int64_t>(in_size) != plan.input_bytes ||
-      static_cast<int64_t>(values_size) != sizes->values_bytes ||
-      static_cast<int64_t>(scales_size) != sizes->scales_bytes) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "buffers: ", in_size, "/", values_size, "/", scales_size, " bytes, the plan needs ",
-        plan.input_bytes, "/", sizes->values_bytes, "/", sizes->scales_bytes));
-  }
+  WPREP_RETURN_IF_ERROR(CheckBuffers(plan, sizes->values_bytes, sizes->scales_bytes, in_size, values_size, scales_size));
   const int64_t n = plan.input_shape[plan.input_shape.size() - 2];
   if (n == 0 || plan.rows == 0) return absl::OkStatus();
   const int64_t mats = plan.rows / n;
@@ -191,26 +217,9 @@ absl::Status QuantizeBlackwellOnCpu(const QuantizePlan& plan, const uint8_t* in,
   // Scales: each destination byte of a matrix asks BlackwellScaleSource for its (k, n) and
   // takes that group's scale; the scale of group (n, k) is recomputed from the input's 32
   // elements (cheap, and it keeps the pass free of a canonical scale buffer).
-  float group[qmath::kGroup];
   auto quantize_group = [&](int64_t row, int64_t g, uint8_t* vdst) -> uint8_t {
-    const uint8_t* src = in + (row * plan.q + g * qmath::kGroup) * esize;
-    const int nel = static_cast<int>(plan.q - g * qmath::kGroup < qmath::kGroup
-                                         ? plan.q - g * qmath::kGroup
-                                         : qmath::kGroup);
-    float amax = 0.0f;
-    for (int i = 0; i < nel; ++i) {
-      group[i] = LoadElement(plan.dtype, src + i * esize);
-      amax = qmath::AbsMaxNum(amax, group[i]);
-    }
-    const uint32_t e = qmath::ScaleBits(amax, up);
-    if (vdst != nullptr) {
-      const float qs = qmath::ScaleMultiplier(e);
-      for (int i = 0; i < nel; i += 2) {  // K is even, so every group has whole pairs
-        vdst[i / 2] = static_cast<uint8_t>(qmath::EncodeE2m1(group[i] * qs) |
-                                           qmath::EncodeE2m1(group[i + 1] * qs) << 4);
-      }
-    }
-    return static_cast<uint8_t>(e >> 23);
+    return QuantizeGroup(plan.dtype, in + (row * plan.q + g * qmath::kGroup) * esize, GroupSize(plan.q, g), up,
+                         vdst);
   };
   for (int64_t row = 0; row < plan.rows; ++row) {
     uint8_t* vrow = values + row * kpad;
@@ -228,24 +237,7 @@ absl::Status QuantizeBlackwellOnCpu(const QuantizePlan& plan, const uint8_t* in,
   return absl::OkStatus();
 }
 
-namespace {
-
-bool PowerOfTwoIn(int v, int lo, int hi) { return v >= lo && v <= hi && (v & (v - 1)) == 0; }
-
-// The fused pairs' common shape rule: a matrix [..., N, K] with an even K.
-absl::Status CheckFusedShape(const QuantizePlan& plan, const char* layout) {
-  if (plan.input_shape.size() < 2) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("shape: a fused ", layout, " layout needs a matrix [..., N, K] (rank >= 2)"));
-  }
-  if (plan.q % 2 != 0) {
-    return absl::InvalidArgumentError(absl::StrCat("shape: K (the last dim) is ", plan.q, "; the ", layout,
-                                                   " value layout needs it even"));
-  }
-  return absl::OkStatus();
-}
-
-absl::StatusOr<FusedHopperGeometry> HopperGeometry(const QuantizePlan& plan, const QuantLayoutSpec& spec) {
+absl::StatusOr<FusedHopperGeometry> FusedHopperGeometryOf(const QuantizePlan& plan, const QuantLayoutSpec& spec) {
   if (absl::Status s = CheckFusedShape(plan, "Hopper"); !s.ok()) return s;
   if (spec.mma_version != 2 && spec.mma_version != 3) {
     return absl::InvalidArgumentError(absl::StrCat("mma_version: ", spec.mma_version, " is not 2 or 3"));
@@ -271,6 +263,22 @@ absl::StatusOr<FusedHopperGeometry> HopperGeometry(const QuantizePlan& plan, con
     return absl::InvalidArgumentError("shape: the Hopper layout's byte size overflows 64 bits");
   }
   return g;
+}
+
+namespace {
+
+// The trtllm layouts' sizes and shapes, from their geometry.
+QuantOutputSizes TrtllmSizes(const FusedTrtllmGeometry& g) {
+  QuantOutputSizes sizes;
+  const int64_t e = g.values.experts, rows = g.values.rows_out;
+  sizes.values_shape = {e, rows, g.values.out_row_bytes};
+  sizes.scales_shape = {e, rows, g.scales.cols_p};
+  sizes.bias_shape = {e, rows};
+  sizes.values_bytes = e * rows * g.values.out_row_bytes;
+  sizes.scales_bytes = e * rows * g.scales.cols_p;
+  sizes.bias_bytes = e * rows * 4;
+  sizes.moe_identity = g.identity;
+  return sizes;
 }
 
 }  // namespace
@@ -324,7 +332,7 @@ absl::StatusOr<QuantOutputSizes> PlanQuantizeLayout(const QuantizePlan& plan, co
       return sizes;
     }
     case QuantLayout::kHopper: {
-      auto g = HopperGeometry(plan, spec);
+      auto g = FusedHopperGeometryOf(plan, spec);
       if (!g.ok()) return g.status();
       sizes.values_bytes = g->mats * g->v_mat_bytes;
       sizes.scales_bytes = g->mats * g->s_mat_bytes;
@@ -334,15 +342,7 @@ absl::StatusOr<QuantOutputSizes> PlanQuantizeLayout(const QuantizePlan& plan, co
     case QuantLayout::kTrtllmW2: {
       auto g = FusedTrtllmGeometryOf(plan, spec);
       if (!g.ok()) return g.status();
-      const int64_t e = g->values.experts, rows = g->values.rows_out;
-      sizes.values_shape = {e, rows, g->values.out_row_bytes};
-      sizes.scales_shape = {e, rows, g->scales.cols_p};
-      sizes.bias_shape = {e, rows};
-      sizes.values_bytes = e * rows * g->values.out_row_bytes;
-      sizes.scales_bytes = e * rows * g->scales.cols_p;
-      sizes.bias_bytes = e * rows * 4;
-      sizes.moe_identity = g->identity;
-      return sizes;
+      return TrtllmSizes(*g);
     }
   }
   return absl::InvalidArgumentError("layout: unknown quantize layout");
@@ -360,7 +360,6 @@ absl::Status QuantizeHopperOnCpu(const QuantizePlan& plan, const FusedHopperGeom
   const int64_t qcols = g.tile_cols * kFusedHopperTileBytes, scols = qcols / 16;
   std::vector<uint8_t> q(static_cast<size_t>(16 * qcols)), sc(static_cast<size_t>(16 * scols));
   const int64_t rows = g.tile_rows * kFusedHopperTileRows;
-  float group[qmath::kGroup];
   for (int64_t e = 0; e < g.mats; ++e) {
     for (int64_t rb = 0; rb < rows; rb += 16) {
       std::fill(q.begin(), q.end(), uint8_t{0});
@@ -368,20 +367,9 @@ absl::Status QuantizeHopperOnCpu(const QuantizePlan& plan, const FusedHopperGeom
       for (int64_t i = 0; i < 16 && rb + i < g.n; ++i) {
         const uint8_t* row = in + ((e * g.n + rb + i) * g.k) * esize;
         for (int64_t grp = 0; grp < g.sq; ++grp) {
-          const int64_t begin = grp * qmath::kGroup;
-          const int nel = static_cast<int>(g.k - begin < qmath::kGroup ? g.k - begin : qmath::kGroup);
-          float amax = 0.0f;
-          for (int j = 0; j < nel; ++j) {
-            group[j] = LoadElement(plan.dtype, row + (begin + j) * esize);
-            amax = qmath::AbsMaxNum(amax, group[j]);
-          }
-          const uint32_t eb = qmath::ScaleBits(amax, up);
-          sc[static_cast<size_t>(i * scols + grp)] = static_cast<uint8_t>(eb >> 23);
-          const float qs = qmath::ScaleMultiplier(eb);
-          for (int j = 0; j < nel; j += 2) {  // K is even: whole pairs
-            q[static_cast<size_t>(i * qcols + (begin + j) / 2)] = static_cast<uint8_t>(
-                qmath::EncodeE2m1(group[j] * qs) | qmath::EncodeE2m1(group[j + 1] * qs) << 4);
-          }
+          sc[static_cast<size_t>(i * scols + grp)] =
+              QuantizeGroup(plan.dtype, row + grp * qmath::kGroup * esize, GroupSize(g.k, grp), up,
+                            &q[static_cast<size_t>(i * qcols + grp * (qmath::kGroup / 2))]);
         }
       }
       if (rb < g.vt.rows_pad) {
@@ -410,13 +398,9 @@ absl::Status QuantizeHopperOnCpu(const QuantizePlan& plan, const FusedHopperGeom
   return absl::OkStatus();
 }
 
-}  // namespace
-
-namespace {
-
 // The trtllm values and scales on the CPU, an output row at a time: the row's source weight
 // row (the prepare's row map) is quantized into a row scratch, written padded, and its scale
-// bytes placed in the 128x4 layout. The bias rows follow the same map.
+// bytes placed in the 128x4 layout.
 void QuantizeTrtllmOnCpu(const QuantizePlan& plan, const FusedTrtllmGeometry& g, const uint8_t* in,
                          uint8_t* values, uint8_t* scales, const QuantBias& bias) {
   const int esize = QuantDtypeBytes(plan.dtype);
@@ -425,7 +409,6 @@ void QuantizeTrtllmOnCpu(const QuantizePlan& plan, const FusedTrtllmGeometry& g,
   const moe::InterleavePass& sp = g.scales;
   const int64_t sq = g.k / qmath::kGroup;
   std::vector<uint8_t> codes(static_cast<size_t>(g.k / 2)), sc(static_cast<size_t>(sq));
-  float group[qmath::kGroup];
   for (int64_t e = 0; e < vp.experts; ++e) {
     for (int64_t n = 0; n < vp.rows_out; ++n) {
       const int64_t src = moe::SrcRow(vp.map, n);
@@ -434,18 +417,8 @@ void QuantizeTrtllmOnCpu(const QuantizePlan& plan, const FusedTrtllmGeometry& g,
       if (src >= 0) {
         const uint8_t* row = in + (e * vp.rows_in + src) * g.k * esize;
         for (int64_t grp = 0; grp < sq; ++grp) {
-          float amax = 0.0f;
-          for (int j = 0; j < qmath::kGroup; ++j) {
-            group[j] = LoadElement(plan.dtype, row + (grp * qmath::kGroup + j) * esize);
-            amax = qmath::AbsMaxNum(amax, group[j]);
-          }
-          const uint32_t eb = qmath::ScaleBits(amax, up);
-          sc[static_cast<size_t>(grp)] = static_cast<uint8_t>(eb >> 23);
-          const float qs = qmath::ScaleMultiplier(eb);
-          for (int j = 0; j < qmath::kGroup; j += 2) {
-            codes[static_cast<size_t>((grp * qmath::kGroup + j) / 2)] = static_cast<uint8_t>(
-                qmath::EncodeE2m1(group[j] * qs) | qmath::EncodeE2m1(group[j + 1] * qs) << 4);
-          }
+          sc[static_cast<size_t>(grp)] = QuantizeGroup(plan.dtype, row + grp * qmath::kGroup * esize, qmath::kGroup,
+                                                       up, &codes[static_cast<size_t>(grp * (qmath::kGroup / 2))]);
         }
       }
       uint8_t* vrow = values + (e * vp.rows_out + n) * vp.out_row_bytes;
@@ -455,21 +428,9 @@ void QuantizeTrtllmOnCpu(const QuantizePlan& plan, const FusedTrtllmGeometry& g,
       for (int64_t c = 0; c < sp.cols_p; ++c) smat[moe::SfOffset(n, c, sp.cols_p)] = c < sq ? sc[static_cast<size_t>(c)] : 0;
     }
   }
-  if (bias.in == nullptr) return;
-  const auto* bin = static_cast<const uint8_t*>(bias.in);
-  auto* bout = static_cast<uint8_t*>(bias.out);
-  for (int64_t e = 0; e < g.bias.experts; ++e) {
-    for (int64_t n = 0; n < g.bias.rows_out; ++n) {
-      const int64_t src = moe::SrcRow(g.bias.map, n);
-      uint8_t word[4] = {0, 0, 0, 0};
-      if (src >= 0 && bias.bfloat16) {
-        word[2] = bin[(e * g.bias.rows_in + src) * 2];
-        word[3] = bin[(e * g.bias.rows_in + src) * 2 + 1];
-      } else if (src >= 0) {
-        std::memcpy(word, bin + (e * g.bias.rows_in + src) * 4, 4);
-      }
-      std::memcpy(bout + (e * g.bias.rows_out + n) * 4, word, 4);
-    }
+  // The bias: the MoE engine's own rows pass of the prepare plan.
+  if (bias.in != nullptr) {
+    moe::RunRowsOnCpu(g.bias, static_cast<const uint8_t*>(bias.in), static_cast<uint8_t*>(bias.out));
   }
 }
 
@@ -491,35 +452,21 @@ absl::Status QuantizeLayoutOnCpu(const QuantizePlan& plan, const QuantLayoutSpec
     case QuantLayout::kTrtllmW2: {
       auto g = FusedTrtllmGeometryOf(plan, spec, bias.bfloat16);
       if (!g.ok()) return g.status();
-      auto sizes = PlanQuantizeLayout(plan, spec);
-      if (!sizes.ok()) return sizes.status();
-      if (static_cast<int64_t>(in_size) != plan.input_bytes ||
-          static_cast<int64_t>(values_size) != sizes->values_bytes ||
-          static_cast<int64_t>(scales_size) != sizes->scales_bytes) {
-        return absl::InvalidArgumentError(absl::StrCat("buffers: ", in_size, "/", values_size, "/", scales_size,
-                                                       " bytes, the plan needs ", plan.input_bytes, "/",
-                                                       sizes->values_bytes, "/", sizes->scales_bytes));
-      }
+      const QuantOutputSizes sizes = TrtllmSizes(*g);
+      WPREP_RETURN_IF_ERROR(
+          CheckBuffers(plan, sizes.values_bytes, sizes.scales_bytes, in_size, values_size, scales_size));
       QuantizeTrtllmOnCpu(plan, *g, in, values, scales, bias);
       return absl::OkStatus();
     }
-    case QuantLayout::kHopper:
-      break;
+    case QuantLayout::kHopper: {
+      auto g = FusedHopperGeometryOf(plan, spec);
+      if (!g.ok()) return g.status();
+      WPREP_RETURN_IF_ERROR(CheckBuffers(plan, g->mats * g->v_mat_bytes, g->mats * g->s_mat_bytes, in_size,
+                                         values_size, scales_size));
+      return QuantizeHopperOnCpu(plan, *g, in, values, scales);
+    }
   }
-  auto g = HopperGeometry(plan, spec);
-  if (!g.ok()) return g.status();
-  if (static_cast<int64_t>(in_size) != plan.input_bytes ||
-      static_cast<int64_t>(values_size) != g->mats * g->v_mat_bytes ||
-      static_cast<int64_t>(scales_size) != g->mats * g->s_mat_bytes) {
-    return absl::InvalidArgumentError(absl::StrCat("buffers: ", in_size, "/", values_size, "/", scales_size,
-                                                   " bytes, the plan needs ", plan.input_bytes, "/",
-                                                   g->mats * g->v_mat_bytes, "/", g->mats * g->s_mat_bytes));
-  }
-  return QuantizeHopperOnCpu(plan, *g, in, values, scales);
-}
-
-absl::StatusOr<FusedHopperGeometry> FusedHopperGeometryOf(const QuantizePlan& plan, const QuantLayoutSpec& spec) {
-  return HopperGeometry(plan, spec);
+  return absl::InvalidArgumentError("layout: unknown quantize layout");
 }
 
 }  // namespace wprep

@@ -19,6 +19,7 @@
 #include "layout_math.h"
 #include "wprep/kernels/quantize.h"
 #include "wprep/spec/status_macros.h"
+#include "moe_geometry.h"
 #include "quantize_math.h"
 
 namespace wprep {
@@ -431,27 +432,6 @@ __global__ void __launch_bounds__(256) TrtllmFusedKernel(const uint8_t* __restri
   }
 }
 
-// The trtllm bias rows: a thread per output float32 (bf16 widened), through the row map.
-__global__ void TrtllmBiasKernel(const uint8_t* __restrict__ in, uint8_t* __restrict__ out, moe::RowsPass bp,
-                                 bool bf16) {
-  const int64_t total = bp.experts * bp.rows_out;
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t e = i / bp.rows_out, n = i - e * bp.rows_out;
-    const int64_t src = moe::SrcRow(bp.map, n);
-    uint32_t word = 0;
-    if (src >= 0 && bf16) {
-      const uint8_t* b = in + (e * bp.rows_in + src) * 2;
-      word = (static_cast<uint32_t>(b[0]) | static_cast<uint32_t>(b[1]) << 8) << 16;
-    } else if (src >= 0) {
-      const uint8_t* b = in + (e * bp.rows_in + src) * 4;
-      word = static_cast<uint32_t>(b[0]) | static_cast<uint32_t>(b[1]) << 8 | static_cast<uint32_t>(b[2]) << 16 |
-             static_cast<uint32_t>(b[3]) << 24;
-    }
-    for (int b = 0; b < 4; ++b) out[4 * i + b] = static_cast<uint8_t>(word >> (8 * b));
-  }
-}
-
 // The padding bytes of blackwell_scale (k >= K/32 or n >= N), which no group writes.
 __global__ void BlackwellScalePaddingKernel(uint8_t* __restrict__ scales, int64_t total,
                                             BlackwellScaleTiling t) {
@@ -666,9 +646,8 @@ absl::Status QuantizeTrtllmOnCuda(const QuantizePlan& plan, const QuantLayoutSpe
                           static_cast<uint8_t*>(values), static_cast<uint8_t*>(scales), vp, g->k, g->scales.cols_p,
                           plan.rounding == ScaleRounding::kUp)
   }
-  if (bias.in != nullptr) {
-    TrtllmBiasKernel<<<dev.Wave(g->bias.experts * g->bias.rows_out / 256 + 1), 256, 0, stream>>>(
-        static_cast<const uint8_t*>(bias.in), static_cast<uint8_t*>(bias.out), g->bias, bias.bfloat16);
+  if (bias.in != nullptr) {  // the MoE engine's own rows pass of the prepare plan
+    moe::LaunchRowsOnCuda(g->bias, static_cast<const uint8_t*>(bias.in), static_cast<uint8_t*>(bias.out), stream);
   }
   return dev.Leave();
 }
