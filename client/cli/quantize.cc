@@ -302,7 +302,7 @@ absl::Status Run(const std::vector<std::string>& args) {
   }
   if (trtllm) {
     std::printf("values_shape [%s] scales_shape [%s] (%s)\n", absl::StrJoin(sizes->values_shape, ", ").c_str(),
-                absl::StrJoin(sizes->scales_shape, ", ").c_str(), sizes->moe_identity.c_str());
+                absl::StrJoin(sizes->scales_shape, ", ").c_str(), sizes->moe_plan->identity.c_str());
   } else if (layout.layout != QuantLayout::kCanonical) {
     const bool hopper = layout.layout == QuantLayout::kHopper;
     std::printf("values_bytes %lld (%s) scales_bytes %lld (%s)\n", static_cast<long long>(values_bytes),

@@ -277,7 +277,7 @@ QuantOutputSizes TrtllmSizes(const FusedTrtllmGeometry& g) {
   sizes.values_bytes = e * rows * g.values.out_row_bytes;
   sizes.scales_bytes = e * rows * g.scales.cols_p;
   sizes.bias_bytes = e * rows * 4;
-  sizes.moe_identity = g.identity;
+  sizes.moe_plan = g.plan;
   return sizes;
 }
 
@@ -313,7 +313,7 @@ absl::StatusOr<FusedTrtllmGeometry> FusedTrtllmGeometryOf(const QuantizePlan& pl
   g.scales = geo.outputs[1].il;
   g.bias = geo.outputs[2].rows;
   g.k = plan.q;
-  g.identity = moe_plan->identity;
+  g.plan = *std::move(moe_plan);
   return g;
 }
 

@@ -138,13 +138,13 @@ absl::StatusOr<FusedHopperGeometry> FusedHopperGeometryOf(const QuantizePlan& pl
 
 // A trtllm layout (kTrtllmW13 / kTrtllmW2) is the MXFP4 prepare_w13 / prepare_w2 of the
 // quantized weights: the planner's own passes for it (values rows, scales 128x4 interleave,
-// bias rows; one row map for the three), and the plan's identity and shapes.
+// bias rows; one row map for the three), and the plan.
 struct FusedTrtllmGeometry {
   moe::RowsPass values;         // in_row_bytes K/2, out_row_bytes kp/2
   moe::InterleavePass scales;   // cols_in K/32, cols_p kp/32, rows_p = values.rows_out
   moe::RowsPass bias;           // 4-byte words out (elem widens a bf16 input)
   int64_t k = 0;                // elements of a weight row
-  std::string identity;         // the prepare plan's
+  MoePlan plan;                 // the prepare plan
 };
 inline constexpr int kFusedTrtllmTileRows = 128;   // one row tile of the 128x4 layout
 inline constexpr int kFusedTrtllmTileGroups = 4;   // one 512-byte scale block, 64 value bytes

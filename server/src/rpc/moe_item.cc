@@ -263,6 +263,19 @@ absl::StatusOr<IpcRegion> DenseRegionFromProto(const v1::CudaIpcBuffer& b, uint6
   return IpcRegion{b.handle(), b.offset(), b.size(), *gpu};
 }
 
+// The identity every output of `plan` reports.
+v1::MoeIdentity MoeIdentityOf(const MoePlan& plan) {
+  v1::MoeIdentity identity;
+  identity.set_format(plan.op == MoeOp::kPrepareW13 || plan.op == MoeOp::kPrepareW2
+                          ? std::string(MoeFormatName(plan.params.format))
+                          : "");
+  identity.set_op(std::string(MoeOpName(plan.op)));
+  IdentityParams(plan, identity.mutable_params());
+  identity.set_contract_version(kMoeContractVersion);
+  identity.set_description(plan.identity);
+  return identity;
+}
+
 bool HasMoeItems(const v1::ConvertBatchRequest& req) {
   for (const v1::BatchItem& item : req.items()) {
     if (item.has_moe()) return true;
@@ -313,19 +326,6 @@ absl::StatusOr<std::vector<MoeJob>> MoeJobsFromProto(const v1::ConvertBatchReque
 }
 
 namespace {
-
-// The identity every output of `plan` reports.
-v1::MoeIdentity IdentityOf(const MoePlan& plan) {
-  v1::MoeIdentity identity;
-  identity.set_format(plan.op == MoeOp::kPrepareW13 || plan.op == MoeOp::kPrepareW2
-                          ? std::string(MoeFormatName(plan.params.format))
-                          : "");
-  identity.set_op(std::string(MoeOpName(plan.op)));
-  IdentityParams(plan, identity.mutable_params());
-  identity.set_contract_version(kMoeContractVersion);
-  identity.set_description(plan.identity);
-  return identity;
-}
 
 // An IPC job's GPU and mapped regions (leases held until the work is done).
 struct MappedJob {
@@ -393,7 +393,7 @@ absl::Status RunMoeJobs(const std::vector<MoeJob>& jobs, const MoeEngines& engin
   for (size_t i = 0; i < jobs.size() && failed.ok(); ++i) {
     const MoePlan& plan = jobs[i].plan;
     v1::BatchItemResult* item = resp->add_items();
-    const v1::MoeIdentity identity = IdentityOf(plan);
+    const v1::MoeIdentity identity = MoeIdentityOf(plan);
     std::vector<absl::Span<uint8_t>> outs;
     outs.reserve(plan.outputs.size());
     for (size_t j = 0; j < plan.outputs.size(); ++j) {

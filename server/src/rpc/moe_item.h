@@ -39,6 +39,10 @@ struct MoeJob {
 absl::StatusOr<IpcRegion> DenseRegionFromProto(const wprep::v1::CudaIpcBuffer& b, uint64_t bytes,
                                                const std::string& field);
 
+// The identity every output of `plan` reports (MoE items, and the quantize items whose
+// outputs equal a prepare).
+wprep::v1::MoeIdentity MoeIdentityOf(const MoePlan& plan);
+
 // Whether [a.offset, +a_bytes) and [b.offset, +b_bytes) of one allocation (same handle) meet.
 bool IpcRegionsOverlap(const IpcRegion& a, uint64_t a_bytes, const IpcRegion& b, uint64_t b_bytes);
 

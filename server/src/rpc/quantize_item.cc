@@ -176,7 +176,7 @@ absl::StatusOr<QuantizeJob> JobFromProto(const v1::QuantizeItem& item, const std
     job.scales_shape = out_sizes->scales_shape;
     job.values_strides = DenseStrides(job.values_shape);
     job.scales_strides = DenseStrides(job.scales_shape);
-    job.moe_identity = out_sizes->moe_identity;
+    job.moe_plan = out_sizes->moe_plan;
     if (item.has_bias()) {
       if (item.bias_dtype() != v1::QUANTIZE_DTYPE_FLOAT32 && item.bias_dtype() != v1::QUANTIZE_DTYPE_BFLOAT16) {
         return Bad(absl::StrCat(prefix, ".bias_dtype must be QUANTIZE_DTYPE_FLOAT32 or QUANTIZE_DTYPE_BFLOAT16, got ",
@@ -318,9 +318,9 @@ v1::LayoutIdentity IdentityOf(const QuantizeJob& job, bool values) {
       absl::StrCat(DTypeName(job.plan.dtype), " -> quantize_mxfp4(scale_rounding=",
                    job.plan.rounding == ScaleRounding::kUp ? "up" : "down", ")");
   v1::LayoutIdentity id;
-  if (!job.moe_identity.empty()) {
-    id.set_layout(job.moe_identity);
-    id.set_conversion(absl::StrCat(quantize, " -> ", job.moe_identity));
+  if (job.moe_plan.has_value()) {
+    id.set_layout(job.moe_plan->identity);
+    id.set_conversion(absl::StrCat(quantize, " -> ", job.moe_plan->identity));
     id.set_contract_version(kMoeContractVersion);
     return id;
   }
@@ -343,18 +343,6 @@ v1::LayoutIdentity IdentityOf(const QuantizeJob& job, bool values) {
   return id;
 }
 
-// The MoeIdentity a trtllm layout's outputs carry, as a prepare item's would.
-v1::MoeIdentity MoeIdentityOf(const QuantizeJob& job) {
-  v1::MoeIdentity m;
-  m.set_format("mxfp4");
-  m.set_op(job.layout.layout == QuantLayout::kTrtllmW13 ? "prepare_w13" : "prepare_w2");
-  m.mutable_params()->set_format("mxfp4");
-  m.mutable_params()->set_align(job.layout.align);
-  m.set_contract_version(kMoeContractVersion);
-  m.set_description(job.moe_identity);
-  return m;
-}
-
 void AddOutput(const QuantizeJob& job, bool values, v1::BatchItemResult* item) {
   v1::TensorResult* t = item->add_outputs();
   t->set_name(values ? "values" : "scales");
@@ -363,9 +351,9 @@ void AddOutput(const QuantizeJob& job, bool values, v1::BatchItemResult* item) {
   for (int64_t s : values ? job.values_strides : job.scales_strides) t->add_strides(s);
   t->set_bytes(values ? job.values_bytes : job.scales_bytes);
   *t->mutable_identity() = IdentityOf(job, values);
-  if (!job.moe_identity.empty()) {
+  if (job.moe_plan.has_value()) {
     t->set_dtype(v1::MOE_DTYPE_UINT8);
-    *t->mutable_moe_identity() = MoeIdentityOf(job);
+    *t->mutable_moe_identity() = MoeIdentityOf(*job.moe_plan);
   }
 }
 
@@ -377,7 +365,7 @@ void AddBiasOutput(const QuantizeJob& job, v1::BatchItemResult* item) {
   t->set_bytes(job.bias_out_bytes);
   t->set_dtype(v1::MOE_DTYPE_FLOAT32);
   *t->mutable_identity() = IdentityOf(job, true);
-  *t->mutable_moe_identity() = MoeIdentityOf(job);
+  *t->mutable_moe_identity() = MoeIdentityOf(*job.moe_plan);
 }
 
 // An IPC job's GPU and mapped regions (leases held until its GPU's work is done).

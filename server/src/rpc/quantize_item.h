@@ -7,6 +7,7 @@
 #define WPREP_SERVER_SRC_QUANTIZE_ITEM_H_
 
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -27,7 +28,7 @@ struct QuantizeJob {
   uint64_t values_bytes = 0, scales_bytes = 0;
   std::vector<int64_t> values_shape, scales_shape;      // as reported
   std::vector<int64_t> values_strides, scales_strides;  // elements (bytes: uint8 outputs)
-  std::string moe_identity;             // trtllm layouts: the prepare's description
+  std::optional<MoePlan> moe_plan;      // trtllm layouts: the prepare the outputs equal
   absl::string_view input;              // inline bytes
   IpcRegion input_ipc, values_ipc, scales_ipc;
   bool ipc = false;

@@ -6,12 +6,14 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "wprep/kernels/cuda_engine.h"
+#include "wprep/kernels/moe.h"
 
 namespace wprep {
 
@@ -107,7 +109,9 @@ struct QuantOutputSizes {
   // float32): the bias is prepared beside them when given (QuantBias).
   std::vector<int64_t> values_shape, scales_shape, bias_shape;
   int64_t bias_bytes = 0;
-  std::string moe_identity;  // the prepare's, e.g. "trtllm_gen:prepare_w13 format=mxfp4 align=256 contract=1"
+  // The prepare plan the trtllm outputs equal (its identity, e.g. "trtllm_gen:prepare_w13
+  // format=mxfp4 align=256 contract=1"); unset for the other layouts.
+  std::optional<MoePlan> moe_plan;
 };
 
 // The optional bias [E, R] of a trtllm layout (float32, or bfloat16 widened to float32),
