@@ -391,6 +391,20 @@ struct Job {
 // A --quantize'd tensor NAME [..., Q]: it becomes NAME_blocks U8 [..., Q/32, 16] and
 // NAME_scales U8 [..., Q/32], exactly the pair a gpt-oss checkpoint holds and this command
 // converts with --layout (the blocks' bytes are the canonical values [..., Q/2]).
+// The pair a quantization writes straight into --layout's `values` / `scales`, where it can:
+// blackwell_value with blackwell_scale, or hopper_value with hopper_scale, both at mx axis -2.
+std::optional<QuantLayoutSpec> FusedQuantLayout(const ConversionSpec& values, const ConversionSpec& scales) {
+  if (values.layout == Layout::kBlackwellValue && scales.layout == Layout::kBlackwellScale) {
+    return QuantLayoutSpec{QuantLayout::kBlackwell};
+  }
+  if (values.layout == Layout::kHopperValue && scales.layout == Layout::kHopperScale && values.hopper.mx_axis == -2 &&
+      scales.hopper_scale.mx_axis == -2) {
+    return QuantLayoutSpec{QuantLayout::kHopper, values.hopper.mma_version, scales.hopper_scale.num_warps,
+                           scales.hopper_scale.align_k};
+  }
+  return std::nullopt;
+}
+
 // With --layout too (fused), the pair is written already converted, exactly as --layout
 // would convert it: `values` and `scales` are the pair's conversions and plans.
 struct FusedPart {
@@ -613,18 +627,10 @@ class Converter {
       part->conversion = *conv;
       part->plan = *std::move(plan);
     }
-    const ConversionSpec& vs = q.values.conversion.spec;
-    const ConversionSpec& ss = q.scales.conversion.spec;
-    if (vs.layout == Layout::kBlackwellValue && ss.layout == Layout::kBlackwellScale) {
-      q.layout.layout = QuantLayout::kBlackwell;
-    } else if (vs.layout == Layout::kHopperValue && ss.layout == Layout::kHopperScale && vs.hopper.mx_axis == -2 &&
-               ss.hopper_scale.mx_axis == -2) {
-      q.layout = {QuantLayout::kHopper, vs.hopper.mma_version, ss.hopper_scale.num_warps, ss.hopper_scale.align_k};
-    } else {
-      return absl::UnimplementedError(
-          "quantizing straight into a layout serves blackwell_value with blackwell_scale, and hopper_value with "
-          "hopper_scale at mx axis -2; run --quantize alone, then --layout on its output");
-    }
+    // The argument parser refused every other pair.
+    const std::optional<QuantLayoutSpec> fused = FusedQuantLayout(args_.values, args_.scales);
+    if (!fused.has_value()) return absl::InternalError("--quantize with --layout: no fused quantizer for the pair");
+    q.layout = *fused;
     absl::StatusOr<QuantOutputSizes> sizes = PlanQuantizeLayout(q.plan, q.layout);
     if (!sizes.ok()) return sizes.status();
     if (static_cast<uint64_t>(sizes->values_bytes) != q.values.plan.output_bytes ||
@@ -1345,10 +1351,7 @@ absl::StatusOr<ConvertSafetensorsArgs> ParseConvertSafetensorsArgs(const std::ve
   out.values = *v;
   out.values.packing_axis = -2;
   out.scales = *s;
-  const bool blackwell_pair = *values == Layout::kBlackwellValue && scales == Layout::kBlackwellScale;
-  const bool hopper_pair = *values == Layout::kHopperValue && scales == Layout::kHopperScale &&
-                           out.values.hopper.mx_axis == -2 && out.scales.hopper_scale.mx_axis == -2;
-  if (!out.quantize.empty() && !blackwell_pair && !hopper_pair) {
+  if (!out.quantize.empty() && !FusedQuantLayout(out.values, out.scales).has_value()) {
     return absl::UnimplementedError(absl::StrCat(
         "--quantize with --layout ", *layout, ": quantizing straight into a layout serves blackwell_value with "
         "blackwell_scale, and hopper_value with hopper_scale at --mx-axis -2; run --quantize alone, then --layout "
