@@ -56,6 +56,9 @@ std::string LayoutName(const wprep::QuantLayoutSpec& spec) {
       return "quantize (canonical)";
     case wprep::QuantLayout::kBlackwell:
       return "fused blackwell_value+blackwell_scale";
+    case wprep::QuantLayout::kBlackwellShuffled:
+      return "fused blackwell_shuffled_value(block_k=" + std::to_string(spec.block_k) +
+             ",block_n=" + std::to_string(spec.block_n) + ")+blackwell_scale";
     case wprep::QuantLayout::kHopper:
       return "fused hopper_value(mma_version=" + std::to_string(spec.mma_version) +
              ")+hopper_scale(num_warps=" + std::to_string(spec.num_warps) +
@@ -245,6 +248,9 @@ int main(int argc, char** argv) {
   Bench({16, 4096, 4096}, wprep::ScaleRounding::kDown, canonical, iters, 5);
   Bench({16, 4096, 4000}, wprep::ScaleRounding::kUp, canonical, iters, 5);  // rows not 16-byte aligned
   Bench({16, 4096, 4096}, wprep::ScaleRounding::kUp, blackwell, iters, 5);
+  wprep::QuantLayoutSpec shuffled{QuantLayout::kBlackwellShuffled};
+  Bench({16, 4096, 4096}, wprep::ScaleRounding::kUp, shuffled, iters, 5);
+  Bench({16, 5760, 2880}, wprep::ScaleRounding::kUp, shuffled, iters, 5);
   Bench({16, 4096, 4096}, wprep::ScaleRounding::kUp, hopper, iters, 5);
   Bench({16, 4096, 4096}, wprep::ScaleRounding::kUp, hopper_v2, iters, 5);
   // 16 of gpt-oss-120b's w13 experts in bf16 ([E, 2I, H]): K = 2880 is 90 groups, no tile multiple.

@@ -392,10 +392,17 @@ struct Job {
 // NAME_scales U8 [..., Q/32], exactly the pair a gpt-oss checkpoint holds and this command
 // converts with --layout (the blocks' bytes are the canonical values [..., Q/2]).
 // The pair a quantization writes straight into --layout's `values` / `scales`, where it can:
-// blackwell_value with blackwell_scale, or hopper_value with hopper_scale, both at mx axis -2.
+// blackwell_value or blackwell_shuffled_value with blackwell_scale, or hopper_value with
+// hopper_scale, both at mx axis -2.
 std::optional<QuantLayoutSpec> FusedQuantLayout(const ConversionSpec& values, const ConversionSpec& scales) {
   if (values.layout == Layout::kBlackwellValue && scales.layout == Layout::kBlackwellScale) {
     return QuantLayoutSpec{QuantLayout::kBlackwell};
+  }
+  if (values.layout == Layout::kBlackwellShuffledValue && scales.layout == Layout::kBlackwellScale) {
+    QuantLayoutSpec spec{QuantLayout::kBlackwellShuffled};
+    spec.block_k = values.blackwell.block_k;
+    spec.block_n = values.blackwell.block_n;
+    return spec;
   }
   if (values.layout == Layout::kHopperValue && scales.layout == Layout::kHopperScale && values.hopper.mx_axis == -2 &&
       scales.hopper_scale.mx_axis == -2) {
@@ -1353,9 +1360,9 @@ absl::StatusOr<ConvertSafetensorsArgs> ParseConvertSafetensorsArgs(const std::ve
   out.scales = *s;
   if (!out.quantize.empty() && !FusedQuantLayout(out.values, out.scales).has_value()) {
     return absl::UnimplementedError(absl::StrCat(
-        "--quantize with --layout ", *layout, ": quantizing straight into a layout serves blackwell_value with "
-        "blackwell_scale, and hopper_value with hopper_scale at --mx-axis -2; run --quantize alone, then --layout "
-        "on its output"));
+        "--quantize with --layout ", *layout, ": quantizing straight into a layout serves blackwell_value and "
+        "blackwell_shuffled_value with blackwell_scale, and hopper_value with hopper_scale at --mx-axis -2; run "
+        "--quantize alone, then --layout on its output"));
   }
   return ParseRunFlags(*flags, out);
 }

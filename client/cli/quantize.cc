@@ -59,6 +59,11 @@ absl::Status QuantizeRemote(const std::string& target, const QuantizePlan& plan,
     case QuantLayout::kBlackwell:
       item->set_layout(v1::QUANTIZE_LAYOUT_BLACKWELL);
       break;
+    case QuantLayout::kBlackwellShuffled:
+      item->set_layout(v1::QUANTIZE_LAYOUT_BLACKWELL_SHUFFLED);
+      item->mutable_blackwell()->set_block_k(layout.block_k);
+      item->mutable_blackwell()->set_block_n(layout.block_n);
+      break;
     case QuantLayout::kHopper:
       item->set_layout(v1::QUANTIZE_LAYOUT_HOPPER);
       item->mutable_hopper()->set_mma_version(layout.mma_version);
@@ -119,10 +124,10 @@ flags::FlagSet QuantizeFlags() {
   fs.String("scale-rounding", "up|down", "up", "how a group's scale rounds");
   fs.String("layout", "L", "",
             "a weight stored [..., N, K], quantized along K: write the layout of the matmul's "
-            "logical [..., K, N] directly (fused, K even): blackwell_value (scales "
-            "blackwell_scale) or hopper_value (mx_axis -2; scales hopper_scale, mx_axis -2); or "
-            "trtllm_w13 / trtllm_w2 (see --align)");
-  AddSpecFlags(&fs, {"mma-version", "num-warps", "align-k"});
+            "logical [..., K, N] directly (fused, K even): blackwell_value or "
+            "blackwell_shuffled_value (scales blackwell_scale) or hopper_value (mx_axis -2; scales "
+            "hopper_scale, mx_axis -2); or trtllm_w13 / trtllm_w2 (see --align)");
+  AddSpecFlags(&fs, {"mma-version", "num-warps", "align-k", "block-k", "block-n"});
   fs.String("align", "N", "256",
             "trtllm_w13 / trtllm_w2: expert weights [E, R, K] to the trtllm-gen MXFP4 prepare_w13 / "
             "prepare_w2 bytes, H and I padded to a multiple of N (a multiple of 128)");
@@ -147,16 +152,15 @@ absl::StatusOr<QuantLayoutSpec> ParseLayoutFlags(const Flags& flags) {
     } else if (*l == "trtllm_w13" || *l == "trtllm_w2") {
       layout.layout = *l == "trtllm_w13" ? QuantLayout::kTrtllmW13 : QuantLayout::kTrtllmW2;
     } else if (*l == "blackwell_shuffled_value") {
-      return absl::UnimplementedError(
-          "quantize --layout blackwell_shuffled_value: fused quantize-and-lay-out serves blackwell_value and "
-          "hopper_value; quantize, then wprep convert --local");
+      layout.layout = QuantLayout::kBlackwellShuffled;
     } else {
       return absl::InvalidArgumentError(absl::StrCat("--layout: '", *l,
                                                      "' is not a layout a quantization writes (blackwell_value, "
-                                                     "hopper_value, trtllm_w13, trtllm_w2)"));
+                                                     "blackwell_shuffled_value, hopper_value, trtllm_w13, trtllm_w2)"));
     }
   }
   const bool hopper = layout.layout == QuantLayout::kHopper;
+  const bool shuffled = layout.layout == QuantLayout::kBlackwellShuffled;
   const bool trtllm = layout.layout == QuantLayout::kTrtllmW13 || layout.layout == QuantLayout::kTrtllmW2;
   struct Family {
     const char* flag;
@@ -164,7 +168,10 @@ absl::StatusOr<QuantLayoutSpec> ParseLayoutFlags(const Flags& flags) {
     const char* layouts;
   };
   for (const Family& f : {Family{"--mma-version", hopper, "hopper_value"}, Family{"--num-warps", hopper, "hopper_value"},
-                          Family{"--align-k", hopper, "hopper_value"}, Family{"--align", trtllm, "trtllm_w13 or trtllm_w2"},
+                          Family{"--align-k", hopper, "hopper_value"},
+                          Family{"--block-k", shuffled, "blackwell_shuffled_value"},
+                          Family{"--block-n", shuffled, "blackwell_shuffled_value"},
+                          Family{"--align", trtllm, "trtllm_w13 or trtllm_w2"},
                           Family{"--bias-input", trtllm, "trtllm_w13 or trtllm_w2"},
                           Family{"--bias-dtype", trtllm, "trtllm_w13 or trtllm_w2"},
                           Family{"--bias-output", trtllm, "trtllm_w13 or trtllm_w2"}}) {
@@ -175,12 +182,15 @@ absl::StatusOr<QuantLayoutSpec> ParseLayoutFlags(const Flags& flags) {
   if (flags.Has("--bias-input") != flags.Has("--bias-output")) {
     return absl::InvalidArgumentError("--bias-input and --bias-output go together");
   }
-  const std::pair<const char*, int*> params[] = {
-      {"--mma-version", &layout.mma_version}, {"--num-warps", &layout.num_warps}, {"--align-k", &layout.align_k}};
+  const std::pair<const char*, int*> params[] = {{"--mma-version", &layout.mma_version},
+                                                 {"--num-warps", &layout.num_warps},
+                                                 {"--align-k", &layout.align_k},
+                                                 {"--block-k", &layout.block_k},
+                                                 {"--block-n", &layout.block_n}};
   for (const auto& [flag, dst] : params) {
     absl::StatusOr<int64_t> v = flags.Int(flag, *dst);
     if (!v.ok()) return v.status();
-    if (*v < 0 || *v > 1024) return absl::InvalidArgumentError(absl::StrCat(flag, ": ", *v, " is out of range"));
+    if (*v < 0 || *v > 1 << 20) return absl::InvalidArgumentError(absl::StrCat(flag, ": ", *v, " is out of range"));
     *dst = static_cast<int>(*v);
   }
   absl::StatusOr<int64_t> align = flags.Int("--align", layout.align);

@@ -591,6 +591,11 @@ WPREP_HD void BlackwellScaleSource(const BlackwellScaleTiling& t, int64_t i, int
   *n = 128 * n0 + 32 * a + b;
 }
 
+// Its inverse: the storage byte of x[k, n] (k < Kp, n < Np).
+WPREP_HD int64_t BlackwellScaleOffset(const BlackwellScaleTiling& t, int64_t k, int64_t n) {
+  return (((n >> 7) * (t.kpad / 4) + (k >> 2)) * 32 + (n & 31)) * 16 + 4 * ((n >> 5) & 3) + (k & 3);
+}
+
 // ---------------------------------------------------------------------------------------
 // The geometry of one planned conversion, as the engines consume it. Built by MakePlan;
 // plain data so it can be passed to a kernel by value.

@@ -182,59 +182,41 @@ absl::Status QuantizeOnCpu(const QuantizePlan& plan, const uint8_t* in, size_t i
   return absl::OkStatus();
 }
 
-absl::StatusOr<FusedBlackwellSizes> PlanQuantizeBlackwell(const QuantizePlan& plan) {
-  if (absl::Status s = CheckFusedShape(plan, "Blackwell"); !s.ok()) return s;
-  const int64_t n = plan.input_shape[plan.input_shape.size() - 2];
-  const int64_t mats = n == 0 ? 0 : plan.rows / n;
-  const int64_t kpad = RoundUp(plan.q / 2, 128);
-  const BlackwellScaleTiling t = MakeBlackwellScaleTiling(CeilDiv(plan.q, qmath::kGroup), n);
-  FusedBlackwellSizes sizes;
-  int64_t per_mat = 0;
-  if (!CheckedMul(plan.rows, kpad, &sizes.values_bytes) ||
-      !CheckedMul(t.kpad, t.npad, &per_mat) || !CheckedMul(per_mat, mats, &sizes.scales_bytes)) {
-    return absl::InvalidArgumentError("shape: the Blackwell layout's byte size overflows 64 bits");
-  }
-  return sizes;
-}
-
-absl::Status QuantizeBlackwellOnCpu(const QuantizePlan& plan, const uint8_t* in, size_t in_size,
-                                    uint8_t* values, size_t values_size, uint8_t* scales,
-                                    size_t scales_size) {
-  auto sizes = PlanQuantizeBlackwell(plan);
-  if (!sizes.ok()) return sizes.status();
-  WPREP_RETURN_IF_ERROR(CheckBuffers(plan, sizes->values_bytes, sizes->scales_bytes, in_size, values_size, scales_size));
-  const int64_t n = plan.input_shape[plan.input_shape.size() - 2];
-  if (n == 0 || plan.rows == 0) return absl::OkStatus();
-  const int64_t mats = plan.rows / n;
-  const int64_t kpad = RoundUp(plan.q / 2, 128);
-  const int64_t sq = CeilDiv(plan.q, qmath::kGroup);
-  const BlackwellScaleTiling t = MakeBlackwellScaleTiling(sq, n);
-  const int64_t per_mat = t.kpad * t.npad;
-  const int esize = QuantDtypeBytes(plan.dtype);
-  const bool up = plan.rounding == ScaleRounding::kUp;
-  // Values: from packing -2, blackwell_value is the checkpoint rows padded to Kpad bytes,
-  // so row (e, n) of the input quantizes straight into row (e, n) of the output.
-  // Scales: each destination byte of a matrix asks BlackwellScaleSource for its (k, n) and
-  // takes that group's scale; the scale of group (n, k) is recomputed from the input's 32
-  // elements (cheap, and it keeps the pass free of a canonical scale buffer).
-  auto quantize_group = [&](int64_t row, int64_t g, uint8_t* vdst) -> uint8_t {
-    return QuantizeGroup(plan.dtype, in + (row * plan.q + g * qmath::kGroup) * esize, GroupSize(plan.q, g), up,
-                         vdst);
-  };
-  for (int64_t row = 0; row < plan.rows; ++row) {
-    uint8_t* vrow = values + row * kpad;
-    for (int64_t g = 0; g < sq; ++g) quantize_group(row, g, vrow + g * (qmath::kGroup / 2));
-    std::memset(vrow + plan.q / 2, 0, static_cast<size_t>(kpad - plan.q / 2));
-  }
-  for (int64_t m = 0; m < mats; ++m) {
-    for (int64_t i = 0; i < per_mat; ++i) {
-      int64_t k = 0, col = 0;
-      BlackwellScaleSource(t, i, &k, &col);
-      scales[m * per_mat + i] =
-          k < sq && col < n ? quantize_group(m * n + col, k, nullptr) : uint8_t{0};
+absl::StatusOr<FusedBlackwellGeometry> FusedBlackwellGeometryOf(const QuantizePlan& plan,
+                                                                const QuantLayoutSpec& spec) {
+  const bool shuffled = spec.layout == QuantLayout::kBlackwellShuffled;
+  if (absl::Status s = CheckFusedShape(plan, shuffled ? "blackwell_shuffled_value" : "Blackwell"); !s.ok()) return s;
+  if (shuffled) {
+    if (spec.block_k < 2 || spec.block_k > 4096 || spec.block_k % 2 != 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("block_k: ", spec.block_k, " is not an even number in [2, 4096]"));
+    }
+    if (spec.block_n < 1 || spec.block_n > 4096) {
+      return absl::InvalidArgumentError(absl::StrCat("block_n: ", spec.block_n, " is not in [1, 4096]"));
     }
   }
-  return absl::OkStatus();
+  FusedBlackwellGeometry g;
+  g.n = plan.input_shape[plan.input_shape.size() - 2];
+  g.k = plan.q;
+  g.kp = plan.q / 2;
+  g.sq = CeilDiv(plan.q, qmath::kGroup);
+  g.mats = g.n == 0 ? 0 : plan.rows / g.n;
+  auto too_large = [&] {
+    return absl::InvalidArgumentError(absl::StrCat("shape: [..., N, K] = [..., ", g.n, ", ", g.k,
+                                                   "]; the Blackwell layouts need N and the padded K/2 below 2^31"));
+  };
+  if (g.n >= (int64_t{1} << 31) || g.kp >= (int64_t{1} << 31)) return too_large();
+  g.vt = shuffled ? MakeBlackwellTiling(spec.block_k, spec.block_n, g.kp, g.n)
+                  : MakeRowTiling(RoundUp(g.kp, kBlackwellValueKAlign), g.n);
+  if (g.vt.kpad >= (int64_t{1} << 31)) return too_large();
+  g.st = MakeBlackwellScaleTiling(g.sq, g.n);
+  int64_t v = 0, sc = 0;
+  if (!CheckedMul(g.vt.ntk * g.vt.tile_k, g.vt.ntn * g.vt.tile_n, &g.v_mat_bytes) ||
+      !CheckedMul(g.v_mat_bytes, g.mats, &v) || !CheckedMul(g.st.kpad, g.st.npad, &g.s_mat_bytes) ||
+      !CheckedMul(g.s_mat_bytes, g.mats, &sc)) {
+    return absl::InvalidArgumentError("shape: the Blackwell layout's byte size overflows 64 bits");
+  }
+  return g;
 }
 
 absl::StatusOr<FusedHopperGeometry> FusedHopperGeometryOf(const QuantizePlan& plan, const QuantLayoutSpec& spec) {
@@ -324,11 +306,12 @@ absl::StatusOr<QuantOutputSizes> PlanQuantizeLayout(const QuantizePlan& plan, co
       sizes.values_bytes = plan.values_bytes;
       sizes.scales_bytes = plan.scales_bytes;
       return sizes;
-    case QuantLayout::kBlackwell: {
-      auto b = PlanQuantizeBlackwell(plan);
-      if (!b.ok()) return b.status();
-      sizes.values_bytes = b->values_bytes;
-      sizes.scales_bytes = b->scales_bytes;
+    case QuantLayout::kBlackwell:
+    case QuantLayout::kBlackwellShuffled: {
+      auto g = FusedBlackwellGeometryOf(plan, spec);
+      if (!g.ok()) return g.status();
+      sizes.values_bytes = g->mats * g->v_mat_bytes;
+      sizes.scales_bytes = g->mats * g->s_mat_bytes;
       return sizes;
     }
     case QuantLayout::kHopper: {
@@ -349,6 +332,37 @@ absl::StatusOr<QuantOutputSizes> PlanQuantizeLayout(const QuantizePlan& plan, co
 }
 
 namespace {
+
+// Blackwell pairs on the CPU, a row at a time: the row is quantized into a scratch of the
+// padded row (never the whole tensor), copied into its tiles, and its scale bytes placed;
+// the rows past N of the last row of tiles, and the scale padding, are zeros.
+void QuantizeBlackwellOnCpu(const QuantizePlan& plan, const FusedBlackwellGeometry& g, const uint8_t* in,
+                            uint8_t* values, uint8_t* scales) {
+  const int esize = QuantDtypeBytes(plan.dtype);
+  const bool up = plan.rounding == ScaleRounding::kUp;
+  const BlackwellTiling& t = g.vt;
+  std::vector<uint8_t> row(static_cast<size_t>(t.kpad), 0);  // bytes past kp stay 0
+  std::memset(scales, 0, static_cast<size_t>(g.mats * g.s_mat_bytes));
+  const int64_t pad_rows = t.ntn * t.tile_n - g.n;
+  for (int64_t m = 0; m < g.mats; ++m) {
+    uint8_t* vmat = values + m * g.v_mat_bytes;
+    uint8_t* smat = scales + m * g.s_mat_bytes;
+    for (int64_t n = 0; n < g.n; ++n) {
+      const uint8_t* src = in + (m * g.n + n) * g.k * esize;
+      for (int64_t grp = 0; grp < g.sq; ++grp) {
+        smat[BlackwellScaleOffset(g.st, grp, n)] = QuantizeGroup(plan.dtype, src + grp * qmath::kGroup * esize,
+                                                                 GroupSize(g.k, grp), up, &row[grp * (qmath::kGroup / 2)]);
+      }
+      for (int64_t kt = 0; kt < t.ntk; ++kt) {
+        std::memcpy(vmat + BlackwellOffset(t, nullptr, n, kt * t.tile_k), &row[kt * t.tile_k], t.tile_k);
+      }
+    }
+    for (int64_t kt = 0; kt < t.ntk && pad_rows > 0; ++kt) {  // the last row of tiles, rows N..
+      std::memset(vmat + ((kt * t.ntn + t.ntn - 1) * t.tile_n + (t.tile_n - pad_rows)) * t.tile_k, 0,
+                  static_cast<size_t>(pad_rows * t.tile_k));
+    }
+  }
+}
 
 // Hopper pair on the CPU, 16 Q rows at a time (one O row block of 4 rows): the rows are
 // quantized into a scratch of 16 rows (never the whole tensor), then every O word of those
@@ -447,7 +461,14 @@ absl::Status QuantizeLayoutOnCpu(const QuantizePlan& plan, const QuantLayoutSpec
     case QuantLayout::kCanonical:
       return QuantizeOnCpu(plan, in, in_size, values, values_size, scales, scales_size);
     case QuantLayout::kBlackwell:
-      return QuantizeBlackwellOnCpu(plan, in, in_size, values, values_size, scales, scales_size);
+    case QuantLayout::kBlackwellShuffled: {
+      auto g = FusedBlackwellGeometryOf(plan, spec);
+      if (!g.ok()) return g.status();
+      WPREP_RETURN_IF_ERROR(CheckBuffers(plan, g->mats * g->v_mat_bytes, g->mats * g->s_mat_bytes, in_size,
+                                         values_size, scales_size));
+      QuantizeBlackwellOnCpu(plan, *g, in, values, scales);
+      return absl::OkStatus();
+    }
     case QuantLayout::kTrtllmW13:
     case QuantLayout::kTrtllmW2: {
       auto g = FusedTrtllmGeometryOf(plan, spec, bias.bfloat16);

@@ -35,91 +35,6 @@ __device__ __forceinline__ float Load(const uint8_t* row, int64_t i) {
   }
 }
 
-template <QuantDtype D>
-__global__ void QuantizeKernel(const uint8_t* __restrict__ in, uint8_t* __restrict__ values,
-                               uint8_t* __restrict__ scales, int64_t rows, int64_t q, bool up,
-                               int64_t vrow_bytes) {
-  // vrow_bytes: ceil(q/2) for canonical values, Kpad for blackwell_value (the row's last
-  // group also zeroes the padding). scales == nullptr: the scale layout is written apart.
-  constexpr int kEsize = D == QuantDtype::kFloat32 ? 4 : 2;
-  const int64_t sq = (q + qmath::kGroup - 1) / qmath::kGroup;
-  const int64_t vq = vrow_bytes;
-  const int64_t total = rows * sq;
-  for (int64_t t = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; t < total;
-       t += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t r = t / sq, g = t - r * sq;
-    const uint8_t* row = in + r * q * kEsize;
-    const int64_t begin = g * qmath::kGroup;
-    const int n = q - begin < qmath::kGroup ? static_cast<int>(q - begin) : qmath::kGroup;
-    float x[qmath::kGroup];
-    const uint8_t* src = row + begin * kEsize;
-    if (n == qmath::kGroup && (reinterpret_cast<uintptr_t>(src) & 15) == 0) {
-      // Full aligned group: vector loads, then the same per-element conversion.
-      uint4 raw[qmath::kGroup * kEsize / 16];
-      WPREP_UNROLL
-      for (int k = 0; k < qmath::kGroup * kEsize / 16; ++k) {
-        raw[k] = reinterpret_cast<const uint4*>(src)[k];
-      }
-      const uint8_t* b = reinterpret_cast<const uint8_t*>(raw);
-      WPREP_UNROLL
-      for (int i = 0; i < qmath::kGroup; ++i) x[i] = Load<D>(b, i);
-    } else {
-      WPREP_UNROLL
-      for (int i = 0; i < qmath::kGroup; ++i) x[i] = i < n ? Load<D>(src, i) : 0.0f;
-    }
-    float amax = 0.0f;
-    WPREP_UNROLL
-    for (int i = 0; i < qmath::kGroup; ++i) amax = qmath::AbsMaxNum(amax, x[i]);  // pads are 0
-    const uint32_t e = qmath::ScaleBits(amax, up);
-    if (scales != nullptr) scales[r * sq + g] = static_cast<uint8_t>(e >> 23);
-    const float qs = qmath::ScaleMultiplier(e);
-    uint8_t out[qmath::kGroup / 2];
-    WPREP_UNROLL
-    for (int j = 0; j < qmath::kGroup / 2; ++j) {
-      const uint32_t lo = 2 * j < n ? qmath::EncodeE2m1(x[2 * j] * qs) : 0u;
-      const uint32_t hi = 2 * j + 1 < n ? qmath::EncodeE2m1(x[2 * j + 1] * qs) : 0u;
-      out[j] = static_cast<uint8_t>(lo | hi << 4);
-    }
-    uint8_t* dst = values + r * vq + begin / 2;
-    const int nbytes = (n + 1) / 2;
-    if (nbytes == qmath::kGroup / 2 && (reinterpret_cast<uintptr_t>(dst) & 15) == 0) {
-      *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(out);
-    } else {
-      for (int j = 0; j < nbytes; ++j) dst[j] = out[j];
-    }
-    if (g == sq - 1) {
-      for (int64_t j = (q + 1) / 2; j < vrow_bytes; ++j) values[r * vq + j] = 0;
-    }
-  }
-}
-
-// blackwell_scale of the transposed scale view: each destination byte finds its group with
-// BlackwellScaleSource and recomputes that group's scale from the input (32 elements).
-template <QuantDtype D>
-__global__ void BlackwellScaleKernel(const uint8_t* __restrict__ in, uint8_t* __restrict__ scales,
-                                     int64_t mats, int64_t n, int64_t q, bool up,
-                                     BlackwellScaleTiling t) {
-  constexpr int kEsize = D == QuantDtype::kFloat32 ? 4 : 2;
-  const int64_t per_mat = t.kpad * t.npad;
-  const int64_t total = mats * per_mat;
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t m = i / per_mat;
-    int64_t k = 0, col = 0;
-    BlackwellScaleSource(t, i - m * per_mat, &k, &col);
-    uint8_t byte = 0;
-    if (k < t.k && col < n) {
-      const uint8_t* src = in + ((m * n + col) * q + k * qmath::kGroup) * kEsize;
-      const int nel = q - k * qmath::kGroup < qmath::kGroup ? static_cast<int>(q - k * qmath::kGroup)
-                                                            : qmath::kGroup;
-      float amax = 0.0f;
-      for (int j = 0; j < nel; ++j) amax = qmath::AbsMaxNum(amax, Load<D>(src, j));
-      byte = static_cast<uint8_t>(qmath::ScaleBits(amax, up) >> 23);
-    }
-    scales[i] = byte;
-  }
-}
-
 // ---------------------------------------------------------------------------------------
 // The packed bf16 encoder. With the scale exponent E in [kFastMinE, kFastMaxE], the
 // multiplier 2^(127-E) is a normal bf16 and |x| * 2^(127-E) is exact wherever it is normal;
@@ -161,28 +76,162 @@ __device__ __forceinline__ uint32_t Bf16MaxNan(uint32_t a, uint32_t b) {
   return *reinterpret_cast<const uint32_t*>(&m);
 }
 
-// Where one group's outputs go. Canonical: values and scales are flat ([rows, Q/2] and
-// [rows, Q/32]). Blackwell: value rows padded to vrow bytes, and each scale byte at its
-// blackwell_scale position (docs/LAYOUTS.md) in the [E, N, K/32] view.
+// Where one group's outputs go. Canonical: values and scales flat ([rows, ceil(Q/2)] and
+// [rows, ceil(Q/32)]). Blackwell pairs (FusedBlackwellGeometry): row r = (m, n) of the
+// quantized rows goes to matrix m of the value tiling at BlackwellOffset, with the row's
+// padding bytes [kp, kpad) written by its last group; scale (n, k) to its blackwell_scale
+// place. The rows past N and the scale padding are PadKernel's.
 struct GroupSink {
-  int64_t vrow = 0;          // value bytes of a destination row
   uint32_t sq = 0;           // groups of a row
-  FastDivisor div_sq, div_n;
+  FastDivisor div_sq;
+  int64_t vrow = 0;          // canonical and blackwell_value: value bytes of a row
   bool blackwell = false;
-  int64_t per_mat = 0;       // blackwell_scale bytes of one matrix
-  int64_t k_blocks = 0;      // Kp / 4
+  bool tiled = false;        // Blackwell shuffled tiles; else value rows of vrow bytes
+  FastDivisor div_n;         // by N
+  uint32_t n = 0;
+  BlackwellTiling vt;
+  int64_t v_mat = 0, s_mat = 0, kp = 0;
+  BlackwellScaleTiling st;
+  bool words = false;        // tile_k % 4 == 0: a lane's 4 value bytes stay in one tile
+
+  __device__ __forceinline__ void Split(int64_t r, int64_t* m, uint32_t* col) const {
+    *m = r < (int64_t{1} << 32) ? int64_t{div_n.Div(static_cast<uint32_t>(r))} : r / n;
+    *col = static_cast<uint32_t>(r - *m * n);
+  }
+  __device__ __forceinline__ uint8_t* ValueAt(int64_t m, uint32_t col, int64_t byte, uint8_t* values) const {
+    return values + m * v_mat + BlackwellOffset(vt, nullptr, col, byte);
+  }
+  // Bytes [byte, byte + count) of row r (count <= 16, within the row's kp bytes).
+  __device__ __forceinline__ void Values(int64_t r, int64_t byte, const uint8_t* b, int count,
+                                         uint8_t* values) const {
+    if (!tiled) {
+      uint8_t* dst = values + r * vrow + byte;
+      if (count == 16 && (reinterpret_cast<uintptr_t>(dst) & 15) == 0) {
+        *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(b);
+      } else {
+        for (int j = 0; j < count; ++j) dst[j] = b[j];
+      }
+      return;
+    }
+    int64_t m;
+    uint32_t col;
+    Split(r, &m, &col);
+    for (int j = 0; j < count; ++j) *ValueAt(m, col, byte + j, values) = b[j];
+  }
+  // A lane's word: value bytes 16k + 4sub .. +3 of row r (whole groups; values 4-aligned).
+  __device__ __forceinline__ void Word(int64_t r, uint32_t k, uint32_t sub, uint32_t w, uint8_t* values) const {
+    const int64_t byte = 16 * int64_t{k} + 4 * sub;
+    if (!tiled) {
+      *reinterpret_cast<uint32_t*>(values + r * vrow + byte) = w;
+    } else if (words) {
+      int64_t m;
+    uint32_t col;
+      Split(r, &m, &col);
+      *reinterpret_cast<uint32_t*>(ValueAt(m, col, byte, values)) = w;
+    } else {
+      const uint8_t b[4] = {static_cast<uint8_t>(w), static_cast<uint8_t>(w >> 8), static_cast<uint8_t>(w >> 16),
+                            static_cast<uint8_t>(w >> 24)};
+      Values(r, byte, b, 4, values);
+    }
+  }
+  __device__ __forceinline__ void Scale(int64_t r, uint32_t k, uint8_t byte, uint8_t* scales) const {
+    if (!blackwell) {
+      scales[r * sq + k] = byte;
+      return;
+    }
+    int64_t m;
+    uint32_t col;
+    Split(r, &m, &col);
+    scales[m * s_mat + BlackwellScaleOffset(st, k, col)] = byte;
+  }
+  // Row r's padding (Blackwell only), lane `lane` of `lanes`: its value bytes [kp, kpad) (a
+  // word a lane where the tiles allow it) and its scale bytes k in [ceil(K/32), Kp).
+  __device__ __forceinline__ void PadRow(int64_t r, int lane, int lanes, uint8_t* values, uint8_t* scales) const {
+    if (!blackwell) return;
+    int64_t m;
+    uint32_t col;
+    Split(r, &m, &col);
+    for (int64_t k = sq + lane; k < st.kpad; k += lanes) scales[m * s_mat + BlackwellScaleOffset(st, k, col)] = 0;
+    if (!tiled) {
+      uint8_t* row = values + r * vrow;
+      if (kp % 4 == 0 && (reinterpret_cast<uintptr_t>(row) & 3) == 0) {
+        for (int64_t b = kp + 4 * lane; b < vrow; b += 4 * lanes) *reinterpret_cast<uint32_t*>(row + b) = 0;
+      } else {
+        for (int64_t b = kp + lane; b < vrow; b += lanes) row[b] = 0;
+      }
+      return;
+    }
+    if (words && kp % 4 == 0) {
+      for (int64_t b = kp + 4 * lane; b < vt.kpad; b += 4 * lanes) {
+        *reinterpret_cast<uint32_t*>(ValueAt(m, col, b, values)) = 0;
+      }
+    } else {
+      for (int64_t b = kp + lane; b < vt.kpad; b += lanes) *ValueAt(m, col, b, values) = 0;
+    }
+  }
 };
 
-__device__ __forceinline__ int64_t ScaleDest(const GroupSink& s, uint32_t r, uint32_t k) {
-  const uint32_t m = s.div_n.Div(r), col = r - m * s.div_n.divisor;
-  return m * s.per_mat + ((static_cast<int64_t>(col >> 7) * s.k_blocks + (k >> 2)) * 32 + (col & 31)) * 16 +
-         4 * ((col >> 5) & 3) + (k & 3);
+// One lane's share of a bf16 group quantized by four lanes (`group_lanes`, the mask of lanes
+// 4j..4j+3): `raw` is its 8 elements as packed bf16 (zeros past the group's end encode as
+// zeros). Returns the lane's 8 codes (code i in bits 4i..4i+3) and sets *e to the group's
+// scale exponent bits (not shifted). The packed encoder where the scale allows it, else, for
+// the whole group, the scalar math of the CPU engine (amax ignores NaNs: maxnum).
+__device__ __forceinline__ uint32_t Bf16LaneCodes(const uint4& raw, uint32_t group_lanes, bool up, uint32_t* e_out) {
+  const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
+  uint32_t m = Bf16MaxNan(Bf16MaxNan(w[0] & 0x7FFF7FFFu, w[1] & 0x7FFF7FFFu),
+                          Bf16MaxNan(w[2] & 0x7FFF7FFFu, w[3] & 0x7FFF7FFFu));
+  m = Bf16MaxNan(m, __shfl_xor_sync(group_lanes, m, 1));
+  m = Bf16MaxNan(m, __shfl_xor_sync(group_lanes, m, 2));
+  m = Bf16MaxNan(m, m >> 16);
+  const float amax = qmath::Bf16ToFloat(static_cast<uint16_t>(m));
+  uint32_t e = qmath::ScaleBits(amax, up);
+  uint32_t out = 0;
+  if (amax == amax && (e >> 23) >= kFastMinE && (e >> 23) <= kFastMaxE) {
+    const uint32_t qs2 = Pair((254u - (e >> 23)) << 7);
+    WPREP_UNROLL
+    for (int p = 0; p < 4; ++p) {
+      const uint32_t c = EncodePair(w[p], qs2);
+      out |= ((c | c >> 12) & 0xFFu) << (8 * p);
+    }
+  } else {
+    float x[8];
+    float a = 0.0f;
+    WPREP_UNROLL
+    for (int i = 0; i < 8; ++i) {
+      x[i] = qmath::Bf16ToFloat(static_cast<uint16_t>(w[i / 2] >> (16 * (i % 2))));
+      a = qmath::AbsMaxNum(a, x[i]);
+    }
+    a = fmaxf(a, __shfl_xor_sync(group_lanes, a, 1));
+    a = fmaxf(a, __shfl_xor_sync(group_lanes, a, 2));
+    e = qmath::ScaleBits(a, up);
+    const float qs = qmath::ScaleMultiplier(e);
+    WPREP_UNROLL
+    for (int i = 0; i < 8; ++i) out |= qmath::EncodeE2m1(x[i] * qs) << (4 * i);
+  }
+  *e_out = e;
+  return out;
+}
+
+// A bf16 lane's 8 elements at src, `valid` of them (zeros past), as packed bf16: one 16-byte
+// load where it can.
+__device__ __forceinline__ uint4 Bf16LaneLoad(const uint8_t* src, int valid) {
+  if (valid == 8 && (reinterpret_cast<uintptr_t>(src) & 15) == 0) return __ldg(reinterpret_cast<const uint4*>(src));
+  uint32_t w[4] = {0, 0, 0, 0};
+  const auto* h = reinterpret_cast<const uint16_t*>(src);
+  for (int i = 0; i < valid; ++i) w[i / 2] |= static_cast<uint32_t>(__ldg(h + i)) << (16 * (i % 2));
+  return make_uint4(w[0], w[1], w[2], w[3]);
 }
 
 // Groups [0, groups) of a bf16 tensor whose rows are whole groups; in is 16-byte aligned,
 // values 4-byte aligned, groups < 2^31. Each warp takes 32 consecutive groups at a time.
-__global__ void Bf16GroupKernel(const uint4* __restrict__ in, uint8_t* __restrict__ values,
-                                uint8_t* __restrict__ scales, uint32_t groups, bool up, GroupSink sink) {
+// kMode: the sink's destinations, a template argument so that each kernel carries only its
+// own registers: 0 canonical, 1 blackwell_value rows, 2 shuffled Blackwell tiles.
+template <int kMode>
+__global__ void __launch_bounds__(256, 4) Bf16GroupKernel(const uint4* __restrict__ in, uint8_t* __restrict__ values,
+                                                          uint8_t* __restrict__ scales, uint32_t groups, bool up,
+                                                          GroupSink sink) {
+  sink.blackwell = kMode != 0;
+  sink.tiled = kMode == 2;
   const uint32_t lane = threadIdx.x & 31, sub = lane & 3;
   const uint32_t group_lanes = 0xFu << (lane & ~3u);
   const uint32_t warp = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
@@ -198,52 +247,126 @@ __global__ void Bf16GroupKernel(const uint4* __restrict__ in, uint8_t* __restric
     for (int u = 0; u < 4; ++u) {
       const uint32_t g = base + 8 * u + (lane >> 2);
       if (g >= groups) continue;  // all four lanes of a group agree
-      const uint32_t w[4] = {raw[u].x, raw[u].y, raw[u].z, raw[u].w};
-      uint32_t m = Bf16MaxNan(Bf16MaxNan(w[0] & 0x7FFF7FFFu, w[1] & 0x7FFF7FFFu),
-                              Bf16MaxNan(w[2] & 0x7FFF7FFFu, w[3] & 0x7FFF7FFFu));
-      m = Bf16MaxNan(m, __shfl_xor_sync(group_lanes, m, 1));
-      m = Bf16MaxNan(m, __shfl_xor_sync(group_lanes, m, 2));
-      m = Bf16MaxNan(m, m >> 16);
-      const float amax = qmath::Bf16ToFloat(static_cast<uint16_t>(m));
-      uint32_t e = qmath::ScaleBits(amax, up);
-      uint32_t out = 0;
-      if (amax == amax && (e >> 23) >= kFastMinE && (e >> 23) <= kFastMaxE) {
-        const uint32_t qs2 = Pair((254u - (e >> 23)) << 7);
-        WPREP_UNROLL
-        for (int p = 0; p < 4; ++p) {
-          const uint32_t c = EncodePair(w[p], qs2);
-          out |= ((c | c >> 12) & 0xFFu) << (8 * p);
-        }
-      } else {
-        // The scalar path of the CPU engine: amax ignores NaNs (maxnum).
-        float x[8];
-        float a = 0.0f;
-        WPREP_UNROLL
-        for (int i = 0; i < 8; ++i) {
-          x[i] = qmath::Bf16ToFloat(static_cast<uint16_t>(w[i / 2] >> (16 * (i % 2))));
-          a = qmath::AbsMaxNum(a, x[i]);
-        }
-        a = fmaxf(a, __shfl_xor_sync(group_lanes, a, 1));
-        a = fmaxf(a, __shfl_xor_sync(group_lanes, a, 2));
-        e = qmath::ScaleBits(a, up);
-        const float qs = qmath::ScaleMultiplier(e);
-        WPREP_UNROLL
-        for (int i = 0; i < 8; ++i) out |= qmath::EncodeE2m1(x[i] * qs) << (4 * i);
-      }
+      uint32_t e = 0;
+      const uint32_t out = Bf16LaneCodes(raw[u], group_lanes, up, &e);
       const uint32_t r = sink.div_sq.Div(g), k = g - r * sink.sq;
-      *reinterpret_cast<uint32_t*>(values + r * sink.vrow + 16 * k + 4 * sub) = out;
-      if (sub == 0) {
-        const uint8_t sbyte = static_cast<uint8_t>(e >> 23);
-        if (sink.blackwell) {
-          scales[ScaleDest(sink, r, k)] = sbyte;
-        } else {
-          scales[g] = sbyte;
-        }
-        if (k == sink.sq - 1) {  // the row's padding, Blackwell values only
-          for (int64_t j = 16 * static_cast<int64_t>(sink.sq); j < sink.vrow; ++j) values[r * sink.vrow + j] = 0;
-        }
+      sink.Word(r, k, sub, out, values);
+      if (sub == 0) sink.Scale(r, k, static_cast<uint8_t>(e >> 23), scales);
+      if (k == sink.sq - 1) sink.PadRow(r, static_cast<int>(sub), 4, values, scales);
+    }
+  }
+}
+
+// Everything Bf16GroupKernel does not take (fp16, fp32, ragged rows, unaligned buffers): one
+// thread a group, the scalar math.
+template <QuantDtype D>
+__global__ void QuantizeKernel(const uint8_t* __restrict__ in, uint8_t* __restrict__ values,
+                               uint8_t* __restrict__ scales, int64_t rows, int64_t q, bool up, GroupSink sink) {
+  constexpr int kEsize = D == QuantDtype::kFloat32 ? 4 : 2;
+  const int64_t sq = sink.sq;
+  const int64_t total = rows * sq;
+  for (int64_t t = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; t < total;
+       t += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t r = t / sq, g = t - r * sq;
+    const int64_t begin = g * qmath::kGroup;
+    const int n = q - begin < qmath::kGroup ? static_cast<int>(q - begin) : qmath::kGroup;
+    const uint8_t* src = in + (r * q + begin) * kEsize;
+    float x[qmath::kGroup];
+    float amax = 0.0f;
+    WPREP_UNROLL
+    for (int i = 0; i < qmath::kGroup; ++i) {
+      x[i] = i < n ? Load<D>(src, i) : 0.0f;
+      amax = qmath::AbsMaxNum(amax, x[i]);  // pads are 0
+    }
+    const uint32_t e = qmath::ScaleBits(amax, up);
+    const float qs = qmath::ScaleMultiplier(e);
+    alignas(16) uint8_t out[qmath::kGroup / 2];
+    WPREP_UNROLL
+    for (int j = 0; j < qmath::kGroup / 2; ++j) {
+      const uint32_t lo = 2 * j < n ? qmath::EncodeE2m1(x[2 * j] * qs) : 0u;
+      const uint32_t hi = 2 * j + 1 < n ? qmath::EncodeE2m1(x[2 * j + 1] * qs) : 0u;
+      out[j] = static_cast<uint8_t>(lo | hi << 4);
+    }
+    sink.Values(r, begin / 2, out, (n + 1) / 2, values);
+    sink.Scale(r, static_cast<uint32_t>(g), static_cast<uint8_t>(e >> 23), scales);
+    if (g == sq - 1) sink.PadRow(r, 0, 1, values, scales);
+  }
+}
+
+// The trtllm values and scales of bf16 weights, straight from the groups (no tile, no shared
+// memory), a warp an output row at a time: the row's source row (the prepare's row map) and
+// its places are found once, then the warp walks the row's cols_p groups (a multiple of 4),
+// 32 at a time, four lanes a group, loads of 4 groups a lane in flight. Groups past K/32, and
+// rows the map leaves empty, are zeros. Each lane stores its value word in place, and the
+// first lane of each 4 groups their 4 scale bytes, one word of the 128x4 layout. in 16-byte
+// aligned, values and scales 4-byte aligned.
+__global__ void __launch_bounds__(256) TrtllmBf16Kernel(const uint4* __restrict__ in, uint8_t* __restrict__ values,
+                                                        uint8_t* __restrict__ scales, moe::RowsPass vp,
+                                                        uint32_t cols_p, uint32_t sq, bool up) {
+  const uint32_t lane = threadIdx.x & 31, sub = lane & 3, j = lane >> 2;
+  const uint32_t group_lanes = 0xFu << (lane & ~3u);
+  const int64_t warp = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) >> 5;
+  const int64_t warps = (static_cast<int64_t>(gridDim.x) * blockDim.x) >> 5;
+  const int64_t rows = vp.experts * vp.rows_out, k16 = int64_t{sq} * 4;  // 16-byte units of a weight row
+  for (int64_t row = warp; row < rows; row += warps) {
+    const int64_t e = moe::Div(row, vp.rows_out), n = row - e * vp.rows_out;
+    const int64_t src = moe::SrcRow(vp.map, n);
+    const uint4* srow = in + (src < 0 ? 0 : (e * vp.rows_in + src) * k16);
+    const uint32_t groups = src < 0 ? 0u : sq;  // groups read from the source row
+    uint8_t* vrow = values + row * vp.out_row_bytes;
+    uint8_t* srow_scales = scales + e * vp.rows_out * cols_p + moe::SfOffset(n, 0, cols_p);
+    for (uint32_t c0 = 0; c0 < cols_p; c0 += 32) {
+      uint4 raw[4];
+      WPREP_UNROLL
+      for (int u = 0; u < 4; ++u) {
+        const uint32_t c = c0 + 8 * u + j;
+        raw[u] = c < groups ? srow[4 * c + sub] : make_uint4(0, 0, 0, 0);
+      }
+      WPREP_UNROLL
+      for (int u = 0; u < 4; ++u) {
+        if (c0 + 8 * u >= cols_p) break;  // the same for the whole warp
+        const uint32_t c = c0 + 8 * u + j;
+        uint32_t eb = 0;
+        const uint32_t word = Bf16LaneCodes(raw[u], group_lanes, up, &eb);  // every lane: the shuffles
+        const uint32_t sb = c < groups ? eb >> 23 : 0u;
+        const uint32_t quad = sb | __shfl_down_sync(0xFFFFFFFFu, sb, 4) << 8 |
+                              __shfl_down_sync(0xFFFFFFFFu, sb, 8) << 16 | __shfl_down_sync(0xFFFFFFFFu, sb, 12) << 24;
+        if (c >= cols_p) continue;
+        *reinterpret_cast<uint32_t*>(vrow + 16 * c + 4 * sub) = c < groups ? word : 0u;
+        if ((lane & 15) == 0) *reinterpret_cast<uint32_t*>(srow_scales + (c / 4) * 512) = quad;  // c % 4 == 0
       }
     }
+  }
+}
+
+// The Blackwell pairs' padding no group writes: the rows past N of the last row of value
+// tiles (a run of `pad_rows` x tile_k bytes in each (m, kt), stored in `unit`-byte pieces) and
+// the blackwell_scale columns n in [N, Np) (every k of them). The groups write the rest.
+__global__ void PadKernel(uint8_t* __restrict__ values, uint8_t* __restrict__ scales, GroupSink sink,
+                          int64_t mats, int64_t pad_rows, int unit) {
+  const BlackwellTiling& t = sink.vt;
+  const int64_t run = pad_rows * t.tile_k / unit, runs = mats * t.ntk;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  const int64_t first = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  for (int64_t i = first; i < runs * run; i += stride) {
+    const int64_t mk = i / run, j = i - mk * run;
+    const int64_t m = mk / t.ntk, kt = mk - m * t.ntk;
+    uint8_t* dst = values + m * sink.v_mat + ((kt * t.ntn + t.ntn - 1) * t.tile_n + (t.tile_n - pad_rows)) * t.tile_k +
+                   j * unit;
+    if (unit == 16) {
+      *reinterpret_cast<uint4*>(dst) = make_uint4(0, 0, 0, 0);
+    } else if (unit == 4) {
+      *reinterpret_cast<uint32_t*>(dst) = 0;
+    } else {
+      *dst = 0;
+    }
+  }
+  const BlackwellScaleTiling& st = sink.st;
+  const int64_t cols = st.npad - st.n, per_mat = cols * st.kpad;
+  for (int64_t i = first; i < mats * per_mat; i += stride) {
+    const int64_t m = i / per_mat, j = i - m * per_mat;
+    const int64_t col = st.n + j / st.kpad, k = j - (j / st.kpad) * st.kpad;
+    scales[m * sink.s_mat + BlackwellScaleOffset(st, k, col)] = 0;
   }
 }
 
@@ -305,32 +428,56 @@ __global__ void __launch_bounds__(256) HopperFusedKernel(const uint8_t* __restri
   __shared__ uint32_t q[kHopperTileRows * kHopperTilePitch];
   __shared__ uint8_t s[kHopperTileRows * 4];
   const int sub = threadIdx.x & 3;
+  const uint32_t group_lanes = 0xFu << (threadIdx.x & 28);
   const int64_t total = g.mats * g.tiles_per_mat;
   for (int64_t t = blockIdx.x; t < total; t += gridDim.x) {
     const int64_t e = t / g.tiles_per_mat, rest = t - e * g.tiles_per_mat;
     const int64_t tr = rest / g.tile_cols, row0 = tr * kHopperTileRows;
     const int64_t c0 = (rest - tr * g.tile_cols) * kHopperTileBytes;
     // 1. Quantize: pass p takes groups 64p .. 64p+63 of the tile (row 16p + i/4, group i%4).
-    for (int p = 0; p < 4; ++p) {
+    auto lane_of = [&](int p, int* lr, int* j, int* valid) -> const uint8_t* {
       const int tg = 64 * p + (threadIdx.x >> 2);
-      const int lr = tg >> 2, j = tg & 3;
-      const int64_t n = row0 + lr, grp = c0 / 16 + j;
-      const bool live = n < g.n && grp < g.sq;
+      *lr = tg >> 2;
+      *j = tg & 3;
+      const int64_t n = row0 + *lr, grp = c0 / 16 + *j;
       const int64_t k0 = grp * 32 + 8 * sub;  // this lane's first element
-      const uint8_t* src = in + ((e * g.n + n) * g.k + k0) * kEsize;
-      int valid = 0;
-      if (live) valid = g.k - k0 >= 8 ? 8 : (g.k - k0 > 0 ? static_cast<int>(g.k - k0) : 0);
-      uint32_t word = 0, sbyte = 0;
-      QuantizeLaneOf8<D>(src, valid, live, up, &word, &sbyte);
-      q[lr * kHopperTilePitch + 4 * j + sub] = word;
-      if (sub == 0) s[lr * 4 + j] = static_cast<uint8_t>(sbyte);
+      *valid = n < g.n && grp < g.sq ? (g.k - k0 >= 8 ? 8 : (g.k - k0 > 0 ? static_cast<int>(g.k - k0) : 0)) : -1;
+      return in + ((e * g.n + n) * g.k + k0) * kEsize;
+    };
+    if constexpr (D == QuantDtype::kBfloat16) {  // all loads in flight, then the packed encoder
+      uint4 raw[4];
+      WPREP_UNROLL
+      for (int p = 0; p < 4; ++p) {
+        int lr, j, valid;
+        const uint8_t* src = lane_of(p, &lr, &j, &valid);
+        raw[p] = valid > 0 ? Bf16LaneLoad(src, valid) : make_uint4(0, 0, 0, 0);
+      }
+      WPREP_UNROLL
+      for (int p = 0; p < 4; ++p) {
+        int lr, j, valid;
+        lane_of(p, &lr, &j, &valid);
+        uint32_t eb = 0;
+        const uint32_t word = Bf16LaneCodes(raw[p], group_lanes, up, &eb);
+        q[lr * kHopperTilePitch + 4 * j + sub] = valid >= 0 ? word : 0u;
+        if (sub == 0) s[lr * 4 + j] = valid >= 0 ? static_cast<uint8_t>(eb >> 23) : 0;
+      }
+    } else {
+      for (int p = 0; p < 4; ++p) {
+        int lr, j, valid;
+        const uint8_t* src = lane_of(p, &lr, &j, &valid);
+        uint32_t word = 0, sbyte = 0;
+        QuantizeLaneOf8<D>(src, valid > 0 ? valid : 0, valid >= 0, up, &word, &sbyte);
+        q[lr * kHopperTilePitch + 4 * j + sub] = word;
+        if (sub == 0) s[lr * 4 + j] = static_cast<uint8_t>(sbyte);
+      }
     }
     __syncthreads();
-    // 2. Values: O rows row0/4 .. +16, bytes 4*c0 .. +256, one word a thread per step.
+    // 2. Values: O rows row0/4 .. +16, bytes 4*c0 .. +256.
     if (row0 < g.vt.rows_pad && c0 < g.vt.cols_pad) {
       const auto* qb = reinterpret_cast<const uint8_t*>(q);
       uint8_t* vmat = values + e * g.v_mat_bytes;
-      for (int w = threadIdx.x; w < 16 * 64; w += 256) {
+      // Word pairs (w, w + 256): two O words gathered from the tile, interleaved together.
+      auto gather = [&](int w) {
         const int orl = w >> 6, ow = w & 63;
         uint32_t o = 0;
         WPREP_UNROLL
@@ -339,13 +486,22 @@ __global__ void __launch_bounds__(256) HopperFusedKernel(const uint8_t* __restri
           HopperSource<int>(orl, 4 * ow + b, g.mma_version, &r, &c);
           o |= static_cast<uint32_t>(qb[(r * kHopperTilePitch) * 4 + c]) << (8 * b);
         }
-        const uint32_t word = HopperInterleaveWord(o);
-        uint8_t* dst = vmat + (row0 / 4 + orl) * g.vt.out_cols + 4 * c0 + 4 * ow;
+        return o;
+      };
+      auto put = [&](int w, uint32_t word) {
+        uint8_t* dst = vmat + (row0 / 4 + (w >> 6)) * g.vt.out_cols + 4 * c0 + 4 * (w & 63);
         if ((reinterpret_cast<uintptr_t>(dst) & 3) == 0) {
           *reinterpret_cast<uint32_t*>(dst) = word;
         } else {  // a caller's buffer at an odd offset: bytes, the same result
           for (int b = 0; b < 4; ++b) dst[b] = static_cast<uint8_t>(word >> (8 * b));
         }
+      };
+      WPREP_UNROLL
+      for (int w = threadIdx.x; w < 16 * 64; w += 512) {
+        uint32_t wa = 0, wb = 0;
+        HopperInterleaveWordPair(gather(w), gather(w + 256), &wa, &wb);
+        put(w, wa);
+        put(w + 256, wb);
       }
     }
     // 3. Scales: S[n, grp] to its hopper_scale place.
@@ -380,6 +536,7 @@ __global__ void __launch_bounds__(256) TrtllmFusedKernel(const uint8_t* __restri
   __shared__ uint32_t s[kRows];  // the row's 4 scale bytes, little-endian
   __shared__ int64_t src_row[kRows];
   const int sub = threadIdx.x & 3;
+  const uint32_t group_lanes = 0xFu << (threadIdx.x & 28);
   const int64_t sq = k / qmath::kGroup;
   const int64_t row_tiles = vp.rows_out / kRows, col_tiles = cols_p / kGroups;
   const int64_t per_expert = row_tiles * col_tiles, total = vp.experts * per_expert;
@@ -393,17 +550,47 @@ __global__ void __launch_bounds__(256) TrtllmFusedKernel(const uint8_t* __restri
     }
     __syncthreads();
     // 1. Quantize: pass p takes groups 64p .. 64p+63 of the tile (row 16p + i/4, group i%4).
-    for (int p = 0; p < kRows * kGroups / 64; ++p) {
+    constexpr int kPasses = kRows * kGroups / 64;
+    auto lane_of = [&](int p, int* lr, int* j, bool* live) -> const uint8_t* {
       const int tg = 64 * p + (threadIdx.x >> 2);
-      const int lr = tg >> 2, j = tg & 3;
-      const int64_t grp = kGroups * cg + j;
-      const int64_t base = src_row[lr];
-      const bool live = base >= 0 && grp < sq;
-      const uint8_t* src = live ? in + (base + grp * qmath::kGroup + 8 * sub) * kEsize : in;
-      uint32_t word = 0, sbyte = 0;
-      QuantizeLaneOf8<D>(src, live ? 8 : 0, live, up, &word, &sbyte);
+      *lr = tg >> 2;
+      *j = tg & 3;
+      const int64_t grp = kGroups * cg + *j;
+      const int64_t base = src_row[*lr];
+      *live = base >= 0 && grp < sq;
+      return *live ? in + (base + grp * qmath::kGroup + 8 * sub) * kEsize : in;
+    };
+    auto keep = [&](int lr, int j, uint32_t word, uint32_t sbyte) {
       q[lr * kPitch + 4 * j + sub] = word;
       if (sub == 0 && sbyte != 0) atomicOr(&s[lr], sbyte << (8 * j));
+    };
+    if constexpr (D == QuantDtype::kBfloat16) {  // all loads in flight, then the packed encoder
+      uint4 raw[kPasses];
+      WPREP_UNROLL
+      for (int p = 0; p < kPasses; ++p) {
+        int lr, j;
+        bool live;
+        const uint8_t* src = lane_of(p, &lr, &j, &live);
+        raw[p] = live ? Bf16LaneLoad(src, 8) : make_uint4(0, 0, 0, 0);
+      }
+      WPREP_UNROLL
+      for (int p = 0; p < kPasses; ++p) {
+        int lr, j;
+        bool live;
+        lane_of(p, &lr, &j, &live);
+        uint32_t eb = 0;
+        const uint32_t word = Bf16LaneCodes(raw[p], group_lanes, up, &eb);
+        keep(lr, j, live ? word : 0u, live ? eb >> 23 : 0u);
+      }
+    } else {
+      for (int p = 0; p < kPasses; ++p) {
+        int lr, j;
+        bool live;
+        const uint8_t* src = lane_of(p, &lr, &j, &live);
+        uint32_t word = 0, sbyte = 0;
+        QuantizeLaneOf8<D>(src, live ? 8 : 0, live, up, &word, &sbyte);
+        keep(lr, j, word, sbyte);
+      }
     }
     __syncthreads();
     // 2. Values: 128 rows x 16 words at bytes 64 * cg of each row.
@@ -432,24 +619,12 @@ __global__ void __launch_bounds__(256) TrtllmFusedKernel(const uint8_t* __restri
   }
 }
 
-// The padding bytes of blackwell_scale (k >= K/32 or n >= N), which no group writes.
-__global__ void BlackwellScalePaddingKernel(uint8_t* __restrict__ scales, int64_t total,
-                                            BlackwellScaleTiling t) {
-  const int64_t per_mat = t.kpad * t.npad;
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    int64_t k = 0, col = 0;
-    BlackwellScaleSource(t, i % per_mat, &k, &col);
-    if (k >= t.k || col >= t.n) scales[i] = 0;
-  }
-}
-
 unsigned Blocks(int64_t work, int threads) {
   const int64_t b = (work + threads - 1) / threads;
   return static_cast<unsigned>(b < (1 << 30) ? b : (1 << 30));
 }
 
-// Whether Bf16GroupKernel serves this tensor, and the launch if so.
+// Whether Bf16GroupKernel serves this tensor (32-bit group indices).
 bool Bf16GroupsFit(const QuantizePlan& plan, const void* in, const void* values) {
   const int64_t sq = plan.q / qmath::kGroup;
   return plan.dtype == QuantDtype::kBfloat16 && plan.q % qmath::kGroup == 0 &&
@@ -457,13 +632,49 @@ bool Bf16GroupsFit(const QuantizePlan& plan, const void* in, const void* values)
          (reinterpret_cast<uintptr_t>(values) & 3) == 0;
 }
 
-void LaunchBf16Groups(const QuantizePlan& plan, const void* in, void* values, void* scales,
-                      const GroupSink& sink, CudaStream stream) {
-  constexpr int kThreads = 256;  // 8 warps of 32 groups
-  const auto groups = static_cast<uint32_t>(plan.rows * (plan.q / qmath::kGroup));
-  Bf16GroupKernel<<<Blocks(groups, kThreads), kThreads, 0, stream>>>(
-      static_cast<const uint4*>(in), static_cast<uint8_t*>(values), static_cast<uint8_t*>(scales), groups,
-      plan.rounding == ScaleRounding::kUp, sink);
+// Every group of `plan` into `sink`: Bf16GroupKernel where it fits, else QuantizeKernel.
+void LaunchGroups(const QuantizePlan& plan, const void* in, void* values, void* scales, const GroupSink& sink,
+                  CudaStream stream) {
+  constexpr int kThreads = 256;
+  const bool up = plan.rounding == ScaleRounding::kUp;
+  const auto* src = static_cast<const uint8_t*>(in);
+  auto* v = static_cast<uint8_t*>(values);
+  auto* s = static_cast<uint8_t*>(scales);
+  const int64_t groups = plan.rows * sink.sq;
+  if (Bf16GroupsFit(plan, in, values)) {  // 8 warps of 32 groups a block
+    const unsigned blocks = Blocks(groups, kThreads);
+    const auto* in4 = static_cast<const uint4*>(in);
+    const auto n = static_cast<uint32_t>(groups);
+    if (sink.tiled) {
+      Bf16GroupKernel<2><<<blocks, kThreads, 0, stream>>>(in4, v, s, n, up, sink);
+    } else if (sink.blackwell) {
+      Bf16GroupKernel<1><<<blocks, kThreads, 0, stream>>>(in4, v, s, n, up, sink);
+    } else {
+      Bf16GroupKernel<0><<<blocks, kThreads, 0, stream>>>(in4, v, s, n, up, sink);
+    }
+    return;
+  }
+  const unsigned blocks = Blocks(groups, kThreads);
+  switch (plan.dtype) {
+    case QuantDtype::kBfloat16:
+      QuantizeKernel<QuantDtype::kBfloat16><<<blocks, kThreads, 0, stream>>>(src, v, s, plan.rows, plan.q, up, sink);
+      break;
+    case QuantDtype::kFloat16:
+      QuantizeKernel<QuantDtype::kFloat16><<<blocks, kThreads, 0, stream>>>(src, v, s, plan.rows, plan.q, up, sink);
+      break;
+    case QuantDtype::kFloat32:
+      QuantizeKernel<QuantDtype::kFloat32><<<blocks, kThreads, 0, stream>>>(src, v, s, plan.rows, plan.q, up, sink);
+      break;
+  }
+}
+
+// The canonical sink of `plan`.
+GroupSink CanonicalSink(const QuantizePlan& plan) {
+  GroupSink sink;
+  sink.sq = static_cast<uint32_t>(CeilDiv(plan.q, qmath::kGroup));
+  sink.div_sq = FastDivisor(sink.sq > 0 ? sink.sq : 1);
+  sink.vrow = (plan.q + 1) / 2;
+  return sink;
 }
 
 }  // namespace
@@ -471,8 +682,7 @@ void LaunchBf16Groups(const QuantizePlan& plan, const void* in, void* values, vo
 absl::Status QuantizeOnCuda(const QuantizePlan& plan, const void* in, void* values, void* scales,
                             CudaStream stream) {
   const int64_t sq = (plan.q + qmath::kGroup - 1) / qmath::kGroup;
-  const int64_t groups = plan.rows * sq;  // <= scales_bytes, checked by the plan
-  if (groups == 0) return absl::OkStatus();
+  if (plan.rows * sq == 0) return absl::OkStatus();  // <= scales_bytes, checked by the plan
   auto ptr_device = [](const void* p) -> int {
     cudaPointerAttributes a{};
     if (cudaPointerGetAttributes(&a, p) != cudaSuccess || a.type != cudaMemoryTypeDevice) {
@@ -489,85 +699,7 @@ absl::Status QuantizeOnCuda(const QuantizePlan& plan, const void* in, void* valu
   int previous = 0;
   WPREP_CUDA_RETURN_IF_ERROR(cudaGetDevice(&previous));
   WPREP_CUDA_RETURN_IF_ERROR(cudaSetDevice(dev));
-  constexpr int kThreads = 256;
-  const int64_t blocks64 = (groups + kThreads - 1) / kThreads;
-  const unsigned blocks = static_cast<unsigned>(blocks64 < (1 << 30) ? blocks64 : (1 << 30));
-  const bool up = plan.rounding == ScaleRounding::kUp;
-  const auto* src = static_cast<const uint8_t*>(in);
-  auto* v = static_cast<uint8_t*>(values);
-  auto* s = static_cast<uint8_t*>(scales);
-  if (Bf16GroupsFit(plan, in, values)) {
-    GroupSink sink;
-    sink.sq = static_cast<uint32_t>(sq);
-    sink.vrow = plan.q / 2;
-    sink.div_sq = FastDivisor(sink.sq);
-    LaunchBf16Groups(plan, in, values, scales, sink, stream);
-  } else {
-    switch (plan.dtype) {
-      case QuantDtype::kBfloat16:
-        QuantizeKernel<QuantDtype::kBfloat16><<<blocks, kThreads, 0, stream>>>(src, v, s, plan.rows, plan.q, up, (plan.q + 1) / 2);
-        break;
-      case QuantDtype::kFloat16:
-        QuantizeKernel<QuantDtype::kFloat16><<<blocks, kThreads, 0, stream>>>(src, v, s, plan.rows, plan.q, up, (plan.q + 1) / 2);
-        break;
-      case QuantDtype::kFloat32:
-        QuantizeKernel<QuantDtype::kFloat32><<<blocks, kThreads, 0, stream>>>(src, v, s, plan.rows, plan.q, up, (plan.q + 1) / 2);
-        break;
-    }
-  }
-  absl::Status launched = WPREP_CUDA_STATUS(cudaGetLastError());
-  WPREP_CUDA_RETURN_IF_ERROR(cudaSetDevice(previous));
-  return launched;
-}
-
-absl::Status QuantizeBlackwellOnCuda(const QuantizePlan& plan, const void* in, void* values,
-                                     void* scales, CudaStream stream) {
-  auto sizes = PlanQuantizeBlackwell(plan);
-  if (!sizes.ok()) return sizes.status();
-  const int64_t n = plan.input_shape[plan.input_shape.size() - 2];
-  if (n == 0 || plan.rows == 0) return absl::OkStatus();
-  int previous = 0;
-  WPREP_CUDA_RETURN_IF_ERROR(cudaGetDevice(&previous));
-  cudaPointerAttributes a{};
-  WPREP_CUDA_RETURN_IF_ERROR(cudaPointerGetAttributes(&a, in));
-  if (a.type != cudaMemoryTypeDevice) {
-    return absl::InvalidArgumentError("quantize: input must be device memory");
-  }
-  WPREP_CUDA_RETURN_IF_ERROR(cudaSetDevice(a.device));
-  constexpr int kThreads = 256;
-  const int64_t sq = (plan.q + qmath::kGroup - 1) / qmath::kGroup;
-  const int64_t kpad = RoundUp(plan.q / 2, 128);
-  const BlackwellScaleTiling t = MakeBlackwellScaleTiling(sq, n);
-  const bool up = plan.rounding == ScaleRounding::kUp;
-  const auto* src = static_cast<const uint8_t*>(in);
-  auto* v = static_cast<uint8_t*>(values);
-  auto* s = static_cast<uint8_t*>(scales);
-  const unsigned vb = Blocks(plan.rows * sq, kThreads), sb = Blocks(sizes->scales_bytes, kThreads);
-  const int64_t mats = plan.rows / n;
-  if (Bf16GroupsFit(plan, in, values) && n < (int64_t{1} << 31)) {
-    GroupSink sink;
-    sink.sq = static_cast<uint32_t>(sq);
-    sink.vrow = kpad;
-    sink.div_sq = FastDivisor(sink.sq);
-    sink.div_n = FastDivisor(static_cast<uint32_t>(n));
-    sink.blackwell = true;
-    sink.per_mat = t.kpad * t.npad;
-    sink.k_blocks = t.kpad / 4;
-    LaunchBf16Groups(plan, in, values, scales, sink, stream);
-    if (t.kpad != t.k || t.npad != n) {
-      BlackwellScalePaddingKernel<<<sb, kThreads, 0, stream>>>(s, sizes->scales_bytes, t);
-    }
-  } else {
-    switch (plan.dtype) {
-#define WPREP_Q_LAUNCH(D)                                                                    \
-    QuantizeKernel<D><<<vb, kThreads, 0, stream>>>(src, v, nullptr, plan.rows, plan.q, up, kpad); \
-    BlackwellScaleKernel<D><<<sb, kThreads, 0, stream>>>(src, s, mats, n, plan.q, up, t);
-      case QuantDtype::kBfloat16: WPREP_Q_LAUNCH(QuantDtype::kBfloat16) break;
-      case QuantDtype::kFloat16: WPREP_Q_LAUNCH(QuantDtype::kFloat16) break;
-      case QuantDtype::kFloat32: WPREP_Q_LAUNCH(QuantDtype::kFloat32) break;
-#undef WPREP_Q_LAUNCH
-    }
-  }
+  LaunchGroups(plan, in, values, scales, CanonicalSink(plan), stream);
   absl::Status launched = WPREP_CUDA_STATUS(cudaGetLastError());
   WPREP_CUDA_RETURN_IF_ERROR(cudaSetDevice(previous));
   return launched;
@@ -619,6 +751,38 @@ class OnInputDevice {
       break;                                                                              \
   }
 
+absl::Status QuantizeBlackwellOnCuda(const QuantizePlan& plan, const QuantLayoutSpec& spec, const void* in,
+                                     void* values, void* scales, CudaStream stream) {
+  auto g = FusedBlackwellGeometryOf(plan, spec);
+  if (!g.ok()) return g.status();
+  if (g->mats == 0 || g->v_mat_bytes + g->s_mat_bytes == 0) return absl::OkStatus();
+  OnInputDevice dev;
+  WPREP_RETURN_IF_ERROR(dev.Enter(in));
+  GroupSink sink = CanonicalSink(plan);
+  sink.blackwell = true;
+  sink.n = static_cast<uint32_t>(g->n);
+  sink.div_n = FastDivisor(sink.n);
+  sink.vt = g->vt;
+  sink.v_mat = g->v_mat_bytes;
+  sink.s_mat = g->s_mat_bytes;
+  sink.kp = g->kp;
+  sink.st = g->st;
+  const auto vaddr = reinterpret_cast<uintptr_t>(values);
+  sink.words = g->vt.tile_k % 4 == 0 && vaddr % 4 == 0;
+  sink.tiled = spec.layout == QuantLayout::kBlackwellShuffled;
+  sink.vrow = g->vt.kpad;  // blackwell_value: rows of Kpad bytes
+  if (plan.rows * sink.sq > 0) LaunchGroups(plan, in, values, scales, sink, stream);
+  const int64_t pad_rows = g->vt.ntn * g->vt.tile_n - g->n;
+  const int unit = g->vt.tile_k % 16 == 0 && vaddr % 16 == 0 ? 16 : sink.words ? 4 : 1;
+  const int64_t pad_work = g->mats * (g->vt.ntk * pad_rows * g->vt.tile_k / unit + (g->st.npad - g->n) * g->st.kpad);
+  if (pad_work > 0) {
+    PadKernel<<<dev.Wave(CeilDiv(pad_work, 256)), 256, 0, stream>>>(static_cast<uint8_t*>(values),
+                                                                    static_cast<uint8_t*>(scales), sink, g->mats,
+                                                                    pad_rows, unit);
+  }
+  return dev.Leave();
+}
+
 absl::Status QuantizeHopperOnCuda(const QuantizePlan& plan, const QuantLayoutSpec& spec, const void* in, void* values,
                                   void* scales, CudaStream stream) {
   auto g = FusedHopperGeometryOf(plan, spec);
@@ -641,7 +805,15 @@ absl::Status QuantizeTrtllmOnCuda(const QuantizePlan& plan, const QuantLayoutSpe
   const int64_t tiles = vp.experts * (vp.rows_out / kFusedTrtllmTileRows) * (g->scales.cols_p / kFusedTrtllmTileGroups);
   OnInputDevice dev;
   WPREP_RETURN_IF_ERROR(dev.Enter(in));
-  if (tiles > 0) {
+  const bool aligned = (reinterpret_cast<uintptr_t>(in) & 15) == 0 && (reinterpret_cast<uintptr_t>(values) & 3) == 0 &&
+                       (reinterpret_cast<uintptr_t>(scales) & 3) == 0;
+  if (tiles > 0 && plan.dtype == QuantDtype::kBfloat16 && aligned && g->scales.cols_p < (int64_t{1} << 31)) {
+    const int64_t rows = vp.experts * vp.rows_out;  // a warp a row, 8 a block
+    TrtllmBf16Kernel<<<dev.Wave(CeilDiv(rows, 8)), 256, 0, stream>>>(
+        static_cast<const uint4*>(in), static_cast<uint8_t*>(values), static_cast<uint8_t*>(scales), vp,
+        static_cast<uint32_t>(g->scales.cols_p), static_cast<uint32_t>(g->k / qmath::kGroup),
+        plan.rounding == ScaleRounding::kUp);
+  } else if (tiles > 0) {
     WPREP_LAUNCH_BY_DTYPE(plan.dtype, TrtllmFusedKernel, dev.Wave(tiles), stream, static_cast<const uint8_t*>(in),
                           static_cast<uint8_t*>(values), static_cast<uint8_t*>(scales), vp, g->k, g->scales.cols_p,
                           plan.rounding == ScaleRounding::kUp)
@@ -666,7 +838,8 @@ absl::Status QuantizeLayoutOnCuda(const QuantizePlan& plan, const QuantLayoutSpe
     case QuantLayout::kCanonical:
       return QuantizeOnCuda(plan, in, values, scales, stream);
     case QuantLayout::kBlackwell:
-      return QuantizeBlackwellOnCuda(plan, in, values, scales, stream);
+    case QuantLayout::kBlackwellShuffled:
+      return QuantizeBlackwellOnCuda(plan, spec, in, values, scales, stream);
     case QuantLayout::kHopper:
       return QuantizeHopperOnCuda(plan, spec, in, values, scales, stream);
     case QuantLayout::kTrtllmW13:

@@ -95,6 +95,24 @@ WPREP_HD uint32_t EncodeE2m1(float q) {
 
 }  // namespace qmath
 
+// The fused Blackwell pairs of a weight stored [mats, N, K]: the checkpoint-order value
+// matrix is the quantized rows [N, K/2 bytes] as they are, laid out in `vt`'s tiles
+// (blackwell_value: one tile of N rows x rup(K/2, 128) bytes; blackwell_shuffled_value:
+// tiles of block_n rows x block_k/2 bytes), and the scales [N, ceil(K/32)] are the transposed
+// view [ceil(K/32), N] in blackwell_scale. N and vt.kpad are below 2^31 (32-bit divisions).
+struct FusedBlackwellGeometry {
+  int64_t mats = 0, n = 0, k = 0, sq = 0, kp = 0;  // kp = K/2 value bytes of a row
+  BlackwellTiling vt;
+  int64_t v_mat_bytes = 0;  // ntk * ntn * tile_n * tile_k
+  BlackwellScaleTiling st;  // MakeBlackwellScaleTiling(sq, N)
+  int64_t s_mat_bytes = 0;  // st.kpad * st.npad
+};
+
+// The geometry of a kBlackwell or kBlackwellShuffled spec (quantize_cpu.cc): INVALID_ARGUMENT
+// as PlanQuantizeLayout.
+absl::StatusOr<FusedBlackwellGeometry> FusedBlackwellGeometryOf(const QuantizePlan& plan,
+                                                                const QuantLayoutSpec& spec);
+
 // The fused Hopper pair (quantize + hopper_value + hopper_scale, both mx_axis -2) of a weight
 // stored [mats, N, K]: the value matrix Q is the quantized rows [N, K/2] as they are, the
 // scale matrix S the groups' scales [N, ceil(K/32)]. Work is cut into tiles of 64 Q rows x

@@ -103,8 +103,9 @@ TEST_F(CliTest, QuantizeRefusesBadRequestsWithExit2AndNoFiles) {
   }
 }
 
-// The fused Blackwell output equals canonical quantization followed by `wprep convert`'s
-// swizzles (values from checkpoint order, scales from the transposed view).
+// The fused Blackwell outputs (blackwell_value, and blackwell_shuffled_value with its tile)
+// equal canonical quantization followed by `wprep convert`'s swizzles (values from checkpoint
+// order, scales from the transposed view).
 TEST_F(CliTest, QuantizeBlackwellEqualsQuantizeThenConvert) {
   const std::string in = kQuantDir + "cases/quant_2x64x1024_ties_up.in.bin";  // [2, 64, 1024]
   const fs::path v = dir_ / "v.bin", s = dir_ / "s.bin", fv = dir_ / "fv.bin", fs_ = dir_ / "fs.bin";
@@ -112,18 +113,21 @@ TEST_F(CliTest, QuantizeBlackwellEqualsQuantizeThenConvert) {
   RunResult r = RunCli("quantize --local --dtype bfloat16 --shape 2,64,1024 --input " + in +
                        " --values-output " + v.string() + " --scales-output " + s.string());
   ASSERT_EQ(r.exit_code, 0) << r.err;
-  r = RunCli("convert --local --layout blackwell_value --direction swizzle --packing-axis -2 "
-             "--shape 2,1024,64 --input " + v.string() + " --output " + wv.string());
-  ASSERT_EQ(r.exit_code, 0) << r.err;
   r = RunCli("convert --local --layout blackwell_scale --direction swizzle --shape 2,32,64 "
              "--input-strides 2048,1,32 --input " + s.string() + " --output " + ws.string());
   ASSERT_EQ(r.exit_code, 0) << r.err;
-  r = RunCli("quantize --local --layout blackwell_value --dtype bfloat16 --shape 2,64,1024 --input " +
-             in + " --values-output " + fv.string() + " --scales-output " + fs_.string());
-  ASSERT_EQ(r.exit_code, 0) << r.err;
-  EXPECT_EQ(Bytes(fv), Bytes(wv));
-  EXPECT_EQ(Bytes(fs_), Bytes(ws));
-  EXPECT_FALSE(Bytes(fv).empty());
+  for (const std::string layout : {"blackwell_value", "blackwell_shuffled_value --block-k 96 --block-n 24"}) {
+    SCOPED_TRACE(layout);
+    r = RunCli("convert --local --layout " + layout + " --direction swizzle --packing-axis -2 "
+               "--shape 2,1024,64 --input " + v.string() + " --output " + wv.string());
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    r = RunCli("quantize --local --layout " + layout + " --dtype bfloat16 --shape 2,64,1024 --input " + in +
+               " --values-output " + fv.string() + " --scales-output " + fs_.string());
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_EQ(Bytes(fv), Bytes(wv));
+    EXPECT_EQ(Bytes(fs_), Bytes(ws));
+    EXPECT_FALSE(Bytes(fv).empty());
+  }
 }
 
 // The fused Hopper output (with its parameters) equals canonical quantization followed by
@@ -190,20 +194,14 @@ TEST_F(CliTest, QuantizeTrtllmEqualsQuantizeThenPrepare) {
   EXPECT_FALSE(fs::exists(dir_ / "x.v"));
 }
 
-TEST_F(CliTest, QuantizeUnservedFusedLayoutsSayUnimplemented) {
+TEST_F(CliTest, QuantizeRefusesLayoutParametersOfAnotherLayoutOrOutOfRange) {
   const fs::path in = Write("in.bin", std::vector<uint8_t>(2 * 4 * 64, 0));
   const fs::path v = dir_ / "v.bin", s = dir_ / "s.bin";
-  {
-    const RunResult r = RunCli("quantize --local --layout blackwell_shuffled_value --dtype bfloat16 --shape 4,64 "
-                               "--input " + in.string() + " --values-output " + v.string() + " --scales-output " +
-                               s.string());
-    EXPECT_EQ(r.exit_code, 2);
-    EXPECT_EQ(r.err.rfind("UNIMPLEMENTED: ", 0), 0u) << r.err;
-    EXPECT_FALSE(fs::exists(v));
-  }
-  // Hopper parameters without the Hopper layout, and a bad one with it: refused, no files.
+  // A layout's parameters without that layout, and a bad one with it: refused, no files.
   for (const std::string flags : {"--num-warps 4", "--layout hopper_value --num-warps 6",
-                                  "--layout hopper_value --mma-version 4"}) {
+                                  "--layout hopper_value --mma-version 4", "--block-k 64",
+                                  "--layout blackwell_value --block-n 64", "--layout blackwell_shuffled_value --block-k 3",
+                                  "--layout blackwell_shuffled_value --block-n 0"}) {
     const RunResult r = RunCli("quantize --local " + flags + " --dtype bfloat16 --shape 4,64 --input " +
                                in.string() + " --values-output " + v.string() + " --scales-output " + s.string());
     EXPECT_EQ(r.exit_code, 2) << flags;

@@ -263,9 +263,10 @@ TEST_F(CliSafetensorsQuantizeTest, GoldenVectorsOnTheGpu) {
 // daemon into exactly what the fused `wprep quantize --layout L` writes. And --quantize with
 // --layout in one run (fused, beside a pair the daemon converts) writes the same checkpoint as
 // the two runs: every tensor and every metadata entry. For the Blackwell pair and the Hopper
-// pair (non-default parameters, and pieces of one matrix each).
+// pair and the shuffled Blackwell pair (non-default parameters, and pieces of one matrix each).
 TEST_F(CliSafetensorsQuantizeTest, FusedLayoutEqualsQuantizeThenConvert) {
-  for (const std::string layout : {"blackwell_value", "hopper_value --mma-version 2 --num-warps 4 --align-k 4"}) {
+  for (const std::string layout : {"blackwell_value", "hopper_value --mma-version 2 --num-warps 4 --align-k 4",
+                                   "blackwell_shuffled_value --block-k 64 --block-n 48"}) {
     SCOPED_TRACE(layout);
     FusedLayoutEqualsQuantizeThenConvert(layout, layout == "blackwell_value" ? "" : " --piece-bytes 40000");
   }
@@ -414,7 +415,8 @@ TEST_F(CliSafetensorsQuantizeTest, RefusalsAreOneLineExitTwoAndNoOutput) {
       {in, "--quantize w.weight --layout hopper_value --mx-axis -1", "UNIMPLEMENTED", "run --quantize alone"},
       {in, "--quantize w.weight --layout hopper_value --scale-layout blackwell_scale", "UNIMPLEMENTED",
        "run --quantize alone"},
-      {in, "--quantize w.weight --layout blackwell_shuffled_value", "UNIMPLEMENTED", "run --quantize alone"},
+      {in, "--quantize w.weight --layout blackwell_shuffled_value --scale-layout hopper_scale", "UNIMPLEMENTED",
+       "run --quantize alone"},
       {in, "--quantize vec --layout blackwell_value", "INVALID_ARGUMENT", "'vec' has shape [64]; quantizing into a layout"},
   };
   for (const Case& c : cases) {

@@ -122,29 +122,29 @@ TEST(QuantizeCuda, RefusesHostPointers) {
 }
 
 #if WPREP_HAVE_CUDA
-// The fused Blackwell pair on the CPU and the GPU; the output buffers start as 0xAB so
-// that padding left unwritten shows.
-struct BlackwellPair {
+// A fused layout on the CPU and on the GPU; the output buffers start as 0xAB so that padding
+// left unwritten shows. `off` bytes put the GPU input off 16-byte alignment (the element path).
+struct FusedPair {
   Out cpu, gpu;
 };
 
-BlackwellPair Blackwell(const QuantizePlan& plan, const std::vector<uint8_t>& in) {
-  BlackwellPair r;
-  auto sizes = PlanQuantizeBlackwell(plan);
-  EXPECT_TRUE(sizes.ok());
+FusedPair Fused(const QuantizePlan& plan, const QuantLayoutSpec& spec, const std::vector<uint8_t>& in, size_t off = 0) {
+  FusedPair r;
+  auto sizes = PlanQuantizeLayout(plan, spec);
+  EXPECT_TRUE(sizes.ok()) << sizes.status();
   if (!sizes.ok()) return r;
   r.cpu.values.assign(sizes->values_bytes, 0xAB);
   r.cpu.scales.assign(sizes->scales_bytes, 0xAB);
-  EXPECT_TRUE(QuantizeBlackwellOnCpu(plan, in.data(), in.size(), r.cpu.values.data(), r.cpu.values.size(),
-                                     r.cpu.scales.data(), r.cpu.scales.size()).ok());
-  void *din = nullptr, *dv = nullptr, *ds = nullptr;
-  EXPECT_EQ(cudaMalloc(&din, in.size()), cudaSuccess);
+  EXPECT_TRUE(QuantizeLayoutOnCpu(plan, spec, in.data(), in.size(), r.cpu.values.data(), r.cpu.values.size(),
+                                  r.cpu.scales.data(), r.cpu.scales.size()).ok());
+  uint8_t *din = nullptr, *dv = nullptr, *ds = nullptr;
+  EXPECT_EQ(cudaMalloc(&din, in.size() + off), cudaSuccess);
   EXPECT_EQ(cudaMalloc(&dv, r.cpu.values.size()), cudaSuccess);
   EXPECT_EQ(cudaMalloc(&ds, r.cpu.scales.size()), cudaSuccess);
-  EXPECT_EQ(cudaMemcpy(din, in.data(), in.size(), cudaMemcpyHostToDevice), cudaSuccess);
+  EXPECT_EQ(cudaMemcpy(din + off, in.data(), in.size(), cudaMemcpyHostToDevice), cudaSuccess);
   EXPECT_EQ(cudaMemset(dv, 0xAB, r.cpu.values.size()), cudaSuccess);
   EXPECT_EQ(cudaMemset(ds, 0xAB, r.cpu.scales.size()), cudaSuccess);
-  absl::Status st = QuantizeBlackwellOnCuda(plan, din, dv, ds, nullptr);
+  absl::Status st = QuantizeLayoutOnCuda(plan, spec, din + off, dv, ds, nullptr);
   EXPECT_TRUE(st.ok()) << st;
   r.gpu.values.resize(r.cpu.values.size());
   r.gpu.scales.resize(r.cpu.scales.size());
@@ -156,27 +156,36 @@ BlackwellPair Blackwell(const QuantizePlan& plan, const std::vector<uint8_t>& in
   return r;
 }
 
-// The fused Blackwell pair on the GPU equals the CPU's (which the CPU test holds to
-// quantize-then-swizzle), on random [E, N, K] with the special values.
+// Both fused Blackwell pairs on the GPU equal the CPU's (which the CPU test holds to
+// quantize-then-swizzle), on random [E, N, K] with the special values: every dtype, both
+// roundings, tiles that do and do not divide K and N (tile_k odd or 1 byte: byte stores),
+// and inputs off 16-byte alignment.
 TEST(QuantizeCuda, BlackwellFusedEqualsTheCpu) {
   if (CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
   std::mt19937_64 rng(2829);
+  const int blocks[][2] = {{128, 256}, {2, 1}, {34, 7}, {64, 64}, {256, 32}, {6, 130}};
   int compared = 0;
-  for (int trial = 0; trial < 24; ++trial) {
+  for (int trial = 0; trial < 36; ++trial) {
     const QuantDtype dtype = static_cast<QuantDtype>(trial % 3);
     const ScaleRounding rounding = (trial / 3) % 2 ? ScaleRounding::kDown : ScaleRounding::kUp;
-    const std::vector<int64_t> shape = {1 + static_cast<int64_t>(rng() % 3),
-                                        1 + static_cast<int64_t>(rng() % 300),
-                                        2 * (1 + static_cast<int64_t>(rng() % 300))};
+    QuantLayoutSpec spec;
+    spec.layout = trial % 4 == 0 ? QuantLayout::kBlackwell : QuantLayout::kBlackwellShuffled;
+    spec.block_k = blocks[trial % 6][0];
+    spec.block_n = blocks[trial % 6][1];
+    // Every third shape has whole groups (K a multiple of 32): the packed bf16 path.
+    const int64_t k = trial % 3 == 0 ? 32 * (1 + static_cast<int64_t>(rng() % 20)) : 2 * (1 + static_cast<int64_t>(rng() % 300));
+    const std::vector<int64_t> shape = {1 + static_cast<int64_t>(rng() % 3), 1 + static_cast<int64_t>(rng() % 300), k};
     auto plan = MakeQuantizePlan(dtype, shape, rounding);
     ASSERT_TRUE(plan.ok());
-    SCOPED_TRACE(::testing::Message() << "trial " << trial);
-    const BlackwellPair r = Blackwell(*plan, SpecialInput(dtype, plan->input_bytes / QuantDtypeBytes(dtype), rng));
+    const size_t off = trial % 5 == 4 ? QuantDtypeBytes(dtype) : 0;
+    SCOPED_TRACE(::testing::Message() << "trial " << trial << " shape " << ::testing::PrintToString(shape) << " block "
+                                      << spec.block_k << "x" << spec.block_n << " off " << off);
+    const FusedPair r = Fused(*plan, spec, SpecialInput(dtype, plan->input_bytes / QuantDtypeBytes(dtype), rng), off);
     EXPECT_EQ(r.gpu.values, r.cpu.values);
     EXPECT_EQ(r.gpu.scales, r.cpu.scales);
     ++compared;
   }
-  EXPECT_EQ(compared, 24);
+  EXPECT_EQ(compared, 36);
 }
 
 // bf16 groups the packed encoder takes (no NaN or inf, scale exponent 8-253), next to the
@@ -232,9 +241,14 @@ TEST(QuantizeCuda, PackedBf16EncoderEqualsTheCpuAtEveryScaleAndTie) {
       EXPECT_EQ(cpu.values, gpu.values);
       EXPECT_EQ(cpu.scales, gpu.scales);
       if (shape.size() >= 2) {
-        const BlackwellPair r = Blackwell(*plan, in);
-        EXPECT_EQ(r.gpu.values, r.cpu.values);
-        EXPECT_EQ(r.gpu.scales, r.cpu.scales);
+        QuantLayoutSpec blackwell, shuffled;
+        blackwell.layout = QuantLayout::kBlackwell;
+        shuffled.layout = QuantLayout::kBlackwellShuffled;
+        for (const QuantLayoutSpec& spec : {blackwell, shuffled}) {
+          const FusedPair r = Fused(*plan, spec, in);
+          EXPECT_EQ(r.gpu.values, r.cpu.values);
+          EXPECT_EQ(r.gpu.scales, r.cpu.scales);
+        }
       }
       ++compared;
     }
@@ -266,62 +280,45 @@ TEST(QuantizeCuda, HopperFusedEqualsTheCpu) {
     ASSERT_TRUE(plan.ok());
     SCOPED_TRACE(::testing::Message() << "trial " << trial << " shape " << ::testing::PrintToString(shape)
                                       << " unaligned " << unaligned);
-    const std::vector<uint8_t> in = SpecialInput(dtype, plan->input_bytes / QuantDtypeBytes(dtype), rng);
-    auto sizes = PlanQuantizeLayout(*plan, spec);
-    ASSERT_TRUE(sizes.ok()) << sizes.status();
-    Out cpu, gpu;
-    cpu.values.assign(sizes->values_bytes, 0xAB);
-    cpu.scales.assign(sizes->scales_bytes, 0xAB);
-    ASSERT_TRUE(QuantizeLayoutOnCpu(*plan, spec, in.data(), in.size(), cpu.values.data(), cpu.values.size(),
-                                    cpu.scales.data(), cpu.scales.size()).ok());
-    const size_t off = unaligned ? QuantDtypeBytes(dtype) : 0;
-    uint8_t *din = nullptr, *dv = nullptr, *ds = nullptr;
-    ASSERT_EQ(cudaMalloc(&din, in.size() + off), cudaSuccess);
-    ASSERT_EQ(cudaMalloc(&dv, cpu.values.size()), cudaSuccess);
-    ASSERT_EQ(cudaMalloc(&ds, cpu.scales.size()), cudaSuccess);
-    ASSERT_EQ(cudaMemcpy(din + off, in.data(), in.size(), cudaMemcpyHostToDevice), cudaSuccess);
-    ASSERT_EQ(cudaMemset(dv, 0xAB, cpu.values.size()), cudaSuccess);
-    ASSERT_EQ(cudaMemset(ds, 0xAB, cpu.scales.size()), cudaSuccess);
-    absl::Status st = QuantizeLayoutOnCuda(*plan, spec, din + off, dv, ds, nullptr);
-    EXPECT_TRUE(st.ok()) << st;
-    gpu.values.resize(cpu.values.size());
-    gpu.scales.resize(cpu.scales.size());
-    EXPECT_EQ(cudaMemcpy(gpu.values.data(), dv, gpu.values.size(), cudaMemcpyDeviceToHost), cudaSuccess);
-    EXPECT_EQ(cudaMemcpy(gpu.scales.data(), ds, gpu.scales.size(), cudaMemcpyDeviceToHost), cudaSuccess);
-    (void)cudaFree(din);
-    (void)cudaFree(dv);
-    (void)cudaFree(ds);
-    EXPECT_EQ(gpu.values, cpu.values);
-    EXPECT_EQ(gpu.scales, cpu.scales);
+    const FusedPair r = Fused(*plan, spec, SpecialInput(dtype, plan->input_bytes / QuantDtypeBytes(dtype), rng),
+                              unaligned ? QuantDtypeBytes(dtype) : 0);
+    EXPECT_EQ(r.gpu.values, r.cpu.values);
+    EXPECT_EQ(r.gpu.scales, r.cpu.scales);
     ++compared;
   }
   EXPECT_EQ(compared, 36);
 }
 
-// The same through QuantizeHostBuffersOnCuda (the CLI's --device cuda:N path), on the bf16
-// groups the packed encoder covers elsewhere: ties on every rounding threshold.
-TEST(QuantizeCuda, HopperFusedHostBuffersEqualTheCpuOnTies) {
+// The fused pairs through QuantizeHostBuffersOnCuda (the CLI's --device cuda:N path), on the
+// bf16 groups of the packed encoder: ties on every rounding threshold.
+TEST(QuantizeCuda, FusedHostBuffersEqualTheCpuOnTies) {
   if (CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
   std::mt19937_64 rng(3233);
-  QuantLayoutSpec spec;
-  spec.layout = QuantLayout::kHopper;
-  for (const std::vector<int64_t>& shape : {std::vector<int64_t>{2, 130, 96}, std::vector<int64_t>{3, 257, 1024}}) {
-    auto plan = MakeQuantizePlan(QuantDtype::kBfloat16, shape);
-    ASSERT_TRUE(plan.ok());
-    const std::vector<uint8_t> in = Bf16GroupsInput(plan->input_bytes / 64, rng);
-    auto sizes = PlanQuantizeLayout(*plan, spec);
-    ASSERT_TRUE(sizes.ok());
-    Out cpu, gpu;
-    cpu.values.assign(sizes->values_bytes, 0xAB);
-    cpu.scales.assign(sizes->scales_bytes, 0xAB);
-    gpu = cpu;
-    ASSERT_TRUE(QuantizeLayoutOnCpu(*plan, spec, in.data(), in.size(), cpu.values.data(), cpu.values.size(),
-                                    cpu.scales.data(), cpu.scales.size()).ok());
-    absl::Status st = QuantizeHostBuffersOnCuda(*plan, in.data(), in.size(), gpu.values.data(), gpu.values.size(),
-                                                gpu.scales.data(), gpu.scales.size(), 0, spec);
-    ASSERT_TRUE(st.ok()) << st;
-    EXPECT_EQ(gpu.values, cpu.values);
-    EXPECT_EQ(gpu.scales, cpu.scales);
+  QuantLayoutSpec hopper, blackwell, shuffled;
+  hopper.layout = QuantLayout::kHopper;
+  blackwell.layout = QuantLayout::kBlackwell;
+  shuffled.layout = QuantLayout::kBlackwellShuffled;
+  for (const QuantLayoutSpec& spec : {hopper, blackwell, shuffled}) {
+    for (const std::vector<int64_t>& shape : {std::vector<int64_t>{2, 130, 96}, std::vector<int64_t>{3, 257, 1024}}) {
+      SCOPED_TRACE(::testing::Message() << "layout " << static_cast<int>(spec.layout) << " shape "
+                                        << ::testing::PrintToString(shape));
+      auto plan = MakeQuantizePlan(QuantDtype::kBfloat16, shape);
+      ASSERT_TRUE(plan.ok());
+      const std::vector<uint8_t> in = Bf16GroupsInput(plan->input_bytes / 64, rng);
+      auto sizes = PlanQuantizeLayout(*plan, spec);
+      ASSERT_TRUE(sizes.ok());
+      Out cpu, gpu;
+      cpu.values.assign(sizes->values_bytes, 0xAB);
+      cpu.scales.assign(sizes->scales_bytes, 0xAB);
+      gpu = cpu;
+      ASSERT_TRUE(QuantizeLayoutOnCpu(*plan, spec, in.data(), in.size(), cpu.values.data(), cpu.values.size(),
+                                      cpu.scales.data(), cpu.scales.size()).ok());
+      absl::Status st = QuantizeHostBuffersOnCuda(*plan, in.data(), in.size(), gpu.values.data(), gpu.values.size(),
+                                                  gpu.scales.data(), gpu.scales.size(), 0, spec);
+      ASSERT_TRUE(st.ok()) << st;
+      EXPECT_EQ(gpu.values, cpu.values);
+      EXPECT_EQ(gpu.scales, cpu.scales);
+    }
   }
 }
 

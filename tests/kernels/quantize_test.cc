@@ -5,6 +5,7 @@
 #include <fstream>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "golden.h"
@@ -219,25 +220,36 @@ std::vector<uint8_t> SpecialBf16(int64_t elems, std::mt19937_64& rng) {
   return Bf16Bytes(v);
 }
 
-// The oracle: canonical quantization, then the existing CPU engine's conversions.
-TEST(QuantizeFused, BlackwellEqualsQuantizeThenSwizzle) {
+// The oracle: canonical quantization, then the existing CPU engine's conversions. Both
+// Blackwell pairs: blackwell_value, and blackwell_shuffled_value over tile shapes that do and
+// do not divide K and N (tile_k odd, 1 byte, or wider than the row).
+TEST(QuantizeFused, BlackwellPairsEqualQuantizeThenSwizzle) {
   std::mt19937_64 rng(2828);
+  const int blocks[][2] = {{128, 256}, {2, 1}, {34, 7}, {64, 64}, {256, 32}, {6, 130}};
   int compared = 0;
-  for (int trial = 0; trial < 24; ++trial) {
+  for (int trial = 0; trial < 36; ++trial) {
     const ScaleRounding rounding = trial % 2 ? ScaleRounding::kDown : ScaleRounding::kUp;
+    QuantLayoutSpec spec;
+    const bool shuffled = trial % 3 != 0;
+    spec.layout = shuffled ? QuantLayout::kBlackwellShuffled : QuantLayout::kBlackwell;
+    spec.block_k = blocks[trial % 6][0];
+    spec.block_n = blocks[trial % 6][1];
     const int64_t e = 1 + static_cast<int64_t>(rng() % 3);
     const int64_t n = 1 + static_cast<int64_t>(rng() % 150);
     const int64_t k = 2 * (1 + static_cast<int64_t>(rng() % 200));  // ragged last groups too
-    SCOPED_TRACE(::testing::Message() << "[" << e << "," << n << "," << k << "] trial " << trial);
+    SCOPED_TRACE(::testing::Message() << "[" << e << "," << n << "," << k << "] trial " << trial << " shuffled "
+                                      << shuffled << " block " << spec.block_k << "x" << spec.block_n);
     auto plan = MakeQuantizePlan(QuantDtype::kBfloat16, std::vector<int64_t>{e, n, k}, rounding);
     ASSERT_TRUE(plan.ok());
     const std::vector<uint8_t> in = SpecialBf16(e * n * k, rng);
     Result canon = Quantize(QuantDtype::kBfloat16, {e, n, k}, in, rounding);
 
     ConversionSpec vspec;
-    vspec.layout = Layout::kBlackwellValue;
+    vspec.layout = shuffled ? Layout::kBlackwellShuffledValue : Layout::kBlackwellValue;
     vspec.direction = Direction::kSwizzle;
     vspec.packing_axis = -2;
+    vspec.blackwell.block_k = spec.block_k;
+    vspec.blackwell.block_n = spec.block_n;
     auto vplan = MakePlan(vspec, std::vector<int64_t>{e, k, n});
     ASSERT_TRUE(vplan.ok()) << vplan.status();
     std::vector<uint8_t> want_v(vplan->output_bytes);
@@ -254,26 +266,45 @@ TEST(QuantizeFused, BlackwellEqualsQuantizeThenSwizzle) {
     ASSERT_TRUE(ConvertOnCpu(*splan, canon.scales.data(), canon.scales.size(), want_s.data(),
                              want_s.size()).ok());
 
-    auto sizes = PlanQuantizeBlackwell(*plan);
+    auto sizes = PlanQuantizeLayout(*plan, spec);
     ASSERT_TRUE(sizes.ok()) << sizes.status();
     std::vector<uint8_t> got_v(sizes->values_bytes, 0xAB), got_s(sizes->scales_bytes, 0xAB);
-    absl::Status st = QuantizeBlackwellOnCpu(*plan, in.data(), in.size(), got_v.data(),
-                                             got_v.size(), got_s.data(), got_s.size());
+    absl::Status st = QuantizeLayoutOnCpu(*plan, spec, in.data(), in.size(), got_v.data(), got_v.size(),
+                                          got_s.data(), got_s.size());
     ASSERT_TRUE(st.ok()) << st;
     EXPECT_EQ(got_v, want_v);
     EXPECT_EQ(got_s, want_s);
     ++compared;
   }
-  EXPECT_EQ(compared, 24);
+  EXPECT_EQ(compared, 36);
 }
 
-TEST(QuantizeFused, BlackwellRefusesOddKAndVectors) {
+TEST(QuantizeFused, BlackwellRefusesOddKVectorsAndBadBlocks) {
+  QuantLayoutSpec bw, sh;
+  bw.layout = QuantLayout::kBlackwell;
+  sh.layout = QuantLayout::kBlackwellShuffled;
   auto odd = MakeQuantizePlan(QuantDtype::kBfloat16, std::vector<int64_t>{4, 33});
   ASSERT_TRUE(odd.ok());
-  EXPECT_EQ(PlanQuantizeBlackwell(*odd).status().code(), absl::StatusCode::kInvalidArgument);
   auto vec = MakeQuantizePlan(QuantDtype::kBfloat16, std::vector<int64_t>{64});
   ASSERT_TRUE(vec.ok());
-  EXPECT_EQ(PlanQuantizeBlackwell(*vec).status().code(), absl::StatusCode::kInvalidArgument);
+  for (const QuantLayoutSpec& spec : {bw, sh}) {
+    EXPECT_EQ(PlanQuantizeLayout(*odd, spec).status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(PlanQuantizeLayout(*vec, spec).status().code(), absl::StatusCode::kInvalidArgument);
+  }
+  auto mat = MakeQuantizePlan(QuantDtype::kBfloat16, std::vector<int64_t>{4, 64});
+  ASSERT_TRUE(mat.ok());
+  for (auto [bk, bn, what] : std::vector<std::tuple<int, int, const char*>>{
+           {3, 256, "block_k"}, {0, 256, "block_k"}, {4098, 256, "block_k"}, {128, 0, "block_n"}, {128, 4097, "block_n"}}) {
+    QuantLayoutSpec bad = sh;
+    bad.block_k = bk;
+    bad.block_n = bn;
+    absl::Status st = PlanQuantizeLayout(*mat, bad).status();
+    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << bk << "x" << bn;
+    EXPECT_NE(st.message().find(what), absl::string_view::npos) << st;
+  }
+  auto wide = MakeQuantizePlan(QuantDtype::kBfloat16, std::vector<int64_t>{int64_t{1} << 31, 2});
+  ASSERT_TRUE(wide.ok());
+  EXPECT_EQ(PlanQuantizeLayout(*wide, sh).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 // Any dtype's input for the Hopper oracle: bf16 with every special class, widened exactly

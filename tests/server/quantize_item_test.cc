@@ -12,6 +12,7 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "absl/time/time.h"
@@ -185,7 +186,8 @@ TEST_F(QuantizeItemTest, BlackwellPairOverTheWireEqualsTheEngine) {
     SCOPED_TRACE(::testing::PrintToString(shape));
     absl::StatusOr<QuantizePlan> plan = MakeQuantizePlan(QuantDtype::kBfloat16, shape, ScaleRounding::kDown);
     ASSERT_TRUE(plan.ok());
-    absl::StatusOr<FusedBlackwellSizes> sizes = PlanQuantizeBlackwell(*plan);
+    const QuantLayoutSpec spec{QuantLayout::kBlackwell};
+    absl::StatusOr<QuantOutputSizes> sizes = PlanQuantizeLayout(*plan, spec);
     ASSERT_TRUE(sizes.ok());
     std::vector<uint8_t> in(static_cast<size_t>(plan->input_bytes));
     for (size_t i = 0; i < in.size(); i += 2) {  // bf16 normals over a few binades
@@ -194,7 +196,7 @@ TEST_F(QuantizeItemTest, BlackwellPairOverTheWireEqualsTheEngine) {
       in[i + 1] = static_cast<uint8_t>(0x3C + (r >> 8) % 8 + ((r >> 16) & 1) * 0x80);
     }
     std::vector<uint8_t> v(static_cast<size_t>(sizes->values_bytes)), s(static_cast<size_t>(sizes->scales_bytes));
-    ASSERT_TRUE(QuantizeBlackwellOnCpu(*plan, in.data(), in.size(), v.data(), v.size(), s.data(), s.size()).ok());
+    ASSERT_TRUE(QuantizeLayoutOnCpu(*plan, spec, in.data(), in.size(), v.data(), v.size(), s.data(), s.size()).ok());
     v1::QuantizeItem item = InlineBf16Item(shape, v1::QUANTIZE_LAYOUT_BLACKWELL, in);
     item.set_scale_rounding(v1::SCALE_ROUNDING_DOWN);
     absl::StatusOr<v1::BatchItemResult> answer = Answer(client, item);
@@ -211,6 +213,77 @@ TEST_F(QuantizeItemTest, BlackwellPairOverTheWireEqualsTheEngine) {
   }
 }
 
+// Random bf16 bytes of `shape` and the CPU engine's `spec` outputs of them (scales rounded up).
+struct EngineBytes {
+  std::vector<uint8_t> in, values, scales;
+};
+
+EngineBytes OnTheEngine(const std::vector<int64_t>& shape, const QuantLayoutSpec& spec, std::mt19937_64& rng) {
+  EngineBytes out;
+  absl::StatusOr<QuantizePlan> plan = MakeQuantizePlan(QuantDtype::kBfloat16, shape, ScaleRounding::kUp);
+  EXPECT_TRUE(plan.ok());
+  if (!plan.ok()) return out;
+  absl::StatusOr<QuantOutputSizes> sizes = PlanQuantizeLayout(*plan, spec);
+  EXPECT_TRUE(sizes.ok()) << sizes.status();
+  if (!sizes.ok()) return out;
+  out.in.resize(static_cast<size_t>(plan->input_bytes));
+  for (auto& b : out.in) b = static_cast<uint8_t>(rng());
+  out.values.resize(static_cast<size_t>(sizes->values_bytes));
+  out.scales.resize(static_cast<size_t>(sizes->scales_bytes));
+  EXPECT_TRUE(QuantizeLayoutOnCpu(*plan, spec, out.in.data(), out.in.size(), out.values.data(), out.values.size(),
+                                  out.scales.data(), out.scales.size())
+                  .ok());
+  return out;
+}
+
+// The shuffled Blackwell pair over the wire equals the engine's, with its tile; the values
+// are reported as the blackwell_shuffled_value swizzle reports them ([M, ntk, ntn, tile_n,
+// tile_k]), the scales as the Blackwell pair's. A tile out of range is refused naming it.
+TEST_F(QuantizeItemTest, ShuffledBlackwellPairOverTheWireEqualsTheEngine) {
+  std::mt19937_64 rng(2806);
+  Client client(MakeChannel(daemon_->unix_target()));
+  for (const std::vector<int64_t>& shape : std::vector<std::vector<int64_t>>{{2, 130, 96}, {3, 7, 34}}) {
+    SCOPED_TRACE(::testing::PrintToString(shape));
+    QuantLayoutSpec spec{QuantLayout::kBlackwellShuffled};
+    spec.block_k = 64;
+    spec.block_n = 48;
+    const EngineBytes want = OnTheEngine(shape, spec, rng);
+    const std::vector<uint8_t>&v = want.values, &s = want.scales;
+    v1::QuantizeItem item = InlineBf16Item(shape, v1::QUANTIZE_LAYOUT_BLACKWELL_SHUFFLED, want.in);
+    item.mutable_blackwell()->set_block_k(64);
+    item.mutable_blackwell()->set_block_n(48);
+    absl::StatusOr<v1::BatchItemResult> answer = Answer(client, item);
+    ASSERT_TRUE(answer.ok()) << answer.status();
+    const v1::BatchItemResult& r = *answer;
+    EXPECT_EQ(Bytes(r.outputs(0).inline_bytes()), v);
+    EXPECT_EQ(Bytes(r.outputs(1).inline_bytes()), s);
+    EXPECT_EQ(r.outputs(0).identity().layout(), "BlackwellMX4ValueShuffledLayout(block_k=64, block_n=48)");
+    EXPECT_EQ(r.outputs(1).identity().layout(), "BlackwellMXScaleLayout()");
+    const int64_t tile_k = 32, kpad = (shape[2] / 2 + 127) / 128 * 128;
+    EXPECT_EQ(Shape(r.outputs(0)), (std::vector<int64_t>{shape[0], kpad / tile_k, (shape[1] + 47) / 48, 48, tile_k}));
+    const int64_t mats = shape[0], per = ((shape[2] + 31) / 32 + 7) / 8 * 8 * ((shape[1] + 127) / 128 * 128);
+    EXPECT_EQ(Shape(r.outputs(1)), (std::vector<int64_t>{mats, per}));
+  }
+  for (auto [field, k, n] : std::vector<std::tuple<const char*, int64_t, int64_t>>{
+           {".blackwell.block_k", 0, 48}, {".blackwell.block_n", 64, 5000}, {"block_k", 63, 48}}) {
+    v1::QuantizeItem item = InlineBf16Item({1, 8, 64}, v1::QUANTIZE_LAYOUT_BLACKWELL_SHUFFLED,
+                                           std::vector<uint8_t>(8 * 64 * 2, 0));
+    item.mutable_blackwell()->set_block_k(k);
+    item.mutable_blackwell()->set_block_n(n);
+    absl::StatusOr<v1::BatchItemResult> answer = Answer(client, item);
+    ASSERT_FALSE(answer.ok());
+    EXPECT_EQ(answer.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(answer.status().message().find(field), absl::string_view::npos) << answer.status();
+  }
+  v1::QuantizeItem item = InlineBf16Item({1, 8, 64}, v1::QUANTIZE_LAYOUT_BLACKWELL, std::vector<uint8_t>(8 * 64 * 2, 0));
+  item.mutable_blackwell()->set_block_k(64);
+  absl::StatusOr<v1::BatchItemResult> answer = Answer(client, item);
+  ASSERT_FALSE(answer.ok());
+  EXPECT_NE(answer.status().message().find(".blackwell is for layout QUANTIZE_LAYOUT_BLACKWELL_SHUFFLED only"),
+            absl::string_view::npos)
+      << answer.status();
+}
+
 // The fused Hopper pair over the wire equals the engine's (held to quantize-then-swizzle by
 // the kernel tests), with its parameters; shapes and strides are the swizzles' (transposed
 // views of row-major memory), as a convert item of the same layout reports them.
@@ -219,20 +292,14 @@ TEST_F(QuantizeItemTest, HopperPairOverTheWireEqualsTheEngine) {
   Client client(MakeChannel(daemon_->unix_target()));
   for (const std::vector<int64_t>& shape : std::vector<std::vector<int64_t>>{{2, 130, 96}, {1, 300, 64}, {3, 7, 34}}) {
     SCOPED_TRACE(::testing::PrintToString(shape));
-    absl::StatusOr<QuantizePlan> plan = MakeQuantizePlan(QuantDtype::kBfloat16, shape, ScaleRounding::kUp);
-    ASSERT_TRUE(plan.ok());
     QuantLayoutSpec spec;
     spec.layout = QuantLayout::kHopper;
     spec.mma_version = 2;
     spec.num_warps = 4;
     spec.align_k = 4;
-    absl::StatusOr<QuantOutputSizes> sizes = PlanQuantizeLayout(*plan, spec);
-    ASSERT_TRUE(sizes.ok());
-    std::vector<uint8_t> in(static_cast<size_t>(plan->input_bytes));
-    for (auto& b : in) b = static_cast<uint8_t>(rng());
-    std::vector<uint8_t> v(static_cast<size_t>(sizes->values_bytes)), s(static_cast<size_t>(sizes->scales_bytes));
-    ASSERT_TRUE(QuantizeLayoutOnCpu(*plan, spec, in.data(), in.size(), v.data(), v.size(), s.data(), s.size()).ok());
-    v1::QuantizeItem item = InlineBf16Item(shape, v1::QUANTIZE_LAYOUT_HOPPER, in);
+    const EngineBytes want = OnTheEngine(shape, spec, rng);
+    const std::vector<uint8_t>&v = want.values, &s = want.scales;
+    v1::QuantizeItem item = InlineBf16Item(shape, v1::QUANTIZE_LAYOUT_HOPPER, want.in);
     item.mutable_hopper()->set_mma_version(2);
     item.mutable_hopper()->set_mx_axis(-2);
     item.mutable_hopper_scale()->set_num_warps(4);

@@ -134,6 +134,27 @@ def test_blackwell_equals_quantize_then_the_swizzles(client, case):
     assert q.value_identity.conversion.startswith(f"bfloat16 -> quantize_mxfp4(scale_rounding={_rounding(case)})")
 
 
+SHUFFLED_BLOCKS = [(128, 256), (64, 32), (34, 7)]
+
+
+@pytest.mark.parametrize("block", SHUFFLED_BLOCKS, ids=[f"{k}x{n}" for k, n in SHUFFLED_BLOCKS])
+@pytest.mark.parametrize("case", CASES[::2], ids=[c["name"] for c in CASES[::2]])
+def test_blackwell_shuffled_equals_quantize_then_the_swizzles(client, case, block):
+    x = _input(case)
+    block_k, block_n = block
+    q = wprep.quantize_mxfp4(x, layout="blackwell_shuffled_value", block_k=block_k, block_n=block_n,
+                             scale_rounding=_rounding(case), client=client)
+    c = wprep.quantize_mxfp4(x, scale_rounding=_rounding(case), client=client)
+    *lead, n, k = x.shape
+    v = client.convert(Spec("blackwell_shuffled_value", block_k=block_k, block_n=block_n, packing_axis=-2),
+                       [*lead, k, n], c.values)
+    _, want_s = _blackwell_by_convert(client, x, _rounding(case))
+    assert q.values.tobytes() == v.data and q.scales.tobytes() == want_s
+    assert q.values.shape == tuple(v.shape)  # the swizzle's own report: [M, ntk, ntn, block_n, block_k/2]
+    assert q.value_identity.layout == f"BlackwellMX4ValueShuffledLayout(block_k={block_k}, block_n={block_n})"
+    assert q.scale_identity.layout == "BlackwellMXScaleLayout()"
+
+
 # -- the fused Hopper layout -------------------------------------------------------------------
 
 HOPPER_PARAMS = [(3, 8, 2), (2, 4, 4), (3, 1, 64), (2, 16, 2)]
@@ -175,16 +196,21 @@ def test_hopper_equals_quantize_then_the_swizzles(client, case, params):
     assert q.value_identity.conversion.startswith("bfloat16 -> quantize_mxfp4(scale_rounding=")
 
 
-def test_hopper_parameters_are_checked_before_sending(client):
+BAD_LAYOUT_PARAMS = [
+    ("hopper_value", {"mma_version": 4}, "mma_version"),
+    ("hopper_value", {"num_warps": 3}, "num_warps"),
+    ("hopper_value", {"align_k": 128}, "align_k"),
+    (None, {"num_warps": 4}, "hopper_value"),
+    ("blackwell_shuffled_value", {"block_k": 3}, "block_k"),
+    ("blackwell_shuffled_value", {"block_n": 0}, "block_n"),
+    ("blackwell_value", {"block_k": 64}, "blackwell_shuffled_value"),
+]
+
+
+@pytest.mark.parametrize("layout,params,word", BAD_LAYOUT_PARAMS)
+def test_layout_parameters_are_checked_before_sending(client, layout, params, word):
     x = np.zeros((4, 64), np.float32)
-    assert "mma_version" in _invalid(lambda: wprep.quantize_mxfp4(x, layout="hopper_value", mma_version=4,
-                                                                  client=client))
-    assert "num_warps" in _invalid(lambda: wprep.quantize_mxfp4(x, layout="hopper_value", num_warps=3,
-                                                                client=client))
-    assert "align_k" in _invalid(lambda: wprep.quantize_mxfp4(x, layout="hopper_value", align_k=128, client=client))
-    assert "hopper_value" in _invalid(lambda: wprep.quantize_mxfp4(x, num_warps=4, client=client))
-    assert "even K" in _invalid(lambda: wprep.quantize_mxfp4(np.zeros((4, 33), np.float32), layout="hopper_value",
-                                                             client=client))
+    assert word in _invalid(lambda: wprep.quantize_mxfp4(x, layout=layout, client=client, **params))
 
 
 def test_the_daemon_refuses_a_hopper_item_with_mx_axis_minus_1(client):
@@ -293,6 +319,8 @@ CLI_CASES = [
     ("bfloat16", "up", "hopper_value", (2, 300, 200)),
     ("float16", "down", "hopper_value", (3, 70, 96)),
     ("float32", "up", "hopper_value", (1, 257, 64)),
+    ("bfloat16", "down", "blackwell_shuffled_value", (2, 300, 200)),
+    ("float16", "up", "blackwell_shuffled_value", (2, 2, 7, 34)),
 ]
 
 
@@ -315,7 +343,7 @@ def test_equals_the_clis_local_engine(client, tmp_path, dtype, rounding, layout,
     assert (q.values.shape, q.scales.shape) == output_shapes(shape, layout)
 
 
-@pytest.mark.parametrize("layout", [None, "blackwell_value", "hopper_value"])
+@pytest.mark.parametrize("layout", [None, "blackwell_value", "blackwell_shuffled_value", "hopper_value"])
 def test_the_clients_output_shapes_are_the_daemons(client, layout):
     # A CUDA caller's outputs are allocated from output_shapes before the call: it must give
     # what the daemon answers, ragged and empty shapes included (the call checks the answer too).
@@ -357,7 +385,7 @@ def test_bad_shapes_are_refused(client):
 
 def test_bad_arguments_are_refused(client):
     x = np.zeros((2, 32), np.float32)
-    assert "layout" in _invalid(lambda: wprep.quantize_mxfp4(x, layout="blackwell_shuffled_value", client=client))
+    assert "layout" in _invalid(lambda: wprep.quantize_mxfp4(x, layout="blackwell_scale", client=client))
     assert "scale_rounding" in _invalid(lambda: wprep.quantize_mxfp4(x, scale_rounding="nearest", client=client))
     assert "numpy array" in _invalid(lambda: wprep.quantize_mxfp4([[1.0] * 32], client=client))
     assert "completion" in _invalid(lambda: wprep.quantize_mxfp4(x, completion="later", client=client))
@@ -453,7 +481,7 @@ def _bytes(t):
     return t.cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes()
 
 
-@pytest.mark.parametrize("layout", [None, "blackwell_value"])
+@pytest.mark.parametrize("layout", [None, "blackwell_value", "blackwell_shuffled_value"])
 @pytest.mark.parametrize("case", CASES[::3], ids=[c["name"] for c in CASES[::3]])
 def test_gpu_cuda_tensors_are_quantized_in_place_and_equal_the_cpu_engine(client, gpu_client, case, layout):
     torch = _torch_cuda()

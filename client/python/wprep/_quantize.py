@@ -20,6 +20,7 @@ on its GPU, with no device memory of the daemon's.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Iterator, List, Optional, Sequence, Tuple
 
@@ -35,6 +36,7 @@ Shape = Tuple[int, ...]
 
 _GROUP = 32
 _LAYOUTS = {None: pb.QUANTIZE_LAYOUT_CANONICAL, "blackwell_value": pb.QUANTIZE_LAYOUT_BLACKWELL,
+            "blackwell_shuffled_value": pb.QUANTIZE_LAYOUT_BLACKWELL_SHUFFLED,
             "hopper_value": pb.QUANTIZE_LAYOUT_HOPPER, "trtllm_w13": pb.QUANTIZE_LAYOUT_TRTLLM_W13,
             "trtllm_w2": pb.QUANTIZE_LAYOUT_TRTLLM_W2}
 _TRTLLM = ("trtllm_w13", "trtllm_w2")
@@ -97,7 +99,7 @@ def _trtllm_shapes(shape: Shape, layout: str, align: int) -> Tuple[Shape, Shape,
 
 
 def output_shapes(shape: Sequence[int], layout: Optional[str], num_warps: int = 8,
-                  align_k: int = 2, align: int = 256) -> Tuple[Shape, Shape]:
+                  align_k: int = 2, align: int = 256, block_k: int = 128, block_n: int = 256) -> Tuple[Shape, Shape]:
     """The (values, scales) shapes of the outputs' memory, row-major; one-byte elements.
 
     The same arithmetic as the daemon's planner, so that a CUDA caller's outputs can be
@@ -127,7 +129,14 @@ def output_shapes(shape: Sequence[int], layout: Optional[str], num_warps: int = 
         return (*shape[:-2], r // 4, 4 * c), (*shape[:-2], rs // 32, 32 * cs)
     mats = _prod(shape[:-2]) if n else 0
     per_matrix = _round_up((q + _GROUP - 1) // _GROUP, 8) * _round_up(n, 128)
-    return (*shape[:-1], _round_up(q // 2, 128)), (mats, per_matrix if mats else 0)
+    scales = (mats, per_matrix if mats else 0)
+    if layout == "blackwell_shuffled_value":
+        # [M, ntk, ntn, tile_n, tile_k]: tiles of block_n rows x block_k/2 bytes, K/2 padded to
+        # a multiple of lcm(128, tile_k), N to a multiple of tile_n.
+        tile_k = block_k // 2
+        kpad = _round_up(q // 2, 128 // math.gcd(128, tile_k) * tile_k)
+        return (_prod(shape[:-2]), kpad // tile_k, -(-n // block_n), block_n, tile_k), scales
+    return (*shape[:-1], _round_up(q // 2, 128)), scales
 
 
 def _check_args(layout: Optional[str], scale_rounding: str, completion: str, hopper: Sequence[int]) -> None:
@@ -140,9 +149,16 @@ def _check_args(layout: Optional[str], scale_rounding: str, completion: str, hop
     if completion != "host":
         raise _bad(f"completion must be 'host'; got {completion!r}")
     if layout not in _LAYOUTS:
-        raise _bad(f"layout must be None (canonical), 'blackwell_value', 'hopper_value', 'trtllm_w13' or "
-                   f"'trtllm_w2'; got {layout!r}")
+        raise _bad(f"layout must be None (canonical), 'blackwell_value', 'blackwell_shuffled_value', 'hopper_value', "
+                   f"'trtllm_w13' or 'trtllm_w2'; got {layout!r}")
     mma_version, num_warps, align_k = hopper[:3]
+    block_k, block_n = hopper[5:7]
+    if layout != "blackwell_shuffled_value" and (block_k, block_n) != (128, 256):
+        raise _bad("block_k and block_n are parameters of layout='blackwell_shuffled_value'")
+    if not isinstance(block_k, int) or block_k < 2 or block_k > 4096 or block_k % 2:
+        raise _bad(f"block_k must be an even number in [2, 4096]; got {block_k!r}")
+    if not isinstance(block_n, int) or block_n < 1 or block_n > 4096:
+        raise _bad(f"block_n must be in [1, 4096]; got {block_n!r}")
     if layout not in _TRTLLM and (hopper[3] != 256 or hopper[4] is not None):
         raise _bad("align and bias are parameters of layout='trtllm_w13' and 'trtllm_w2'")
     if layout != "hopper_value" and (mma_version, num_warps, align_k) != (3, 8, 2):
@@ -313,7 +329,7 @@ def _check_answer(item: "pb.BatchItemResult", shapes: Sequence[Shape]) -> None:
 
 def quantize_mxfp4(x: Any, *, layout: Optional[str] = None, scale_rounding: str = "up",
                    mma_version: int = 3, num_warps: int = 8, align_k: int = 2, align: int = 256,
-                   bias: Any = None,
+                   bias: Any = None, block_k: int = 128, block_n: int = 256,
                    out: Optional[Sequence[Any]] = None, client: Any = None, timeout: Optional[float] = None,
                    stream: Any = None, completion: str = "host") -> QuantizedMXFP4:
     """Quantizes `x` [..., Q] to MXFP4 (docs/LAYOUTS.md, "Quantization to MXFP4") in one round trip.
@@ -326,7 +342,10 @@ def quantize_mxfp4(x: Any, *, layout: Optional[str] = None, scale_rounding: str 
     layout: None for canonical values [..., ceil(Q/2)] and scales [..., ceil(Q/32)];
     "blackwell_value" for a weight stored [..., N, K] (even K): blackwell_value values
     [..., N, rup(K/2, 128)] and blackwell_scale scales [M, rup(ceil(K/32), 8) * rup(N, 128)]
-    (M matrices), fused in one pass; "hopper_value" for a weight stored [..., N, K] (even K):
+    (M matrices), fused in one pass; "blackwell_shuffled_value" the same with
+    blackwell_shuffled_value(block_k, block_n) values [M, ntk, ntn, block_n, block_k/2] (tiles
+    of block_n rows x block_k/2 bytes; defaults 128 and 256) and the same blackwell_scale
+    scales; "hopper_value" for a weight stored [..., N, K] (even K):
     hopper_value(mx_axis=-2, mma_version) values of the matmul's logical [..., K, N] and
     hopper_scale(mx_axis=-2, num_warps, align_k) scales of its [..., ceil(K/32), N], fused in
     one pass, returned as upstream's layouts report them: the transposed views
@@ -358,7 +377,7 @@ def quantize_mxfp4(x: Any, *, layout: Optional[str] = None, scale_rounding: str 
     (before anything is sent) and with the daemon's message for what the daemon refuses
     ("items[0].quantize..."), ExpandableSegmentsError for CUDA memory that cannot be shared.
     """
-    _check_args(layout, scale_rounding, completion, (mma_version, num_warps, align_k, align, bias))
+    _check_args(layout, scale_rounding, completion, (mma_version, num_warps, align_k, align, bias, block_k, block_n))
     if client is None:
         from ._mxfp4 import default_client
 
@@ -372,6 +391,9 @@ def quantize_mxfp4(x: Any, *, layout: Optional[str] = None, scale_rounding: str 
         item.hopper.mma_version = mma_version
         item.hopper_scale.num_warps = num_warps
         item.hopper_scale.align_k = align_k
+    if layout == "blackwell_shuffled_value":
+        item.blackwell.block_k = block_k
+        item.blackwell.block_n = block_n
     trtllm = layout in _TRTLLM
     if trtllm:
         item.align = align
@@ -382,7 +404,7 @@ def quantize_mxfp4(x: Any, *, layout: Optional[str] = None, scale_rounding: str 
     torch_in = False
     if cuda:
         item.dtype = _cuda_dtype(x)
-        shapes = output_shapes(x.shape, layout, num_warps, align_k, align)
+        shapes = output_shapes(x.shape, layout, num_warps, align_k, align, block_k, block_n)
         if bias is not None:
             shapes = (*shapes, bias_shape)
         if not x.is_contiguous():
@@ -403,7 +425,7 @@ def quantize_mxfp4(x: Any, *, layout: Optional[str] = None, scale_rounding: str 
     else:
         a, torch_in = _host_array(x)
         item.dtype, item.source.inline_bytes = _numpy_source(a)
-        shapes = output_shapes(a.shape, layout, num_warps, align_k, align)
+        shapes = output_shapes(a.shape, layout, num_warps, align_k, align, block_k, block_n)
         if bias is not None:
             b, _ = _host_array(bias)
             item.bias_dtype, item.bias.inline_bytes = _numpy_source(b)

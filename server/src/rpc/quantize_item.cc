@@ -61,11 +61,22 @@ const char* DTypeName(QuantDtype d) {
   return "?";
 }
 
-// The conversion a fused Hopper output equals: the swizzle of the logical [..., K, N]
-// (values, from packing -2) or of its scales [..., ceil(K/32), N].
-ConversionSpec HopperSpecOf(const QuantizeJob& job, bool values) {
+// The conversion a fused Hopper or Blackwell output equals: the swizzle of the logical
+// [..., K, N] (values, from packing -2) or of its scales [..., ceil(K/32), N].
+ConversionSpec FusedSpecOf(const QuantizeJob& job, bool values) {
   ConversionSpec spec;
   spec.direction = Direction::kSwizzle;
+  if (job.layout.layout != QuantLayout::kHopper) {
+    const bool shuffled = job.layout.layout == QuantLayout::kBlackwellShuffled;
+    spec.layout = values ? (shuffled ? Layout::kBlackwellShuffledValue : Layout::kBlackwellValue)
+                         : Layout::kBlackwellScale;
+    if (values) spec.packing_axis = -2;
+    if (values && shuffled) {
+      spec.blackwell.block_k = job.layout.block_k;
+      spec.blackwell.block_n = job.layout.block_n;
+    }
+    return spec;
+  }
   if (values) {
     spec.layout = Layout::kHopperValue;
     spec.hopper.mx_axis = -2;
@@ -80,7 +91,7 @@ ConversionSpec HopperSpecOf(const QuantizeJob& job, bool values) {
   return spec;
 }
 
-std::vector<int64_t> HopperLogicalShape(const QuantizeJob& job, bool values) {
+std::vector<int64_t> FusedLogicalShape(const QuantizeJob& job, bool values) {
   std::vector<int64_t> shape(job.plan.input_shape.begin(), job.plan.input_shape.end());
   const size_t r = shape.size();
   const int64_t n = shape[r - 2], k = shape[r - 1];
@@ -112,9 +123,13 @@ absl::StatusOr<QuantizeJob> JobFromProto(const v1::QuantizeItem& item, const std
     case v1::QUANTIZE_LAYOUT_TRTLLM_W2:
       job.layout.layout = QuantLayout::kTrtllmW2;
       break;
+    case v1::QUANTIZE_LAYOUT_BLACKWELL_SHUFFLED:
+      job.layout.layout = QuantLayout::kBlackwellShuffled;
+      break;
     default:
       return Bad(absl::StrCat(prefix, ".layout must be QUANTIZE_LAYOUT_CANONICAL, QUANTIZE_LAYOUT_BLACKWELL, ",
-                              "QUANTIZE_LAYOUT_HOPPER, QUANTIZE_LAYOUT_TRTLLM_W13 or QUANTIZE_LAYOUT_TRTLLM_W2, got ",
+                              "QUANTIZE_LAYOUT_BLACKWELL_SHUFFLED, QUANTIZE_LAYOUT_HOPPER, ",
+                              "QUANTIZE_LAYOUT_TRTLLM_W13 or QUANTIZE_LAYOUT_TRTLLM_W2, got ",
                               static_cast<int>(item.layout())));
   }
   const bool trtllm = job.layout.layout == QuantLayout::kTrtllmW13 || job.layout.layout == QuantLayout::kTrtllmW2;
@@ -131,6 +146,18 @@ absl::StatusOr<QuantizeJob> JobFromProto(const v1::QuantizeItem& item, const std
   if (job.layout.layout != QuantLayout::kHopper && (item.has_hopper() || item.has_hopper_scale())) {
     return Bad(absl::StrCat(prefix, item.has_hopper() ? ".hopper" : ".hopper_scale",
                             " is for layout QUANTIZE_LAYOUT_HOPPER only; leave it unset"));
+  }
+  if (job.layout.layout != QuantLayout::kBlackwellShuffled && item.has_blackwell()) {
+    return Bad(absl::StrCat(prefix, ".blackwell is for layout QUANTIZE_LAYOUT_BLACKWELL_SHUFFLED only; leave it unset"));
+  }
+  if (item.blackwell().has_block_k() || item.blackwell().has_block_n()) {
+    const std::pair<const char*, int64_t> blocks[] = {{".blackwell.block_k", item.blackwell().block_k()},
+                                                      {".blackwell.block_n", item.blackwell().block_n()}};
+    for (const auto& [field, v] : blocks) {
+      if (v < 1 || v > 4096) return Bad(absl::StrCat(prefix, field, " must be in [1, 4096], got ", v));
+    }
+    if (item.blackwell().has_block_k()) job.layout.block_k = static_cast<int>(item.blackwell().block_k());
+    if (item.blackwell().has_block_n()) job.layout.block_n = static_cast<int>(item.blackwell().block_n());
   }
   if (job.layout.layout == QuantLayout::kHopper) {
     const std::pair<const char*, bool> axes[] = {
@@ -160,7 +187,11 @@ absl::StatusOr<QuantizeJob> JobFromProto(const v1::QuantizeItem& item, const std
   job.scales_shape = job.plan.scales_shape;
   job.values_strides = DenseStrides(job.values_shape);
   job.scales_strides = DenseStrides(job.scales_shape);
-  if (job.layout.layout == QuantLayout::kBlackwell) {
+  const bool blackwell = job.layout.layout == QuantLayout::kBlackwell ||
+                         job.layout.layout == QuantLayout::kBlackwellShuffled;
+  if (blackwell) {
+    // Values [..., N, Kpad] (blackwell_value; the shuffled tiles below), scales one row of
+    // blackwell_scale bytes a matrix.
     const size_t r = job.plan.input_shape.size();
     const int64_t n = job.plan.input_shape[r - 2], k = job.plan.q;
     job.values_shape.assign(job.plan.input_shape.begin(), job.plan.input_shape.end() - 1);
@@ -191,13 +222,15 @@ absl::StatusOr<QuantizeJob> JobFromProto(const v1::QuantizeItem& item, const std
       return Bad(absl::StrCat(prefix, item.has_bias_out() ? ".bias_out" : ".bias_dtype", " is set without .bias"));
     }
   }
-  if (job.layout.layout == QuantLayout::kHopper) {
+  if (job.layout.layout == QuantLayout::kHopper || job.layout.layout == QuantLayout::kBlackwellShuffled) {
     // Shapes and strides as a convert item's swizzle reports them (the upstream layout
-    // objects' transposed views), from the conversion planner.
+    // objects' views), from the conversion planner: both Hopper outputs, the shuffled values.
     for (bool values : {true, false}) {
-      absl::StatusOr<Plan> p = MakePlan(HopperSpecOf(job, values), HopperLogicalShape(job, values));
-      if (!p.ok() || p->output_bytes != (values ? job.values_bytes : job.scales_bytes)) {
-        return absl::InternalError(absl::StrCat(prefix, ": the Hopper ", values ? "value" : "scale",
+      if (!values && job.layout.layout != QuantLayout::kHopper) continue;
+      absl::StatusOr<Plan> p = MakePlan(FusedSpecOf(job, values), FusedLogicalShape(job, values));
+      if (!p.ok()) return Bad(absl::StrCat(prefix, ".shape: ", p.status().message()));
+      if (p->output_bytes != (values ? job.values_bytes : job.scales_bytes)) {
+        return absl::InternalError(absl::StrCat(prefix, ": the ", values ? "value" : "scale",
                                                 " layout's plan disagrees with the fused quantizer's"));
       }
       (values ? job.values_shape : job.scales_shape) = p->output_shape;
@@ -325,15 +358,7 @@ v1::LayoutIdentity IdentityOf(const QuantizeJob& job, bool values) {
     return id;
   }
   if (job.layout.layout != QuantLayout::kCanonical) {
-    ConversionSpec spec;
-    if (job.layout.layout == QuantLayout::kHopper) {
-      spec = HopperSpecOf(job, values);
-    } else {
-      spec.layout = values ? Layout::kBlackwellValue : Layout::kBlackwellScale;
-      spec.direction = Direction::kSwizzle;
-      spec.packing_axis = -2;
-    }
-    id = IdentityToProto(spec);
+    id = IdentityToProto(FusedSpecOf(job, values));
     id.set_conversion(absl::StrCat(quantize, " -> ", id.conversion()));
     return id;
   }

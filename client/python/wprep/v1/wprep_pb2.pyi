@@ -26,6 +26,7 @@ QUANTIZE_DTYPE_FLOAT16: QuantizeDType
 QUANTIZE_DTYPE_FLOAT32: QuantizeDType
 QUANTIZE_DTYPE_UNSPECIFIED: QuantizeDType
 QUANTIZE_LAYOUT_BLACKWELL: QuantizeLayout
+QUANTIZE_LAYOUT_BLACKWELL_SHUFFLED: QuantizeLayout
 QUANTIZE_LAYOUT_CANONICAL: QuantizeLayout
 QUANTIZE_LAYOUT_HOPPER: QuantizeLayout
 QUANTIZE_LAYOUT_TRTLLM_W13: QuantizeLayout
@@ -519,11 +520,12 @@ class PlanResponse(_message.Message):
     def __init__(self, input_shape: _Optional[_Iterable[int]] = ..., input_strides: _Optional[_Iterable[int]] = ..., input_bytes: _Optional[int] = ..., output_shape: _Optional[_Iterable[int]] = ..., output_strides: _Optional[_Iterable[int]] = ..., output_bytes: _Optional[int] = ..., description: _Optional[str] = ..., identity: _Optional[_Union[LayoutIdentity, _Mapping]] = ...) -> None: ...
 
 class QuantizeItem(_message.Message):
-    __slots__ = ["align", "bias", "bias_dtype", "bias_out", "dtype", "hopper", "hopper_scale", "layout", "scale_rounding", "scales", "shape", "source", "values"]
+    __slots__ = ["align", "bias", "bias_dtype", "bias_out", "blackwell", "dtype", "hopper", "hopper_scale", "layout", "scale_rounding", "scales", "shape", "source", "values"]
     ALIGN_FIELD_NUMBER: _ClassVar[int]
     BIAS_DTYPE_FIELD_NUMBER: _ClassVar[int]
     BIAS_FIELD_NUMBER: _ClassVar[int]
     BIAS_OUT_FIELD_NUMBER: _ClassVar[int]
+    BLACKWELL_FIELD_NUMBER: _ClassVar[int]
     DTYPE_FIELD_NUMBER: _ClassVar[int]
     HOPPER_FIELD_NUMBER: _ClassVar[int]
     HOPPER_SCALE_FIELD_NUMBER: _ClassVar[int]
@@ -537,6 +539,7 @@ class QuantizeItem(_message.Message):
     bias: TensorSource
     bias_dtype: QuantizeDType
     bias_out: TensorDestination
+    blackwell: BlackwellParams
     dtype: QuantizeDType
     hopper: HopperValueParams
     hopper_scale: HopperScaleParams
@@ -546,7 +549,7 @@ class QuantizeItem(_message.Message):
     shape: _containers.RepeatedScalarFieldContainer[int]
     source: TensorSource
     values: TensorDestination
-    def __init__(self, dtype: _Optional[_Union[QuantizeDType, str]] = ..., shape: _Optional[_Iterable[int]] = ..., scale_rounding: _Optional[_Union[ScaleRounding, str]] = ..., layout: _Optional[_Union[QuantizeLayout, str]] = ..., source: _Optional[_Union[TensorSource, _Mapping]] = ..., values: _Optional[_Union[TensorDestination, _Mapping]] = ..., scales: _Optional[_Union[TensorDestination, _Mapping]] = ..., hopper: _Optional[_Union[HopperValueParams, _Mapping]] = ..., hopper_scale: _Optional[_Union[HopperScaleParams, _Mapping]] = ..., align: _Optional[int] = ..., bias: _Optional[_Union[TensorSource, _Mapping]] = ..., bias_dtype: _Optional[_Union[QuantizeDType, str]] = ..., bias_out: _Optional[_Union[TensorDestination, _Mapping]] = ...) -> None: ...
+    def __init__(self, dtype: _Optional[_Union[QuantizeDType, str]] = ..., shape: _Optional[_Iterable[int]] = ..., scale_rounding: _Optional[_Union[ScaleRounding, str]] = ..., layout: _Optional[_Union[QuantizeLayout, str]] = ..., source: _Optional[_Union[TensorSource, _Mapping]] = ..., values: _Optional[_Union[TensorDestination, _Mapping]] = ..., scales: _Optional[_Union[TensorDestination, _Mapping]] = ..., hopper: _Optional[_Union[HopperValueParams, _Mapping]] = ..., hopper_scale: _Optional[_Union[HopperScaleParams, _Mapping]] = ..., align: _Optional[int] = ..., bias: _Optional[_Union[TensorSource, _Mapping]] = ..., bias_dtype: _Optional[_Union[QuantizeDType, str]] = ..., bias_out: _Optional[_Union[TensorDestination, _Mapping]] = ..., blackwell: _Optional[_Union[BlackwellParams, _Mapping]] = ...) -> None: ...
 
 class RegisterIpcHandlesRequest(_message.Message):
     __slots__ = ["handles"]

@@ -48,38 +48,23 @@ absl::Status QuantizeOnCpu(const QuantizePlan& plan, const uint8_t* in, size_t i
                            uint8_t* values, size_t values_size, uint8_t* scales,
                            size_t scales_size);
 
-// Fused quantize-and-lay-out for Blackwell (blackwell_value + blackwell_scale), on the CPU:
-// a weight stored [..., N, K] quantizes along K into the checkpoint-order MXFP4 of the
-// matmul's logical [..., K, N] (packing axis -2), and each output byte is written straight
-// from its quantized group; no canonical copy is made. Byte-equal to QuantizeOnCpu followed
-// by the blackwell_value swizzle (packing -2) and the blackwell_scale swizzle of the
-// transposed scale view [..., K/32, N]. Needs rank >= 2 and an even K.
-struct FusedBlackwellSizes {
-  int64_t values_bytes = 0;  // [..., N, rup(K/2, 128)]
-  int64_t scales_bytes = 0;  // per matrix rup(ceil(K/32), 8) * rup(N, 128)
-};
-absl::StatusOr<FusedBlackwellSizes> PlanQuantizeBlackwell(const QuantizePlan& plan);
-absl::Status QuantizeBlackwellOnCpu(const QuantizePlan& plan, const uint8_t* in, size_t in_size,
-                                    uint8_t* values, size_t values_size, uint8_t* scales,
-                                    size_t scales_size);
-
 // The same on the GPU: `in`, `values` and `scales` are device pointers on one GPU; one kernel
 // launch on `stream`, no allocation, no synchronization; byte-equal to QuantizeOnCpu.
 // Unimplemented in a build without CUDA.
 absl::Status QuantizeOnCuda(const QuantizePlan& plan, const void* in, void* values, void* scales,
                             CudaStream stream);
 
-// The fused Blackwell pair on the GPU (two launches on `stream`: values, then scales; no
-// canonical buffer). Byte-equal to QuantizeBlackwellOnCpu.
-absl::Status QuantizeBlackwellOnCuda(const QuantizePlan& plan, const void* in, void* values,
-                                     void* scales, CudaStream stream);
-
 // Where quantized values and scales go: canonical storage, or one of the fused pairs of a
 // weight stored [..., N, K] (quantized along K into the checkpoint-order MXFP4 of the
 // matmul's logical [..., K, N]).
 enum class QuantLayout {
   kCanonical,  // values [..., ceil(Q/2)], scales [..., ceil(Q/32)]
-  kBlackwell,  // blackwell_value + blackwell_scale (QuantizeBlackwellOnCpu)
+  // blackwell_value of the logical [..., K, N] from packing -2 (the quantized rows padded to
+  // rup(K/2, 128) bytes: [..., N, Kpad]) and blackwell_scale of its scales [..., ceil(K/32), N].
+  kBlackwell,
+  // blackwell_shuffled_value(block_k, block_n) of the logical [..., K, N] from packing -2 and
+  // blackwell_scale of its scales: byte-equal to QuantizeOnCpu followed by those two swizzles.
+  kBlackwellShuffled,
   // hopper_value(mx_axis=-2, mma_version) of the logical [..., K, N] from packing -2, and
   // hopper_scale(mx_axis=-2, num_warps, align_k) of its scales [..., ceil(K/32), N]:
   // byte-equal to QuantizeOnCpu followed by those two swizzles.
@@ -100,6 +85,9 @@ struct QuantLayoutSpec {
   int align_k = 2;
   // kTrtllmW13 / kTrtllmW2 only: the load-time padding of H and I, a positive multiple of 128.
   int64_t align = 256;
+  // kBlackwellShuffled only: block_k even in [2, 4096], block_n in [1, 4096] (FP4 values).
+  int block_k = 128;
+  int block_n = 256;
 };
 
 struct QuantOutputSizes {
@@ -124,8 +112,8 @@ struct QuantBias {
 };
 
 // The byte sizes `spec` writes for `plan`; INVALID_ARGUMENT for a shape or parameter the
-// layout cannot take (the fused pairs need rank >= 2 and an even K; the trtllm layouts rank
-// 3, K a multiple of 32 and, for w13, an even R).
+// layout cannot take (the fused pairs need rank >= 2 and an even K, the Blackwell ones N and
+// K/2 below 2^31; the trtllm layouts rank 3, K a multiple of 32 and, for w13, an even R).
 absl::StatusOr<QuantOutputSizes> PlanQuantizeLayout(const QuantizePlan& plan, const QuantLayoutSpec& spec);
 
 // Quantizes into `spec`'s layout on the CPU. The fused layouts write each output byte from
@@ -137,8 +125,9 @@ absl::Status QuantizeLayoutOnCpu(const QuantizePlan& plan, const QuantLayoutSpec
 
 // The same on the GPU (device pointers on one GPU; launches on `stream`, no allocation, no
 // synchronization). The Hopper pair and the trtllm values + scales are one launch each: a
-// block quantizes a tile into shared memory and writes both outputs from it. Unimplemented
-// in a build without CUDA.
+// block quantizes a tile into shared memory and writes both outputs from it; the Blackwell
+// pairs write each group's value word and scale byte in place, the padding in a second
+// launch. Unimplemented in a build without CUDA.
 absl::Status QuantizeLayoutOnCuda(const QuantizePlan& plan, const QuantLayoutSpec& spec, const void* in,
                                   void* values, void* scales, CudaStream stream, const QuantBias& bias = {});
 
