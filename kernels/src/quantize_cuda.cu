@@ -43,31 +43,24 @@ __device__ __forceinline__ float Load(const uint8_t* row, int64_t i) {
 // round-to-nearest-even is the number of thresholds 0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5
 // it passes, strictly for the ties that round down (0.25, 1.25, 2.5, 5: written as the
 // next bf16 up, so every compare is >=) and inclusively for those that round up; values
-// above 6 pass all seven (code 7, saturation). The thresholds are nested, so three
-// compares find the count, a binary search per bf16 half.
+// above 6 pass all seven (code 7, saturation). The count is summed in bf16 on the FMA pipe
+// (a compare gives 1.0 or 0.0, added to 128.0, whose last fraction bits are then the count):
+// the integer pipe, the quantizers' bottleneck, only packs the result.
 inline constexpr uint32_t kFastMinE = 8, kFastMaxE = 253;
 
 __device__ __forceinline__ uint32_t Pair(uint32_t h) { return h | h << 16; }
 
-__device__ __forceinline__ uint32_t GeMask(uint32_t a, uint32_t b) {
-  return __hge2_mask(*reinterpret_cast<const __nv_bfloat162*>(&a),
-                     *reinterpret_cast<const __nv_bfloat162*>(&b));
-}
+__device__ __forceinline__ __nv_bfloat162 AsBf162(uint32_t u) { return *reinterpret_cast<const __nv_bfloat162*>(&u); }
 
 // Two e2m1 codes (sign in bit 3) of |x| * qs from bf16x2 `w`, in bits 0-3 and 16-19.
 __device__ __forceinline__ uint32_t EncodePair(uint32_t w, uint32_t qs2) {
-  const uint32_t a = w & 0x7FFF7FFFu;
-  const __nv_bfloat162 prod = __hmul2(*reinterpret_cast<const __nv_bfloat162*>(&a),
-                                      *reinterpret_cast<const __nv_bfloat162*>(&qs2));
-  const uint32_t q = *reinterpret_cast<const uint32_t*>(&prod);
-  // bf16 bits of the thresholds: 1.75; 0.75 | 3.5; 0.25+ | 1.25+ | 2.5+ | 5+.
-  const uint32_t m4 = GeMask(q, Pair(0x3FE0u));
-  const uint32_t t2 = (m4 & Pair(0x4060u)) | (~m4 & Pair(0x3F40u));
-  const uint32_t m2 = GeMask(q, t2);
-  const uint32_t lo = (m2 & Pair(0x3FA1u)) | (~m2 & Pair(0x3E81u));
-  const uint32_t hi = (m2 & Pair(0x40A1u)) | (~m2 & Pair(0x4021u));
-  const uint32_t m1 = GeMask(q, (m4 & hi) | (~m4 & lo));
-  return (m4 & 0x00040004u) | (m2 & 0x00020002u) | (m1 & 0x00010001u) | ((w >> 12) & 0x00080008u);
+  const __nv_bfloat162 q = __hmul2(AsBf162(w & 0x7FFF7FFFu), AsBf162(qs2));
+  // bf16 bits of the thresholds: 0.25+, 0.75, 1.25+, 1.75, 2.5+, 3.5, 5+.
+  constexpr uint32_t kThresholds[7] = {0x3E81u, 0x3F40u, 0x3FA1u, 0x3FE0u, 0x4021u, 0x4060u, 0x40A1u};
+  __nv_bfloat162 count = AsBf162(Pair(0x4300u));  // 128.0: its ulp is 1, so 128 + n is exact
+  WPREP_UNROLL
+  for (uint32_t t : kThresholds) count = __hadd2(count, __hge2(q, AsBf162(Pair(t))));
+  return (*reinterpret_cast<const uint32_t*>(&count) & 0x00070007u) | ((w >> 12) & 0x00080008u);
 }
 
 __device__ __forceinline__ uint32_t Bf16MaxNan(uint32_t a, uint32_t b) {
@@ -183,11 +176,11 @@ __device__ __forceinline__ uint32_t Bf16LaneCodes(const uint4& raw, uint32_t gro
   m = Bf16MaxNan(m, __shfl_xor_sync(group_lanes, m, 1));
   m = Bf16MaxNan(m, __shfl_xor_sync(group_lanes, m, 2));
   m = Bf16MaxNan(m, m >> 16);
-  const float amax = qmath::Bf16ToFloat(static_cast<uint16_t>(m));
-  uint32_t e = qmath::ScaleBits(amax, up);
+  const uint32_t eb = qmath::Bf16ScaleByte(m & 0xFFFFu, up, kFastMinE, kFastMaxE);  // no float division
+  uint32_t e = eb << 23;
   uint32_t out = 0;
-  if (amax == amax && (e >> 23) >= kFastMinE && (e >> 23) <= kFastMaxE) {
-    const uint32_t qs2 = Pair((254u - (e >> 23)) << 7);
+  if (eb != 0) {
+    const uint32_t qs2 = Pair((254u - eb) << 7);
     WPREP_UNROLL
     for (int p = 0; p < 4; ++p) {
       const uint32_t c = EncodePair(w[p], qs2);

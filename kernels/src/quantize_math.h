@@ -93,6 +93,19 @@ WPREP_HD uint32_t EncodeE2m1(float q) {
   return code | sign >> 28;
 }
 
+// Step 2 for the packed bf16 encoder: the scale byte ScaleBits(amax, up) >> 23 of a group whose
+// amax (a magnitude) has bf16 bits `h`, from the bits alone (no division), or 0 where the encoder does not
+// take the group (amax zero, subnormal, inf or NaN, or a scale byte outside [lo, hi]). For a
+// normal amax = 1.f * 2^(b-127), amax / 6 = (1.f / 1.5) * 2^(b-129) has exponent field b - 2
+// when 1.f >= 1.5, else b - 3, and is a power of two only when 1.f == 1.5: bf16's 7 fraction
+// bits keep the rounded quotient off the next power of two. tests/kernels/quantize_test.cc
+// holds it to ScaleBits for every bf16.
+WPREP_HD uint32_t Bf16ScaleByte(uint32_t h, bool up, uint32_t lo, uint32_t hi) {
+  const uint32_t b = (h >> 7) & 0xFFu, f = h & 0x7Fu;
+  const uint32_t eb = b - (f >= 0x40u ? 2u : 3u) + (up && f != 0x40u ? 1u : 0u);
+  return b >= 1 && b <= 254 && eb >= lo && eb <= hi ? eb : 0u;
+}
+
 }  // namespace qmath
 
 // The fused Blackwell pairs of a weight stored [mats, N, K]: the checkpoint-order value

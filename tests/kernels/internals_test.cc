@@ -1,6 +1,6 @@
 // The engine's internals behind the public plan (kernels/src, on this test's include path
 // only): the geometry MakePlan builds, the tile dispatch, the one Gcd, and the occupancy
-// decision of the CUDA engine.
+// decision of the CUDA engine, and the packed quantizer's scale byte.
 #include <gtest/gtest.h>
 
 #include <memory>
@@ -11,6 +11,7 @@
 
 #include "layout_math.h"
 #include "occupancy.h"
+#include "quantize_math.h"
 #include "tiles.h"
 #include "wprep/kernels/cpu_engine.h"
 #include "wprep/kernels/plan.h"
@@ -130,6 +131,27 @@ TEST(Occupancy, FailedQueriesAreReported) {
   EXPECT_EQ(no_occupancy.blocks, 132);
   EXPECT_NE(ResidencyWarning(no_occupancy, "K", 1).find("occupancy query failed"),
             std::string::npos);
+}
+
+// The packed encoder's scale byte from amax's bits equals step 2 for every bf16 it takes, and
+// it takes every normal amax whose byte is in range.
+TEST(QuantizeMath, Bf16ScaleByteIsScaleBitsForEveryBf16) {
+  int taken = 0;
+  for (const bool up : {true, false}) {
+    for (uint32_t h = 0; h < 0x8000; ++h) {  // magnitudes: the encoder's amax has no sign
+      const float amax = qmath::Bf16ToFloat(static_cast<uint16_t>(h));
+      const uint32_t want = qmath::ScaleBits(amax, up) >> 23;
+      const uint32_t got = qmath::Bf16ScaleByte(h, up, 8, 253);
+      const bool normal = h >= 0x80u && h < 0x7F80u;
+      if (normal && want >= 8 && want <= 253) {
+        ASSERT_EQ(got, want) << std::hex << h << " up " << up;
+        ++taken;
+      } else {
+        ASSERT_EQ(got, 0u) << std::hex << h << " up " << up;
+      }
+    }
+  }
+  EXPECT_GT(taken, 60000);  // 2 x 253 binades x 128, less the scales out of range
 }
 
 }  // namespace
