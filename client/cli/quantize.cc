@@ -314,10 +314,10 @@ absl::Status Run(const std::vector<std::string>& args) {
     std::printf("values_shape [%s] scales_shape [%s] (%s)\n", absl::StrJoin(sizes->values_shape, ", ").c_str(),
                 absl::StrJoin(sizes->scales_shape, ", ").c_str(), sizes->moe_plan->identity.c_str());
   } else if (layout.layout != QuantLayout::kCanonical) {
-    const bool hopper = layout.layout == QuantLayout::kHopper;
     std::printf("values_bytes %lld (%s) scales_bytes %lld (%s)\n", static_cast<long long>(values_bytes),
-                hopper ? "hopper_value" : "blackwell_value", static_cast<long long>(scales_bytes),
-                hopper ? "hopper_scale" : "blackwell_scale");
+                std::string(LayoutName(QuantLayoutConversion(layout, true).layout)).c_str(),
+                static_cast<long long>(scales_bytes),
+                std::string(LayoutName(QuantLayoutConversion(layout, false).layout)).c_str());
   } else {
     std::printf("values_shape [%s] scales_shape [%s]\n",
                 absl::StrJoin(plan->values_shape, ", ").c_str(),

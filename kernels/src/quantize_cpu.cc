@@ -13,6 +13,7 @@
 #include "moe_geometry.h"
 #include "quantize_math.h"
 #include "wprep/kernels/moe.h"
+#include "wprep/kernels/plan.h"
 #include "wprep/spec/status_macros.h"
 
 namespace wprep {
@@ -299,36 +300,112 @@ absl::StatusOr<FusedTrtllmGeometry> FusedTrtllmGeometryOf(const QuantizePlan& pl
   return g;
 }
 
+ConversionSpec QuantLayoutConversion(const QuantLayoutSpec& spec, bool values) {
+  ConversionSpec c;
+  c.direction = Direction::kSwizzle;
+  if (spec.layout == QuantLayout::kHopper) {
+    if (values) {
+      c.layout = Layout::kHopperValue;
+      c.hopper.mx_axis = -2;
+      c.hopper.mma_version = spec.mma_version;
+      c.packing_axis = -2;
+    } else {
+      c.layout = Layout::kHopperScale;
+      c.hopper_scale.mx_axis = -2;
+      c.hopper_scale.num_warps = spec.num_warps;
+      c.hopper_scale.align_k = spec.align_k;
+    }
+    return c;
+  }
+  const bool shuffled = spec.layout == QuantLayout::kBlackwellShuffled;
+  c.layout = !values ? Layout::kBlackwellScale : shuffled ? Layout::kBlackwellShuffledValue : Layout::kBlackwellValue;
+  if (values) c.packing_axis = -2;
+  if (values && shuffled) {
+    c.blackwell.block_k = spec.block_k;
+    c.blackwell.block_n = spec.block_n;
+  }
+  return c;
+}
+
+namespace {
+
+// An output's shape and strides as QuantLayoutConversion's swizzle of the logical
+// [..., K, N] (or [..., ceil(K/32), N]) reports them; its bytes must be `bytes`.
+absl::Status ReportedAsSwizzle(const QuantizePlan& plan, const QuantLayoutSpec& spec, bool values, int64_t bytes,
+                               std::vector<int64_t>* shape, std::vector<int64_t>* strides) {
+  std::vector<int64_t> logical = plan.input_shape;
+  const size_t r = logical.size();
+  const int64_t n = logical[r - 2], k = logical[r - 1];
+  logical[r - 2] = values ? k : CeilDiv(k, qmath::kGroup);
+  logical[r - 1] = n;
+  absl::StatusOr<Plan> p = MakePlan(QuantLayoutConversion(spec, values), logical);
+  if (!p.ok()) return absl::InvalidArgumentError(absl::StrCat("shape: ", p.status().message()));
+  if (p->output_bytes != static_cast<uint64_t>(bytes)) {
+    return absl::InternalError("the layout's conversion plan and the fused quantizer disagree on its size");
+  }
+  *shape = p->output_shape;
+  *strides = p->output_strides;
+  return absl::OkStatus();
+}
+
+std::vector<int64_t> Dense(const std::vector<int64_t>& shape) {
+  std::vector<int64_t> strides(shape.size(), 1);
+  for (size_t i = shape.size(); i-- > 1;) strides[i - 1] = strides[i] * shape[i];
+  return strides;
+}
+
+}  // namespace
+
 absl::StatusOr<QuantOutputSizes> PlanQuantizeLayout(const QuantizePlan& plan, const QuantLayoutSpec& spec) {
   QuantOutputSizes sizes;
   switch (spec.layout) {
     case QuantLayout::kCanonical:
       sizes.values_bytes = plan.values_bytes;
       sizes.scales_bytes = plan.scales_bytes;
-      return sizes;
+      sizes.values_shape = plan.values_shape;
+      sizes.scales_shape = plan.scales_shape;
+      break;
     case QuantLayout::kBlackwell:
     case QuantLayout::kBlackwellShuffled: {
       auto g = FusedBlackwellGeometryOf(plan, spec);
       if (!g.ok()) return g.status();
       sizes.values_bytes = g->mats * g->v_mat_bytes;
       sizes.scales_bytes = g->mats * g->s_mat_bytes;
-      return sizes;
+      sizes.values_shape.assign(plan.input_shape.begin(), plan.input_shape.end() - 1);  // [..., N, Kpad]
+      sizes.values_shape.push_back(g->vt.kpad);
+      sizes.scales_shape = {g->mats, g->mats == 0 ? 0 : g->s_mat_bytes};
+      if (spec.layout == QuantLayout::kBlackwellShuffled) {
+        sizes.scales_strides = Dense(sizes.scales_shape);
+        WPREP_RETURN_IF_ERROR(
+            ReportedAsSwizzle(plan, spec, true, sizes.values_bytes, &sizes.values_shape, &sizes.values_strides));
+        return sizes;
+      }
+      break;
     }
     case QuantLayout::kHopper: {
       auto g = FusedHopperGeometryOf(plan, spec);
       if (!g.ok()) return g.status();
       sizes.values_bytes = g->mats * g->v_mat_bytes;
       sizes.scales_bytes = g->mats * g->s_mat_bytes;
+      WPREP_RETURN_IF_ERROR(
+          ReportedAsSwizzle(plan, spec, true, sizes.values_bytes, &sizes.values_shape, &sizes.values_strides));
+      WPREP_RETURN_IF_ERROR(
+          ReportedAsSwizzle(plan, spec, false, sizes.scales_bytes, &sizes.scales_shape, &sizes.scales_strides));
       return sizes;
     }
     case QuantLayout::kTrtllmW13:
     case QuantLayout::kTrtllmW2: {
       auto g = FusedTrtllmGeometryOf(plan, spec);
       if (!g.ok()) return g.status();
-      return TrtllmSizes(*g);
+      sizes = TrtllmSizes(*g);
+      break;
     }
+    default:
+      return absl::InvalidArgumentError("layout: unknown quantize layout");
   }
-  return absl::InvalidArgumentError("layout: unknown quantize layout");
+  sizes.values_strides = Dense(sizes.values_shape);
+  sizes.scales_strides = Dense(sizes.scales_shape);
+  return sizes;
 }
 
 namespace {

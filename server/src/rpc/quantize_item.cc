@@ -61,45 +61,6 @@ const char* DTypeName(QuantDtype d) {
   return "?";
 }
 
-// The conversion a fused Hopper or Blackwell output equals: the swizzle of the logical
-// [..., K, N] (values, from packing -2) or of its scales [..., ceil(K/32), N].
-ConversionSpec FusedSpecOf(const QuantizeJob& job, bool values) {
-  ConversionSpec spec;
-  spec.direction = Direction::kSwizzle;
-  if (job.layout.layout != QuantLayout::kHopper) {
-    const bool shuffled = job.layout.layout == QuantLayout::kBlackwellShuffled;
-    spec.layout = values ? (shuffled ? Layout::kBlackwellShuffledValue : Layout::kBlackwellValue)
-                         : Layout::kBlackwellScale;
-    if (values) spec.packing_axis = -2;
-    if (values && shuffled) {
-      spec.blackwell.block_k = job.layout.block_k;
-      spec.blackwell.block_n = job.layout.block_n;
-    }
-    return spec;
-  }
-  if (values) {
-    spec.layout = Layout::kHopperValue;
-    spec.hopper.mx_axis = -2;
-    spec.hopper.mma_version = job.layout.mma_version;
-    spec.packing_axis = -2;
-  } else {
-    spec.layout = Layout::kHopperScale;
-    spec.hopper_scale.mx_axis = -2;
-    spec.hopper_scale.num_warps = job.layout.num_warps;
-    spec.hopper_scale.align_k = job.layout.align_k;
-  }
-  return spec;
-}
-
-std::vector<int64_t> FusedLogicalShape(const QuantizeJob& job, bool values) {
-  std::vector<int64_t> shape(job.plan.input_shape.begin(), job.plan.input_shape.end());
-  const size_t r = shape.size();
-  const int64_t n = shape[r - 2], k = shape[r - 1];
-  shape[r - 2] = values ? k : (k + 31) / 32;
-  shape[r - 1] = n;
-  return shape;
-}
-
 absl::StatusOr<QuantizeJob> JobFromProto(const v1::QuantizeItem& item, const std::string& prefix,
                                          const MoeLimits& limits) {
   QuantizeJob job;
@@ -183,30 +144,11 @@ absl::StatusOr<QuantizeJob> JobFromProto(const v1::QuantizeItem& item, const std
   }
   job.values_bytes = static_cast<uint64_t>(out_sizes->values_bytes);
   job.scales_bytes = static_cast<uint64_t>(out_sizes->scales_bytes);
-  job.values_shape = job.plan.values_shape;
-  job.scales_shape = job.plan.scales_shape;
-  job.values_strides = DenseStrides(job.values_shape);
-  job.scales_strides = DenseStrides(job.scales_shape);
-  const bool blackwell = job.layout.layout == QuantLayout::kBlackwell ||
-                         job.layout.layout == QuantLayout::kBlackwellShuffled;
-  if (blackwell) {
-    // Values [..., N, Kpad] (blackwell_value; the shuffled tiles below), scales one row of
-    // blackwell_scale bytes a matrix.
-    const size_t r = job.plan.input_shape.size();
-    const int64_t n = job.plan.input_shape[r - 2], k = job.plan.q;
-    job.values_shape.assign(job.plan.input_shape.begin(), job.plan.input_shape.end() - 1);
-    job.values_shape.back() = n;
-    job.values_shape.push_back((k / 2 + 127) / 128 * 128);
-    const int64_t mats = n == 0 ? 0 : job.plan.rows / n;
-    job.scales_shape = {mats, job.scales_bytes == 0 || mats == 0 ? 0 : static_cast<int64_t>(job.scales_bytes) / mats};
-    job.values_strides = DenseStrides(job.values_shape);
-    job.scales_strides = DenseStrides(job.scales_shape);
-  }
+  job.values_shape = out_sizes->values_shape;
+  job.scales_shape = out_sizes->scales_shape;
+  job.values_strides = out_sizes->values_strides;
+  job.scales_strides = out_sizes->scales_strides;
   if (trtllm) {
-    job.values_shape = out_sizes->values_shape;
-    job.scales_shape = out_sizes->scales_shape;
-    job.values_strides = DenseStrides(job.values_shape);
-    job.scales_strides = DenseStrides(job.scales_shape);
     job.moe_plan = out_sizes->moe_plan;
     if (item.has_bias()) {
       if (item.bias_dtype() != v1::QUANTIZE_DTYPE_FLOAT32 && item.bias_dtype() != v1::QUANTIZE_DTYPE_BFLOAT16) {
@@ -220,21 +162,6 @@ absl::StatusOr<QuantizeJob> JobFromProto(const v1::QuantizeItem& item, const std
       job.bias_shape = out_sizes->bias_shape;
     } else if (item.bias_dtype() != v1::QUANTIZE_DTYPE_UNSPECIFIED || item.has_bias_out()) {
       return Bad(absl::StrCat(prefix, item.has_bias_out() ? ".bias_out" : ".bias_dtype", " is set without .bias"));
-    }
-  }
-  if (job.layout.layout == QuantLayout::kHopper || job.layout.layout == QuantLayout::kBlackwellShuffled) {
-    // Shapes and strides as a convert item's swizzle reports them (the upstream layout
-    // objects' views), from the conversion planner: both Hopper outputs, the shuffled values.
-    for (bool values : {true, false}) {
-      if (!values && job.layout.layout != QuantLayout::kHopper) continue;
-      absl::StatusOr<Plan> p = MakePlan(FusedSpecOf(job, values), FusedLogicalShape(job, values));
-      if (!p.ok()) return Bad(absl::StrCat(prefix, ".shape: ", p.status().message()));
-      if (p->output_bytes != (values ? job.values_bytes : job.scales_bytes)) {
-        return absl::InternalError(absl::StrCat(prefix, ": the ", values ? "value" : "scale",
-                                                " layout's plan disagrees with the fused quantizer's"));
-      }
-      (values ? job.values_shape : job.scales_shape) = p->output_shape;
-      (values ? job.values_strides : job.scales_strides) = p->output_strides;
     }
   }
   const uint64_t input_bytes = static_cast<uint64_t>(job.plan.input_bytes);
@@ -358,7 +285,7 @@ v1::LayoutIdentity IdentityOf(const QuantizeJob& job, bool values) {
     return id;
   }
   if (job.layout.layout != QuantLayout::kCanonical) {
-    id = IdentityToProto(FusedSpecOf(job, values));
+    id = IdentityToProto(QuantLayoutConversion(job.layout, values));
     id.set_conversion(absl::StrCat(quantize, " -> ", id.conversion()));
     return id;
   }

@@ -14,6 +14,7 @@
 #include "absl/types/span.h"
 #include "wprep/kernels/cuda_engine.h"
 #include "wprep/kernels/moe.h"
+#include "wprep/spec/spec.h"
 
 namespace wprep {
 
@@ -93,9 +94,15 @@ struct QuantLayoutSpec {
 struct QuantOutputSizes {
   int64_t values_bytes = 0;
   int64_t scales_bytes = 0;
-  // The trtllm layouts' shapes ([E, rows, kp/2], [E, rows, kp/32]) and their bias's ([E, rows],
-  // float32): the bias is prepared beside them when given (QuantBias).
+  // The outputs as they are reported (one-byte elements; strides in elements): canonical
+  // [..., ceil(Q/2)] and [..., ceil(Q/32)]; blackwell_value [..., N, Kpad] and the Blackwell
+  // pairs' scales [matrices, bytes of one]; the shuffled values, and both Hopper outputs, as
+  // the equivalent swizzle reports them (QuantLayoutConversion); the trtllm layouts [E, rows,
+  // kp/2] and [E, rows, kp/32], and their bias [E, rows] float32, prepared beside them when
+  // given (QuantBias). Dense but for the Hopper views (transposed) and the shuffled values'
+  // reported strides (docs/LAYOUTS.md).
   std::vector<int64_t> values_shape, scales_shape, bias_shape;
+  std::vector<int64_t> values_strides, scales_strides;
   int64_t bias_bytes = 0;
   // The prepare plan the trtllm outputs equal (its identity, e.g. "trtllm_gen:prepare_w13
   // format=mxfp4 align=256 contract=1"); unset for the other layouts.
@@ -110,6 +117,11 @@ struct QuantBias {
   bool bfloat16 = false;
   void* out = nullptr;
 };
+
+// The conversion a fused Hopper or Blackwell output equals (kHopper, kBlackwell,
+// kBlackwellShuffled): the swizzle of the logical [..., K, N] from packing -2 (values) or of
+// its scales [..., ceil(K/32), N]. Its identity names the output's layout.
+ConversionSpec QuantLayoutConversion(const QuantLayoutSpec& spec, bool values);
 
 // The byte sizes `spec` writes for `plan`; INVALID_ARGUMENT for a shape or parameter the
 // layout cannot take (the fused pairs need rank >= 2 and an even K, the Blackwell ones N and
