@@ -275,18 +275,15 @@ absl::Status Run(const std::vector<std::string>& args) {
     bias.in = &*bias_in;
     bias.out = &bias_out;
   }
-  if (bias.in != nullptr && device >= 0) {
-    return absl::UnimplementedError("--bias-input with --device cuda:N: prepare the bias with --device cpu or --target");
-  }
   absl::Status done;
+  QuantBias qb;  // host buffers, for the local engines
+  if (bias.in != nullptr) qb = {bias.in->data(), bias.bf16, bias.out->data()};
   if (remote) {
     done = QuantizeRemote(*flags->Get("--target"), *plan, layout, *input, &values, &scales, bias);
   } else if (device >= 0) {
     done = QuantizeHostBuffersOnCuda(*plan, input->data(), input->size(), values.data(), values.size(),
-                                     scales.data(), scales.size(), device, layout);
+                                     scales.data(), scales.size(), device, layout, qb);
   } else {
-    QuantBias qb;
-    if (bias.in != nullptr) qb = {bias.in->data(), bias.bf16, bias.out->data()};
     done = QuantizeLayoutOnCpu(*plan, layout, input->data(), input->size(), values.data(), values.size(),
                                scales.data(), scales.size(), qb);
   }

@@ -845,7 +845,7 @@ absl::Status QuantizeLayoutOnCuda(const QuantizePlan& plan, const QuantLayoutSpe
 absl::Status QuantizeHostBuffersOnCuda(const QuantizePlan& plan, const uint8_t* in,
                                        size_t in_size, uint8_t* values, size_t values_size,
                                        uint8_t* scales, size_t scales_size, int device,
-                                       const QuantLayoutSpec& spec) {
+                                       const QuantLayoutSpec& spec, const QuantBias& bias) {
   auto sizes = PlanQuantizeLayout(plan, spec);
   if (!sizes.ok()) return sizes.status();
   if (static_cast<int64_t>(in_size) != plan.input_bytes ||
@@ -856,21 +856,34 @@ absl::Status QuantizeHostBuffersOnCuda(const QuantizePlan& plan, const uint8_t* 
         " do not match the plan's ", plan.input_bytes, "/", sizes->values_bytes, "/",
         sizes->scales_bytes));
   }
+  if ((bias.in == nullptr) != (bias.out == nullptr)) {
+    return absl::InvalidArgumentError("bias: give both its input and output, for a trtllm layout only");
+  }
   if (sizes->scales_bytes == 0 && sizes->values_bytes == 0) return absl::OkStatus();
+  const size_t bias_in_size = bias.in == nullptr ? 0 : static_cast<size_t>(plan.rows) * (bias.bfloat16 ? 2 : 4);
+  const size_t bias_out_size = bias.in == nullptr ? 0 : static_cast<size_t>(sizes->bias_bytes);
   int previous = 0;
   WPREP_CUDA_RETURN_IF_ERROR(cudaGetDevice(&previous));
   WPREP_CUDA_RETURN_IF_ERROR(cudaSetDevice(device));
-  void *d_in = nullptr, *d_v = nullptr, *d_s = nullptr;
+  void *d_in = nullptr, *d_v = nullptr, *d_s = nullptr, *d_bi = nullptr, *d_bo = nullptr;
   absl::Status st = WPREP_CUDA_STATUS(cudaMalloc(&d_in, in_size > 0 ? in_size : 1));
   if (st.ok()) st.Update(WPREP_CUDA_STATUS(cudaMalloc(&d_v, values_size > 0 ? values_size : 1)));
   if (st.ok()) st.Update(WPREP_CUDA_STATUS(cudaMalloc(&d_s, scales_size)));
+  if (st.ok() && bias.in != nullptr) {
+    st.Update(WPREP_CUDA_STATUS(cudaMalloc(&d_bi, bias_in_size > 0 ? bias_in_size : 1)));
+    if (st.ok()) st.Update(WPREP_CUDA_STATUS(cudaMalloc(&d_bo, bias_out_size > 0 ? bias_out_size : 1)));
+    if (st.ok()) st.Update(WPREP_CUDA_STATUS(cudaMemcpy(d_bi, bias.in, bias_in_size, cudaMemcpyHostToDevice)));
+  }
   if (st.ok()) st.Update(WPREP_CUDA_STATUS(cudaMemcpy(d_in, in, in_size, cudaMemcpyHostToDevice)));
-  if (st.ok()) st.Update(QuantizeLayoutOnCuda(plan, spec, d_in, d_v, d_s, nullptr));
+  QuantBias device_bias;
+  if (bias.in != nullptr) device_bias = {d_bi, bias.bfloat16, d_bo};
+  if (st.ok()) st.Update(QuantizeLayoutOnCuda(plan, spec, d_in, d_v, d_s, nullptr, device_bias));
   if (st.ok()) st.Update(WPREP_CUDA_STATUS(cudaMemcpy(values, d_v, values_size, cudaMemcpyDeviceToHost)));
   if (st.ok()) st.Update(WPREP_CUDA_STATUS(cudaMemcpy(scales, d_s, scales_size, cudaMemcpyDeviceToHost)));
-  (void)cudaFree(d_in);
-  (void)cudaFree(d_v);
-  (void)cudaFree(d_s);
+  if (st.ok() && bias.in != nullptr) {
+    st.Update(WPREP_CUDA_STATUS(cudaMemcpy(bias.out, d_bo, bias_out_size, cudaMemcpyDeviceToHost)));
+  }
+  for (void* p : {d_in, d_v, d_s, d_bi, d_bo}) (void)cudaFree(p);
   (void)cudaSetDevice(previous);  // best effort: the status that matters is st
   return st;
 }

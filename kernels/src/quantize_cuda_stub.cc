@@ -8,17 +8,13 @@ absl::Status QuantizeOnCuda(const QuantizePlan&, const void*, void*, void*, Cuda
   return absl::UnimplementedError("quantize on CUDA: this build has no CUDA");
 }
 
-absl::Status QuantizeBlackwellOnCuda(const QuantizePlan&, const void*, void*, void*, CudaStream) {
-  return absl::UnimplementedError("quantize on CUDA: this build has no CUDA");
-}
-
 absl::Status QuantizeLayoutOnCuda(const QuantizePlan&, const QuantLayoutSpec&, const void*, void*, void*,
                                   CudaStream, const QuantBias&) {
   return absl::UnimplementedError("quantize on CUDA: this build has no CUDA");
 }
 
 absl::Status QuantizeHostBuffersOnCuda(const QuantizePlan&, const uint8_t*, size_t, uint8_t*,
-                                       size_t, uint8_t*, size_t, int, const QuantLayoutSpec&) {
+                                       size_t, uint8_t*, size_t, int, const QuantLayoutSpec&, const QuantBias&) {
   return absl::UnimplementedError("quantize on CUDA: this build has no CUDA");
 }
 

@@ -11,6 +11,7 @@
 #include "cli_runner.h"
 #include "golden.h"
 #include "nlohmann/json.hpp"
+#include "wprep/kernels/cuda_engine.h"
 
 namespace wprep {
 namespace {
@@ -158,6 +159,28 @@ TEST_F(CliTest, QuantizeHopperEqualsQuantizeThenConvert) {
 
 // The trtllm layouts, with a bias, equal canonical quantization followed by `wprep moe`'s
 // MXFP4 prepare of its outputs (the MoE engine, another path through the code).
+// --device cuda:0 writes the CPU engine's bytes for the trtllm layouts, the bias included.
+TEST_F(CliTest, QuantizeTrtllmWithABiasOnTheGpuEqualsTheCpu) {
+  if (CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
+  const std::string in = kQuantDir + "cases/quant_2x64x1024_ties_up.in.bin";  // [2, 64, 1024]
+  const fs::path bias = Write("bias.bin", testing::RandomBytes(2 * 64 * 2, 6));  // bfloat16
+  for (const std::string op : {"w13", "w2"}) {
+    SCOPED_TRACE(op);
+    std::vector<std::vector<uint8_t>> got[2];
+    for (const std::string device : {"cpu", "cuda:0"}) {
+      const fs::path v = dir_ / "v.bin", s = dir_ / "s.bin", b = dir_ / "b.bin";
+      const RunResult r = RunCli("quantize --local --device " + device + " --layout trtllm_" + op +
+                                 " --dtype bfloat16 --shape 2,64,1024 --input " + in + " --bias-input " +
+                                 bias.string() + " --bias-dtype bfloat16 --values-output " + v.string() +
+                                 " --scales-output " + s.string() + " --bias-output " + b.string());
+      ASSERT_EQ(r.exit_code, 0) << r.err;
+      got[device == "cpu" ? 0 : 1] = {Bytes(v), Bytes(s), Bytes(b)};
+    }
+    EXPECT_EQ(got[1], got[0]);
+    EXPECT_FALSE(got[0][2].empty());
+  }
+}
+
 TEST_F(CliTest, QuantizeTrtllmEqualsQuantizeThenPrepare) {
   const std::string in = kQuantDir + "cases/quant_2x64x1024_ties_up.in.bin";  // [2, 64, 1024]
   const fs::path bias = Write("bias.bin", testing::RandomBytes(2 * 64 * 4, 5));

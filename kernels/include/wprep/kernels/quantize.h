@@ -144,11 +144,13 @@ absl::Status QuantizeLayoutOnCuda(const QuantizePlan& plan, const QuantLayoutSpe
                                   void* values, void* scales, CudaStream stream, const QuantBias& bias = {});
 
 // For tools and tests: host buffers in and out through device buffers of GPU `device`
-// (allocated, freed, synchronized), in `spec`'s layout. Sizes must be PlanQuantizeLayout's.
+// (allocated, freed, synchronized), in `spec`'s layout. Sizes must be PlanQuantizeLayout's;
+// `bias` (host pointers here: [E, R] in, PlanQuantizeLayout's bias_bytes out) as for
+// QuantizeLayoutOnCuda.
 absl::Status QuantizeHostBuffersOnCuda(const QuantizePlan& plan, const uint8_t* in,
                                        size_t in_size, uint8_t* values, size_t values_size,
                                        uint8_t* scales, size_t scales_size, int device,
-                                       const QuantLayoutSpec& spec = {});
+                                       const QuantLayoutSpec& spec = {}, const QuantBias& bias = {});
 
 }  // namespace wprep
 
