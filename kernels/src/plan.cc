@@ -51,18 +51,6 @@ absl::StatusOr<int64_t> Mul(int64_t a, int64_t b, const char* what,
   return r;
 }
 
-absl::Status CheckBlackwellParams(const BlackwellParams& p, const char* which) {
-  if (p.block_k < 2 || p.block_k > kMaxBlock || p.block_k % 2 != 0) {
-    return Invalid(absl::StrFormat("%sblock_k must be an even number in [2, %d], got %d", which,
-                                   kMaxBlock, p.block_k));
-  }
-  if (p.block_n < 1 || p.block_n > kMaxBlock) {
-    return Invalid(absl::StrFormat("%sblock_n must be in [1, %d], got %d", which, kMaxBlock,
-                                   p.block_n));
-  }
-  return absl::OkStatus();
-}
-
 absl::Status CheckMxAxis(const char* layout, int32_t mx_axis) {
   if (mx_axis != -1 && mx_axis != -2) {
     return Invalid(absl::StrFormat("%s: mx_axis must be -1 or -2, got %d", layout, mx_axis));
@@ -610,6 +598,18 @@ absl::Status CheckPackedDims(const ConversionSpec& spec, const Ctx& c) {
 }
 
 }  // namespace
+
+absl::Status CheckBlackwellParams(const BlackwellParams& p, const char* which) {
+  if (p.block_k < 2 || p.block_k > kMaxBlock || p.block_k % 2 != 0) {
+    return Invalid(absl::StrFormat("%sblock_k must be an even number in [2, %d], got %d", which,
+                                   kMaxBlock, p.block_k));
+  }
+  if (p.block_n < 1 || p.block_n > kMaxBlock) {
+    return Invalid(absl::StrFormat("%sblock_n must be in [1, %d], got %d", which, kMaxBlock,
+                                   p.block_n));
+  }
+  return absl::OkStatus();
+}
 
 std::vector<int64_t> DenseStrides(absl::Span<const int64_t> shape) {
   std::vector<int64_t> strides(shape.size());

@@ -187,15 +187,7 @@ absl::StatusOr<FusedBlackwellGeometry> FusedBlackwellGeometryOf(const QuantizePl
                                                                 const QuantLayoutSpec& spec) {
   const bool shuffled = spec.layout == QuantLayout::kBlackwellShuffled;
   if (absl::Status s = CheckFusedShape(plan, shuffled ? "blackwell_shuffled_value" : "Blackwell"); !s.ok()) return s;
-  if (shuffled) {
-    if (spec.block_k < 2 || spec.block_k > 4096 || spec.block_k % 2 != 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("block_k: ", spec.block_k, " is not an even number in [2, 4096]"));
-    }
-    if (spec.block_n < 1 || spec.block_n > 4096) {
-      return absl::InvalidArgumentError(absl::StrCat("block_n: ", spec.block_n, " is not in [1, 4096]"));
-    }
-  }
+  if (shuffled) WPREP_RETURN_IF_ERROR(CheckBlackwellParams(BlackwellParams{spec.block_k, spec.block_n}));
   FusedBlackwellGeometry g;
   g.n = plan.input_shape[plan.input_shape.size() - 2];
   g.k = plan.q;
@@ -348,12 +340,6 @@ absl::Status ReportedAsSwizzle(const QuantizePlan& plan, const QuantLayoutSpec& 
   return absl::OkStatus();
 }
 
-std::vector<int64_t> Dense(const std::vector<int64_t>& shape) {
-  std::vector<int64_t> strides(shape.size(), 1);
-  for (size_t i = shape.size(); i-- > 1;) strides[i - 1] = strides[i] * shape[i];
-  return strides;
-}
-
 }  // namespace
 
 absl::StatusOr<QuantOutputSizes> PlanQuantizeLayout(const QuantizePlan& plan, const QuantLayoutSpec& spec) {
@@ -375,7 +361,7 @@ absl::StatusOr<QuantOutputSizes> PlanQuantizeLayout(const QuantizePlan& plan, co
       sizes.values_shape.push_back(g->vt.kpad);
       sizes.scales_shape = {g->mats, g->mats == 0 ? 0 : g->s_mat_bytes};
       if (spec.layout == QuantLayout::kBlackwellShuffled) {
-        sizes.scales_strides = Dense(sizes.scales_shape);
+        sizes.scales_strides = DenseStrides(sizes.scales_shape);
         WPREP_RETURN_IF_ERROR(
             ReportedAsSwizzle(plan, spec, true, sizes.values_bytes, &sizes.values_shape, &sizes.values_strides));
         return sizes;
@@ -403,8 +389,8 @@ absl::StatusOr<QuantOutputSizes> PlanQuantizeLayout(const QuantizePlan& plan, co
     default:
       return absl::InvalidArgumentError("layout: unknown quantize layout");
   }
-  sizes.values_strides = Dense(sizes.values_shape);
-  sizes.scales_strides = Dense(sizes.scales_shape);
+  sizes.values_strides = DenseStrides(sizes.values_shape);
+  sizes.scales_strides = DenseStrides(sizes.scales_shape);
   return sizes;
 }
 

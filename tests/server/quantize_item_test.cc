@@ -177,6 +177,27 @@ absl::StatusOr<v1::BatchItemResult> Answer(Client& client, const v1::QuantizeIte
   return resp->items(0);
 }
 
+// Empty tensors come back with torch's dense strides (a dim of size 0 counts as 1), the
+// strides a convert item reports for them.
+TEST_F(QuantizeItemTest, EmptyOutputsReportTorchsDenseStrides) {
+  Client client(MakeChannel(daemon_->unix_target()));
+  struct Case {
+    std::vector<int64_t> shape;
+    v1::QuantizeLayout layout;
+    std::vector<int64_t> values_strides, scales_strides;
+  };
+  for (const Case& c : std::vector<Case>{{{3, 0, 64}, v1::QUANTIZE_LAYOUT_CANONICAL, {32, 32, 1}, {2, 2, 1}},
+                                         {{2, 0, 64}, v1::QUANTIZE_LAYOUT_BLACKWELL, {128, 128, 1}, {1, 1}}}) {
+    SCOPED_TRACE(::testing::PrintToString(c.shape));
+    absl::StatusOr<v1::BatchItemResult> r = Answer(client, InlineBf16Item(c.shape, c.layout, {}));
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(std::vector<int64_t>(r->outputs(0).strides().begin(), r->outputs(0).strides().end()),
+              c.values_strides);
+    EXPECT_EQ(std::vector<int64_t>(r->outputs(1).strides().begin(), r->outputs(1).strides().end()),
+              c.scales_strides);
+  }
+}
+
 // The fused Blackwell pair over the wire equals the engine's, which the kernel tests hold to
 // quantize-then-swizzle; shapes with and without padding.
 TEST_F(QuantizeItemTest, BlackwellPairOverTheWireEqualsTheEngine) {

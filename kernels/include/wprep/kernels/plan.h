@@ -73,6 +73,10 @@ struct Plan {
 absl::StatusOr<Plan> MakePlan(const ConversionSpec& spec, absl::Span<const int64_t> logical_shape,
                               const InputBinding& input = {});
 
+// The Blackwell shuffled tile: block_k even in [2, 4096], block_n in [1, 4096];
+// INVALID_ARGUMENT naming the parameter (prefixed by `which`, e.g. "retile target ").
+absl::Status CheckBlackwellParams(const BlackwellParams& p, const char* which = "");
+
 // Torch's dense strides for `shape` (a dim of size 0 counts as 1), in elements.
 std::vector<int64_t> DenseStrides(absl::Span<const int64_t> shape);
 
