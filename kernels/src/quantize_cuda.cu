@@ -118,7 +118,7 @@ struct GroupSink {
       *reinterpret_cast<uint32_t*>(values + r * vrow + byte) = w;
     } else if (words) {
       int64_t m;
-    uint32_t col;
+      uint32_t col;
       Split(r, &m, &col);
       *reinterpret_cast<uint32_t*>(ValueAt(m, col, byte, values)) = w;
     } else {
@@ -363,16 +363,6 @@ __global__ void PadKernel(uint8_t* __restrict__ values, uint8_t* __restrict__ sc
   }
 }
 
-// ---------------------------------------------------------------------------------------
-// Fused quantize + hopper_value(mx_axis=-2) + hopper_scale(mx_axis=-2). A weight stored
-// [..., N, K] quantizes along K into the checkpoint-order MXFP4 of the logical [..., K, N],
-// whose Hopper matrix Q (LAYOUTS.md step 1, mx_axis -2 from packing -2) is the quantized rows
-// as they are: Q[e, n, c] = codes of elements 2c, 2c+1 of row n. The scale tensor's S is
-// likewise the groups' scales [e, n, g]. A block takes a tile of 64 Q rows x 64 Q bytes
-// (4 groups): it quantizes the tile into shared memory (4 lanes a group, 8 elements a
-// lane), then writes the tile's 16 O rows x 256 bytes of hopper_value as whole words and
-// its 256 scale bytes at their hopper_scale places. Tiles past N or K write the layouts'
-// zero padding.
 // One lane's share of a group quantized by four lanes (lanes 4j..4j+3 of the warp, each with
 // 8 consecutive elements): this lane's elements [src, src + valid), zeros past them; the
 // group's amax over its four lanes; and, when the group is `live`, this lane's 8 codes (code
@@ -408,6 +398,16 @@ __device__ __forceinline__ void QuantizeLaneOf8(const uint8_t* src, int valid, b
   *sbyte = eb >> 23;
 }
 
+// ---------------------------------------------------------------------------------------
+// Fused quantize + hopper_value(mx_axis=-2) + hopper_scale(mx_axis=-2). A weight stored
+// [..., N, K] quantizes along K into the checkpoint-order MXFP4 of the logical [..., K, N],
+// whose Hopper matrix Q (LAYOUTS.md step 1, mx_axis -2 from packing -2) is the quantized rows
+// as they are: Q[e, n, c] = codes of elements 2c, 2c+1 of row n. The scale tensor's S is
+// likewise the groups' scales [e, n, g]. A block takes a tile of 64 Q rows x 64 Q bytes
+// (4 groups): it quantizes the tile into shared memory (4 lanes a group, 8 elements a
+// lane), then writes the tile's 16 O rows x 256 bytes of hopper_value as whole words and
+// its 256 scale bytes at their hopper_scale places. Tiles past N or K write the layouts'
+// zero padding.
 constexpr int kHopperTileRows = kFusedHopperTileRows;
 constexpr int kHopperTileBytes = kFusedHopperTileBytes;  // Q columns: 4 groups
 constexpr int kHopperTilePitch = kHopperTileBytes / 4 + 1;  // words; +1 spreads the banks
