@@ -2,8 +2,9 @@
 // stream, the others beside it on a side stream; see Launch), with the index math of
 // moe_math.h (the CPU engine's). Rows pass: one warp per output row, the row map
 // computed once per row, and the row's bytes moved in the widest word (16 bytes where
-// row lengths, BlockMajorK chunks and pointers allow). Interleave pass: one thread per
-// 4 output elements (4 columns of one row of the 128x4 layout).
+// row lengths, BlockMajorK chunks and pointers allow). Interleave pass: for uint8 scales
+// into 16-byte aligned memory, one thread per 4 rows x 16 columns of the input (4 output
+// words of the 128x4 layout); otherwise one thread per 4 output elements.
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -196,35 +197,92 @@ __global__ void __launch_bounds__(kThreads) InterleaveKernel(InterleavePass p,
   }
 }
 
-// uint8 scales, 16 output bytes (4 rows x 4 columns of the 128x4 layout) per thread, one
-// 16-byte store; `out` 16-byte aligned.
+// 16 bytes [a, a + valid) of `in` (a >= 0, valid in [1, 16]) as 4 little-endian words,
+// zero past `valid`. Loads the aligned 8-byte words that cover them (one 16-byte word when
+// aligned), or single bytes where those words would reach outside the input's
+// [in, in + in_bytes).
+__device__ __forceinline__ void Load16(const uint8_t* __restrict__ in, int64_t in_bytes, int64_t a,
+                                       int valid, uint32_t w[4]) {
+  const uintptr_t at = reinterpret_cast<uintptr_t>(in + a);
+  if (valid == 16 && at % 16 == 0) {
+    const uint4 v = __ldg(reinterpret_cast<const uint4*>(at));
+    w[0] = v.x, w[1] = v.y, w[2] = v.z, w[3] = v.w;
+    return;
+  }
+  const int sh = static_cast<int>(at % 8);
+  const int words = (sh + valid + 7) / 8;  // 1 to 3
+  const uintptr_t base = at - sh;
+  if (base >= reinterpret_cast<uintptr_t>(in) &&
+      base + 8 * words <= reinterpret_cast<uintptr_t>(in) + static_cast<uint64_t>(in_bytes)) {
+    uint32_t u[6];
+#pragma unroll
+    for (int k = 0; k < 3; ++k) {
+      const uint2 v = k < words ? __ldg(reinterpret_cast<const uint2*>(base) + k) : make_uint2(0, 0);
+      u[2 * k] = v.x, u[2 * k + 1] = v.y;
+    }
+    const bool skip = sh >= 4;
+    const unsigned bits = 8 * (sh % 4);
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      w[k] = __funnelshift_r(skip ? u[k + 1] : u[k], skip ? u[k + 2] : u[k + 1], bits);
+    }
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const int kept = valid - 4 * k;
+      if (kept <= 0) {
+        w[k] = 0;
+      } else if (kept < 4) {
+        w[k] &= (1u << (8 * kept)) - 1;
+      }
+    }
+    return;
+  }
+#pragma unroll
+  for (int k = 0; k < 4; ++k) w[k] = 0;
+#pragma unroll
+  for (int k = 0; k < 16; ++k) {
+    if (k < valid) w[k / 4] |= static_cast<uint32_t>(__ldg(in + a + k)) << (8 * (k % 4));
+  }
+}
+
+// uint8 scales, a thread per 4 source rows (m, m + 32, m + 64, m + 96) x 16 columns: it
+// reads each row's 16 bytes in a few aligned words and writes the 4 output words of the
+// 128x4 layout they make (one per column group, 4 rows x 4 columns each). A warp's 32
+// lanes (m % 32) write 4 runs of 512 contiguous bytes. Where a thread per output word
+// reads 16 single bytes from 4 rows, a row's bytes come here in 2-3 loads. `out` 16-byte
+// aligned.
 __global__ void __launch_bounds__(kThreads) Interleave16Kernel(InterleavePass p,
                                                                const uint8_t* __restrict__ in,
                                                                uint8_t* __restrict__ out) {
-  const int64_t per_expert = p.rows_p * p.cols_p / 16;
-  const int64_t total = p.experts * per_expert;
+  const int64_t groups = p.cols_p / 4, chunks = (groups + 3) / 4;
+  const int64_t per_expert = p.rows_p / 128 * chunks;  // warps of work
+  const int64_t total = p.experts * per_expert * 32;
+  const int64_t in_bytes = p.experts * p.rows_in * p.cols_in;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * kThreads;
   for (int64_t g = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; g < total; g += stride) {
-    const int64_t e = moe::Div(g, per_expert), o = 16 * (g - e * per_expert);
-    int64_t src[4];
-    int valid[4];
-    moe::InterleaveSrcWord(p, e, o, src, valid);
-    uint32_t w[4];
+    const int lane = static_cast<int>(g & 31);
+    const int64_t u = g >> 5;
+    const int64_t e = moe::Div(u, per_expert), rem = u - e * per_expert;
+    const int64_t mt = moe::Div(rem, chunks), ch = rem - mt * chunks;
+    const int64_t left = p.cols_in - 16 * ch;
+    const int valid = left <= 0 ? 0 : (left < 16 ? static_cast<int>(left) : 16);
+    uint32_t w[4][4];
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      uint32_t v = 0;
-      const uint8_t* from = in + src[i];
-      if (valid[i] == 4 && reinterpret_cast<uintptr_t>(from) % 4 == 0) {
-        v = __ldg(reinterpret_cast<const uint32_t*>(from));  // rows of 4k columns: one load
-      } else {
+      const int64_t r = valid ? moe::SrcRow(p.map, 128 * mt + 32 * i + lane) : -1;
+      if (r < 0) {
 #pragma unroll
-        for (int k = 0; k < 4; ++k) {
-          if (k < valid[i]) v |= static_cast<uint32_t>(__ldg(from + k)) << (8 * k);
-        }
+        for (int k = 0; k < 4; ++k) w[i][k] = 0;
+      } else {
+        Load16(in, in_bytes, (e * p.rows_in + r) * p.cols_in + 16 * ch, valid, w[i]);
       }
-      w[i] = v;
     }
-    reinterpret_cast<uint4*>(out)[g] = make_uint4(w[0], w[1], w[2], w[3]);
+    uint4* dst = reinterpret_cast<uint4*>(out + e * p.rows_p * p.cols_p + mt * groups * 512 + ch * 2048) + lane;
+    const int64_t here = groups - 4 * ch;  // column groups in this chunk: 1 to 4
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      if (j < here) dst[32 * j] = make_uint4(w[0][j], w[1][j], w[2][j], w[3][j]);
+    }
   }
 }
 
@@ -384,8 +442,8 @@ absl::Status LaunchOne(const OutputPass& pass, const void* input, void* output, 
         InterleaveKernel<2, false><<<blocks, kThreads, 0, stream>>>(p, in, out);
       }
     } else if (reinterpret_cast<uintptr_t>(out) % 16 == 0) {
-      Interleave16Kernel<<<Blocks(p.experts * p.rows_p * p.cols_p / 16, kThreads), kThreads, 0, stream>>>(
-          p, in, out);
+      Interleave16Kernel<<<Blocks(p.experts * p.rows_p / 128 * ((p.cols_p + 15) / 16) * 32, kThreads),
+                           kThreads, 0, stream>>>(p, in, out);
     } else if (vector) {
       InterleaveKernel<1, true><<<blocks, kThreads, 0, stream>>>(p, in, out);
     } else {

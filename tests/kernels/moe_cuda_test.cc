@@ -12,6 +12,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "golden.h"
 #include "moe_golden.h"
 #include "wprep/kernels/cuda_engine.h"
@@ -62,11 +63,13 @@ struct DeviceBuffer {
   size_t size = 0;
 };
 
-// Runs the plan on the GPU with every buffer at byte `offset` of its allocation (1: no
-// pointer is aligned, so the narrow-word kernels run); outputs are poisoned first.
+// Runs the plan on the GPU with every input at byte `offset` of its allocation and every
+// output at byte `out_offset` (1: no pointer is aligned, so the narrow-word kernels run;
+// an unaligned input with an aligned output: the wide-word kernels' unaligned loads);
+// outputs are poisoned first.
 std::vector<std::vector<uint8_t>> RunOnGpu(const MoePlan& plan,
                                            const std::vector<std::vector<uint8_t>>& in,
-                                           size_t offset) {
+                                           size_t offset, size_t out_offset) {
   std::vector<std::unique_ptr<DeviceBuffer>> d_in, d_out;
   std::vector<const void*> in_ptrs;
   std::vector<void*> out_ptrs;
@@ -79,11 +82,11 @@ std::vector<std::vector<uint8_t>> RunOnGpu(const MoePlan& plan,
     in_ptrs.push_back(d_in.back()->get() + offset);
   }
   for (uint64_t n : plan.output_bytes) {
-    d_out.push_back(std::make_unique<DeviceBuffer>(n + offset));
+    d_out.push_back(std::make_unique<DeviceBuffer>(n + out_offset));
     if (n > 0) {
-      EXPECT_EQ(cudaMemset(d_out.back()->get(), 0xA5, n + offset), cudaSuccess);
+      EXPECT_EQ(cudaMemset(d_out.back()->get(), 0xA5, n + out_offset), cudaSuccess);
     }
-    out_ptrs.push_back(d_out.back()->get() + offset);
+    out_ptrs.push_back(d_out.back()->get() + out_offset);
   }
   cudaStream_t stream = nullptr;
   EXPECT_EQ(cudaStreamCreate(&stream), cudaSuccess);
@@ -112,9 +115,11 @@ void RunSetOnGpu(const std::string& set) {
     ++valid;
     const auto in = testing::InPlanOrder(*plan, c, testing::MoeGoldenInputs(c));
     const auto cpu = testing::RunMoeCpuFresh(*plan, in);
-    for (size_t offset : {size_t{0}, size_t{1}}) {
-      const auto gpu = RunOnGpu(*plan, in, offset);
-      testing::ExpectMatchesGolden(c, *plan, gpu, offset ? "cuda, unaligned" : "cuda");
+    for (const auto& [offset, out_offset] :
+         std::vector<std::pair<size_t, size_t>>{{0, 0}, {1, 1}, {3, 0}, {10, 0}}) {
+      const auto gpu = RunOnGpu(*plan, in, offset, out_offset);
+      const std::string engine = absl::StrCat("cuda, input at +", offset, ", output at +", out_offset);
+      testing::ExpectMatchesGolden(c, *plan, gpu, engine.c_str());
       EXPECT_TRUE(gpu == cpu) << "GPU and CPU engines differ";
     }
   }
@@ -159,7 +164,7 @@ void ExpectLayerEqual(MoeOp op, std::vector<std::pair<std::string, std::string>>
   for (size_t i = 0; i < plan->inputs.size(); ++i) {
     in.push_back(FastRandom(plan->input_bytes[i], 1000 + i));
   }
-  const auto gpu = RunOnGpu(*plan, in, 0);
+  const auto gpu = RunOnGpu(*plan, in, 0, 0);
   const auto cpu = testing::RunMoeCpuFresh(*plan, in, 0);
   ASSERT_EQ(gpu.size(), cpu.size());
   for (size_t i = 0; i < gpu.size(); ++i) {
