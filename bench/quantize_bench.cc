@@ -125,8 +125,8 @@ double TrtllmChain(const wprep::QuantizePlan& plan, const wprep::QuantLayoutSpec
 }
 
 void Bench(const std::vector<int64_t>& shape, wprep::ScaleRounding rounding, const wprep::QuantLayoutSpec& layout,
-           int iters, int warmup) {
-  auto plan = wprep::MakeQuantizePlan(wprep::QuantDtype::kBfloat16, shape, rounding);
+           int iters, int warmup, wprep::QuantDtype dtype = wprep::QuantDtype::kBfloat16) {
+  auto plan = wprep::MakeQuantizePlan(dtype, shape, rounding);
   if (!plan.ok()) {
     std::fprintf(stderr, "%s\n", plan.status().ToString().c_str());
     std::exit(1);
@@ -148,6 +148,7 @@ void Bench(const std::vector<int64_t>& shape, wprep::ScaleRounding rounding, con
   CHECK_CUDA(cudaMalloc(&s, s_b));
   CHECK_CUDA(cudaMalloc(&csrc, copy_b));
   CHECK_CUDA(cudaMalloc(&cdst, copy_b));
+  // fp16 reads these 16-bit words as finite normals too, fp32 its word pairs.
   const std::vector<uint8_t> host = RandomBf16(in_b);
   CHECK_CUDA(cudaMemcpy(in, host.data(), in_b, cudaMemcpyHostToDevice));
   CHECK_CUDA(cudaMemset(csrc, 1, copy_b));
@@ -201,9 +202,12 @@ void Bench(const std::vector<int64_t>& shape, wprep::ScaleRounding rounding, con
   }
   const double qm = Median(q), cm = Median(c);
   if (trtllm) std::printf("  the unfused chain (quantize, then prepare): %.3f ms\n", chain_ms);
-  std::printf("%s bf16 %s rounding=%s: quantize %.3f ms (%.1f GB/s of %llu B read+written), "
+  const char* dtype_name = dtype == wprep::QuantDtype::kBfloat16 ? "bf16"
+                           : dtype == wprep::QuantDtype::kFloat16 ? "fp16"
+                                                                  : "fp32";
+  std::printf("%s %s %s rounding=%s: quantize %.3f ms (%.1f GB/s of %llu B read+written), "
               "copy of %llu B %.3f ms (%.1f GB/s moved); quantize/copy %.2f; gpu==%s %s\n",
-              LayoutName(layout).c_str(),
+              LayoutName(layout).c_str(), dtype_name,
               name.c_str(), rounding == wprep::ScaleRounding::kUp ? "up" : "down", qm,
               moved / qm / 1e6, static_cast<unsigned long long>(moved),
               static_cast<unsigned long long>(copy_b), cm, 2.0 * copy_b / cm / 1e6, qm / cm,
@@ -247,6 +251,8 @@ int main(int argc, char** argv) {
   Bench({16, 4096, 4096}, wprep::ScaleRounding::kUp, canonical, iters, 5);
   Bench({16, 4096, 4096}, wprep::ScaleRounding::kDown, canonical, iters, 5);
   Bench({16, 4096, 4000}, wprep::ScaleRounding::kUp, canonical, iters, 5);  // rows not 16-byte aligned
+  Bench({16, 4096, 4096}, wprep::ScaleRounding::kUp, canonical, iters, 5, wprep::QuantDtype::kFloat16);
+  Bench({8, 4096, 4096}, wprep::ScaleRounding::kUp, canonical, iters, 5, wprep::QuantDtype::kFloat32);
   Bench({16, 4096, 4096}, wprep::ScaleRounding::kUp, blackwell, iters, 5);
   wprep::QuantLayoutSpec shuffled{QuantLayout::kBlackwellShuffled};
   Bench({16, 4096, 4096}, wprep::ScaleRounding::kUp, shuffled, iters, 5);

@@ -1,6 +1,8 @@
 // quantize_mxfp4 on the GPU: the reference vectors, and byte equality with the CPU engine
 // on random shapes full of the special values. Skipped where no GPU is found.
+#include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <fstream>
 #include <random>
 #include <string>
@@ -110,6 +112,30 @@ TEST(QuantizeCuda, EqualsTheCpuEngineOnRandomShapesAndSpecialValues) {
     ++compared;
   }
   EXPECT_EQ(compared, 60);
+}
+
+// The GPU widens fp16 with the conversion instruction (infinities and NaNs by their bits),
+// the CPU by bits alone: every one of the 65536 fp16 patterns, in order (groups of like
+// magnitude: subnormal groups set subnormal scales) and shuffled, both roundings.
+TEST(QuantizeCuda, Fp16EqualsTheCpuForEveryBitPattern) {
+  if (CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
+  std::vector<uint16_t> patterns(1 << 16);
+  for (size_t i = 0; i < patterns.size(); ++i) patterns[i] = static_cast<uint16_t>(i);
+  std::mt19937_64 rng(1616);
+  for (bool shuffled : {false, true}) {
+    if (shuffled) std::shuffle(patterns.begin(), patterns.end(), rng);
+    std::vector<uint8_t> in(2 * patterns.size());
+    std::memcpy(in.data(), patterns.data(), in.size());
+    for (ScaleRounding rounding : {ScaleRounding::kUp, ScaleRounding::kDown}) {
+      auto plan = MakeQuantizePlan(QuantDtype::kFloat16, {2048, 32}, rounding);
+      ASSERT_TRUE(plan.ok());
+      SCOPED_TRACE(::testing::Message() << "shuffled " << shuffled << " rounding " << static_cast<int>(rounding));
+      Out cpu = Quantize(false, *plan, in);
+      Out gpu = Quantize(true, *plan, in);
+      EXPECT_EQ(cpu.values, gpu.values);
+      EXPECT_EQ(cpu.scales, gpu.scales);
+    }
+  }
 }
 
 TEST(QuantizeCuda, RefusesHostPointers) {
