@@ -7,11 +7,13 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/match.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "flags.h"
 #include "progress.h"
 #include "wprep/client/client.h"
@@ -28,14 +30,14 @@ namespace v1 = wprep::v1;
 flags::FlagSet WeightsFlags() {
   flags::FlagSet fs = CommandFlags(
       "weights",
-      "usage: wprep weights load NAME PATH [--rules RULES] [--progress MODE]\n"
+      "usage: wprep weights load NAME PATH [--rules RULES] [--gpu GPU] [--progress MODE]\n"
       "       wprep weights list [--tensors]\n"
       "       wprep weights show NAME\n"
       "       wprep weights drop NAME [--force]\n"
       "Resident weight sets of a running wprepd. `load` has the daemon read PATH (relative\n"
       "to its --weights-root: a .safetensors file, or a directory with\n"
       "model.safetensors.index.json or model.safetensors), convert the tensors RULES name,\n"
-      "copy the rest, and keep the set as NAME.\n");
+      "copy the rest, and keep the set as NAME: on GPU GPU, or in host memory without --gpu.\n");
   fs.String("target", "ADDR", "unix:///tmp/wprepd.sock", "the daemon, for every form: unix:///path.sock or HOST:PORT");
   fs.String("rules", "RULES",  "",
             "load: PATTERN=LAYOUT[:param=value...] separated by ';', first match wins; LAYOUT is a "
@@ -47,6 +49,9 @@ flags::FlagSet WeightsFlags() {
             "*_blocks [..., N, K/32, 16] and *_scales [..., N, K/32]), as convert-safetensors does. "
             "Example: '*_blocks=hopper_value:checkpoint;*_scales=hopper_scale:checkpoint;"
             "*.q_proj.weight=verbatim:slice=0/0/2048'");
+  fs.String("gpu", "GPU", "",
+            "load: keep the set on this GPU of the daemon's: its UUID (GPU-xxxxxxxx-..., as nvidia-smi -L "
+            "prints it) or its index in the daemon's list (wprep devices)");
   fs.String("progress", "MODE", "auto", "load: auto (a bar on a terminal), bar, lines or none");
   fs.Switch("tensors", "list: every set's tensors too");
   fs.Switch("force", "drop: even while engines are attached (their attachments end)");
@@ -74,9 +79,42 @@ std::string Hex(const std::string& bytes) {
   return out;
 }
 
+// "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx" of 16 UUID bytes, as nvidia-smi names a GPU.
+std::string GpuName(const std::string& b) {
+  const std::string h = Hex(b);
+  if (b.size() != 16) return absl::StrCat("(", b.size(), "-byte uuid)");
+  return absl::StrCat("GPU-", h.substr(0, 8), "-", h.substr(8, 4), "-", h.substr(12, 4), "-", h.substr(16, 4), "-",
+                      h.substr(20));
+}
+
+// The 16 UUID bytes --gpu names: a UUID, or an index into the daemon's ListDevices.
+absl::StatusOr<std::string> GpuUuid(const std::string& target, const std::string& gpu) {
+  int index = -1;
+  if (absl::SimpleAtoi(gpu, &index)) {
+    auto stub = v1::WeightPrep::NewStub(client::MakeChannel(target));
+    grpc::ClientContext ctx;
+    v1::ListDevicesResponse resp;
+    WPREP_RETURN_IF_ERROR(client::FromGrpcStatus(stub->ListDevices(&ctx, v1::ListDevicesRequest(), &resp)));
+    if (index < 0 || index >= resp.devices_size()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--gpu ", gpu, ": the daemon serves ", resp.devices_size(), " GPU(s)"));
+    }
+    return resp.devices(index).uuid();
+  }
+  std::string hex = absl::StrReplaceAll(absl::StripPrefix(gpu, "GPU-"), {{"-", ""}});
+  const bool hex_digits =
+      hex.size() == 32 && hex.find_first_not_of("0123456789abcdefABCDEF") == std::string::npos;
+  if (!hex_digits) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--gpu '", gpu, "': want a GPU UUID (GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx) or an index"));
+  }
+  return absl::HexStringToBytes(hex);
+}
+
 void PrintManifest(const v1::WeightManifest& m, uint32_t attachments, bool tensors) {
-  std::printf("%s  %s  %s  %d tensors  attachments %u  sha256 %s\n", m.name().c_str(), m.path().c_str(),
-              Progress::Bytes(m.total_bytes()).c_str(), m.tensors_size(), attachments,
+  std::printf("%s  %s  %s  %d tensors  on %s  attachments %u  sha256 %s\n", m.name().c_str(), m.path().c_str(),
+              Progress::Bytes(m.total_bytes()).c_str(), m.tensors_size(),
+              m.device_uuid().empty() ? "host" : GpuName(m.device_uuid()).c_str(), attachments,
               Hex(m.source_checksum()).c_str());
   if (!tensors) return;
   for (const v1::WeightTensor& t : m.tensors()) {
@@ -87,10 +125,14 @@ void PrintManifest(const v1::WeightManifest& m, uint32_t attachments, bool tenso
   }
 }
 
-absl::Status Load(v1::WeightSets::Stub& stub, const Flags& flags) {
+absl::Status Load(v1::WeightSets::Stub& stub, const std::string& target, const Flags& flags) {
   v1::LoadWeightsRequest req;
   req.set_name(flags.positional()[1]);
   req.set_path(flags.positional()[2]);
+  if (const std::string* gpu = flags.Get("--gpu")) {
+    WPREP_ASSIGN_OR_RETURN(std::string uuid, GpuUuid(target, *gpu));
+    req.set_device_uuid(uuid);
+  }
   if (const std::string* rules = flags.Get("--rules")) {
     WPREP_ASSIGN_OR_RETURN(std::vector<v1::WeightRule> parsed, ParseWeightRules(*rules));
     for (auto& r : parsed) *req.add_rules() = std::move(r);
@@ -229,10 +271,12 @@ int WeightsCommand(const std::vector<std::string>& args) {
   }
   if (verb != "load" && flags->Has("--rules")) return Fail(absl::InvalidArgumentError("--rules is for load"));
   if (verb != "drop" && flags->Has("--force")) return Fail(absl::InvalidArgumentError("--force is for drop"));
-  const std::string* target = flags->Get("--target");
-  auto stub = v1::WeightSets::NewStub(client::MakeChannel(target ? *target : "unix:///tmp/wprepd.sock"));
+  if (verb != "load" && flags->Has("--gpu")) return Fail(absl::InvalidArgumentError("--gpu is for load"));
+  const std::string* target_flag = flags->Get("--target");
+  const std::string target = target_flag ? *target_flag : "unix:///tmp/wprepd.sock";
+  auto stub = v1::WeightSets::NewStub(client::MakeChannel(target));
   absl::Status s;
-  if (verb == "load") s = Load(*stub, *flags);
+  if (verb == "load") s = Load(*stub, target, *flags);
   if (verb == "list") s = List(*stub, nullptr, flags->Has("--tensors"));
   if (verb == "show") s = List(*stub, &pos[1], true);
   if (verb == "drop") s = Drop(*stub, pos[1], flags->Has("--force"));

@@ -191,7 +191,8 @@ void Preload(DaemonParts* p) {
     if (p->Stopping()) return;
     const absl::Time t0 = absl::Now();
     absl::StatusOr<std::shared_ptr<const WeightManifestData>> m =
-        p->weights->Load(set.name, set.path, set.rules, [p](const WeightLoadProgress&) { return !p->Stopping(); });
+        p->weights->Load(set.name, set.path, set.rules, [p](const WeightLoadProgress&) { return !p->Stopping(); },
+                         set.gpu);
     if (m.ok()) {
       LogLine(LogLevel::kInfo, "weights_preloaded",
               absl::StrCat("set=", LogQuote(set.name), " path=", LogQuote(set.path), " tensors=",
@@ -256,7 +257,8 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const Options& options, De
       p->spinners.get());
 
   p->weights = std::make_unique<WeightStore>(options.weights_root, options.weights_budget, options.cpu_threads,
-                                             options.weights_shm_dir, WeightMetrics(p->metrics.get()));
+                                             options.weights_shm_dir, WeightMetrics(p->metrics.get()),
+                                             p->devices.get());
   p->weights->RemoveStaleFiles();
   p->weights_service = std::make_unique<WeightSetsService>(p->weights.get());
   if (!options.preload.empty()) {

@@ -116,10 +116,11 @@ flags::FlagSet DaemonFlags() {
             "the directory LoadWeights may read checkpoints from (paths outside it, '..' and "
             "symlinks out are refused); when not given, loading weight sets from files is off");
   fs.Bytes("weights-budget", "N", d.weights_budget,
-           "bytes all resident weight sets may hold together, e.g. 40G; a load that would pass "
-           "it is refused; 0 = unlimited");
+           "bytes the resident weight sets may hold on each GPU, and in host memory, e.g. 40G; a "
+           "load that would pass it is refused; 0 = unlimited");
   fs.String("weights-shm-dir", "DIR", d.weights_shm_dir,
-            "where each weight set's shared-memory file goes; attaching clients open it there");
+            "where each host-memory weight set's shared-memory file goes; attaching clients open it "
+            "there");
   fs.String("preload", "FILE", d.preload,
             "weight sets to load, one after another, once the daemon serves: a text-format "
             "wprep.v1.WeightPreload (LoadWeightsRequest entries); a malformed file stops the start, "

@@ -55,13 +55,14 @@ FakeRuntime::Exported FakeRuntime::ExportHandle(int gpu, uint64_t bytes) {
   a->gpu = gpu;
   a->size = bytes;
   a->bytes.reset(new uint8_t[bytes == 0 ? 1 : bytes]);
+  a->data = a->bytes.get();
   absl::MutexLock lock(&mu_);
   std::string handle(server::kIpcHandleBytes, '\0');
   const uint64_t id = next_handle_++;
   std::memcpy(handle.data(), &id, sizeof(id));
   handle[32] = static_cast<char>(gpu);
   exported_[handle] = a;
-  return Exported{a->bytes.get(), handle};
+  return Exported{a->data, handle};
 }
 
 void FakeRuntime::FreeExported(const std::string& handle) {
@@ -167,6 +168,39 @@ absl::Status FakeRuntime::FreeAsync(int gpu, void* ptr, Stream) {
   ::operator delete(ptr);
   device_.erase(it);
   return absl::OkStatus();
+}
+
+absl::StatusOr<void*> FakeRuntime::AllocateShared(int gpu, uint64_t bytes) {
+  return AllocateAsync(gpu, bytes, nullptr);
+}
+
+void FakeRuntime::FreeShared(int gpu, void* ptr) {
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto& [handle, a] : exported_) {
+      if (a->bytes == nullptr && a->data == ptr) a->freed_by_owner = true;
+    }
+  }
+  (void)FreeAsync(gpu, ptr, nullptr);
+}
+
+absl::StatusOr<std::string> FakeRuntime::ExportIpc(int gpu, void* ptr) {
+  if (absl::Status s = CheckGpu(gpu); !s.ok()) return s;
+  absl::MutexLock lock(&mu_);
+  auto it = device_.find(ptr);
+  if (it == device_.end() || it->second.first != gpu) {
+    return absl::InvalidArgumentError("cudaErrorInvalidValue (invalid argument)");
+  }
+  auto a = std::make_shared<Allocation>();
+  a->gpu = gpu;
+  a->data = static_cast<uint8_t*>(ptr);
+  a->size = it->second.second;
+  std::string handle(server::kIpcHandleBytes, '\0');
+  const uint64_t id = next_handle_++;
+  std::memcpy(handle.data(), &id, sizeof(id));
+  handle[32] = static_cast<char>(gpu);
+  exported_[handle] = a;
+  return handle;
 }
 
 absl::Status FakeRuntime::CopyToDeviceAsync(int gpu, void* dst, const void* src, uint64_t bytes, Stream) {
@@ -401,8 +435,8 @@ absl::StatusOr<IpcMapping> FakeRuntime::OpenIpc(int gpu, absl::string_view handl
   }
   Allocation& a = *it->second;
   a.open_mappings++;
-  mapped_[a.bytes.get()] = it->second;
-  return IpcMapping{a.bytes.get(), a.size};
+  mapped_[a.data] = it->second;
+  return IpcMapping{a.data, a.size};
 }
 
 absl::Status FakeRuntime::CloseIpc(int gpu, void* base) {

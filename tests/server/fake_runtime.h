@@ -106,6 +106,10 @@ class FakeRuntime final : public server::DeviceRuntime {
   absl::Status Quantize(int gpu, const QuantizePlan& plan, const QuantLayoutSpec& layout, const void* in,
                         void* values, void* scales, const QuantBias& bias, Stream stream) override;
   std::unique_ptr<server::DeviceTimer> NewTimer(int gpu) override;
+  // Shared memory counts as device memory; FreeShared makes its handles fail to open.
+  absl::StatusOr<void*> AllocateShared(int gpu, uint64_t bytes) override;
+  void FreeShared(int gpu, void* ptr) override;
+  absl::StatusOr<std::string> ExportIpc(int gpu, void* ptr) override;
   absl::StatusOr<void*> AllocatePinned(uint64_t bytes) override;
   void FreePinned(void* ptr) override;
   absl::StatusOr<server::Event> CreateEvent(int gpu) override;
@@ -139,7 +143,8 @@ class FakeRuntime final : public server::DeviceRuntime {
  private:
   struct Allocation {
     int gpu = 0;
-    std::unique_ptr<uint8_t[]> bytes;
+    std::unique_ptr<uint8_t[]> bytes;  // null for the daemon's own (ExportIpc)
+    uint8_t* data = nullptr;
     uint64_t size = 0;
     bool freed_by_owner = false;
     int open_mappings = 0;

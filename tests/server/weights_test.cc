@@ -186,10 +186,11 @@ class WeightsTest : public ::testing::Test {
   }
 
   LoadResult Load(const std::string& name, const std::string& path,
-                  const std::vector<v1::WeightRule>& rules = Rules()) {
+                  const std::vector<v1::WeightRule>& rules = Rules(), const std::string& device_uuid = "") {
     v1::LoadWeightsRequest req;
     req.set_name(name);
     req.set_path(path);
+    req.set_device_uuid(device_uuid);
     for (const auto& r : rules) *req.add_rules() = r;
     grpc::ClientContext ctx;
     auto reader = stub_->LoadWeights(&ctx, req);
@@ -736,6 +737,19 @@ TEST_F(WeightsTest, NoRootMeansNoLoadingFromFiles) {
   StartDaemon(0, /*with_root=*/false);
   WriteSafetensors(root_ + "/model.safetensors", Checkpoint());
   ExpectRefused(Load("x", "model.safetensors"), grpc::StatusCode::PERMISSION_DENIED, {"--weights-root"});
+}
+
+// A daemon on the CPU engine keeps sets in host memory only; a malformed UUID is refused
+// before that. Nothing is loaded either way, and the daemon serves on.
+TEST_F(WeightsTest, AGpuSetOnACpuDaemonOrABadUuidIsRefused) {
+  StartDaemon();
+  WriteSafetensors(root_ + "/model.safetensors", Checkpoint());
+  ExpectRefused(Load("g", "model.safetensors", Rules(), std::string(16, '\x11')),
+                grpc::StatusCode::FAILED_PRECONDITION, {"device_uuid", "CPU engine"});
+  ExpectRefused(Load("g", "model.safetensors", Rules(), "short"), grpc::StatusCode::INVALID_ARGUMENT,
+                {"device_uuid", "16 bytes"});
+  EXPECT_EQ(SetCount(), 0);
+  EXPECT_TRUE(Load("g", "model.safetensors").status.ok());
 }
 
 TEST_F(WeightsTest, MalformedCheckpointsAreInvalidArgumentNamingFileAndTensor) {

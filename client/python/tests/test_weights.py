@@ -542,3 +542,70 @@ def test_the_module_functions_use_the_default_client(wclient, checkpoint):
         assert wprep.weights.drop("set9") == r.manifest.total_bytes
     finally:
         wprep.set_default_client(None)
+
+
+# -- GPU sets (skipped without torch and a CUDA device) -----------------------------------------
+
+
+def _torch_cuda():
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("torch finds no CUDA device")
+    return torch
+
+
+@pytest.fixture(scope="module")
+def gpu_wclient(wdir, checkpoint):
+    """A daemon serving the GPUs, with the same --weights-root."""
+    _torch_cuda()
+    from conftest import wprepd_path
+    with LocalDaemon(wprepd_path(), [f"--weights-root={wdir / 'root'}", f"--weights-shm-dir={wdir / 'shm'}"]) as d:
+        with Client(d.target, timeout=120) as c:
+            yield c
+
+
+def test_a_gpu_set_attaches_as_cuda_tensors_with_the_host_sets_bytes(gpu_wclient, wclient):
+    """The same checkpoint and rules as a set on cuda:0 and as a host set of the CPU daemon:
+    every tensor equal, each a CUDA view of the set's one allocation at its offset; in another
+    process too; and the memory freed by the drop."""
+    torch = _torch_cuda()
+    from wprep._cuda import ipc
+
+    r = gpu_wclient.load_weights("gpu1", "model.safetensors", rules=RULES, device="cuda:0", progress=None)
+    assert r.manifest.device_uuid == ipc.device_uuid(0)
+    host = wclient.load_weights("host1", "model.safetensors", rules=RULES, progress=None)
+    try:
+        assert [(t.name, t.shape, t.strides, t.bytes, t.offset) for t in r.manifest.tensors] == \
+            [(t.name, t.shape, t.strides, t.bytes, t.offset) for t in host.manifest.tensors]
+        with gpu_wclient.attach_weights("gpu1") as g, wclient.attach_weights("host1") as h:
+            assert g.device == torch.device("cuda", 0) and not g.shm_path and len(g.ipc_handle) == 64
+            with pytest.raises(TypeError):
+                g.numpy()
+            tensors = g.torch_tensors()
+            base = min(tensors[t.name].data_ptr() - t.offset for t in g.manifest.tensors if t.bytes)
+            for t in g.manifest.tensors:
+                x = g[t.name]
+                assert x.is_cuda and x.device == g.device and tuple(x.shape) == t.shape
+                assert tuple(x.stride()) == t.strides and x.data_ptr() == base + t.offset, t.name
+                got = x.contiguous().view(torch.uint8).cpu().numpy().tobytes() if x.numel() else b""
+                assert got == h[t.name].tobytes(), f"{t.name}: GPU set differs from the host set"
+            # Another process attaches too and reads the same bytes.
+            name = next(t.name for t in g.manifest.tensors if t.bytes)
+            want = hashlib.sha256(g[name].contiguous().view(torch.uint8).cpu().numpy().tobytes()).hexdigest()
+            code = ("import hashlib, wprep, torch; from wprep import Client\n"
+                    f"c = Client({gpu_wclient.target!r})\n"
+                    "with c.attach_weights('gpu1') as w:\n"
+                    f"    x = w[{name!r}]\n"
+                    "    print(hashlib.sha256(x.contiguous().view(torch.uint8).cpu().numpy().tobytes()).hexdigest())\n")
+            out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                                 env={**os.environ, "PYTHONPATH": PACKAGE_DIR})
+            assert out.returncode == 0, out.stderr
+            assert out.stdout.strip() == want
+            del tensors, x
+        assert gpu_wclient.drop_weights("gpu1") == r.manifest.total_bytes
+    finally:
+        for c, n in ((gpu_wclient, "gpu1"), (wclient, "host1")):
+            try:
+                c.drop_weights(n, force=True)
+            except WprepError as e:
+                assert e.code == grpc.StatusCode.NOT_FOUND

@@ -12,11 +12,13 @@ keeps it, and engines attach instead of loading and preparing.
 
 The same calls are Client.load_weights, list_weights, attach_weights and drop_weights.
 
-An attachment holds the AttachWeights stream open and maps the set's file read-only: every
-array and tensor is a view of that mapping, not a copy, and is read-only by contract (numpy
-arrays are not writeable; torch tensors must not be written). close() (or the with block)
-ends the attachment; the mapping goes when the last view of it does, and stays valid after
-the set is dropped.
+A set is kept on a GPU (load(..., device="cuda:0")) or in host memory. An attachment holds
+the AttachWeights stream open and gives views, not copies: of a host set, numpy arrays over
+its file mapped read-only (the mapping goes when the last view of it does, and stays valid
+after the set is dropped); of a GPU set, CUDA torch tensors over its allocation, opened
+from its CUDA IPC handle (valid while attached: a dropped set's memory is freed). Both are
+read-only by contract (numpy arrays are not writeable; torch tensors must not be written).
+close() (or the with block) ends the attachment.
 """
 
 from __future__ import annotations
@@ -379,6 +381,7 @@ def load(
     *,
     rules: Rules = None,
     client: Optional["Client"] = None,
+    device: Union[None, int, str, "torch.device"] = None,
     device_uuid: Union[None, bytes, str] = None,
     progress: Progress = "auto",
     timeout: Optional[float] = None,
@@ -388,15 +391,28 @@ def load(
     `rules` name (parse_rules), copy the rest, and keep the set as `name` (LoadWeights).
 
     progress: a callable given each LoadProgress; "auto" (default) a bar on stderr when it is
-    a terminal; "bar" or True always; None, False or "none" nothing. device_uuid: the GPU to
-    keep the set on (None: host memory, the CPU engine's). timeout: seconds for the whole load
-    (default: the Client's). client: the daemon's Client (default: wprep.default_client()).
+    a terminal; "bar" or True always; None, False or "none" nothing. device: the GPU to keep
+    the set on, as torch names it ("cuda:1", 1, a torch.device; needs torch), or device_uuid:
+    the same by UUID (16 bytes or "GPU-..."); neither: host memory, the CPU engine's.
+    timeout: seconds for the whole load (default: the Client's). client: the daemon's Client
+    (default: wprep.default_client()).
 
     Raises WprepError: INVALID_ARGUMENT for a bad name, rule or checkpoint (naming the file
     and the tensor), PERMISSION_DENIED for a path outside --weights-root, NOT_FOUND for a
     missing file, ALREADY_EXISTS for a taken name, RESOURCE_EXHAUSTED past --weights-budget.
     """
     c = _client(client)
+    if device is not None:
+        if device_uuid is not None:
+            raise ValueError("give device or device_uuid, not both")
+        import torch
+
+        from ._cuda import ipc
+
+        d = torch.device("cuda", device) if isinstance(device, int) else torch.device(device)
+        if d.type != "cuda":
+            raise ValueError(f"device {device!r}: a weight set is kept on a CUDA device or, without one, on the host")
+        device_uuid = ipc.device_uuid(torch.cuda.current_device() if d.index is None else d.index)
     req = pb.LoadWeightsRequest(name=name, path=path, rules=parse_rules(rules), device_uuid=uuid_bytes(device_uuid))
     sink, bar = _progress_sink(progress)
     last = None
@@ -469,17 +485,21 @@ def attach(name: str, *, client: Optional["Client"] = None) -> "AttachedWeights"
         raise
 
 
-class AttachedWeights(Mapping[str, np.ndarray]):
-    """An open attachment to a set: a read-only mapping of tensor name -> numpy array, each a
-    zero-copy view of the set's memory with the manifest's dtype, shape and strides.
+class AttachedWeights(Mapping[str, Any]):
+    """An open attachment to a set: a read-only mapping of tensor name -> zero-copy view of the
+    set's memory with the manifest's dtype, shape and strides. A host set's views are numpy
+    arrays over the set's file, mapped read-only; a GPU set's are CUDA torch tensors on
+    `device`, over the set's allocation opened from its CUDA IPC handle (needs torch).
 
-    manifest, attachment_id, shm_path: what the daemon sent. identity(name): the layout
-    identity of a converted tensor (None for a copy). torch_tensors(): the same views as
-    torch tensors (torch.frombuffer over the mapping, no copy; needs torch). alive: False once
-    the attachment has ended (close(), a forced drop, the daemon stopping).
+    manifest, attachment_id, shm_path / ipc_handle: what the daemon sent. identity(name): the
+    layout identity of a converted tensor (None for a copy). torch_tensors(): the views as
+    torch tensors (for a host set torch.frombuffer over the mapping, no copy). alive: False
+    once the attachment has ended (close(), a forced drop, the daemon stopping).
 
-    The bytes are read-only by contract. close() (or leaving the with block) detaches; views
-    already taken stay valid (the mapping goes with the last of them).
+    The bytes are read-only by contract. close() (or leaving the with block) detaches. A host
+    set's views stay valid after it (the mapping goes with the last of them). A GPU set's
+    memory is freed when the set is dropped, which the daemon allows once no attachment holds
+    it: do not use a GPU set's views after close().
     """
 
     def __init__(self, client: "Client", call: Any, first: pb.AttachWeightsResponse) -> None:
@@ -489,13 +509,38 @@ class AttachedWeights(Mapping[str, np.ndarray]):
         self.attachment_id: int = first.attachment_id
         self.manifest = WeightManifest.from_proto(first.manifest)
         self.shm_path: str = first.shm_path
+        self.ipc_handle: bytes = first.ipc_handle
+        self.device: Optional["torch.device"] = None
+        self._by_name = {t.name: t for t in self.manifest.tensors}
+        self._buffer: Union[mmap.mmap, bytes] = b""
+        self._flat: Optional["torch.Tensor"] = None
+        if self.ipc_handle:
+            self._arrays: Dict[str, Any] = self._open_on_gpu()
+            return
         if not self.shm_path:
-            raise WprepError(grpc.StatusCode.UNIMPLEMENTED,
-                             f"weight set {self.manifest.name!r} is on a GPU; this client maps host sets only",
+            raise WprepError(grpc.StatusCode.INTERNAL,
+                             f"AttachWeights of {self.manifest.name!r} gave neither a file nor an IPC handle",
                              "AttachWeights")
         self._buffer = _map_read_only(self.shm_path, self.manifest.total_bytes)
-        self._by_name = {t.name: t for t in self.manifest.tensors}
-        self._arrays: Dict[str, np.ndarray] = {t.name: _numpy_view(self._buffer, t) for t in self.manifest.tensors}
+        self._arrays = {t.name: _numpy_view(self._buffer, t) for t in self.manifest.tensors}
+
+    def _open_on_gpu(self) -> Dict[str, "torch.Tensor"]:
+        """A GPU set: its allocation opened from the IPC handle, every tensor a torch view."""
+        try:
+            import torch
+        except ImportError as e:
+            raise ImportError(f"weight set {self.manifest.name!r} is on a GPU; attaching to it needs torch: {e}") from e
+        from ._cuda import ipc
+
+        index = ipc.device_index_of_uuid(self.manifest.device_uuid)
+        if index is None:
+            raise WprepError(grpc.StatusCode.FAILED_PRECONDITION,
+                             f"weight set {self.manifest.name!r} is on GPU {_gpu_name(self.manifest.device_uuid)}, "
+                             f"which this process does not see (CUDA_VISIBLE_DEVICES?)", "AttachWeights")
+        self.device = torch.device("cuda", index)
+        opened = ipc.OpenedIpc(self.ipc_handle, index, max(self.manifest.total_bytes, 1))
+        self._flat = torch.as_tensor(opened, device=self.device)
+        return {t.name: _torch_view(torch, self._flat, t) for t in self.manifest.tensors}
 
     # Mapping
     def __getitem__(self, name: str) -> np.ndarray:
@@ -512,13 +557,26 @@ class AttachedWeights(Mapping[str, np.ndarray]):
         """The manifest entry of tensor `name`."""
         return self._by_name[name]
 
+    def raw(self, name: str) -> Any:
+        """Tensor `name`'s bytes in memory order, as a flat uint8 view: numpy for a host set, a
+        CUDA torch tensor for a GPU set (what a layout's strides address)."""
+        self._check_open()
+        t = self._by_name[name]
+        if self.device is not None:
+            return self._flat[t.offset:t.offset + t.bytes]
+        return np.frombuffer(self._buffer, dtype=np.uint8, count=t.bytes, offset=t.offset) if t.bytes else \
+            np.empty(0, np.uint8)
+
     def identity(self, name: str) -> Optional[LayoutIdentity]:
         """The layout identity of tensor `name`: set for a converted tensor, None for a copy."""
         return self._by_name[name].identity
 
     def numpy(self) -> Dict[str, np.ndarray]:
-        """Every tensor as a numpy view (BF16 and FP8 as unsigned integers of their width)."""
+        """Every tensor as a numpy view (BF16 and FP8 as unsigned integers of their width).
+        Host sets only: a GPU set's tensors are CUDA tensors (torch_tensors())."""
         self._check_open()
+        if self.device is not None:
+            raise TypeError(f"weight set {self.manifest.name!r} is on {self.device}: use torch_tensors()")
         return dict(self._arrays)
 
     def _check_open(self) -> None:
@@ -526,13 +584,16 @@ class AttachedWeights(Mapping[str, np.ndarray]):
             raise ValueError(f"the attachment to weight set {self.manifest.name!r} is closed")
 
     def torch_tensors(self) -> Dict[str, "torch.Tensor"]:
-        """Every tensor as a CPU torch tensor viewing the mapping (no copy), with its real dtype
-        (bfloat16, float8_*). Read-only by contract: torch cannot mark them so."""
+        """Every tensor as a torch tensor viewing the set's memory (no copy), with its real dtype
+        (bfloat16, float8_*): CPU tensors over the mapping of a host set, CUDA tensors on
+        `device` for a GPU set. Read-only by contract: torch cannot mark them so."""
+        self._check_open()
+        if self.device is not None:
+            return dict(self._arrays)
         try:
             import torch
         except ImportError as e:
             raise ImportError(f"torch_tensors() needs torch, which is not importable: {e}") from e
-        self._check_open()
         if not len(self._buffer):
             flat = torch.empty(0, dtype=torch.uint8)
         else:
@@ -573,6 +634,7 @@ class AttachedWeights(Mapping[str, np.ndarray]):
             # once the last view is gone.
             self._arrays = {}
             self._buffer = b""
+            self._flat = None
 
     def __enter__(self) -> "AttachedWeights":
         return self
@@ -623,5 +685,10 @@ def _torch_view(torch: Any, flat: "torch.Tensor", t: WeightTensor) -> "torch.Ten
     if dtype is None:
         raise TypeError(f"tensor {t.name!r}: this torch has no dtype for {t.dtype}")
     if any(d == 0 for d in t.shape):
-        return torch.empty(t.shape, dtype=dtype)
+        return torch.empty(t.shape, dtype=dtype, device=flat.device)
     return flat[t.offset:t.offset + t.bytes].view(dtype).as_strided(t.shape, t.strides)
+
+
+def _gpu_name(uuid: bytes) -> str:
+    h = bytes(uuid).hex()
+    return f"GPU-{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}" if len(uuid) == 16 else repr(uuid)

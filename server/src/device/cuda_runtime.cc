@@ -321,6 +321,28 @@ class Cuda final : public DeviceRuntime {
     return d;
   }
 
+  absl::StatusOr<void*> AllocateShared(int gpu, uint64_t bytes) override {
+    WPREP_CUDA_RETURN_IF_ERROR(cudaSetDevice(gpu));
+    void* p = nullptr;
+    const cudaError_t err = cudaMalloc(&p, bytes);
+    if (err != cudaSuccess) {
+      cudaGetLastError();
+      return absl::ResourceExhaustedError(absl::StrCat("cudaMalloc of ", bytes, " bytes on GPU ", gpu,
+                                                       " failed: ", cudaGetErrorName(err)));
+    }
+    return p;
+  }
+  void FreeShared(int gpu, void* ptr) override {
+    if (cudaSetDevice(gpu) == cudaSuccess) cudaFree(ptr);
+    cudaGetLastError();
+  }
+  absl::StatusOr<std::string> ExportIpc(int gpu, void* ptr) override {
+    WPREP_CUDA_RETURN_IF_ERROR(cudaSetDevice(gpu));
+    cudaIpcMemHandle_t h;
+    WPREP_CUDA_RETURN_IF_ERROR(cudaIpcGetMemHandle(&h, ptr));
+    return std::string(h.reserved, sizeof(h.reserved));
+  }
+
   absl::StatusOr<void*> AllocatePinned(uint64_t bytes) override {
     void* p = nullptr;
     const cudaError_t err = cudaHostAlloc(&p, bytes, cudaHostAllocPortable);

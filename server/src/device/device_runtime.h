@@ -155,6 +155,20 @@ class DeviceRuntime {
   // The device address on `gpu` of host memory RegisterHost registered.
   virtual absl::StatusOr<void*> HostDevicePointer(int gpu, void* ptr) = 0;
 
+  // Device memory of `gpu` outside the pool, which other processes can open from the
+  // handle ExportIpc gives (cudaMalloc; a pool's memory has no legacy IPC handle): what
+  // resident weight sets live in. RESOURCE_EXHAUSTED when the GPU has no room.
+  virtual absl::StatusOr<void*> AllocateShared(int gpu, uint64_t bytes) {
+    (void)gpu, (void)bytes;
+    return absl::FailedPreconditionError("this device runtime has no shareable device memory");
+  }
+  virtual void FreeShared(int gpu, void* ptr) { (void)gpu, (void)ptr; }
+  // The kIpcHandleBytes handle of an allocation AllocateShared made (cudaIpcGetMemHandle).
+  virtual absl::StatusOr<std::string> ExportIpc(int gpu, void* ptr) {
+    (void)gpu, (void)ptr;
+    return absl::FailedPreconditionError("this device runtime cannot export IPC handles");
+  }
+
   // Page-locked host memory, usable for DMA by every GPU.
   virtual absl::StatusOr<void*> AllocatePinned(uint64_t bytes) = 0;
   virtual void FreePinned(void* ptr) = 0;

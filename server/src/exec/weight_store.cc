@@ -14,6 +14,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <set>
+#include <thread>
 #include <utility>
 
 #include "absl/cleanup/cleanup.h"
@@ -23,6 +24,7 @@
 #include "absl/time/time.h"
 #include "nlohmann/json.hpp"
 #include "openssl/evp.h"
+#include "device/device_manager.h"
 #include "safetensors.h"
 #include "wprep/kernels/cpu_engine.h"
 #include "wprep/kernels/plan.h"
@@ -354,6 +356,108 @@ absl::Status PlanTensors(const std::vector<Shard>& shards, const std::vector<Wei
   return absl::OkStatus();
 }
 
+// Bytes [pos, pos + n) of the tensor `src` reads (its runs back to back) into `to`.
+absl::Status ReadRange(int fd, const Source& src, uint64_t pos, uint64_t n, uint8_t* to, const std::string& file) {
+  while (n > 0) {
+    const uint64_t run = pos / src.run_bytes, off = pos - run * src.run_bytes;
+    const uint64_t take = std::min(n, src.run_bytes - off);
+    WPREP_RETURN_IF_ERROR(ReadAt(fd, src.file_offset + run * src.run_stride + off, to, take, file));
+    pos += take;
+    to += take;
+    n -= take;
+  }
+  return absl::OkStatus();
+}
+
+// A GPU set's checkpoint goes through two pinned buffers of kStagingBytes: while one is
+// copied to the GPU, kReaders threads read the next piece into the other (one thread
+// reading from the page cache moves a fraction of what a host-to-device copy does).
+constexpr uint64_t kStagingBytes = 64ull << 20;
+constexpr int kReaders = 4;
+
+// ReadRange split across up to kReaders threads (pieces of at least 4 MiB).
+absl::Status ReadRangeParallel(int fd, const Source& src, uint64_t pos, uint64_t n, uint8_t* to,
+                               const std::string& file) {
+  const uint64_t part = std::max<uint64_t>((n + kReaders - 1) / kReaders, 4ull << 20);
+  std::vector<absl::Status> status(kReaders);
+  std::vector<std::thread> helpers;
+  int k = 1;
+  for (uint64_t at = part; at < n; at += part, ++k) {
+    helpers.emplace_back([&, at, k] { status[k] = ReadRange(fd, src, pos + at, std::min(part, n - at), to + at, file); });
+  }
+  status[0] = ReadRange(fd, src, pos, std::min(part, n), to, file);
+  for (std::thread& t : helpers) t.join();
+  for (const absl::Status& s : status) WPREP_RETURN_IF_ERROR(s);
+  return absl::OkStatus();
+}
+
+// Fills a GPU set's memory at `base` (on `gpu` of `rt`) with the tensors of `sources`:
+// copies straight into place, converted tensors through one device scratch buffer (the
+// largest such input) and the GPU's conversion. Everything runs on a stream of its own;
+// returns once the GPU has finished (or, failing, once nothing queued can still run).
+absl::Status FillOnGpu(DeviceRuntime& rt, int gpu, PinnedHostPool& pinned, uint8_t* base,
+                       const WeightManifestData& manifest, const std::vector<Source>& sources,
+                       const std::vector<int>& fds, const std::vector<std::string>& files, WeightLoadProgress& p,
+                       absl::FunctionRef<bool(const WeightLoadProgress&)> progress) {
+  uint64_t scratch_bytes = 0;
+  for (const Source& src : sources) {
+    if (src.plan.has_value()) scratch_bytes = std::max(scratch_bytes, src.bytes);
+  }
+  struct Stage {
+    PinnedHostPool::Buffer buffer;
+    Event copied = nullptr;
+    bool busy = false;
+  };
+  Stage stages[2];
+  WPREP_ASSIGN_OR_RETURN(Stream stream, rt.CreateStream(gpu));
+  void* scratch = nullptr;
+  // Runs before `stages` go: the buffers and the scratch are in use until the stream is idle.
+  absl::Cleanup done = [&] {
+    (void)rt.Synchronize(gpu, stream);
+    if (scratch != nullptr) (void)rt.FreeAsync(gpu, scratch, stream);
+    (void)rt.Synchronize(gpu, stream);
+    for (Stage& st : stages) {
+      if (st.copied != nullptr) rt.DestroyEvent(gpu, st.copied);
+    }
+    rt.DestroyStream(gpu, stream);
+  };
+  for (Stage& st : stages) {
+    WPREP_ASSIGN_OR_RETURN(st.buffer, pinned.Get(kStagingBytes));
+    WPREP_ASSIGN_OR_RETURN(st.copied, rt.CreateEvent(gpu));
+  }
+  if (scratch_bytes > 0) {
+    WPREP_ASSIGN_OR_RETURN(scratch, rt.AllocateAsync(gpu, scratch_bytes, stream));
+  }
+  int next = 0;
+  for (size_t i = 0; i < sources.size(); ++i) {
+    const Source& src = sources[i];
+    const WeightEntry& e = manifest.tensors[i];
+    uint8_t* dst = src.plan.has_value() ? static_cast<uint8_t*>(scratch) : base + e.offset;
+    for (uint64_t pos = 0; pos < src.bytes;) {
+      const uint64_t n = std::min(kStagingBytes, src.bytes - pos);
+      Stage& st = stages[next];
+      next ^= 1;
+      if (st.busy) WPREP_RETURN_IF_ERROR(rt.SynchronizeEvent(gpu, st.copied));
+      WPREP_RETURN_IF_ERROR(ReadRangeParallel(fds[src.shard], src, pos, n, st.buffer.data(), files[src.shard]));
+      WPREP_RETURN_IF_ERROR(rt.CopyToDeviceAsync(gpu, dst + pos, st.buffer.data(), n, stream));
+      WPREP_RETURN_IF_ERROR(rt.RecordEvent(gpu, st.copied, stream));
+      st.busy = true;
+      pos += n;
+    }
+    if (src.plan.has_value()) {
+      absl::Status converted = rt.Convert(gpu, *src.plan, scratch, base + e.offset, stream);
+      if (!converted.ok()) {
+        return absl::Status(converted.code(),
+                            absl::StrCat(files[src.shard], ": tensor '", e.name, "': ", converted.message()));
+      }
+    }
+    ++p.tensors_done;
+    p.bytes_done = AlignUp(e.offset + e.bytes);
+    if (!progress(p)) return absl::CancelledError("the load was cancelled");
+  }
+  return rt.Synchronize(gpu, stream);
+}
+
 std::atomic<uint64_t> g_file_counter{0};
 
 }  // namespace
@@ -366,45 +470,55 @@ bool ValidWeightSetName(const std::string& name) {
   });
 }
 
-// A set's memory: a shared-memory file mapped into the daemon.
+// A set's memory: a device allocation of its GPU's, or a shared-memory file mapped into
+// the daemon.
 struct WeightStore::Set {
   std::shared_ptr<const WeightManifestData> manifest;
+  int where = kHost;  // the GPU's ordinal, or kHost
+  uint64_t size = 0;
+  // Host sets.
   std::string shm_path;
   uint8_t* base = nullptr;
-  uint64_t size = 0;
+  // GPU sets.
+  DeviceRuntime* runtime = nullptr;
+  void* device = nullptr;
+  std::string ipc_handle;
 
   ~Set() {
     if (base != nullptr) munmap(base, size);
     if (!shm_path.empty()) unlink(shm_path.c_str());
+    if (device != nullptr) runtime->FreeShared(where, device);
   }
 };
 
 WeightStore::WeightStore(std::string root, uint64_t budget_bytes, int cpu_threads, std::string shm_dir,
-                         WeightStoreObserver observer)
+                         WeightStoreObserver observer, DeviceManager* devices)
     : root_(std::move(root)),
       budget_bytes_(budget_bytes),
       cpu_threads_(cpu_threads),
       shm_dir_(std::move(shm_dir)),
-      observer_(std::move(observer)) {}
+      observer_(std::move(observer)),
+      devices_(devices) {}
 
 WeightStore::~WeightStore() = default;
 
-absl::Status WeightStore::ReserveLocked(const std::string& name, uint64_t bytes) {
+absl::Status WeightStore::ReserveLocked(const std::string& name, int where, uint64_t bytes) {
   if (closed_) return absl::UnavailableError("the daemon is stopping");
   if (sets_.count(name) != 0) return absl::AlreadyExistsError(absl::StrCat("weight set '", name, "' exists"));
-  if (budget_bytes_ != 0 && (bytes > budget_bytes_ || reserved_ > budget_bytes_ - bytes)) {
-    return absl::ResourceExhaustedError(absl::StrCat("weight set '", name, "' needs ", bytes, " bytes; ",
-                                                     reserved_, " of --weights-budget ", budget_bytes_,
-                                                     " are held"));
+  uint64_t& reserved = reserved_[where];
+  if (budget_bytes_ != 0 && (bytes > budget_bytes_ || reserved > budget_bytes_ - bytes)) {
+    return absl::ResourceExhaustedError(absl::StrCat("weight set '", name, "' needs ", bytes, " bytes; ", reserved,
+                                                     " of --weights-budget ", budget_bytes_, " are held ",
+                                                     where == kHost ? "in host memory" : "on that GPU"));
   }
   sets_[name] = nullptr;
-  reserved_ += bytes;
+  reserved += bytes;
   return absl::OkStatus();
 }
 
 absl::StatusOr<std::shared_ptr<const WeightManifestData>> WeightStore::Load(
     const std::string& name, const std::string& path, const std::vector<WeightRuleSpec>& rules,
-    absl::FunctionRef<bool(const WeightLoadProgress&)> progress) {
+    absl::FunctionRef<bool(const WeightLoadProgress&)> progress, const std::optional<Uuid>& gpu) {
   const absl::Time start = absl::Now();
   bool counted = false;
   auto fail = [&](absl::Status status) {
@@ -416,11 +530,23 @@ absl::StatusOr<std::shared_ptr<const WeightManifestData>> WeightStore::Load(
     return fail(absl::InvalidArgumentError(absl::StrCat("name '", name.substr(0, 80),
                                                         "': a set name is 1 to 64 of [A-Za-z0-9._-]")));
   }
+  Gpu* on = nullptr;
+  if (gpu.has_value()) {
+    if (devices_ == nullptr || devices_->cpu_engine()) {
+      return fail(absl::FailedPreconditionError(
+          "device_uuid: this daemon serves no GPU (it runs the CPU engine); leave it unset for a set in host memory"));
+    }
+    absl::StatusOr<Gpu*> found = devices_->FindByUuid(*gpu);
+    if (!found.ok()) return fail(absl::Status(found.status().code(), absl::StrCat("device_uuid: ", found.status().message())));
+    on = *found;
+  }
+  const int where = on != nullptr ? on->ordinal() : kHost;
   absl::StatusOr<std::vector<Shard>> shards = ReadCheckpoint(root_, path);
   if (!shards.ok()) return fail(shards.status());
   auto manifest = std::make_shared<WeightManifestData>();
   manifest->name = name;
   manifest->path = path;
+  manifest->gpu = gpu;
   std::vector<Source> sources;
   absl::Status planned = PlanTensors(*shards, rules, &manifest->tensors, &sources, &manifest->total_bytes);
   if (!planned.ok()) return fail(planned);
@@ -430,7 +556,7 @@ absl::StatusOr<std::shared_ptr<const WeightManifestData>> WeightStore::Load(
 
   {
     absl::MutexLock lock(&mu_);
-    absl::Status reserved = ReserveLocked(name, manifest->total_bytes);
+    absl::Status reserved = ReserveLocked(name, where, manifest->total_bytes);
     if (!reserved.ok()) return fail(reserved);
   }
   bool done = false;
@@ -438,28 +564,42 @@ absl::StatusOr<std::shared_ptr<const WeightManifestData>> WeightStore::Load(
     if (done) return;
     absl::MutexLock lock(&mu_);
     sets_.erase(name);
-    reserved_ -= manifest->total_bytes;
+    reserved_[where] -= manifest->total_bytes;
   };
 
   auto set = std::make_shared<Set>();
   set->size = manifest->total_bytes;
-  set->shm_path = absl::StrCat(shm_dir_, "/wprep-weights-", getpid(), "-", g_file_counter.fetch_add(1), "-", name);
-  const int shm_fd = open(set->shm_path.c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
-  if (shm_fd < 0) {
-    const int err = errno;
-    set->shm_path.clear();
-    return fail(absl::ResourceExhaustedError(absl::StrCat("weight set '", name, "': ", shm_dir_, ": ", ErrnoText(err))));
-  }
-  Fd shm(shm_fd);
-  if (set->size > 0) {
-    if (ftruncate(shm.get(), static_cast<off_t>(set->size)) != 0) {
-      return fail(absl::ResourceExhaustedError(absl::StrCat("weight set '", name, "': ", ErrnoText(errno))));
+  set->where = where;
+  if (on != nullptr) {
+    set->runtime = &on->runtime();
+    // One allocation even for an empty set, so that it has a handle to attach.
+    absl::StatusOr<void*> device = set->runtime->AllocateShared(where, std::max(set->size, kWeightAlignment));
+    if (!device.ok()) {
+      return fail(absl::Status(device.status().code(),
+                               absl::StrCat("weight set '", name, "': ", device.status().message())));
     }
-    void* base = mmap(nullptr, set->size, PROT_READ | PROT_WRITE, MAP_SHARED, shm.get(), 0);
-    if (base == MAP_FAILED) {
-      return fail(absl::ResourceExhaustedError(absl::StrCat("weight set '", name, "': mmap: ", ErrnoText(errno))));
+    set->device = *device;
+  } else {
+    set->shm_path = absl::StrCat(shm_dir_, "/wprep-weights-", getpid(), "-", g_file_counter.fetch_add(1), "-", name);
+    const int shm_fd = open(set->shm_path.c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
+    if (shm_fd < 0) {
+      const int err = errno;
+      set->shm_path.clear();
+      return fail(
+          absl::ResourceExhaustedError(absl::StrCat("weight set '", name, "': ", shm_dir_, ": ", ErrnoText(err))));
     }
-    set->base = static_cast<uint8_t*>(base);
+    Fd shm(shm_fd);
+    if (set->size > 0) {
+      if (ftruncate(shm.get(), static_cast<off_t>(set->size)) != 0) {
+        return fail(absl::ResourceExhaustedError(absl::StrCat("weight set '", name, "': ", ErrnoText(errno))));
+      }
+      void* base = mmap(nullptr, set->size, PROT_READ | PROT_WRITE, MAP_SHARED, shm.get(), 0);
+      if (base == MAP_FAILED) {
+        return fail(
+            absl::ResourceExhaustedError(absl::StrCat("weight set '", name, "': mmap: ", ErrnoText(errno))));
+      }
+      set->base = static_cast<uint8_t*>(base);
+    }
   }
 
   WeightLoadProgress p;
@@ -467,43 +607,49 @@ absl::StatusOr<std::shared_ptr<const WeightManifestData>> WeightStore::Load(
   p.bytes_total = manifest->total_bytes;
   if (!progress(p)) return fail(absl::CancelledError("the load was cancelled"));
   std::vector<std::unique_ptr<Fd>> files;
+  std::vector<int> fds;
+  std::vector<std::string> displays;
   for (const Shard& s : *shards) {
     files.push_back(std::make_unique<Fd>(open(s.real.c_str(), O_RDONLY | O_CLOEXEC)));
     if (files.back()->get() < 0) return fail(absl::DataLossError(absl::StrCat(s.display, ": ", ErrnoText(errno))));
+    fds.push_back(files.back()->get());
+    displays.push_back(s.display);
   }
-  std::vector<uint8_t> staging;  // a converted tensor's input; one tensor at a time
-  CpuOptions cpu;
-  cpu.threads = cpu_threads_;
-  for (size_t i = 0; i < sources.size(); ++i) {
-    const Source& src = sources[i];
-    const WeightEntry& e = manifest->tensors[i];
-    const std::string& file = (*shards)[src.shard].display;
-    uint8_t* out = set->base + e.offset;
-    // The tensor's bytes (its slice's runs back to back) into `to`.
-    auto read_source = [&](uint8_t* to) -> absl::Status {
-      for (uint64_t r = 0; r < src.runs; ++r) {
-        WPREP_RETURN_IF_ERROR(ReadAt(files[src.shard]->get(), src.file_offset + r * src.run_stride,
-                                     to + r * src.run_bytes, src.run_bytes, file));
+  if (on != nullptr) {
+    absl::Status filled = FillOnGpu(*set->runtime, where, devices_->pinned(), static_cast<uint8_t*>(set->device),
+                                    *manifest, sources, fds, displays, p, progress);
+    if (!filled.ok()) return fail(filled);
+    absl::StatusOr<std::string> handle = set->runtime->ExportIpc(where, set->device);
+    if (!handle.ok()) return fail(handle.status());
+    set->ipc_handle = *std::move(handle);
+  } else {
+    std::vector<uint8_t> staging;  // a converted tensor's input; one tensor at a time
+    CpuOptions cpu;
+    cpu.threads = cpu_threads_;
+    for (size_t i = 0; i < sources.size(); ++i) {
+      const Source& src = sources[i];
+      const WeightEntry& e = manifest->tensors[i];
+      const std::string& file = displays[src.shard];
+      uint8_t* out = set->base + e.offset;
+      if (!src.plan.has_value()) {
+        absl::Status read = ReadRange(fds[src.shard], src, 0, src.bytes, out, file);
+        if (!read.ok()) return fail(read);
+      } else {
+        staging.resize(src.bytes);
+        absl::Status read = ReadRange(fds[src.shard], src, 0, src.bytes, staging.data(), file);
+        if (!read.ok()) return fail(read);
+        absl::Status converted = ConvertOnCpu(*src.plan, staging.data(), staging.size(), out, e.bytes, cpu);
+        if (!converted.ok()) {
+          return fail(
+              absl::Status(converted.code(), absl::StrCat(file, ": tensor '", e.name, "': ", converted.message())));
+        }
       }
-      return absl::OkStatus();
-    };
-    if (!src.plan.has_value()) {
-      absl::Status read = read_source(out);
-      if (!read.ok()) return fail(read);
-    } else {
-      staging.resize(src.bytes);
-      absl::Status read = read_source(staging.data());
-      if (!read.ok()) return fail(read);
-      absl::Status converted = ConvertOnCpu(*src.plan, staging.data(), staging.size(), out, e.bytes, cpu);
-      if (!converted.ok()) {
-        return fail(absl::Status(converted.code(), absl::StrCat(file, ": tensor '", e.name, "': ", converted.message())));
-      }
+      ++p.tensors_done;
+      p.bytes_done = AlignUp(e.offset + e.bytes);
+      if (!progress(p)) return fail(absl::CancelledError("the load was cancelled"));
     }
-    ++p.tensors_done;
-    p.bytes_done = AlignUp(e.offset + e.bytes);
-    if (!progress(p)) return fail(absl::CancelledError("the load was cancelled"));
+    if (set->base != nullptr) mprotect(set->base, set->size, PROT_READ);  // read-only from here on
   }
-  if (set->base != nullptr) mprotect(set->base, set->size, PROT_READ);  // read-only from here on
   set->manifest = manifest;
   {
     absl::MutexLock lock(&mu_);
@@ -552,6 +698,7 @@ absl::StatusOr<WeightAttachment> WeightStore::Attach(const std::string& name) {
   a.id = next_id_++;
   a.manifest = it->second->manifest;
   a.shm_path = it->second->shm_path;
+  a.ipc_handle = it->second->ipc_handle;
   held_[a.id] = Held{name, absl::OkStatus(), false};
   if (observer_.attachments) observer_.attachments(1);
   return a;
@@ -612,10 +759,10 @@ absl::StatusOr<uint64_t> WeightStore::Drop(const std::string& name, bool force) 
     }
     gone = std::move(it->second);
     sets_.erase(it);
-    reserved_ -= gone->size;
+    reserved_[gone->where] -= gone->size;
   }
   if (observer_.set_resident) observer_.set_resident(name, 0);
-  return gone->size;  // the memory goes with `gone`; clients' mappings stay valid
+  return gone->size;  // the memory goes with `gone` (host sets: clients' mappings stay valid)
 }
 
 void WeightStore::RemoveStaleFiles() {
@@ -647,7 +794,7 @@ void WeightStore::Close() {
         continue;
       }
       gone.push_back(std::move(it->second));
-      reserved_ -= gone.back()->size;
+      reserved_[gone.back()->where] -= gone.back()->size;
       it = sets_.erase(it);
     }
   }

@@ -6,9 +6,15 @@
 // every path is resolved with realpath and must stay inside it, so `..`, absolute paths
 // and symlinks that leave the root are refused. A load plans every tensor (checking the
 // headers, the rules and the budget) before it allocates anything, so a refused load
-// changes nothing. Sets live in host memory, each in a shared-memory file of its own
-// (/dev/shm) that attached clients map read-only; the file is unlinked when the set is
-// dropped, and mappings made before stay valid.
+// changes nothing. A set lives on one GPU or in host memory:
+// - on a GPU, in one device allocation of its own (cudaMalloc) that attached clients open
+//   from its CUDA IPC handle. The checkpoint streams through pinned staging buffers
+//   (read by several threads, copied while the next piece is read) and converts on the
+//   GPU; the host never holds a converted tensor. Dropping the set frees the memory.
+// - in host memory, in a shared-memory file of its own (/dev/shm) that attached clients
+//   map read-only; the file is unlinked when the set is dropped, and mappings made before
+//   stay valid.
+// The budget applies to each GPU and to host memory apart.
 //
 // An attachment is held by a caller (the AttachWeights stream) for as long as it waits
 // in Hold: until Detach, a forced Drop, Close, or the caller's own cancellation.
@@ -28,6 +34,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "device/device_runtime.h"
 #include "wprep/spec/spec.h"
 
 namespace wprep::server {
@@ -70,6 +77,7 @@ inline constexpr uint64_t kWeightAlignment = 256;
 struct WeightManifestData {
   std::string name;
   std::string path;
+  std::optional<Uuid> gpu;  // the GPU holding the set; none for host memory
   std::vector<WeightEntry> tensors;
   uint64_t total_bytes = 0;
   std::string source_checksum;  // 32 raw bytes (weight_store.cc says of what)
@@ -88,7 +96,8 @@ struct WeightSetSummary {
 struct WeightAttachment {
   uint64_t id = 0;
   std::shared_ptr<const WeightManifestData> manifest;
-  std::string shm_path;
+  std::string shm_path;    // host sets
+  std::string ipc_handle;  // GPU sets: kIpcHandleBytes of the set's allocation
 };
 
 // What the store reports as it works (all may be null); the daemon points them at its
@@ -100,27 +109,33 @@ struct WeightStoreObserver {
   absl::AnyInvocable<void()> load_failed;
 };
 
+class DeviceManager;
+
 class WeightStore {
  public:
   // `root`: the directory sources must lie in (empty: loading from files is refused).
-  // `budget_bytes`: the most all sets may hold together; 0 = unlimited.
-  // `cpu_threads`: the CPU engine's threads per conversion (0 = one per core).
-  // `shm_dir`: where the sets' files go.
+  // `budget_bytes`: the most the sets may hold on each GPU, and in host memory; 0 =
+  // unlimited. `cpu_threads`: the CPU engine's threads per conversion (0 = one per core).
+  // `shm_dir`: where host sets' files go. `devices`: the GPUs sets may live on (null or
+  // without GPUs: host memory only); must outlive the store.
   WeightStore(std::string root, uint64_t budget_bytes, int cpu_threads, std::string shm_dir = "/dev/shm",
-              WeightStoreObserver observer = {});
+              WeightStoreObserver observer = {}, DeviceManager* devices = nullptr);
   ~WeightStore();
   WeightStore(const WeightStore&) = delete;
   WeightStore& operator=(const WeightStore&) = delete;
 
   // Loads `path` (relative to the root) into set `name`, applying `rules` (first match
-  // wins). `progress` is called after planning and after each tensor; returning false
-  // cancels the load (CANCELLED; nothing stays).
+  // wins), on GPU `gpu` or, without one, in host memory. `progress` is called after
+  // planning and after each tensor; returning false cancels the load (CANCELLED; nothing
+  // stays). FAILED_PRECONDITION for a GPU where the daemon serves none, INVALID_ARGUMENT
+  // for a GPU it does not serve, RESOURCE_EXHAUSTED past the budget or the GPU's memory.
   absl::StatusOr<std::shared_ptr<const WeightManifestData>> Load(
       const std::string& name, const std::string& path, const std::vector<WeightRuleSpec>& rules,
-      absl::FunctionRef<bool(const WeightLoadProgress&)> progress);
+      absl::FunctionRef<bool(const WeightLoadProgress&)> progress, const std::optional<Uuid>& gpu = std::nullopt);
 
   std::vector<WeightSetSummary> List() const;
   uint64_t budget_bytes() const { return budget_bytes_; }
+  // Bytes all sets hold, on every GPU and in host memory.
   uint64_t resident_bytes() const;
 
   // Opens an attachment to set `name` (NOT_FOUND if none); the caller must then Hold it.
@@ -149,20 +164,24 @@ class WeightStore {
     bool ended = false;
   };
 
-  absl::Status ReserveLocked(const std::string& name, uint64_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // `where`: a GPU's ordinal, or kHost.
+  static constexpr int kHost = -1;
+  absl::Status ReserveLocked(const std::string& name, int where, uint64_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const std::string root_;
   const uint64_t budget_bytes_;
   const int cpu_threads_;
   const std::string shm_dir_;
   WeightStoreObserver observer_;
+  DeviceManager* const devices_;
 
   mutable absl::Mutex mu_;
   bool closed_ ABSL_GUARDED_BY(mu_) = false;
   uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
-  // Sets, and names reserved by loads in progress (null): bytes counted in reserved_.
+  // Sets, and names reserved by loads in progress (null): bytes counted in reserved_,
+  // per GPU ordinal (kHost: host memory).
   std::map<std::string, std::shared_ptr<Set>> sets_ ABSL_GUARDED_BY(mu_);
-  uint64_t reserved_ ABSL_GUARDED_BY(mu_) = 0;
+  std::map<int, uint64_t> reserved_ ABSL_GUARDED_BY(mu_);
   std::map<uint64_t, Held> held_ ABSL_GUARDED_BY(mu_);
 };
 

@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "google/protobuf/io/tokenizer.h"
 #include "google/protobuf/text_format.h"
+#include "rpc/proto_translate.h"
 #include "rpc/service.h"
 #include "rpc/status.h"
 #include "wprep/proto/spec_codec.h"
@@ -101,13 +102,15 @@ absl::StatusOr<std::vector<PreloadSet>> ReadWeightPreload(const std::string& pat
     if (!names.insert(r.name()).second) {
       return absl::InvalidArgumentError(absl::StrCat(where, ".name '", r.name(), "' is given twice"));
     }
+    std::optional<Uuid> gpu;
     if (!r.device_uuid().empty()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(where, ".device_uuid: sets are kept in host memory; GPU residency is not built yet"));
+      absl::StatusOr<Uuid> u = UuidFromWire(r.device_uuid(), "device_uuid");
+      if (!u.ok()) return absl::InvalidArgumentError(absl::StrCat(where, ".", u.status().message()));
+      gpu = *u;
     }
     absl::StatusOr<std::vector<WeightRuleSpec>> rules = RulesFromProto(r.rules());
     if (!rules.ok()) return absl::InvalidArgumentError(absl::StrCat(where, ".", rules.status().message()));
-    sets.push_back(PreloadSet{r.name(), r.path(), *std::move(rules)});
+    sets.push_back(PreloadSet{r.name(), r.path(), *std::move(rules), gpu});
   }
   return sets;
 }
@@ -117,6 +120,9 @@ void WeightManifestToProto(const WeightManifestData& manifest, bool with_tensors
   out->set_path(manifest.path);
   out->set_total_bytes(manifest.total_bytes);
   out->set_source_checksum(manifest.source_checksum);
+  if (manifest.gpu.has_value()) {
+    out->set_device_uuid(std::string(reinterpret_cast<const char*>(manifest.gpu->data()), manifest.gpu->size()));
+  }
   if (!with_tensors) return;
   for (const WeightEntry& e : manifest.tensors) {
     wprep::v1::WeightTensor* t = out->add_tensors();
@@ -141,10 +147,11 @@ grpc::Status WeightSetsService::LoadWeights(grpc::ServerContext* ctx, const wpre
                                             grpc::ServerWriter<wprep::v1::LoadWeightsResponse>* writer) {
   return ToGrpcStatus(BoundMessage(RunGuarded(
       [&]() -> absl::Status {
+        std::optional<Uuid> gpu;
         if (!req->device_uuid().empty()) {
-          return WithFieldViolation(
-              absl::UnimplementedError("device_uuid: sets are kept in host memory; GPU residency is not built yet"),
-              "device_uuid");
+          absl::StatusOr<Uuid> u = UuidFromWire(req->device_uuid(), "device_uuid");
+          if (!u.ok()) return WithFieldViolation(u.status(), "device_uuid");
+          gpu = *u;
         }
         WPREP_ASSIGN_OR_RETURN(std::vector<WeightRuleSpec> rules, RulesFromProto(req->rules()));
         const absl::Time start = absl::Now();
@@ -158,7 +165,7 @@ grpc::Status WeightSetsService::LoadWeights(grpc::ServerContext* ctx, const wpre
           return writer->Write(msg);
         };
         WPREP_ASSIGN_OR_RETURN(std::shared_ptr<const WeightManifestData> manifest,
-                               store_->Load(req->name(), req->path(), rules, progress));
+                               store_->Load(req->name(), req->path(), rules, progress, gpu));
         wprep::v1::LoadWeightsResponse last;
         last.set_tensors_done(manifest->tensors.size());
         last.set_tensors_total(manifest->tensors.size());
@@ -191,6 +198,7 @@ grpc::Status WeightSetsService::AttachWeights(grpc::ServerContext* ctx, const wp
   wprep::v1::AttachWeightsResponse msg;
   msg.set_attachment_id(a->id);
   msg.set_shm_path(a->shm_path);
+  msg.set_ipc_handle(a->ipc_handle);
   WeightManifestToProto(*a->manifest, /*with_tensors=*/true, msg.mutable_manifest());
   // A client gone before the manifest reached it is detached at once.
   const bool sent = writer->Write(msg);

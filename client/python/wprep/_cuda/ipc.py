@@ -257,6 +257,79 @@ def _pointer_attributes_fn() -> Any:
         return _driver["fn"]
 
 
+class _IpcMemHandle(ctypes.Structure):
+    _fields_ = [("reserved", ctypes.c_ubyte * 64)]
+
+
+_CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS = 1
+
+
+def _ipc_fns() -> Tuple[Any, Any]:
+    """cuIpcOpenMemHandle and cuIpcCloseMemHandle of the driver torch loaded (asked once)."""
+    with _driver_mu:
+        if "ipc" not in _driver:
+            lib = ctypes.CDLL("libcuda.so.1")
+            open_fn = getattr(lib, "cuIpcOpenMemHandle_v2", None) or lib.cuIpcOpenMemHandle
+            open_fn.argtypes = [ctypes.POINTER(ctypes.c_uint64), _IpcMemHandle, ctypes.c_uint]
+            open_fn.restype = ctypes.c_int
+            close_fn = lib.cuIpcCloseMemHandle
+            close_fn.argtypes = [ctypes.c_uint64]
+            close_fn.restype = ctypes.c_int
+            _driver["ipc"] = (open_fn, close_fn)
+        return _driver["ipc"]
+
+
+class OpenedIpc:
+    """Another process's device allocation, opened in this one from its 64-byte
+    cudaIpcMemHandle_t on torch device `device_index` (cuIpcOpenMemHandle), as a flat uint8
+    CUDA array (__cuda_array_interface__) of `nbytes`. torch.as_tensor(self) views it without
+    a copy and keeps this object alive; the mapping is closed when the last view is gone."""
+
+    def __init__(self, handle: bytes, device_index: int, nbytes: int) -> None:
+        import torch
+
+        self.device_index = device_index
+        self.nbytes = nbytes
+        self.ptr = 0
+        if len(handle) != 64:
+            raise ValueError(f"a CUDA IPC handle has 64 bytes; got {len(handle)}")
+        open_fn, _ = _ipc_fns()
+        ptr = ctypes.c_uint64(0)
+        h = _IpcMemHandle.from_buffer_copy(bytes(handle))
+        with torch.cuda.device(device_index):
+            torch.cuda.synchronize()  # the device's primary context, current on this thread
+            err = open_fn(ctypes.byref(ptr), h, _CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS)
+        if err != 0:
+            raise RuntimeError(f"cuIpcOpenMemHandle on cuda:{device_index} failed: CUresult {err}")
+        self.ptr = ptr.value
+        self.__cuda_array_interface__ = {
+            "shape": (nbytes,), "typestr": "|u1", "data": (self.ptr, False), "version": 2, "strides": None,
+        }
+
+    def __del__(self) -> None:
+        if getattr(self, "ptr", 0):
+            try:
+                import torch
+
+                _, close_fn = _ipc_fns()
+                with torch.cuda.device(self.device_index):
+                    close_fn(self.ptr)
+            except Exception:  # interpreter shutdown: the process exit closes it anyway
+                pass
+            self.ptr = 0
+
+
+def device_index_of_uuid(uuid: bytes) -> Optional[int]:
+    """The torch device index of the GPU with these 16 UUID bytes, or None if this process
+    cannot see it."""
+    import torch
+
+    for i in range(torch.cuda.device_count()):
+        if device_uuid(i) == bytes(uuid):
+            return i
+    return None
+
+
 def allocation_of(ptr: int) -> Optional[Tuple[int, int]]:
     """(the driver's unique id of the allocation holding device pointer `ptr`, its start
     address), or None when the driver cannot tell (no driver, not a CUDA allocation)."""

@@ -46,14 +46,16 @@ class AttachWeightsRequest(_message.Message):
     def __init__(self, name: _Optional[str] = ...) -> None: ...
 
 class AttachWeightsResponse(_message.Message):
-    __slots__ = ["attachment_id", "manifest", "shm_path"]
+    __slots__ = ["attachment_id", "ipc_handle", "manifest", "shm_path"]
     ATTACHMENT_ID_FIELD_NUMBER: _ClassVar[int]
+    IPC_HANDLE_FIELD_NUMBER: _ClassVar[int]
     MANIFEST_FIELD_NUMBER: _ClassVar[int]
     SHM_PATH_FIELD_NUMBER: _ClassVar[int]
     attachment_id: int
+    ipc_handle: bytes
     manifest: WeightManifest
     shm_path: str
-    def __init__(self, attachment_id: _Optional[int] = ..., manifest: _Optional[_Union[WeightManifest, _Mapping]] = ..., shm_path: _Optional[str] = ...) -> None: ...
+    def __init__(self, attachment_id: _Optional[int] = ..., manifest: _Optional[_Union[WeightManifest, _Mapping]] = ..., shm_path: _Optional[str] = ..., ipc_handle: _Optional[bytes] = ...) -> None: ...
 
 class BatchItem(_message.Message):
     __slots__ = ["convert", "moe", "quantize"]
