@@ -11,17 +11,16 @@
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
-#include "absl/strings/str_cat.h"
 #include "device/device_manager.h"
 #include "exec/weight_store.h"
 #include "fake_runtime.h"
 #include "net/metrics.h"
+#include "safetensors_files.h"
 #include "wprep/kernels/cpu_engine.h"
 #include "wprep/kernels/plan.h"
 #include "wprep/server/options.h"
@@ -31,43 +30,6 @@ namespace {
 
 using server::WeightRuleSpec;
 using server::WeightStore;
-
-struct Tensor {
-  std::string name;
-  std::string dtype;
-  std::vector<int64_t> shape;
-  std::vector<uint8_t> bytes;
-};
-
-std::vector<uint8_t> Pattern(size_t n, uint32_t seed) {
-  std::vector<uint8_t> out(n);
-  uint32_t x = seed * 2654435761u + 1;
-  for (auto& b : out) {
-    x = x * 1664525u + 1013904223u;
-    b = static_cast<uint8_t>(x >> 24);
-  }
-  return out;
-}
-
-void WriteSafetensors(const std::string& path, const std::vector<Tensor>& tensors) {
-  std::string json = "{";
-  uint64_t at = 0;
-  for (size_t i = 0; i < tensors.size(); ++i) {
-    const Tensor& t = tensors[i];
-    std::string shape;
-    for (size_t d = 0; d < t.shape.size(); ++d) absl::StrAppend(&shape, d ? "," : "", t.shape[d]);
-    absl::StrAppend(&json, i ? "," : "", "\"", t.name, "\":{\"dtype\":\"", t.dtype, "\",\"shape\":[", shape,
-                    "],\"data_offsets\":[", at, ",", at + t.bytes.size(), "]}");
-    at += t.bytes.size();
-  }
-  json += "}";
-  while (json.size() % 8 != 0) json.push_back(' ');
-  std::ofstream f(path, std::ios::binary | std::ios::trunc);
-  const uint64_t n = json.size();
-  for (int i = 0; i < 8; ++i) f.put(static_cast<char>((n >> (8 * i)) & 0xff));
-  f.write(json.data(), static_cast<std::streamsize>(json.size()));
-  for (const Tensor& t : tensors) f.write(reinterpret_cast<const char*>(t.bytes.data()), static_cast<std::streamsize>(t.bytes.size()));
-}
 
 ConversionSpec Swizzle(Layout layout) {
   ConversionSpec s;

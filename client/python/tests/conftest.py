@@ -20,6 +20,14 @@ def wprepd_path() -> str:
     return os.environ.get("WPREPD") or str(REPO / "build" / "server" / "wprepd")
 
 
+def torch_cuda():
+    """torch, for a test that needs a CUDA device: skips the test without torch or a device."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("torch finds no CUDA device")
+    return torch
+
+
 @pytest.fixture(scope="session")
 def daemon():
     # --devices=cpu: the CPU engine, the same on a machine with GPUs.

@@ -21,6 +21,7 @@ from wprep import Spec, WprepError
 from wprep._quantize import output_shapes
 from wprep.v1 import wprep_pb2 as pb
 
+from conftest import torch_cuda
 from golden import data_dir, sha256
 
 MANIFEST = json.loads((data_dir() / "golden_quant" / "manifest.json").read_text())
@@ -451,18 +452,13 @@ def test_cpu_tensors_go_inline_and_come_back_as_tensors(client):
     assert q.values.numpy().tobytes() == want_v.tobytes() and q.scales.numpy().tobytes() == want_s.tobytes()
 
 
-def _torch_cuda():
-    torch = pytest.importorskip("torch")
-    if not torch.cuda.is_available():
-        pytest.skip("torch finds no CUDA device")
-    return torch
 
 
 @pytest.fixture(scope="module")
 def gpu_client():
     """A daemon serving the GPUs (the session's `client` is pinned to the CPU engine). The tests
     that use it have "gpu" in their names, for `pytest -k gpu` on a GPU machine."""
-    _torch_cuda()
+    torch_cuda()
     from conftest import wprepd_path
     from wprep.testing import LocalDaemon
 
@@ -484,7 +480,7 @@ def _bytes(t):
 @pytest.mark.parametrize("layout", [None, "blackwell_value", "blackwell_shuffled_value"])
 @pytest.mark.parametrize("case", CASES[::3], ids=[c["name"] for c in CASES[::3]])
 def test_gpu_cuda_tensors_are_quantized_in_place_and_equal_the_cpu_engine(client, gpu_client, case, layout):
-    torch = _torch_cuda()
+    torch = torch_cuda()
     x = _cuda_bf16(torch, _input(case))
     cpu = wprep.quantize_mxfp4(_input(case), layout=layout, scale_rounding=_rounding(case), client=client)
     q = wprep.quantize_mxfp4(x, layout=layout, scale_rounding=_rounding(case), client=gpu_client)
@@ -506,7 +502,7 @@ def test_gpu_cuda_tensors_are_quantized_in_place_and_equal_the_cpu_engine(client
 
 @pytest.mark.parametrize("dtype", ["float16", "float32"])
 def test_gpu_cuda_float16_and_float32_equal_the_cpu_engine(client, gpu_client, dtype):
-    torch = _torch_cuda()
+    torch = torch_cuda()
     x = _random(np.random.default_rng(3), (3, 130, 96), dtype)
     cpu = wprep.quantize_mxfp4(x, layout="blackwell_value", client=client)
     q = wprep.quantize_mxfp4(torch.from_numpy(x).cuda(), layout="blackwell_value", client=gpu_client)
@@ -515,7 +511,7 @@ def test_gpu_cuda_float16_and_float32_equal_the_cpu_engine(client, gpu_client, d
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
 def test_gpu_hopper_pair_in_place_equals_the_cpu_engine(client, gpu_client, dtype):
-    torch = _torch_cuda()
+    torch = torch_cuda()
     rng = np.random.default_rng(11)
     for shape, params in (((3, 300, 200), (3, 8, 2)), ((2, 130, 96), (2, 4, 4)), ((1, 513, 5760), (3, 16, 64))):
         x = _random(rng, shape, dtype)
@@ -537,7 +533,7 @@ def test_gpu_hopper_pair_in_place_equals_the_cpu_engine(client, gpu_client, dtyp
 
 @pytest.mark.parametrize("layout,shape,align,bias_dtype", TRTLLM_CASES)
 def test_gpu_trtllm_in_place_equals_the_cpu_engine(client, gpu_client, layout, shape, align, bias_dtype):
-    torch = _torch_cuda()
+    torch = torch_cuda()
     rng = np.random.default_rng(sum(shape))
     x = _random(rng, shape, "bfloat16")
     bias = _bias(rng, shape, bias_dtype) if bias_dtype else None
@@ -564,7 +560,7 @@ def test_gpu_trtllm_in_place_equals_the_cpu_engine(client, gpu_client, layout, s
 
 
 def test_gpu_cuda_bad_inputs_are_refused(gpu_client):
-    torch = _torch_cuda()
+    torch = torch_cuda()
     x = torch.zeros((64, 64), dtype=torch.bfloat16, device="cuda")
     assert "dtype" in _invalid(lambda: wprep.quantize_mxfp4(x.to(torch.float64), client=gpu_client))
     assert "contiguous" in _invalid(lambda: wprep.quantize_mxfp4(x.t(), client=gpu_client))

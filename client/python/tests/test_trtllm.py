@@ -12,6 +12,7 @@ import pytest
 import wprep.trtllm as tg
 from wprep import WprepError
 
+from conftest import torch_cuda
 from golden import data_dir, sha256, splitmix64_bytes
 
 _NP = {"uint8": np.uint8, "float32": np.float32, "bfloat16": np.uint16}
@@ -144,17 +145,12 @@ def test_unknown_param_is_refused_before_sending(client):
     assert "tile" in e.value.details
 
 
-def _torch_cuda():
-    torch = pytest.importorskip("torch")
-    if not torch.cuda.is_available():
-        pytest.skip("torch finds no CUDA device")
-    return torch
 
 
 @pytest.fixture(scope="module")
 def gpu_client():
     """A daemon serving the GPUs (the session's `client` is pinned to the CPU engine)."""
-    _torch_cuda()
+    torch_cuda()
     from conftest import wprepd_path
     from wprep import Client
     from wprep.testing import LocalDaemon
@@ -174,7 +170,7 @@ def _cuda(torch, a):
 @pytest.mark.parametrize("name", ["prepare_w13_e2_i96_h160", "prepare_w2_nvfp4_e2_h160_i48_pad",
                                   "prepare_w13_bf16_e2_i32_h64", "row_shuffle_t128_3x96x40"])
 def test_cuda_out_is_written_in_place_by_ipc_and_equals_the_cpu_engine(client, gpu_client, name):
-    torch = _torch_cuda()
+    torch = torch_cuda()
     case = next(c for c in GOOD if c["name"] == name)
     x = _inputs(case)
     cpu = _run(case, client)

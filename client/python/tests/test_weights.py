@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 
 import golden
+from conftest import torch_cuda
 import wprep
 import wprep.weights
 from wprep import Client, Spec, WprepError
@@ -547,17 +548,12 @@ def test_the_module_functions_use_the_default_client(wclient, checkpoint):
 # -- GPU sets (skipped without torch and a CUDA device) -----------------------------------------
 
 
-def _torch_cuda():
-    torch = pytest.importorskip("torch")
-    if not torch.cuda.is_available():
-        pytest.skip("torch finds no CUDA device")
-    return torch
 
 
 @pytest.fixture(scope="module")
 def gpu_wclient(wdir, checkpoint):
     """A daemon serving the GPUs, with the same --weights-root."""
-    _torch_cuda()
+    torch_cuda()
     from conftest import wprepd_path
     with LocalDaemon(wprepd_path(), [f"--weights-root={wdir / 'root'}", f"--weights-shm-dir={wdir / 'shm'}"]) as d:
         with Client(d.target, timeout=120) as c:
@@ -568,7 +564,7 @@ def test_a_gpu_set_attaches_as_cuda_tensors_with_the_host_sets_bytes(gpu_wclient
     """The same checkpoint and rules as a set on cuda:0 and as a host set of the CPU daemon:
     every tensor equal, each a CUDA view of the set's one allocation at its offset; in another
     process too; and the memory freed by the drop."""
-    torch = _torch_cuda()
+    torch = torch_cuda()
     from wprep._cuda import ipc
 
     r = gpu_wclient.load_weights("gpu1", "model.safetensors", rules=RULES, device="cuda:0", progress=None)
