@@ -38,7 +38,10 @@
 #include "safetensors.h"
 #include "wprep/client/batch.h"
 #include "wprep/client/client.h"
+#include "wprep/kernels/cpu_engine.h"
+#include "wprep/kernels/cuda_engine.h"
 #include "wprep/kernels/plan.h"
+#include "wprep/proto/spec_codec.h"
 
 namespace wprep::cli {
 
@@ -677,21 +680,29 @@ class Converter {
     return absl::OkStatus();
   }
 
-  // The daemon's plan of every tensor: its output shape, strides, size and layout.
+  // The plan of every tensor (the daemon's, or with --device this process's): its output
+  // shape, strides, size and layout.
   absl::Status PlanConversions() {
     if (convs_.empty()) return absl::OkStatus();  // only quantized tensors: no daemon needed
     client::Client c(args_.target, 1);
     client::CallOptions o;
     o.retry = retry_;
-    absl::StatusOr<v1::ListDevicesResponse> devices = c.ListDevices(o);
-    if (!devices.ok()) return Prefixed(devices.status(), absl::StrCat("no wprepd answers at ", args_.target));
+    if (!args_.local) {
+      absl::StatusOr<v1::ListDevicesResponse> devices = c.ListDevices(o);
+      if (!devices.ok()) return Prefixed(devices.status(), absl::StrCat("no wprepd answers at ", args_.target));
+    }
     for (Conversion& conv : convs_) {
-      v1::PlanRequest req;
-      *req.mutable_spec() = SpecToProto(conv.whole.spec);
-      for (int64_t d : conv.whole.logical_shape) req.add_logical_shape(d);
-      for (int64_t s : conv.whole.input_strides) req.add_input_strides(s);
-      req.set_input_buffer_bytes(conv.tensor->bytes());
-      absl::StatusOr<v1::PlanResponse> plan = c.Plan(req, o);
+      absl::StatusOr<v1::PlanResponse> plan;
+      if (args_.local) {
+        plan = LocalPlan(conv.whole, conv.tensor->bytes());
+      } else {
+        v1::PlanRequest req;
+        *req.mutable_spec() = SpecToProto(conv.whole.spec);
+        for (int64_t d : conv.whole.logical_shape) req.add_logical_shape(d);
+        for (int64_t s : conv.whole.input_strides) req.add_input_strides(s);
+        req.set_input_buffer_bytes(conv.tensor->bytes());
+        plan = c.Plan(req, o);
+      }
       if (!plan.ok()) return Prefixed(plan.status(), conv.tensor->name);
       conv.plan = *std::move(plan);
       const uint64_t e = static_cast<uint64_t>(conv.experts);
@@ -1007,9 +1018,9 @@ class Converter {
       case Job::Kind::kQuantize:
         return RunQuantize(job);
       case Job::Kind::kStream:
-        return RunStream(c, job.pieces.front(), scratch);
+        return args_.local ? RunLocal(job, scratch) : RunStream(c, job.pieces.front(), scratch);
       case Job::Kind::kBatch:
-        return RunBatch(c, job);
+        return args_.local ? RunLocal(job, scratch) : RunBatch(c, job);
     }
     return absl::InternalError("unknown job");
   }
@@ -1087,6 +1098,70 @@ class Converter {
                                                                         c.plan.output_shape().end())),
                                        args_.verify ? ", verified" : ""));
     }
+  }
+
+  // --device with --layout: the plan, as the daemon's Plan would answer it.
+  static absl::StatusOr<v1::PlanResponse> LocalPlan(const TensorConversion& t, uint64_t buffer_bytes) {
+    absl::StatusOr<Plan> plan = MakePlan(t.spec, t.logical_shape, InputBinding{t.input_strides, buffer_bytes});
+    if (!plan.ok()) return plan.status();
+    v1::PlanResponse r;
+    for (int64_t d : plan->output_shape) r.add_output_shape(d);
+    for (int64_t d : plan->output_strides) r.add_output_strides(d);
+    r.set_output_bytes(plan->output_bytes);
+    r.set_input_bytes(plan->input_bytes);
+    *r.mutable_identity() = IdentityToProto(plan->spec);
+    return r;
+  }
+
+  // --device with --layout: `t` from `in` into `out` in this process, on the CPU (one
+  // thread: the jobs run side by side) or the GPU.
+  absl::Status ConvertLocally(const TensorConversion& t, absl::Span<const uint8_t> in, absl::Span<uint8_t> out) const {
+    absl::StatusOr<Plan> plan = MakePlan(t.spec, t.logical_shape, InputBinding{t.input_strides, in.size()});
+    if (!plan.ok()) return plan.status();
+    if (plan->output_bytes != out.size()) {
+      return absl::InternalError(absl::StrCat("the piece's plan writes ", plan->output_bytes, " bytes into ", out.size()));
+    }
+    if (args_.device < 0) {
+      CpuOptions cpu;
+      cpu.threads = 1;
+      return ConvertOnCpu(*plan, in.data(), in.size(), out.data(), out.size(), cpu);
+    }
+    return ConvertHostBuffersOnCuda(*plan, in.data(), in.size(), out.data(), out.size(), args_.device);
+  }
+
+  // --verify of a piece converted in this process: its output converted back equals its
+  // input (values as stored; scales through the transposed view).
+  absl::Status VerifyLocally(const Piece& p, const TensorConversion& piece, Scratch& scratch) const {
+    const Conversion& conv = convs_[static_cast<size_t>(p.conversion)];
+    const absl::Span<const uint8_t> in = PieceInput(p);
+    scratch.back.resize(in.size());
+    absl::Span<uint8_t> back(reinterpret_cast<uint8_t*>(scratch.back.data()), scratch.back.size());
+    if (absl::Status s = ConvertLocally(BackOf(piece), PieceOutput(p), back); !s.ok()) {
+      return Prefixed(s, absl::StrCat("--verify: ", PieceName(p)));
+    }
+    uint64_t at = 0;
+    const bool same = conv.role == Role::kValues
+                          ? absl::Span<const uint8_t>(back) == in
+                          : ScalesRoundTrip(in, back, p.count, piece.logical_shape[1], piece.logical_shape[2], &at);
+    if (!same) return absl::DataLossError(absl::StrCat("--verify: ", PieceName(p), " does not convert back to its input"));
+    return absl::OkStatus();
+  }
+
+  absl::Status RunLocal(const Job& job, Scratch& scratch) {
+    for (const Piece& p : job.pieces) {
+      const TensorConversion piece = PieceOf(convs_[static_cast<size_t>(p.conversion)], p.count);
+      const absl::Span<const uint8_t> in = PieceInput(p);
+      const absl::Span<uint8_t> out = PieceOutput(p);
+      Populate(in.data(), in.size(), MADV_POPULATE_READ);
+      Populate(out.data(), out.size(), MADV_POPULATE_WRITE);
+      if (absl::Status s = ConvertLocally(piece, in, out); !s.ok()) return Prefixed(s, PieceName(p));
+      if (args_.verify) {
+        if (absl::Status s = VerifyLocally(p, piece, scratch); !s.ok()) return s;
+      }
+      progress_->AddBytes(in.size());
+      PieceDone(p);
+    }
+    return absl::OkStatus();
   }
 
   absl::Status RunStream(client::Client& c, const Piece& p, Scratch& scratch) {
@@ -1237,7 +1312,8 @@ flags::FlagSet ConvertSafetensorsFlags() {
             "with --layout blackwell_value or hopper_value they are written laid out (fused)");
   fs.String("scale-rounding", "up|down", "up", "with --quantize: how a group's e8m0 scale rounds");
   fs.String("device", "cpu|cuda:N", "cpu",
-            "with --quantize: where this process quantizes");
+            "where this process quantizes (--quantize) and, given with --layout, converts: then "
+            "no daemon is used");
   fs.String("scale-layout", "L", "",
             "hopper_scale or blackwell_scale (default: hopper_scale for hopper_value, "
             "blackwell_scale for the Blackwell layouts)");
@@ -1269,10 +1345,12 @@ absl::Status ParseQuantizeFlags(const Flags& flags, ConvertSafetensorsArgs* out)
   }
   const std::string* q = flags.Get("--quantize");
   if (const std::string* d = flags.Get("--device")) {
-    if (q == nullptr) return Bad("--device is for --quantize");
+    if (q == nullptr && !flags.Has("--layout")) return Bad("--device is for --quantize or --layout");
     absl::StatusOr<int> device = ParseDevice(*d);
     if (!device.ok()) return device.status();
     out->device = *device;
+    out->local = flags.Has("--layout");
+    if (out->local && flags.Has("--target")) return Bad("--target is for the daemon; --device converts in this process");
   }
   if (q == nullptr) return absl::OkStatus();
   for (absl::string_view p : absl::StrSplit(*q, absl::ByAnyChar(";,"), absl::SkipWhitespace())) {

@@ -29,7 +29,9 @@ struct ConvertSafetensorsArgs {
   // U8 [..., Q/32] (groups of 32 along the last axis, e8m0 scales rounded `scale_rounding`).
   std::vector<std::string> quantize;
   ScaleRounding scale_rounding = ScaleRounding::kUp;
-  int device = -1;  // --device: -1 the CPU, else the CUDA device that quantizes
+  int device = -1;  // --device: -1 the CPU, else the CUDA device that quantizes (and converts)
+  // --device with --layout: the conversions run in this process on `device`, not in a daemon.
+  bool local = false;
   bool verify = false;    // unswizzle every output back and compare with the input
   bool fsync = false;     // fsync the outputs before renaming them into place
   int jobs = 4;           // requests in flight

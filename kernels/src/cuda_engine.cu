@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
+#include <mutex>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -491,18 +492,38 @@ absl::Status ConvertHostBuffersOnCuda(const Plan& plan, const uint8_t* in, size_
   }
   ScopedDevice scoped(device);
   WPREP_CUDA_RETURN_IF_ERROR(scoped.status());
+  // A stream of its own and stream-ordered buffers from the device's pool, which keeps
+  // them for the next call: threads calling side by side (a tool's workers) neither wait
+  // for each other's copies on the legacy stream nor synchronize the device in cudaFree.
+  static std::once_flag keep_pool[64];
+  if (device < 64) {
+    std::call_once(keep_pool[device], [device] {
+      cudaMemPool_t pool = nullptr;
+      uint64_t keep = UINT64_MAX;
+      if (cudaDeviceGetDefaultMemPool(&pool, device) == cudaSuccess) {
+        cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep);
+      }
+      cudaGetLastError();
+    });
+  }
+  cudaStream_t stream = nullptr;
+  WPREP_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   void* d_in = nullptr;
   void* d_out = nullptr;
   absl::Status status = [&]() -> absl::Status {
-    WPREP_CUDA_RETURN_IF_ERROR(cudaMalloc(&d_in, plan.input_bytes));
-    WPREP_CUDA_RETURN_IF_ERROR(cudaMalloc(&d_out, plan.output_bytes));
-    WPREP_CUDA_RETURN_IF_ERROR(cudaMemcpy(d_in, in, plan.input_bytes, cudaMemcpyHostToDevice));
-    if (auto s = ConvertOnCuda(plan, d_in, d_out, nullptr); !s.ok()) return s;
-    WPREP_CUDA_RETURN_IF_ERROR(cudaMemcpy(out, d_out, plan.output_bytes, cudaMemcpyDeviceToHost));
+    WPREP_CUDA_RETURN_IF_ERROR(cudaMallocAsync(&d_in, plan.input_bytes, stream));
+    WPREP_CUDA_RETURN_IF_ERROR(cudaMallocAsync(&d_out, plan.output_bytes, stream));
+    WPREP_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(d_in, in, plan.input_bytes, cudaMemcpyHostToDevice, stream));
+    if (auto s = ConvertOnCuda(plan, d_in, d_out, stream); !s.ok()) return s;
+    WPREP_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(out, d_out, plan.output_bytes, cudaMemcpyDeviceToHost, stream));
     return absl::OkStatus();
   }();
-  if (d_in != nullptr) cudaFree(d_in);
-  if (d_out != nullptr) cudaFree(d_out);
+  if (d_in != nullptr) cudaFreeAsync(d_in, stream);
+  if (d_out != nullptr) cudaFreeAsync(d_out, stream);
+  const cudaError_t synced = cudaStreamSynchronize(stream);
+  cudaStreamDestroy(stream);
+  if (synced != cudaSuccess) status.Update(WPREP_CUDA_STATUS(synced));
+  cudaGetLastError();
   return status;
 }
 

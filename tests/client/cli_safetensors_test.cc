@@ -22,6 +22,7 @@
 #include "safetensors.h"
 #include "wprep/client/batch.h"
 #include "wprep/kernels/cpu_engine.h"
+#include "wprep/kernels/cuda_engine.h"
 #include "wprep/kernels/plan.h"
 
 namespace wprep {
@@ -224,6 +225,45 @@ TEST_F(CliSafetensorsTest, VerifyRoundTripsEveryTensor) {
     CheckOutputFile(out, Pointers(tensors), l);
     fs::remove(out);
   }
+}
+
+// --device with --layout converts in this process, no daemon: the same file, byte for byte,
+// as through the daemon, for every layout, --verify included; on the CPU here, and on the
+// first GPU where there is one.
+TEST_F(CliSafetensorsTest, DeviceConvertsInThisProcessToTheDaemonsBytes) {
+  FakeCheckpointOptions o;
+  o.experts = 3;
+  o.hidden = 192;
+  o.intermediate = 96;
+  const fs::path in = dir_ / "model.safetensors";
+  const std::vector<FakeTensor> tensors = testing::WriteFakeCheckpoint(in.string(), o);
+  std::vector<std::string> devices = {"cpu"};
+  if (CudaDeviceCount() > 0) devices.push_back("cuda:0");
+  for (const Layouts& l : AllLayouts()) {
+    SCOPED_TRACE(l.flags);
+    const fs::path daemon_out = dir_ / "daemon.safetensors";
+    const std::string cut = " --progress none --piece-bytes 20000 --stream-min-bytes 30000 --batch-bytes 30000";
+    RunResult r = Convert(in, daemon_out, l.flags + cut);
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    const std::vector<uint8_t> want = testing::ReadFile(daemon_out.string());
+    for (const std::string& device : devices) {
+      SCOPED_TRACE(device);
+      const fs::path out = dir_ / "local.safetensors";
+      // No --target: nothing listens at the default address, so the daemon cannot be used.
+      r = RunCli("convert-safetensors " + in.string() + " " + out.string() + " " + l.flags + cut + " --verify --device " +
+                 device);
+      ASSERT_EQ(r.exit_code, 0) << r.err;
+      EXPECT_NE(r.out.find("(verified)"), std::string::npos) << r.out;
+      EXPECT_TRUE(testing::ReadFile(out.string()) == want) << "the file differs from the daemon's";
+      fs::remove(out);
+    }
+    fs::remove(daemon_out);
+  }
+  const RunResult both = RunCli("convert-safetensors " + in.string() + " " + (dir_ / "x").string() +
+                                " --layout hopper_value --device cpu --target unix:///tmp/none.sock");
+  EXPECT_EQ(both.exit_code, 2);
+  EXPECT_NE(both.err.find("--target"), std::string::npos) << both.err;
+  ExpectOnly({"model.safetensors"});
 }
 
 // A sharded checkpoint, one pair split over two shards: every shard converted under its
