@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
+#include <cstring>
 #include <mutex>
 
 #include "absl/strings/str_cat.h"
@@ -14,6 +15,7 @@
 #include "tiles.h"
 #include "wprep/kernels/cuda_engine.h"
 #include "wprep/kernels/cuda_status.h"
+#include "wprep/spec/status_macros.h"
 
 namespace wprep {
 namespace async_fetch {
@@ -477,6 +479,39 @@ absl::Status TouchOnCuda(const void* ptr, uint64_t bytes, CudaStream stream) {
   return absl::OkStatus();
 }
 
+namespace {
+
+// ConvertHostBuffersOnCuda's two pinned buffers, one pair per calling thread, made on its
+// first call and kept for the thread's life (a tool's workers convert piece after piece).
+// Pageable copies would go through the driver's own staging, which threads calling side by
+// side share.
+struct HostStaging {
+  static constexpr uint64_t kPiece = 16ull << 20;
+  uint8_t* buffer[2] = {nullptr, nullptr};
+  absl::Status Ensure() {
+    for (uint8_t*& b : buffer) {
+      if (b == nullptr) WPREP_CUDA_RETURN_IF_ERROR(cudaHostAlloc(&b, kPiece, cudaHostAllocPortable));
+    }
+    return absl::OkStatus();
+  }
+  HostStaging() = default;
+  HostStaging(const HostStaging&) = delete;
+  HostStaging& operator=(const HostStaging&) = delete;
+  ~HostStaging() {
+    for (uint8_t* b : buffer) {
+      if (b != nullptr) cudaFreeHost(b);
+    }
+    cudaGetLastError();  // at process exit the runtime may be gone already
+  }
+};
+
+HostStaging& ThreadStaging() {
+  thread_local HostStaging staging;
+  return staging;
+}
+
+}  // namespace
+
 absl::Status ConvertHostBuffersOnCuda(const Plan& plan, const uint8_t* in, size_t in_size,
                                       uint8_t* out, size_t out_size, int device) {
   if (in_size < plan.input_bytes || out_size < plan.output_bytes) {
@@ -506,21 +541,58 @@ absl::Status ConvertHostBuffersOnCuda(const Plan& plan, const uint8_t* in, size_
       cudaGetLastError();
     });
   }
+  HostStaging& staging = ThreadStaging();
+  WPREP_RETURN_IF_ERROR(staging.Ensure());
   cudaStream_t stream = nullptr;
   WPREP_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  cudaEvent_t done[2] = {nullptr, nullptr};
   void* d_in = nullptr;
   void* d_out = nullptr;
   absl::Status status = [&]() -> absl::Status {
+    for (cudaEvent_t& e : done) WPREP_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
     WPREP_CUDA_RETURN_IF_ERROR(cudaMallocAsync(&d_in, plan.input_bytes, stream));
     WPREP_CUDA_RETURN_IF_ERROR(cudaMallocAsync(&d_out, plan.output_bytes, stream));
-    WPREP_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(d_in, in, plan.input_bytes, cudaMemcpyHostToDevice, stream));
+    // In: each piece copied into a pinned buffer while the other's copy to the GPU runs.
+    bool used[2] = {false, false};
+    int k = 0;
+    for (uint64_t at = 0; at < plan.input_bytes; at += HostStaging::kPiece, k ^= 1) {
+      const uint64_t n = std::min(HostStaging::kPiece, plan.input_bytes - at);
+      if (used[k]) WPREP_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(done[k]));
+      std::memcpy(staging.buffer[k], in + at, n);
+      WPREP_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(static_cast<uint8_t*>(d_in) + at, staging.buffer[k], n,
+                                                 cudaMemcpyHostToDevice, stream));
+      WPREP_CUDA_RETURN_IF_ERROR(cudaEventRecord(done[k], stream));
+      used[k] = true;
+    }
     if (auto s = ConvertOnCuda(plan, d_in, d_out, stream); !s.ok()) return s;
-    WPREP_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(out, d_out, plan.output_bytes, cudaMemcpyDeviceToHost, stream));
+    // Out: a piece's copy from the GPU queued before the previous piece is copied out of
+    // its pinned buffer.
+    uint64_t pending_at = 0, pending_n = 0;
+    k = 0;
+    for (uint64_t at = 0; at < plan.output_bytes; at += HostStaging::kPiece, k ^= 1) {
+      const uint64_t n = std::min(HostStaging::kPiece, plan.output_bytes - at);
+      WPREP_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(staging.buffer[k], static_cast<const uint8_t*>(d_out) + at, n,
+                                                 cudaMemcpyDeviceToHost, stream));
+      WPREP_CUDA_RETURN_IF_ERROR(cudaEventRecord(done[k], stream));
+      if (pending_n > 0) {
+        WPREP_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(done[k ^ 1]));
+        std::memcpy(out + pending_at, staging.buffer[k ^ 1], pending_n);
+      }
+      pending_at = at;
+      pending_n = n;
+    }
+    if (pending_n > 0) {
+      WPREP_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(done[k ^ 1]));
+      std::memcpy(out + pending_at, staging.buffer[k ^ 1], pending_n);
+    }
     return absl::OkStatus();
   }();
   if (d_in != nullptr) cudaFreeAsync(d_in, stream);
   if (d_out != nullptr) cudaFreeAsync(d_out, stream);
   const cudaError_t synced = cudaStreamSynchronize(stream);
+  for (cudaEvent_t e : done) {
+    if (e != nullptr) cudaEventDestroy(e);
+  }
   cudaStreamDestroy(stream);
   if (synced != cudaSuccess) status.Update(WPREP_CUDA_STATUS(synced));
   cudaGetLastError();

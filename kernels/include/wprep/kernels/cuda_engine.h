@@ -41,7 +41,8 @@ absl::Status ConvertOnCuda(const Plan& plan, const void* in, void* out, CudaStre
 // Convenience for tools: copies host `in` to GPU `device`, converts there and copies the
 // result into host `out`, on a stream of its own, and synchronizes it. Unlike ConvertOnCuda
 // it allocates device buffers of the input and output sizes, from the device's default
-// pool, which from the first call on keeps freed memory for the process's next calls.
+// pool, which from the first call on keeps freed memory for the process's next calls, and
+// copies through two 16 MiB pinned buffers that the calling thread keeps until it ends.
 // Thread-safe: threads converting side by side overlap.
 absl::Status ConvertHostBuffersOnCuda(const Plan& plan, const uint8_t* in, size_t in_size,
                                       uint8_t* out, size_t out_size, int device);
