@@ -17,6 +17,7 @@
 #include "flags.h"
 #include "progress.h"
 #include "wprep/client/client.h"
+#include "wprep/client/weights.h"
 #include "wprep/proto/spec_codec.h"
 #include "wprep/spec/status_macros.h"
 #include "wprep/v1/wprep.grpc.pb.h"
@@ -125,7 +126,7 @@ void PrintManifest(const v1::WeightManifest& m, uint32_t attachments, bool tenso
   }
 }
 
-absl::Status Load(v1::WeightSets::Stub& stub, const std::string& target, const Flags& flags) {
+absl::Status Load(client::WeightSets& sets, const std::string& target, const Flags& flags) {
   v1::LoadWeightsRequest req;
   req.set_name(flags.positional()[1]);
   req.set_path(flags.positional()[2]);
@@ -139,34 +140,25 @@ absl::Status Load(v1::WeightSets::Stub& stub, const std::string& target, const F
   }
   const std::string* mode_flag = flags.Get("--progress");
   WPREP_ASSIGN_OR_RETURN(ProgressMode mode, ParseProgressMode(mode_flag ? *mode_flag : "auto", stderr));
-  grpc::ClientContext ctx;
-  auto reader = stub.LoadWeights(&ctx, req);
-  v1::LoadWeightsResponse msg;
   std::unique_ptr<Progress> progress;
   uint64_t shown_bytes = 0, shown_items = 0;
-  v1::LoadWeightsResponse last;
-  while (reader->Read(&msg)) {
+  absl::StatusOr<v1::LoadWeightsResponse> last = sets.Load(req, [&](const v1::LoadWeightsResponse& msg) {
     if (progress == nullptr) {
       progress = std::make_unique<Progress>(mode, msg.bytes_total(), static_cast<int>(msg.tensors_total()));
     }
     progress->AddBytes(msg.bytes_done() - shown_bytes);
     shown_bytes = msg.bytes_done();
     for (; shown_items < msg.tensors_done() && !msg.has_manifest(); ++shown_items) progress->ItemDone("tensor");
-    if (msg.has_manifest()) last = msg;
-  }
+  });
   if (progress != nullptr) progress->Finish();
-  WPREP_RETURN_IF_ERROR(client::FromGrpcStatus(reader->Finish()));
-  PrintManifest(last.manifest(), 0, false);
-  std::printf("loaded in %.3f s\n", last.load_seconds());
+  if (!last.ok()) return last.status();
+  PrintManifest(last->manifest(), 0, false);
+  std::printf("loaded in %.3f s\n", last->load_seconds());
   return absl::OkStatus();
 }
 
-absl::Status List(v1::WeightSets::Stub& stub, const std::string* name, bool tensors) {
-  grpc::ClientContext ctx;
-  v1::ListWeightsRequest req;
-  req.set_with_tensors(tensors);
-  v1::ListWeightsResponse resp;
-  WPREP_RETURN_IF_ERROR(client::FromGrpcStatus(stub.ListWeights(&ctx, req, &resp)));
+absl::Status List(client::WeightSets& sets, const std::string* name, bool tensors) {
+  WPREP_ASSIGN_OR_RETURN(v1::ListWeightsResponse resp, sets.List(tensors));
   bool found = false;
   for (const v1::WeightSetInfo& s : resp.sets()) {
     if (name != nullptr && s.manifest().name() != *name) continue;
@@ -181,14 +173,9 @@ absl::Status List(v1::WeightSets::Stub& stub, const std::string* name, bool tens
   return absl::OkStatus();
 }
 
-absl::Status Drop(v1::WeightSets::Stub& stub, const std::string& name, bool force) {
-  grpc::ClientContext ctx;
-  v1::DropWeightsRequest req;
-  req.set_name(name);
-  req.set_force(force);
-  v1::DropWeightsResponse resp;
-  WPREP_RETURN_IF_ERROR(client::FromGrpcStatus(stub.DropWeights(&ctx, req, &resp)));
-  std::printf("dropped %s (%s)\n", name.c_str(), Progress::Bytes(resp.freed_bytes()).c_str());
+absl::Status Drop(client::WeightSets& sets, const std::string& name, bool force) {
+  WPREP_ASSIGN_OR_RETURN(uint64_t freed, sets.Drop(name, force));
+  std::printf("dropped %s (%s)\n", name.c_str(), Progress::Bytes(freed).c_str());
   return absl::OkStatus();
 }
 
@@ -274,12 +261,12 @@ int WeightsCommand(const std::vector<std::string>& args) {
   if (verb != "load" && flags->Has("--gpu")) return Fail(absl::InvalidArgumentError("--gpu is for load"));
   const std::string* target_flag = flags->Get("--target");
   const std::string target = target_flag ? *target_flag : "unix:///tmp/wprepd.sock";
-  auto stub = v1::WeightSets::NewStub(client::MakeChannel(target));
+  client::WeightSets sets(target);
   absl::Status s;
-  if (verb == "load") s = Load(*stub, target, *flags);
-  if (verb == "list") s = List(*stub, nullptr, flags->Has("--tensors"));
-  if (verb == "show") s = List(*stub, &pos[1], true);
-  if (verb == "drop") s = Drop(*stub, pos[1], flags->Has("--force"));
+  if (verb == "load") s = Load(sets, target, *flags);
+  if (verb == "list") s = List(sets, nullptr, flags->Has("--tensors"));
+  if (verb == "show") s = List(sets, &pos[1], true);
+  if (verb == "drop") s = Drop(sets, pos[1], flags->Has("--force"));
   return s.ok() ? 0 : Fail(s);
 }
 

@@ -26,6 +26,7 @@
 #include "grpcpp/grpcpp.h"
 #include "openssl/evp.h"
 #include "safetensors_files.h"
+#include "wprep/client/weights.h"
 #include "wprep/kernels/cpu_engine.h"
 #include "wprep/kernels/plan.h"
 #include "wprep/proto/spec_codec.h"
@@ -681,6 +682,57 @@ TEST_F(WeightsTest, NoRootMeansNoLoadingFromFiles) {
   StartDaemon(0, /*with_root=*/false);
   WriteSafetensors(root_ + "/model.safetensors", Checkpoint());
   ExpectRefused(Load("x", "model.safetensors"), grpc::StatusCode::PERMISSION_DENIED, {"--weights-root"});
+}
+
+// The C++ client (wprep/client/weights.h): load with progress, list, attach (the same
+// bytes), a plain drop refused while attached, detach, a forced drop ending another
+// attachment ABORTED, and an attachment dropped with its object detached.
+TEST_F(WeightsTest, TheCppClientLoadsListsAttachesDetachesAndDrops) {
+  StartDaemon();
+  const std::vector<Tensor> cp = Checkpoint();
+  WriteSafetensors(root_ + "/model.safetensors", cp);
+  client::WeightSets sets(daemon_->unix_target());
+  v1::LoadWeightsRequest req;
+  req.set_name("cpp");
+  req.set_path("model.safetensors");
+  for (const auto& r : Rules()) *req.add_rules() = r;
+  int messages = 0;
+  absl::StatusOr<v1::LoadWeightsResponse> loaded =
+      sets.Load(req, [&](const v1::LoadWeightsResponse& m) { ++messages; EXPECT_LE(m.bytes_done(), m.bytes_total()); });
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ(messages, static_cast<int>(cp.size()) + 2);  // after planning, per tensor, the manifest
+  EXPECT_EQ(loaded->manifest().name(), "cpp");
+  EXPECT_EQ(sets.Load(req).status().code(), absl::StatusCode::kAlreadyExists);
+
+  absl::StatusOr<v1::ListWeightsResponse> list = sets.List(/*with_tensors=*/true);
+  ASSERT_TRUE(list.ok()) << list.status();
+  ASSERT_EQ(list->sets_size(), 1);
+  EXPECT_EQ(list->sets(0).manifest().tensors_size(), static_cast<int>(cp.size()));
+
+  absl::StatusOr<std::unique_ptr<client::WeightSets::Attachment>> a = sets.Attach("cpp");
+  ASSERT_TRUE(a.ok()) << a.status();
+  ExpectPrepared(cp, (*a)->info().manifest(), (*a)->info().shm_path());
+  EXPECT_EQ(Attachments("cpp"), 1u);
+  EXPECT_EQ(sets.Drop("cpp").status().code(), absl::StatusCode::kFailedPrecondition);
+  ASSERT_TRUE((*a)->Detach().ok());
+  EXPECT_TRUE((*a)->ended().ok());
+  EXPECT_EQ(Attachments("cpp"), 0u);
+
+  absl::StatusOr<std::unique_ptr<client::WeightSets::Attachment>> b = sets.Attach("cpp");
+  ASSERT_TRUE(b.ok()) << b.status();
+  {
+    absl::StatusOr<std::unique_ptr<client::WeightSets::Attachment>> c = sets.Attach("cpp");
+    ASSERT_TRUE(c.ok()) << c.status();
+    EXPECT_EQ(Attachments("cpp"), 2u);
+  }  // its end cancels the stream: the daemon detaches it
+  EXPECT_TRUE(WaitAttachments("cpp", 1));
+  absl::StatusOr<uint64_t> freed = sets.Drop("cpp", /*force=*/true);
+  ASSERT_TRUE(freed.ok()) << freed.status();
+  EXPECT_EQ(*freed, loaded->manifest().total_bytes());
+  EXPECT_EQ((*b)->ended().code(), absl::StatusCode::kAborted);
+  EXPECT_TRUE((*b)->Detach().ok()) << "detaching an ended attachment is not an error";
+  EXPECT_EQ(sets.Attach("cpp").status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(daemon_->Health(), 1);
 }
 
 // A daemon on the CPU engine keeps sets in host memory only; a malformed UUID is refused
