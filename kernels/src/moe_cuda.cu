@@ -295,6 +295,11 @@ unsigned Blocks(int64_t work_items_per_block_unit, int64_t per_block) {
   return static_cast<unsigned>(b);
 }
 
+void LaunchInterleave16(const InterleavePass& p, const uint8_t* in, uint8_t* out, cudaStream_t stream) {
+  Interleave16Kernel<<<Blocks(p.experts * p.rows_p / 128 * ((p.cols_p + 15) / 16) * 32, kThreads), kThreads, 0,
+                       stream>>>(p, in, out);
+}
+
 // Rows with fewer output words than this take a thread per word, not a warp per row.
 constexpr int64_t kSmallRowWords = 16;
 
@@ -364,6 +369,10 @@ namespace moe {
 
 void LaunchRowsOnCuda(const RowsPass& p, const uint8_t* in, uint8_t* out, void* cuda_stream) {
   LaunchRows(p, in, out, static_cast<cudaStream_t>(cuda_stream));
+}
+
+void LaunchInterleave16OnCuda(const InterleavePass& p, const uint8_t* in, uint8_t* out, void* cuda_stream) {
+  LaunchInterleave16(p, in, out, static_cast<cudaStream_t>(cuda_stream));
 }
 
 }  // namespace moe
@@ -442,8 +451,7 @@ absl::Status LaunchOne(const OutputPass& pass, const void* input, void* output, 
         InterleaveKernel<2, false><<<blocks, kThreads, 0, stream>>>(p, in, out);
       }
     } else if (reinterpret_cast<uintptr_t>(out) % 16 == 0) {
-      Interleave16Kernel<<<Blocks(p.experts * p.rows_p / 128 * ((p.cols_p + 15) / 16) * 32, kThreads),
-                           kThreads, 0, stream>>>(p, in, out);
+      LaunchInterleave16(p, in, out, stream);
     } else if (vector) {
       InterleaveKernel<1, true><<<blocks, kThreads, 0, stream>>>(p, in, out);
     } else {

@@ -37,6 +37,10 @@ absl::StatusOr<Geometry> GeometryOf(const MoePlan& plan);
 // their own, such as the fused quantizers' bias.
 void RunRowsOnCpu(const RowsPass& p, const uint8_t* in, uint8_t* out);
 void LaunchRowsOnCuda(const RowsPass& p, const uint8_t* in, uint8_t* out, void* cuda_stream);
+// The uint8 128x4 interleave of pass `p` (the MoE engine's scale pass) on `cuda_stream`;
+// `out` 16-byte aligned. The CUDA engine's blackwell_scale swizzle of a checkpoint's
+// transposed view is this pass with the plain row map.
+void LaunchInterleave16OnCuda(const InterleavePass& p, const uint8_t* in, uint8_t* out, void* cuda_stream);
 
 }  // namespace moe
 }  // namespace wprep

@@ -338,21 +338,35 @@ TEST_F(GpuTest, EverySweptSpecOnViewsEqualsTheDenseCpuConversion) {
 }
 
 // Scales as loaders pass them (the transposed view of a checkpoint's [E, N, K/32]), at a
-// size where every tile runs many times, and at the bench shape.
+// size where every tile runs many times, at the bench shape, with N and K/32 off every
+// tile (blackwell_scale's view takes the interleave pass: rows of 5 or 90 bytes, padding
+// rows and columns), two leading dims, and the checkpoint at odd byte offsets.
 TEST_F(GpuTest, LoaderTransposedScaleViewsEqualTheCpuEngine) {
-  for (const std::vector<int64_t>& shape :
-       std::vector<std::vector<int64_t>>{{4, 90, 2880}, {16, 128, 4096}}) {
-    const int64_t e = shape[0], k32 = shape[1], n = shape[2];
+  for (const std::vector<int64_t>& shape : std::vector<std::vector<int64_t>>{
+           {4, 90, 2880}, {16, 128, 4096}, {3, 5, 300}, {2, 3, 17, 129}, {1, 36, 64}}) {
+    const size_t r = shape.size();
+    const int64_t k32 = shape[r - 2], n = shape[r - 1];
+    int64_t e = 1;
+    for (size_t i = 0; i + 2 < r; ++i) e *= shape[i];
     const auto checkpoint = testing::RandomBytes(static_cast<uint64_t>(e * n * k32), 6);
-    const InputBinding view{{n * k32, 1, k32}, checkpoint.size()};
+    std::vector<int64_t> strides;
+    for (size_t i = 0; i + 2 < r; ++i) {
+      int64_t inner = n * k32;
+      for (size_t j = i + 1; j + 2 < r; ++j) inner *= shape[j];
+      strides.push_back(inner);
+    }
+    strides.push_back(1);
+    strides.push_back(k32);
+    const InputBinding view{strides, checkpoint.size()};
     for (const ConversionSpec& spec : testing::SweepSpecs()) {
       if (spec.direction != Direction::kSwizzle ||
           (spec.layout != Layout::kHopperScale && spec.layout != Layout::kBlackwellScale)) {
         continue;
       }
-      SCOPED_TRACE(Describe(spec));
+      SCOPED_TRACE(Describe(spec) + " " + ::testing::PrintToString(shape));
       const Plan plan = MustPlan(spec, shape, view);
-      EXPECT_EQ(GpuConvert(plan, checkpoint), CpuConvert(plan, checkpoint));
+      const std::vector<uint8_t> want = CpuConvert(plan, checkpoint);
+      for (size_t offset : {0, 1, 6}) EXPECT_EQ(GpuConvert(plan, checkpoint, 0, nullptr, offset), want) << offset;
     }
   }
 }
