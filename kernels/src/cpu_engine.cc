@@ -1,12 +1,14 @@
 #include "wprep/kernels/cpu_engine.h"
 
 #include <algorithm>
+#include <optional>
 #include <system_error>
 #include <thread>
 #include <vector>
 
 #include "absl/strings/str_format.h"
 #include "buffers.h"
+#include "moe_geometry.h"
 #include "tiles.h"
 
 namespace wprep {
@@ -36,6 +38,12 @@ absl::Status ConvertOnCpu(const Plan& plan, const uint8_t* in, size_t in_size, u
   if (auto s = CheckPlanned(plan); !s.ok()) return s;
 
   const Geometry& g = *plan.geometry;
+  // blackwell_scale's swizzle of a checkpoint's transposed view: the MoE engine's scale
+  // pass, a checkpoint row at a time (the tiles would gather each column's bytes).
+  if (std::optional<moe::InterleavePass> p = moe::BlackwellScaleViewPass(g); p.has_value()) {
+    moe::RunInterleave16OnCpu(*p, in, out, options.threads);
+    return absl::OkStatus();
+  }
   const tiles::Access access = tiles::ChooseAccess(g, in, out);
   int threads = options.threads > 0 ? options.threads
                                     : static_cast<int>(std::thread::hardware_concurrency());

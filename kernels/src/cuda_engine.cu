@@ -388,35 +388,6 @@ class ScopedDevice {
   cudaError_t status_ = cudaSuccess;
 };
 
-// blackwell_scale's swizzle of a checkpoint's scales [..., N, K/32] through their
-// transposed view [..., K/32, N] (what loaders pass) is the 128x4 interleave of the
-// checkpoint's [N, K/32] rows, padded to [Np, Kp]: the MoE engine's scale pass with the
-// plain row map, which reads each row in aligned words. The pass for `g` when its input
-// is exactly that view of dense matrices and `out` is 16-byte aligned; else nullopt.
-std::optional<moe::InterleavePass> CheckpointBlackwellScales(const Geometry& g, const void* out) {
-  const BlackwellScaleTiling& t = g.blackwell_scale;
-  if (g.op != Op::kBlackwellScaleSwizzle || g.scale_access != ScaleAccess::kColumns || g.scale_stride[0] != 1 ||
-      g.scale_stride[1] != t.k || reinterpret_cast<uintptr_t>(out) % 16 != 0 ||
-      g.out_matrix_bytes != t.npad * t.kpad || t.npad % 128 != 0 || t.kpad % 4 != 0) {
-    return std::nullopt;
-  }
-  // The matrices back to back, as the leading dims of a dense tensor lay them out.
-  int64_t stride = t.n * t.k;
-  for (int i = g.lead_rank - 1; i >= 0; --i) {
-    if (g.lead_shape[i] > 1 && g.in_lead_stride[i] != stride) return std::nullopt;
-    stride *= g.lead_shape[i];
-  }
-  moe::InterleavePass p;
-  p.experts = g.num_matrices;
-  p.rows_in = t.n;
-  p.cols_in = t.k;
-  p.rows_p = t.npad;
-  p.cols_p = t.kpad;
-  p.elem_bytes = 1;
-  p.map.limit = t.n;
-  return p;
-}
-
 }  // namespace
 
 bool CudaCompiledIn() { return true; }
@@ -481,7 +452,10 @@ absl::Status ConvertOnCuda(const Plan& plan, const void* in, void* out, CudaStre
   // A failed call of the caller's may have left an error behind; the launch check below
   // must see only the launch's own.
   cudaGetLastError();
-  if (std::optional<moe::InterleavePass> p = CheckpointBlackwellScales(g, out); p.has_value()) {
+  // blackwell_scale's swizzle of a checkpoint's transposed view: the MoE engine's scale
+  // pass, which reads each checkpoint row in aligned words (the tiles gather its bytes).
+  if (std::optional<moe::InterleavePass> p = moe::BlackwellScaleViewPass(g);
+      p.has_value() && reinterpret_cast<uintptr_t>(out) % 16 == 0) {
     moe::LaunchInterleave16OnCuda(*p, static_cast<const uint8_t*>(in), static_cast<uint8_t*>(out), stream);
     WPREP_CUDA_RETURN_IF_ERROR(cudaGetLastError());
     return absl::OkStatus();

@@ -53,19 +53,32 @@ void RowsRange(const RowsPass& p, const uint8_t* in, uint8_t* out, int64_t begin
   }
 }
 
-// uint8 scales: 16 output bytes per step (moe_math.h InterleaveSrcWord, as the GPU).
-void Interleave16Range(const InterleavePass& p, const uint8_t* in, uint8_t* out, int64_t begin,
-                       int64_t end) {
-  const int64_t words_per_expert = p.rows_p * p.cols_p / 16;
-  for (int64_t g = begin; g < end; ++g) {
-    const int64_t e = g / words_per_expert, o = 16 * (g - e * words_per_expert);
-    int64_t src[4];
-    int valid[4];
-    moe::InterleaveSrcWord(p, e, o, src, valid);
-    uint8_t* dst = out + e * p.rows_p * p.cols_p + o;
-    for (int i = 0; i < 4; ++i) {
-      if (valid[i] > 0) std::memcpy(dst + 4 * i, in + src[i], valid[i]);
-      if (valid[i] < 4) std::memset(dst + 4 * i + valid[i], 0, 4 - valid[i]);
+// uint8 scales, a tile of 128 output rows of one expert at a time ([begin, end) of
+// experts x rows_p / 128): each source row is read once, front to back, its 4-byte column
+// groups written to their places in the tile's cols_p / 4 blocks of 512 bytes (row m of
+// the tile at 16 * (m % 32) + 4 * (m / 32) in each), padding zeroed. The bytes are
+// InterleaveSrcWord's (moe_math.h), which the GPU kernel follows.
+void Interleave16Tiles(const InterleavePass& p, const uint8_t* in, uint8_t* out, int64_t begin, int64_t end) {
+  const int64_t mtiles = p.rows_p / 128, groups = p.cols_p / 4, whole = p.cols_in / 4;
+  const int tail = static_cast<int>(p.cols_in - 4 * whole);
+  for (int64_t t = begin; t < end; ++t) {
+    const int64_t e = t / mtiles, mt = t - e * mtiles;
+    uint8_t* tile = out + e * p.rows_p * p.cols_p + mt * groups * 512;
+    for (int j = 0; j < 128; ++j) {
+      uint8_t* dst = tile + 16 * (j % 32) + 4 * (j / 32);
+      const int64_t r = moe::SrcRow(p.map, 128 * mt + j);
+      int64_t g = 0;
+      if (r >= 0) {
+        const uint8_t* src = in + (e * p.rows_in + r) * p.cols_in;
+        for (; g < whole && g < groups; ++g) std::memcpy(dst + 512 * g, src + 4 * g, 4);
+        if (tail > 0 && g < groups) {
+          uint8_t word[4] = {0, 0, 0, 0};
+          std::memcpy(word, src + 4 * g, static_cast<size_t>(tail));
+          std::memcpy(dst + 512 * g, word, 4);
+          ++g;
+        }
+      }
+      for (; g < groups; ++g) std::memset(dst + 512 * g, 0, 4);
     }
   }
 }
@@ -124,6 +137,11 @@ void RunRowsOnCpu(const RowsPass& p, const uint8_t* in, uint8_t* out) {
   RowsRange(p, in, out, 0, p.experts * p.rows_out);
 }
 
+void RunInterleave16OnCpu(const InterleavePass& p, const uint8_t* in, uint8_t* out, int threads) {
+  Parallel(p.experts * (p.rows_p / 128), static_cast<uint64_t>(p.experts * p.rows_p * p.cols_p), threads,
+           [&](int64_t b, int64_t e) { Interleave16Tiles(p, in, out, b, e); });
+}
+
 }  // namespace moe
 
 absl::Status RunMoeCpu(const MoePlan& plan, absl::Span<const absl::Span<const uint8_t>> inputs,
@@ -163,8 +181,7 @@ absl::Status RunMoeCpu(const MoePlan& plan, absl::Span<const absl::Span<const ui
     if (pass.interleave) {
       const InterleavePass p = pass.il;
       if (p.elem_bytes == 1) {
-        Parallel(p.experts * p.rows_p * p.cols_p / 16, plan.output_bytes[i], threads,
-                 [&](int64_t b, int64_t e) { Interleave16Range(p, in, out, b, e); });
+        moe::RunInterleave16OnCpu(p, in, out, threads);
       } else {
         Parallel(p.experts * p.rows_p * p.cols_p / 4, plan.output_bytes[i], threads,
                  [&](int64_t b, int64_t e) { InterleaveRange(p, in, out, b, e); });

@@ -4,7 +4,10 @@
 #ifndef WPREP_KERNELS_SRC_MOE_GEOMETRY_H_
 #define WPREP_KERNELS_SRC_MOE_GEOMETRY_H_
 
+#include <optional>
+
 #include "absl/status/statusor.h"
+#include "layout_math.h"
 #include "moe_math.h"
 #include "wprep/kernels/moe.h"
 
@@ -37,10 +40,39 @@ absl::StatusOr<Geometry> GeometryOf(const MoePlan& plan);
 // their own, such as the fused quantizers' bias.
 void RunRowsOnCpu(const RowsPass& p, const uint8_t* in, uint8_t* out);
 void LaunchRowsOnCuda(const RowsPass& p, const uint8_t* in, uint8_t* out, void* cuda_stream);
-// The uint8 128x4 interleave of pass `p` (the MoE engine's scale pass) on `cuda_stream`;
-// `out` 16-byte aligned. The CUDA engine's blackwell_scale swizzle of a checkpoint's
-// transposed view is this pass with the plain row map.
+// The uint8 128x4 interleave of pass `p` (the MoE engine's scale pass): on the CPU with
+// up to `threads` threads (0: one per core), or on `cuda_stream` with `out` 16-byte
+// aligned.
+void RunInterleave16OnCpu(const InterleavePass& p, const uint8_t* in, uint8_t* out, int threads);
 void LaunchInterleave16OnCuda(const InterleavePass& p, const uint8_t* in, uint8_t* out, void* cuda_stream);
+
+// blackwell_scale's swizzle of a checkpoint's scales [..., N, K/32] through their
+// transposed view [..., K/32, N] (what loaders pass) is the 128x4 interleave of the
+// checkpoint's [N, K/32] rows, padded to [Np, Kp]: the scale pass above with the plain
+// row map. That pass for a conversion's geometry when its input is exactly that view of
+// dense matrices; else nullopt (the layout's own tiles run).
+inline std::optional<InterleavePass> BlackwellScaleViewPass(const ::wprep::Geometry& g) {
+  const BlackwellScaleTiling& t = g.blackwell_scale;
+  if (g.op != Op::kBlackwellScaleSwizzle || g.scale_access != ScaleAccess::kColumns || g.scale_stride[0] != 1 ||
+      g.scale_stride[1] != t.k || g.out_matrix_bytes != t.npad * t.kpad || t.npad % 128 != 0 || t.kpad % 4 != 0) {
+    return std::nullopt;
+  }
+  // The matrices back to back, as the leading dims of a dense tensor lay them out.
+  int64_t stride = t.n * t.k;
+  for (int i = g.lead_rank - 1; i >= 0; --i) {
+    if (g.lead_shape[i] > 1 && g.in_lead_stride[i] != stride) return std::nullopt;
+    stride *= g.lead_shape[i];
+  }
+  InterleavePass p;
+  p.experts = g.num_matrices;
+  p.rows_in = t.n;
+  p.cols_in = t.k;
+  p.rows_p = t.npad;
+  p.cols_p = t.kpad;
+  p.elem_bytes = 1;
+  p.map.limit = t.n;
+  return p;
+}
 
 }  // namespace moe
 }  // namespace wprep

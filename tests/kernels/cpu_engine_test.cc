@@ -322,6 +322,54 @@ TEST(CpuStrided, StridedInputsMatchDenseCopies) {
   }
 }
 
+// Scales as loaders pass them, the transposed view [..., K/32, N] of a checkpoint's
+// [..., N, K/32] (blackwell_scale takes the interleave pass for it): the same bytes as
+// the dense swizzle (the layout's tiles, held to the reference vectors) of the
+// transposed tensor made here, for ragged and odd shapes, one and two leading dims, and
+// hopper_scale alongside.
+TEST(CpuStrided, TransposedCheckpointScaleViewsEqualTheDenseSwizzle) {
+  std::mt19937_64 rng(29);
+  const std::vector<std::vector<int64_t>> shapes = {
+      {4, 90, 300}, {3, 5, 129}, {2, 3, 17, 129}, {1, 1, 1}, {2, 8, 256}, {1, 224, 40}, {5, 64, 7}, {16, 90, 1000}};
+  for (const std::vector<int64_t>& shape : shapes) {
+    const size_t r = shape.size();
+    const int64_t g = shape[r - 2], n = shape[r - 1];
+    int64_t e = 1;
+    for (size_t i = 0; i + 2 < r; ++i) e *= shape[i];
+    const std::vector<uint8_t> checkpoint = testing::RandomBytes(static_cast<uint64_t>(e * n * g), rng());
+    std::vector<uint8_t> dense(checkpoint.size());  // [E, G, N]
+    for (int64_t x = 0; x < e; ++x) {
+      for (int64_t k = 0; k < g; ++k) {
+        for (int64_t c = 0; c < n; ++c) dense[(x * g + k) * n + c] = checkpoint[(x * n + c) * g + k];
+      }
+    }
+    std::vector<int64_t> strides;
+    for (size_t i = 0; i + 2 < r; ++i) {
+      int64_t inner = n * g;
+      for (size_t j = i + 1; j + 2 < r; ++j) inner *= shape[j];
+      strides.push_back(inner);
+    }
+    strides.push_back(1);
+    strides.push_back(g);
+    for (Layout layout : {Layout::kBlackwellScale, Layout::kHopperScale}) {
+      ConversionSpec spec;
+      spec.layout = layout;
+      spec.direction = Direction::kSwizzle;
+      SCOPED_TRACE(Describe(spec) + " " + ::testing::PrintToString(shape));
+      const Plan view = MustPlan(spec, shape, InputBinding{strides, checkpoint.size()});
+      const Plan plain = MustPlan(spec, shape);
+      for (int threads : {1, 2}) {
+        std::vector<uint8_t> got(view.output_bytes, 0xEE), want(plain.output_bytes, 0xDD);
+        CpuOptions o;
+        o.threads = threads;
+        ASSERT_TRUE(ConvertOnCpu(view, checkpoint.data(), checkpoint.size(), got.data(), got.size(), o).ok());
+        ASSERT_TRUE(ConvertOnCpu(plain, dense.data(), dense.size(), want.data(), want.size(), o).ok());
+        EXPECT_EQ(got, want);
+      }
+    }
+  }
+}
+
 TEST(CpuEngine, RejectsShortBuffersAndOverlap) {
   ConversionSpec spec;
   const Plan plan = MustPlan(spec, {256, 256});
