@@ -88,19 +88,12 @@ std::string GpuName(const std::string& b) {
                       h.substr(20));
 }
 
-// The 16 UUID bytes --gpu names: a UUID, or an index into the daemon's ListDevices.
-absl::StatusOr<std::string> GpuUuid(const std::string& target, const std::string& gpu) {
+// --gpu into the request: an index into the daemon's ListDevices, or a UUID.
+absl::Status SetGpu(const std::string& gpu, v1::LoadWeightsRequest* req) {
   int index = -1;
   if (absl::SimpleAtoi(gpu, &index)) {
-    auto stub = v1::WeightPrep::NewStub(client::MakeChannel(target));
-    grpc::ClientContext ctx;
-    v1::ListDevicesResponse resp;
-    WPREP_RETURN_IF_ERROR(client::FromGrpcStatus(stub->ListDevices(&ctx, v1::ListDevicesRequest(), &resp)));
-    if (index < 0 || index >= resp.devices_size()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("--gpu ", gpu, ": the daemon serves ", resp.devices_size(), " GPU(s)"));
-    }
-    return resp.devices(index).uuid();
+    req->set_device_index(index);
+    return absl::OkStatus();
   }
   std::string hex = absl::StrReplaceAll(absl::StripPrefix(gpu, "GPU-"), {{"-", ""}});
   const bool hex_digits =
@@ -109,7 +102,8 @@ absl::StatusOr<std::string> GpuUuid(const std::string& target, const std::string
     return absl::InvalidArgumentError(
         absl::StrCat("--gpu '", gpu, "': want a GPU UUID (GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx) or an index"));
   }
-  return absl::HexStringToBytes(hex);
+  req->set_device_uuid(absl::HexStringToBytes(hex));
+  return absl::OkStatus();
 }
 
 void PrintManifest(const v1::WeightManifest& m, uint32_t attachments, bool tensors) {
@@ -126,14 +120,11 @@ void PrintManifest(const v1::WeightManifest& m, uint32_t attachments, bool tenso
   }
 }
 
-absl::Status Load(client::WeightSets& sets, const std::string& target, const Flags& flags) {
+absl::Status Load(client::WeightSets& sets, const Flags& flags) {
   v1::LoadWeightsRequest req;
   req.set_name(flags.positional()[1]);
   req.set_path(flags.positional()[2]);
-  if (const std::string* gpu = flags.Get("--gpu")) {
-    WPREP_ASSIGN_OR_RETURN(std::string uuid, GpuUuid(target, *gpu));
-    req.set_device_uuid(uuid);
-  }
+  if (const std::string* gpu = flags.Get("--gpu")) WPREP_RETURN_IF_ERROR(SetGpu(*gpu, &req));
   if (const std::string* rules = flags.Get("--rules")) {
     WPREP_ASSIGN_OR_RETURN(std::vector<v1::WeightRule> parsed, ParseWeightRules(*rules));
     for (auto& r : parsed) *req.add_rules() = std::move(r);
@@ -263,7 +254,7 @@ int WeightsCommand(const std::vector<std::string>& args) {
   const std::string target = target_flag ? *target_flag : "unix:///tmp/wprepd.sock";
   client::WeightSets sets(target);
   absl::Status s;
-  if (verb == "load") s = Load(sets, target, *flags);
+  if (verb == "load") s = Load(sets, *flags);
   if (verb == "list") s = List(sets, nullptr, flags->Has("--tensors"));
   if (verb == "show") s = List(sets, &pos[1], true);
   if (verb == "drop") s = Drop(sets, pos[1], flags->Has("--force"));

@@ -192,7 +192,7 @@ void Preload(DaemonParts* p) {
     const absl::Time t0 = absl::Now();
     absl::StatusOr<std::shared_ptr<const WeightManifestData>> m =
         p->weights->Load(set.name, set.path, set.rules, [p](const WeightLoadProgress&) { return !p->Stopping(); },
-                         set.gpu);
+                         set.place);
     if (m.ok()) {
       LogLine(LogLevel::kInfo, "weights_preloaded",
               absl::StrCat("set=", LogQuote(set.name), " path=", LogQuote(set.path), " tensors=",

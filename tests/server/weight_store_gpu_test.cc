@@ -105,7 +105,7 @@ class WeightStoreGpuTest : public ::testing::Test {
   absl::StatusOr<std::shared_ptr<const server::WeightManifestData>> Load(WeightStore& store, const std::string& name,
                                                                         std::optional<server::Uuid> gpu) {
     return store.Load(name, "model.safetensors", Rules(), [](const server::WeightLoadProgress&) { return true; },
-                      gpu);
+                      server::WeightPlacement{gpu, std::nullopt});
   }
 
   std::string dir_;
@@ -205,6 +205,28 @@ TEST_F(WeightStoreGpuTest, AGpuWithoutRoomOrNotServedIsRefusedAndNothingStays) {
   EXPECT_EQ(store->List().size(), 1u);
 }
 
+// A GPU named by its index in the daemon's list (what a --preload file shared by nodes
+// does): the set lands on that GPU and reports its UUID; an index past the last, or both
+// ways of naming a GPU, are refused.
+TEST_F(WeightStoreGpuTest, AGpuByItsIndexInTheDaemonsList) {
+  WriteSafetensors(dir_ + "/root/model.safetensors", Checkpoint());
+  auto store = Store(0);
+  auto progress = [](const server::WeightLoadProgress&) { return true; };
+  auto m = store->Load("i", "model.safetensors", Rules(), progress, server::WeightPlacement{std::nullopt, 1});
+  ASSERT_TRUE(m.ok()) << m.status();
+  ASSERT_TRUE((*m)->gpu.has_value());
+  EXPECT_EQ(*(*m)->gpu, FakeRuntime::FakeUuid(1));
+  EXPECT_EQ(runtime_.counts(1).device_bytes_now, (*m)->total_bytes);
+  auto past = store->Load("j", "model.safetensors", Rules(), progress, server::WeightPlacement{std::nullopt, 2});
+  EXPECT_EQ(past.status().code(), absl::StatusCode::kInvalidArgument) << past.status();
+  EXPECT_NE(past.status().message().find("device_index"), std::string::npos) << past.status();
+  auto both = store->Load("j", "model.safetensors", Rules(), progress,
+                          server::WeightPlacement{FakeRuntime::FakeUuid(0), 0});
+  EXPECT_EQ(both.status().code(), absl::StatusCode::kInvalidArgument) << both.status();
+  EXPECT_EQ(runtime_.counts(0).device_bytes_now, 0u);
+  EXPECT_EQ(store->List().size(), 1u);
+}
+
 TEST_F(WeightStoreGpuTest, AMalformedCheckpointIsRefusedWithNoDeviceMemoryLeft) {
   // A header that promises more data than the file holds.
   std::vector<Tensor> cp = {{"w", "U8", {1024}, Pattern(1024, 9)}};
@@ -213,7 +235,7 @@ TEST_F(WeightStoreGpuTest, AMalformedCheckpointIsRefusedWithNoDeviceMemoryLeft) 
   std::filesystem::resize_file(path, std::filesystem::file_size(path) - 100);
   auto store = Store(0);
   auto m = store->Load("w", "model.safetensors", {}, [](const server::WeightLoadProgress&) { return true; },
-                       FakeRuntime::FakeUuid(0));
+                       server::WeightPlacement{FakeRuntime::FakeUuid(0), std::nullopt});
   EXPECT_EQ(m.status().code(), absl::StatusCode::kInvalidArgument) << m.status();
   EXPECT_EQ(runtime_.counts(0).device_bytes_now, 0u);
   EXPECT_TRUE(store->List().empty());
@@ -225,7 +247,7 @@ TEST_F(WeightStoreGpuTest, ALoadCancelledHalfwayFreesItsDeviceMemory) {
   int calls = 0;
   auto m = store->Load("c", "model.safetensors", Rules(),
                        [&](const server::WeightLoadProgress& p) { return ++calls < 3 || p.tensors_done == 0; },
-                       FakeRuntime::FakeUuid(0));
+                       server::WeightPlacement{FakeRuntime::FakeUuid(0), std::nullopt});
   EXPECT_EQ(m.status().code(), absl::StatusCode::kCancelled) << m.status();
   EXPECT_GE(calls, 3) << "cancelled before any tensor was in place";
   EXPECT_EQ(runtime_.counts(0).device_bytes_now, 0u);

@@ -137,6 +137,10 @@ class WeightsTest : public ::testing::Test {
     req.set_path(path);
     req.set_device_uuid(device_uuid);
     for (const auto& r : rules) *req.add_rules() = r;
+    return LoadRequest(req);
+  }
+
+  LoadResult LoadRequest(const v1::LoadWeightsRequest& req) {
     grpc::ClientContext ctx;
     auto reader = stub_->LoadWeights(&ctx, req);
     LoadResult out;
@@ -536,18 +540,24 @@ TEST_F(WeightsTest, PreloadLoadsTheFilesSetsOnceServing) {
   v1::LoadWeightsRequest* b = preload.add_sets();
   b->set_name("missing");
   b->set_path("absent.safetensors");
+  v1::LoadWeightsRequest* c = preload.add_sets();  // a GPU by index, on a daemon without GPUs
+  c->set_name("ongpu");
+  c->set_path("model.safetensors");
+  c->set_device_index(0);
   std::string text;
   ASSERT_TRUE(google::protobuf::TextFormat::PrintToString(preload, &text));
   const std::string file = dir_ + "/preload.txtpb";
   std::ofstream(file) << text;
   StartDaemon(0, true, {"--preload=" + file});
   const absl::Time end = absl::Now() + absl::Seconds(30);
-  while (absl::Now() < end && daemon_->Log().find("event=weights_preload_failed") == std::string::npos) {
+  while (absl::Now() < end && daemon_->Log().find("event=weights_preload_failed set=ongpu") == std::string::npos) {
     absl::SleepFor(absl::Milliseconds(20));
   }
   const std::string log = daemon_->Log();
   EXPECT_NE(log.find("event=weights_preloaded set=pre "), std::string::npos) << log;
   EXPECT_NE(log.find("event=weights_preload_failed set=missing "), std::string::npos) << log;
+  EXPECT_NE(log.find("event=weights_preload_failed set=ongpu "), std::string::npos) << log;
+  EXPECT_NE(log.find("code=FAILED_PRECONDITION"), std::string::npos) << log;
   const v1::ListWeightsResponse list = List();
   ASSERT_EQ(list.sets_size(), 1) << list.DebugString();
   EXPECT_EQ(list.sets(0).manifest().name(), "pre");
@@ -566,6 +576,9 @@ TEST_F(WeightsTest, AMalformedPreloadFileStopsTheStartNamingTheEntry) {
       {"sets { name: \"a\" path: \"m\" } sets { name: \"a\" path: \"n\" }", {"sets[1].name 'a' is given twice"}},
       {"sets { name: \"a b\" path: \"m\" }", {"sets[0].name 'a b'"}},
       {"sets { name: \"a\" path: \"m\" rules { pattern: \"x\" slice { length: 0 } } }", {"sets[0].rules[0].slice"}},
+      {"sets { name: \"a\" path: \"m\" device_uuid: \"abc\" }", {"sets[0].device_uuid"}},
+      {"sets { name: \"a\" path: \"m\" device_uuid: \"0123456789abcdef\" device_index: 0 }",
+       {"sets[0].device_index", "not both"}},
   };
   for (const auto& c : cases) {
     SCOPED_TRACE(c.text);
@@ -744,6 +757,15 @@ TEST_F(WeightsTest, AGpuSetOnACpuDaemonOrABadUuidIsRefused) {
                 grpc::StatusCode::FAILED_PRECONDITION, {"device_uuid", "CPU engine"});
   ExpectRefused(Load("g", "model.safetensors", Rules(), "short"), grpc::StatusCode::INVALID_ARGUMENT,
                 {"device_uuid", "16 bytes"});
+  {
+    v1::LoadWeightsRequest req;
+    req.set_name("g");
+    req.set_path("model.safetensors");
+    req.set_device_index(0);
+    ExpectRefused(LoadRequest(req), grpc::StatusCode::FAILED_PRECONDITION, {"device_index", "CPU engine"});
+    req.set_device_uuid(std::string(16, '\x11'));
+    ExpectRefused(LoadRequest(req), grpc::StatusCode::INVALID_ARGUMENT, {"device_uuid or device_index"});
+  }
   EXPECT_EQ(SetCount(), 0);
   EXPECT_TRUE(Load("g", "model.safetensors").status.ok());
 }
@@ -930,6 +952,16 @@ TEST_F(WeightsTest, CliLoadsListsShowsAndDrops) {
   out.clear();
   EXPECT_EQ(RunCli("weights load x ../escape " + target, &out), 2);
   EXPECT_EQ(out.rfind("PERMISSION_DENIED", 0), 0u) << out;
+  out.clear();
+  // --gpu: an index goes as device_index, a UUID as its bytes; this daemon has no GPU.
+  EXPECT_EQ(RunCli("weights load x model.safetensors --gpu 0 " + target, &out), 2);
+  EXPECT_EQ(out.rfind("FAILED_PRECONDITION: device_index", 0), 0u) << out;
+  out.clear();
+  EXPECT_EQ(RunCli("weights load x model.safetensors --gpu GPU-00112233-4455-6677-8899-aabbccddeeff " + target, &out), 2);
+  EXPECT_EQ(out.rfind("FAILED_PRECONDITION: device_uuid", 0), 0u) << out;
+  out.clear();
+  EXPECT_EQ(RunCli("weights load x model.safetensors --gpu GPU-zz " + target, &out), 2);
+  EXPECT_EQ(out.rfind("INVALID_ARGUMENT: --gpu", 0), 0u) << out;
   out.clear();
   EXPECT_EQ(RunCli("weights load x model.safetensors --rules 'a=nolayout' " + target, &out), 2);
   EXPECT_EQ(out.rfind("INVALID_ARGUMENT", 0), 0u) << out;

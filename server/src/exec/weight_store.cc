@@ -518,7 +518,7 @@ absl::Status WeightStore::ReserveLocked(const std::string& name, int where, uint
 
 absl::StatusOr<std::shared_ptr<const WeightManifestData>> WeightStore::Load(
     const std::string& name, const std::string& path, const std::vector<WeightRuleSpec>& rules,
-    absl::FunctionRef<bool(const WeightLoadProgress&)> progress, const std::optional<Uuid>& gpu) {
+    absl::FunctionRef<bool(const WeightLoadProgress&)> progress, const WeightPlacement& place) {
   const absl::Time start = absl::Now();
   bool counted = false;
   auto fail = [&](absl::Status status) {
@@ -531,14 +531,27 @@ absl::StatusOr<std::shared_ptr<const WeightManifestData>> WeightStore::Load(
                                                         "': a set name is 1 to 64 of [A-Za-z0-9._-]")));
   }
   Gpu* on = nullptr;
-  if (gpu.has_value()) {
-    if (devices_ == nullptr || devices_->cpu_engine()) {
-      return fail(absl::FailedPreconditionError(
-          "device_uuid: this daemon serves no GPU (it runs the CPU engine); leave it unset for a set in host memory"));
+  if (place.gpu.has_value() || place.gpu_index.has_value()) {
+    const char* field = place.gpu.has_value() ? "device_uuid" : "device_index";
+    if (place.gpu.has_value() && place.gpu_index.has_value()) {
+      return fail(absl::InvalidArgumentError("give device_uuid or device_index, not both"));
     }
-    absl::StatusOr<Gpu*> found = devices_->FindByUuid(*gpu);
-    if (!found.ok()) return fail(absl::Status(found.status().code(), absl::StrCat("device_uuid: ", found.status().message())));
-    on = *found;
+    if (devices_ == nullptr || devices_->cpu_engine()) {
+      return fail(absl::FailedPreconditionError(absl::StrCat(
+          field, ": this daemon serves no GPU (it runs the CPU engine); leave it unset for a set in host memory")));
+    }
+    if (place.gpu.has_value()) {
+      absl::StatusOr<Gpu*> found = devices_->FindByUuid(*place.gpu);
+      if (!found.ok()) return fail(absl::Status(found.status().code(), absl::StrCat(field, ": ", found.status().message())));
+      on = *found;
+    } else {
+      const int index = *place.gpu_index;
+      if (index < 0 || static_cast<size_t>(index) >= devices_->num_gpus()) {
+        return fail(absl::InvalidArgumentError(absl::StrCat(field, ": ", index, " is not a GPU of this daemon's (it serves ",
+                                                            devices_->num_gpus(), ")")));
+      }
+      on = &devices_->gpu(static_cast<size_t>(index));
+    }
   }
   const int where = on != nullptr ? on->ordinal() : kHost;
   absl::StatusOr<std::vector<Shard>> shards = ReadCheckpoint(root_, path);
@@ -546,7 +559,7 @@ absl::StatusOr<std::shared_ptr<const WeightManifestData>> WeightStore::Load(
   auto manifest = std::make_shared<WeightManifestData>();
   manifest->name = name;
   manifest->path = path;
-  manifest->gpu = gpu;
+  if (on != nullptr) manifest->gpu = on->info().uuid;
   std::vector<Source> sources;
   absl::Status planned = PlanTensors(*shards, rules, &manifest->tensors, &sources, &manifest->total_bytes);
   if (!planned.ok()) return fail(planned);

@@ -88,6 +88,13 @@ struct WeightLoadProgress {
   uint64_t bytes_done = 0, bytes_total = 0;
 };
 
+// Where a set lives: GPU `gpu` (by UUID) or `gpu_index` (the daemon's ListDevices
+// order), or host memory when neither is set.
+struct WeightPlacement {
+  std::optional<Uuid> gpu;
+  std::optional<int> gpu_index;
+};
+
 struct WeightSetSummary {
   std::shared_ptr<const WeightManifestData> manifest;
   uint32_t attachments = 0;
@@ -125,13 +132,13 @@ class WeightStore {
   WeightStore& operator=(const WeightStore&) = delete;
 
   // Loads `path` (relative to the root) into set `name`, applying `rules` (first match
-  // wins), on GPU `gpu` or, without one, in host memory. `progress` is called after
-  // planning and after each tensor; returning false cancels the load (CANCELLED; nothing
-  // stays). FAILED_PRECONDITION for a GPU where the daemon serves none, INVALID_ARGUMENT
-  // for a GPU it does not serve, RESOURCE_EXHAUSTED past the budget or the GPU's memory.
+  // wins), where `place` says. `progress` is called after planning and after each tensor;
+  // returning false cancels the load (CANCELLED; nothing stays). FAILED_PRECONDITION for a
+  // GPU where the daemon serves none, INVALID_ARGUMENT for a GPU it does not serve (or
+  // both ways of naming one), RESOURCE_EXHAUSTED past the budget or the GPU's memory.
   absl::StatusOr<std::shared_ptr<const WeightManifestData>> Load(
       const std::string& name, const std::string& path, const std::vector<WeightRuleSpec>& rules,
-      absl::FunctionRef<bool(const WeightLoadProgress&)> progress, const std::optional<Uuid>& gpu = std::nullopt);
+      absl::FunctionRef<bool(const WeightLoadProgress&)> progress, const WeightPlacement& place = {});
 
   std::vector<WeightSetSummary> List() const;
   uint64_t budget_bytes() const { return budget_bytes_; }

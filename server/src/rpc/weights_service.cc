@@ -65,6 +65,24 @@ absl::StatusOr<std::vector<WeightRuleSpec>> RulesFromProto(
   return out;
 }
 
+// The request's GPU: device_uuid (16 bytes) or device_index, not both; neither: host
+// memory. INVALID_ARGUMENT naming the field.
+absl::StatusOr<WeightPlacement> PlacementFromProto(const wprep::v1::LoadWeightsRequest& r) {
+  WeightPlacement place;
+  if (!r.device_uuid().empty()) {
+    if (r.has_device_index()) {
+      return WithFieldViolation(absl::InvalidArgumentError("device_index: give device_uuid or device_index, not both"),
+                                "device_index");
+    }
+    absl::StatusOr<Uuid> u = UuidFromWire(r.device_uuid(), "device_uuid");
+    if (!u.ok()) return WithFieldViolation(u.status(), "device_uuid");
+    place.gpu = *u;
+  } else if (r.has_device_index()) {
+    place.gpu_index = r.device_index();
+  }
+  return place;
+}
+
 }  // namespace
 
 absl::StatusOr<std::vector<PreloadSet>> ReadWeightPreload(const std::string& path) {
@@ -102,15 +120,11 @@ absl::StatusOr<std::vector<PreloadSet>> ReadWeightPreload(const std::string& pat
     if (!names.insert(r.name()).second) {
       return absl::InvalidArgumentError(absl::StrCat(where, ".name '", r.name(), "' is given twice"));
     }
-    std::optional<Uuid> gpu;
-    if (!r.device_uuid().empty()) {
-      absl::StatusOr<Uuid> u = UuidFromWire(r.device_uuid(), "device_uuid");
-      if (!u.ok()) return absl::InvalidArgumentError(absl::StrCat(where, ".", u.status().message()));
-      gpu = *u;
-    }
+    absl::StatusOr<WeightPlacement> place = PlacementFromProto(r);
+    if (!place.ok()) return absl::InvalidArgumentError(absl::StrCat(where, ".", place.status().message()));
     absl::StatusOr<std::vector<WeightRuleSpec>> rules = RulesFromProto(r.rules());
     if (!rules.ok()) return absl::InvalidArgumentError(absl::StrCat(where, ".", rules.status().message()));
-    sets.push_back(PreloadSet{r.name(), r.path(), *std::move(rules), gpu});
+    sets.push_back(PreloadSet{r.name(), r.path(), *std::move(rules), *place});
   }
   return sets;
 }
@@ -147,12 +161,8 @@ grpc::Status WeightSetsService::LoadWeights(grpc::ServerContext* ctx, const wpre
                                             grpc::ServerWriter<wprep::v1::LoadWeightsResponse>* writer) {
   return ToGrpcStatus(BoundMessage(RunGuarded(
       [&]() -> absl::Status {
-        std::optional<Uuid> gpu;
-        if (!req->device_uuid().empty()) {
-          absl::StatusOr<Uuid> u = UuidFromWire(req->device_uuid(), "device_uuid");
-          if (!u.ok()) return WithFieldViolation(u.status(), "device_uuid");
-          gpu = *u;
-        }
+        absl::StatusOr<WeightPlacement> place = PlacementFromProto(*req);
+        if (!place.ok()) return place.status();
         WPREP_ASSIGN_OR_RETURN(std::vector<WeightRuleSpec> rules, RulesFromProto(req->rules()));
         const absl::Time start = absl::Now();
         auto progress = [&](const WeightLoadProgress& p) {
@@ -165,7 +175,7 @@ grpc::Status WeightSetsService::LoadWeights(grpc::ServerContext* ctx, const wpre
           return writer->Write(msg);
         };
         WPREP_ASSIGN_OR_RETURN(std::shared_ptr<const WeightManifestData> manifest,
-                               store_->Load(req->name(), req->path(), rules, progress, gpu));
+                               store_->Load(req->name(), req->path(), rules, progress, *place));
         wprep::v1::LoadWeightsResponse last;
         last.set_tensors_done(manifest->tensors.size());
         last.set_tensors_total(manifest->tensors.size());

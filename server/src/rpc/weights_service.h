@@ -4,7 +4,6 @@
 #ifndef WPREP_SERVER_SRC_RPC_WEIGHTS_SERVICE_H_
 #define WPREP_SERVER_SRC_RPC_WEIGHTS_SERVICE_H_
 
-#include <optional>
 #include <string>
 #include <vector>
 
@@ -19,7 +18,7 @@ struct PreloadSet {
   std::string name;
   std::string path;
   std::vector<WeightRuleSpec> rules;
-  std::optional<Uuid> gpu;
+  WeightPlacement place;
 };
 // The sets of `path`, a text-format wprep.v1.WeightPreload; INVALID_ARGUMENT naming the file
 // and the entry (sets[i].rules[j]...) for a file that cannot be read or parsed or a set

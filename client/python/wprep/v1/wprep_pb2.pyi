@@ -394,16 +394,18 @@ class ListWeightsResponse(_message.Message):
     def __init__(self, sets: _Optional[_Iterable[_Union[WeightSetInfo, _Mapping]]] = ..., budget_bytes: _Optional[int] = ..., resident_bytes: _Optional[int] = ...) -> None: ...
 
 class LoadWeightsRequest(_message.Message):
-    __slots__ = ["device_uuid", "name", "path", "rules"]
+    __slots__ = ["device_index", "device_uuid", "name", "path", "rules"]
+    DEVICE_INDEX_FIELD_NUMBER: _ClassVar[int]
     DEVICE_UUID_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     PATH_FIELD_NUMBER: _ClassVar[int]
     RULES_FIELD_NUMBER: _ClassVar[int]
+    device_index: int
     device_uuid: bytes
     name: str
     path: str
     rules: _containers.RepeatedCompositeFieldContainer[WeightRule]
-    def __init__(self, name: _Optional[str] = ..., path: _Optional[str] = ..., rules: _Optional[_Iterable[_Union[WeightRule, _Mapping]]] = ..., device_uuid: _Optional[bytes] = ...) -> None: ...
+    def __init__(self, name: _Optional[str] = ..., path: _Optional[str] = ..., rules: _Optional[_Iterable[_Union[WeightRule, _Mapping]]] = ..., device_uuid: _Optional[bytes] = ..., device_index: _Optional[int] = ...) -> None: ...
 
 class LoadWeightsResponse(_message.Message):
     __slots__ = ["bytes_done", "bytes_total", "load_seconds", "manifest", "tensors_done", "tensors_total"]
