@@ -411,7 +411,8 @@ TEST_F(CliSafetensorsQuantizeTest, RefusalsAreOneLineExitTwoAndNoOutput) {
       {in, "--quantize w.weight --num-warps 4", "INVALID_ARGUMENT", "--num-warps is for --layout"},
       {in, "", "INVALID_ARGUMENT", "--layout"},
       {in, "--quantize w.weight --device gpu", "INVALID_ARGUMENT", "gpu"},
-      {in, "--layout hopper_value --device cpu", "INVALID_ARGUMENT", "--device is for --quantize"},
+      // --device with --layout converts in this process: a daemon address is a mistake.
+      {in, "--layout hopper_value --device cpu", "INVALID_ARGUMENT", "--target is for the daemon"},
       {in, "--quantize w.weight --layout hopper_value --mx-axis -1", "UNIMPLEMENTED", "run --quantize alone"},
       {in, "--quantize w.weight --layout hopper_value --scale-layout blackwell_scale", "UNIMPLEMENTED",
        "run --quantize alone"},
