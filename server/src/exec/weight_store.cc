@@ -14,6 +14,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <set>
+#include <system_error>
 #include <thread>
 #include <utility>
 
@@ -382,11 +383,21 @@ absl::Status ReadRangeParallel(int fd, const Source& src, uint64_t pos, uint64_t
   std::vector<absl::Status> status(kReaders);
   std::vector<std::thread> helpers;
   int k = 1;
+  uint64_t unstarted = n;  // parts from here on have no thread: this one reads them
   for (uint64_t at = part; at < n; at += part, ++k) {
-    helpers.emplace_back([&, at, k] { status[k] = ReadRange(fd, src, pos + at, std::min(part, n - at), to + at, file); });
+    try {
+      helpers.emplace_back(
+          [&, at, k] { status[k] = ReadRange(fd, src, pos + at, std::min(part, n - at), to + at, file); });
+    } catch (const std::system_error&) {
+      unstarted = at;  // no thread to be had (a process or cgroup limit)
+      break;
+    }
   }
   status[0] = ReadRange(fd, src, pos, std::min(part, n), to, file);
+  absl::Status rest;
+  if (unstarted < n) rest = ReadRange(fd, src, pos + unstarted, n - unstarted, to + unstarted, file);
   for (std::thread& t : helpers) t.join();
+  WPREP_RETURN_IF_ERROR(rest);
   for (const absl::Status& s : status) WPREP_RETURN_IF_ERROR(s);
   return absl::OkStatus();
 }
