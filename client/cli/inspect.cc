@@ -66,8 +66,8 @@ void PrintPlan(const auto& input_shape, const auto& input_strides, uint64_t inpu
               layout.c_str(), conversion.c_str(), contract_version);
 }
 
-#if defined(WPREP_CLI_REMOTE)
-// "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx", as nvidia-smi names a GPU.
+}  // namespace
+
 std::string UuidString(const std::string& b) {
   if (b.size() != 16) return absl::StrCat("(", b.size(), "-byte uuid)");
   std::string s = "GPU-";
@@ -77,9 +77,6 @@ std::string UuidString(const std::string& b) {
   }
   return s;
 }
-#endif
-
-}  // namespace
 
 int FailLine(const absl::Status& s) {
   const std::string msg = absl::StrReplaceAll(s.message(), {{"\r", " "}, {"\n", " "}});

@@ -19,6 +19,10 @@ int FailLine(const absl::Status& s);
 int PlanCommand(const std::vector<std::string>& args);
 int DevicesCommand(const std::vector<std::string>& args);
 
+// "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx" of 16 UUID bytes, as nvidia-smi names a GPU
+// ("(N-byte uuid)" for any other length).
+std::string UuidString(const std::string& bytes);
+
 
 }  // namespace wprep::cli
 

@@ -15,6 +15,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "flags.h"
+#include "inspect.h"
 #include "progress.h"
 #include "wprep/client/client.h"
 #include "wprep/client/weights.h"
@@ -80,14 +81,6 @@ std::string Hex(const std::string& bytes) {
   return out;
 }
 
-// "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx" of 16 UUID bytes, as nvidia-smi names a GPU.
-std::string GpuName(const std::string& b) {
-  const std::string h = Hex(b);
-  if (b.size() != 16) return absl::StrCat("(", b.size(), "-byte uuid)");
-  return absl::StrCat("GPU-", h.substr(0, 8), "-", h.substr(8, 4), "-", h.substr(12, 4), "-", h.substr(16, 4), "-",
-                      h.substr(20));
-}
-
 // --gpu into the request: an index into the daemon's ListDevices, or a UUID.
 absl::Status SetGpu(const std::string& gpu, v1::LoadWeightsRequest* req) {
   int index = -1;
@@ -109,7 +102,7 @@ absl::Status SetGpu(const std::string& gpu, v1::LoadWeightsRequest* req) {
 void PrintManifest(const v1::WeightManifest& m, uint32_t attachments, bool tensors) {
   std::printf("%s  %s  %s  %d tensors  on %s  attachments %u  sha256 %s\n", m.name().c_str(), m.path().c_str(),
               Progress::Bytes(m.total_bytes()).c_str(), m.tensors_size(),
-              m.device_uuid().empty() ? "host" : GpuName(m.device_uuid()).c_str(), attachments,
+              m.device_uuid().empty() ? "host" : UuidString(m.device_uuid()).c_str(), attachments,
               Hex(m.source_checksum()).c_str());
   if (!tensors) return;
   for (const v1::WeightTensor& t : m.tensors()) {

@@ -37,7 +37,7 @@ import grpc
 import numpy as np
 
 from ._errors import WprepError, from_rpc_error
-from ._requests import uuid_bytes
+from ._requests import _uuid_string, uuid_bytes
 from ._spec import LayoutIdentity, Spec
 from .v1 import wprep_pb2 as pb
 
@@ -535,7 +535,7 @@ class AttachedWeights(Mapping[str, Any]):
         index = ipc.device_index_of_uuid(self.manifest.device_uuid)
         if index is None:
             raise WprepError(grpc.StatusCode.FAILED_PRECONDITION,
-                             f"weight set {self.manifest.name!r} is on GPU {_gpu_name(self.manifest.device_uuid)}, "
+                             f"weight set {self.manifest.name!r} is on GPU {_uuid_string(self.manifest.device_uuid)}, "
                              f"which this process does not see (CUDA_VISIBLE_DEVICES?)", "AttachWeights")
         self.device = torch.device("cuda", index)
         opened = ipc.OpenedIpc(self.ipc_handle, index, max(self.manifest.total_bytes, 1))
@@ -687,8 +687,3 @@ def _torch_view(torch: Any, flat: "torch.Tensor", t: WeightTensor) -> "torch.Ten
     if any(d == 0 for d in t.shape):
         return torch.empty(t.shape, dtype=dtype, device=flat.device)
     return flat[t.offset:t.offset + t.bytes].view(dtype).as_strided(t.shape, t.strides)
-
-
-def _gpu_name(uuid: bytes) -> str:
-    h = bytes(uuid).hex()
-    return f"GPU-{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}" if len(uuid) == 16 else repr(uuid)
