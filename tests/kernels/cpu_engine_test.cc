@@ -343,14 +343,7 @@ TEST(CpuStrided, TransposedCheckpointScaleViewsEqualTheDenseSwizzle) {
         for (int64_t c = 0; c < n; ++c) dense[(x * g + k) * n + c] = checkpoint[(x * n + c) * g + k];
       }
     }
-    std::vector<int64_t> strides;
-    for (size_t i = 0; i + 2 < r; ++i) {
-      int64_t inner = n * g;
-      for (size_t j = i + 1; j + 2 < r; ++j) inner *= shape[j];
-      strides.push_back(inner);
-    }
-    strides.push_back(1);
-    strides.push_back(g);
+    const std::vector<int64_t> strides = testing::CheckpointScaleViewStrides(shape);
     for (Layout layout : {Layout::kBlackwellScale, Layout::kHopperScale}) {
       ConversionSpec spec;
       spec.layout = layout;

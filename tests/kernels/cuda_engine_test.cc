@@ -349,14 +349,7 @@ TEST_F(GpuTest, LoaderTransposedScaleViewsEqualTheCpuEngine) {
     int64_t e = 1;
     for (size_t i = 0; i + 2 < r; ++i) e *= shape[i];
     const auto checkpoint = testing::RandomBytes(static_cast<uint64_t>(e * n * k32), 6);
-    std::vector<int64_t> strides;
-    for (size_t i = 0; i + 2 < r; ++i) {
-      int64_t inner = n * k32;
-      for (size_t j = i + 1; j + 2 < r; ++j) inner *= shape[j];
-      strides.push_back(inner);
-    }
-    strides.push_back(1);
-    strides.push_back(k32);
+    const std::vector<int64_t> strides = testing::CheckpointScaleViewStrides(shape);
     const InputBinding view{strides, checkpoint.size()};
     for (const ConversionSpec& spec : testing::SweepSpecs()) {
       if (spec.direction != Direction::kSwizzle ||

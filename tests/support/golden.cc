@@ -261,6 +261,20 @@ std::vector<uint8_t> RandomBytes(uint64_t n, uint64_t seed) {
   return out;
 }
 
+std::vector<int64_t> CheckpointScaleViewStrides(const std::vector<int64_t>& shape) {
+  const size_t r = shape.size();
+  const int64_t g = shape[r - 2], n = shape[r - 1];
+  std::vector<int64_t> strides(r);
+  strides[r - 2] = 1;
+  strides[r - 1] = g;
+  int64_t inner = n * g;
+  for (size_t i = r - 2; i-- > 0;) {
+    strides[i] = inner;
+    inner *= shape[i];
+  }
+  return strides;
+}
+
 StridedInput MakeStridedInput(const Plan& dense_plan, const std::vector<uint8_t>& dense,
                               int64_t pad) {
   const std::vector<int64_t>& shape = dense_plan.input_shape;

@@ -94,6 +94,10 @@ StridedInput MakeStridedInput(const Plan& dense_plan, const std::vector<uint8_t>
 StridedInput MakePermutedInput(const std::vector<int64_t>& shape, const std::vector<uint8_t>& dense,
                                const std::vector<int>& inner_first, int64_t step, int64_t pad);
 
+// Byte strides of the scale view [..., K/32, N] (`shape`) that loaders pass over a dense
+// checkpoint [..., N, K/32]: the leading dims dense, then [1, K/32].
+std::vector<int64_t> CheckpointScaleViewStrides(const std::vector<int64_t>& shape);
+
 // The specs the property tests sweep: every layout, direction and packing axis, with
 // parameters that reach every tile (Blackwell tilings with tile_k a multiple of 16 and
 // not, tile_n not a multiple of 8; Hopper scale num_warps 1 .. 16).
