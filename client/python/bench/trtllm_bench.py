@@ -19,6 +19,9 @@ FlashInfer's trtllm-gen fused MoE (docs/TRTLLM_GEN.md, sections 0-8) three ways,
   whole model --layers layers (36 = all of gpt-oss-120b), one prepare_layer per layer, and all of
               them in one prepare_layers batch, into
               preallocated outputs, then torch.cuda.synchronize(); vs the copy of all layers.
+              --sources N keeps N distinct input layers that layer l reads as input l mod N, the
+              way a loader stages the checkpoint's layers through a few buffers: the outputs of
+              all 36 layers (69.5 GB) and two sources fit an 80 GB card, 36 of each do not.
 
     WPREPD=build/server/wprepd PYTHONPATH=client/python python3 client/python/bench/trtllm_bench.py
     ... --device cpu --experts 4 --hidden 256 --layers 2 --reps 3     # CPU smoke run (bytes, no IPC)
@@ -391,6 +394,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--layers", type=int, default=36, help="layers of the whole-model part (gpt-oss-120b: 36)")
+    ap.add_argument("--sources", type=int, default=0,
+                    help="distinct input layers, reused in turn (0: one per layer; 2 fits gpt-oss-120b on 80 GB)")
     ap.add_argument("--wprepd", default=os.environ.get("WPREPD") or str(REPO / "build" / "server" / "wprepd"))
     ap.add_argument("--socket", default="/tmp/wprep-bench.sock")
     ap.add_argument("--target", default=None, help="use this running daemon instead of starting one")
@@ -411,29 +416,32 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     assert h % 32 == 0 and i % 32 == 0, "H and I must be multiples of 32"
     bias_dtype = torch.float32 if a.bias_dtype == "float32" else torch.bfloat16
     L = max(1, a.layers)
+    S = L if a.sources <= 0 else min(L, a.sources)
     timer = Timer(cuda)
     res: Dict[str, Any] = {
         "device": torch.cuda.get_device_name() if cuda else "cpu", "torch": torch.__version__,
         "experts": e, "hidden": h, "intermediate": i, "bias_dtype": a.bias_dtype, "align": ALIGN,
-        "reps": a.reps, "warmup": a.warmup, "layers": L, "timing": "cuda events" if cuda else "wall clock",
+        "reps": a.reps, "warmup": a.warmup, "layers": L, "sources": S, "timing": "cuda events" if cuda else "wall clock",
     }
     failures: List[str] = []
 
-    # Every buffer allocated once: L layers of inputs and of outputs (gpt-oss-120b: 1.70 GB in and
-    # 1.93 GB out per layer, 130 GB for 36 layers), plus the upstream way's transient peak (~7 GB).
+    # Every buffer allocated once: S layers of inputs and L of outputs (gpt-oss-120b: 1.70 GB in
+    # and 1.93 GB out per layer, 130 GB for 36 of each), plus the upstream way's transient peak
+    # (~7 GB).
     if cuda:
         bsize = torch.empty((), dtype=bias_dtype).element_size()
-        per_layer = sum(math.prod(sh) * (bsize if k.startswith("b") else 1) for k, sh in in_shapes(e, h, i).items())
-        per_layer += sum(math.prod(sh) * (4 if k.startswith("b") else 1) for k, sh in out_shapes(e, h, i).items())
+        in_layer = sum(math.prod(sh) * (bsize if k.startswith("b") else 1) for k, sh in in_shapes(e, h, i).items())
+        out_layer = sum(math.prod(sh) * (4 if k.startswith("b") else 1) for k, sh in out_shapes(e, h, i).items())
         free, _ = torch.cuda.mem_get_info()
-        need = L * per_layer + 4 * per_layer
+        need = S * in_layer + L * out_layer + 2 * (in_layer + out_layer)
         if need > free:
-            print(f"warning: {L} layers need about {need / GIB:.1f} GiB with the upstream way's peak, "
-                  f"{free / GIB:.1f} GiB free; try --layers {max(1, int(free // per_layer) - 4)}",
+            print(f"warning: {L} layers from {S} sources need about {need / GIB:.1f} GiB with the upstream way's "
+                  f"peak, {free / GIB:.1f} GiB free; try --sources 2 or fewer --layers",
                   file=sys.stderr, flush=True)
     gen = torch.Generator(device=dev)
     gen.manual_seed(a.seed)
-    layers = [make_layer(e, h, i, bias_dtype, dev, gen) for _ in range(L)]
+    sources = [make_layer(e, h, i, bias_dtype, dev, gen) for _ in range(S)]
+    layers = [sources[li % S] for li in range(L)]
     outs = [make_outputs(e, h, i, dev) for _ in range(L)]
     in_bytes = sum(nbytes(t) for t in layers[0].values())
     out_bytes = sum(nbytes(t) for t in outs[0].values())
@@ -441,6 +449,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     timer.sync()
     print(f"{res['device']}, torch {torch.__version__}: {e} experts, H {h}, I {i}, bias {a.bias_dtype}; "
           f"one layer {in_bytes / 1e6:.3f} MB in, {out_bytes / 1e6:.3f} MB out; {L} layers allocated"
+          + ("" if S == L else f" (inputs: {S} distinct layers, layer l reads input l mod {S})")
           + (f" ({torch.cuda.memory_allocated() / GIB:.1f} GiB)" if cuda else ""), flush=True)
 
     x0 = layers[0]
@@ -540,12 +549,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             reg_ms = reg_all = None
             split = {}
             if cuda:
-                client.register([t for d in layers + outs for t in d.values()])
+                client.register([t for d in sources + outs for t in d.values()])
                 reg_ms, reg_all = timer.median(wprep_model_one_batch, mreps, 1)
                 splits = [call_split(client, daemon, wprep_model_one_batch, timer) for _ in range(3)]
                 if all(splits):
                     split = {k: statistics.median(sp[k] for sp in splits) for k in splits[0]}
-            res["whole_model"] = {"layers": L, "ms": model_ms, "all_ms": model_all, "copy_ms": mcopy_ms,
+            res["whole_model"] = {"layers": L, "sources": S, "ms": model_ms, "all_ms": model_all, "copy_ms": mcopy_ms,
                                   "ratio_to_copy": model_ms / mcopy_ms, "bytes_in": L * in_bytes,
                                   "bytes_out": L * out_bytes, "one_batch_ms": batch_ms, "one_batch_all_ms": batch_all,
                                   "one_batch_ratio_to_copy": batch_ms / mcopy_ms,
