@@ -32,7 +32,7 @@ namespace v1 = wprep::v1;
 flags::FlagSet WeightsFlags() {
   flags::FlagSet fs = CommandFlags(
       "weights",
-      "usage: wprep weights load NAME PATH [--rules RULES] [--gpu GPU] [--progress MODE]\n"
+      "usage: wprep weights load NAME PATH [--rules RULES] [--gpu GPU [--vmm]] [--progress MODE]\n"
       "       wprep weights list [--tensors]\n"
       "       wprep weights show NAME\n"
       "       wprep weights drop NAME [--force]\n"
@@ -54,6 +54,8 @@ flags::FlagSet WeightsFlags() {
   fs.String("gpu", "GPU", "",
             "load: keep the set on this GPU of the daemon's: its UUID (GPU-xxxxxxxx-..., as nvidia-smi -L "
             "prints it) or its index in the daemon's list (wprep devices)");
+  fs.Switch("vmm", "load: with --gpu, keep the set in CUDA virtual memory (cuMemCreate); engines attach "
+            "over the daemon's Unix socket, mapping it from a file descriptor instead of a legacy IPC handle");
   fs.String("progress", "MODE", "auto", "load: auto (a bar on a terminal), bar, lines or none");
   fs.Switch("tensors", "list: every set's tensors too");
   fs.Switch("force", "drop: even while engines are attached (their attachments end)");
@@ -100,9 +102,10 @@ absl::Status SetGpu(const std::string& gpu, v1::LoadWeightsRequest* req) {
 }
 
 void PrintManifest(const v1::WeightManifest& m, uint32_t attachments, bool tensors) {
-  std::printf("%s  %s  %s  %d tensors  on %s  attachments %u  sha256 %s\n", m.name().c_str(), m.path().c_str(),
+  std::printf("%s  %s  %s  %d tensors  on %s%s  attachments %u  sha256 %s\n", m.name().c_str(), m.path().c_str(),
               Progress::Bytes(m.total_bytes()).c_str(), m.tensors_size(),
-              m.device_uuid().empty() ? "host" : UuidString(m.device_uuid()).c_str(), attachments,
+              m.device_uuid().empty() ? "host" : UuidString(m.device_uuid()).c_str(), m.vmm() ? " (vmm)" : "",
+              attachments,
               Hex(m.source_checksum()).c_str());
   if (!tensors) return;
   for (const v1::WeightTensor& t : m.tensors()) {
@@ -118,6 +121,7 @@ absl::Status Load(client::WeightSets& sets, const Flags& flags) {
   req.set_name(flags.positional()[1]);
   req.set_path(flags.positional()[2]);
   if (const std::string* gpu = flags.Get("--gpu")) WPREP_RETURN_IF_ERROR(SetGpu(*gpu, &req));
+  req.set_vmm(flags.Has("--vmm"));
   if (const std::string* rules = flags.Get("--rules")) {
     WPREP_ASSIGN_OR_RETURN(std::vector<v1::WeightRule> parsed, ParseWeightRules(*rules));
     for (auto& r : parsed) *req.add_rules() = std::move(r);
@@ -243,6 +247,9 @@ int WeightsCommand(const std::vector<std::string>& args) {
   if (verb != "load" && flags->Has("--rules")) return Fail(absl::InvalidArgumentError("--rules is for load"));
   if (verb != "drop" && flags->Has("--force")) return Fail(absl::InvalidArgumentError("--force is for drop"));
   if (verb != "load" && flags->Has("--gpu")) return Fail(absl::InvalidArgumentError("--gpu is for load"));
+  if (flags->Has("--vmm") && !flags->Has("--gpu")) {
+    return Fail(absl::InvalidArgumentError("--vmm is for load --gpu: a set in host memory is a shared-memory file"));
+  }
   const std::string* target_flag = flags->Get("--target");
   const std::string target = target_flag ? *target_flag : "unix:///tmp/wprepd.sock";
   client::WeightSets sets(target);

@@ -26,6 +26,7 @@
 #include "rpc/reflection_v1.h"
 #include "net/idle_spinners.h"
 #include "rpc/host_budget.h"
+#include "net/handle_socket.h"
 #include "net/listener.h"
 #include "device/device_runtime.h"
 #include "exec/executor.h"
@@ -157,6 +158,11 @@ struct DaemonParts {
   std::unique_ptr<grpc::Server> health_server;
   std::unique_ptr<AcceptLoop> accept_loop;
   std::unique_ptr<AcceptLoop> health_accept_loop;
+  // Where clients fetch the descriptors of weight sets in CUDA virtual memory: one Unix
+  // socket "<path>.handles" next to each Unix API socket (handle_socket.h), when GPUs are
+  // served.
+  std::vector<std::unique_ptr<ListeningSocket>> handle_sockets;
+  std::unique_ptr<AcceptLoop> handle_accept_loop;
   std::vector<std::string> warmup_targets;
   uint64_t refused_reported = 0;  // Serve's thread only
 
@@ -321,6 +327,28 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const Options& options, De
     WPREP_RETURN_IF_ERROR(p->health_accept_loop->Start());
   }
 
+  if (!p->devices->cpu_engine()) {
+    for (size_t i = 0; i < p->plain_sockets; ++i) {
+      if (!p->sockets[i]->is_unix()) continue;
+      WPREP_ASSIGN_OR_RETURN(std::unique_ptr<ListeningSocket> hs,
+                             ListeningSocket::Bind(absl::StrCat(p->sockets[i]->address(), kHandleSocketSuffix)));
+      p->handle_sockets.push_back(std::move(hs));
+    }
+  }
+  if (!p->handle_sockets.empty()) {
+    std::vector<const ListeningSocket*> hl;
+    for (const auto& sock : p->handle_sockets) hl.push_back(sock.get());
+    // One connection at a time, each bounded by ServeHandleConnection's timeout: a slow
+    // client delays other descriptor fetches, never the API.
+    p->handle_accept_loop = std::make_unique<AcceptLoop>(hl, p->acceptor.get(), [w = p->weights.get()](int fd, size_t) {
+      ServeHandleConnection(fd, [w](absl::string_view token, const PeerCredentials& peer) -> absl::StatusOr<HandedFd> {
+        WPREP_ASSIGN_OR_RETURN(VmmExport e, w->TakeVmmHandle(std::string(token), peer.pid));
+        return HandedFd{e.fd, e.bytes};
+      });
+    });
+    WPREP_RETURN_IF_ERROR(p->handle_accept_loop->Start());
+  }
+
   std::string port_text;
   for (size_t i = 0; i < p->sockets.size(); ++i) {
     const ListeningSocket& sock = *p->sockets[i];
@@ -430,8 +458,10 @@ bool Daemon::Drain(absl::string_view why) {
   p.accept_loop->Stop();
   if (p.tls) p.tls->Stop();
   if (p.health_accept_loop) p.health_accept_loop->Stop();
+  if (p.handle_accept_loop) p.handle_accept_loop->Stop();
   p.sockets.clear();
   p.health_socket.reset();
+  p.handle_sockets.clear();
   p.health->Shutdown();
   p.probe_health->Shutdown();
   if (p.preload_thread.joinable()) {

@@ -1,7 +1,9 @@
 #include "fake_runtime.h"
 
+#include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstring>
@@ -177,11 +179,60 @@ absl::StatusOr<void*> FakeRuntime::AllocateShared(int gpu, uint64_t bytes) {
 void FakeRuntime::FreeShared(int gpu, void* ptr) {
   {
     absl::MutexLock lock(&mu_);
+    auto vmm = shared_vmm_.find(ptr);
+    if (vmm != shared_vmm_.end()) {
+      munmap(ptr, vmm->second.bytes);
+      close(vmm->second.memfd);
+      counts_[static_cast<size_t>(vmm->second.gpu)].device_bytes_now -= vmm->second.bytes;
+      shared_vmm_.erase(vmm);
+      return;
+    }
     for (auto& [handle, a] : exported_) {
       if (a->bytes == nullptr && a->data == ptr) a->freed_by_owner = true;
     }
   }
   (void)FreeAsync(gpu, ptr, nullptr);
+}
+
+absl::StatusOr<void*> FakeRuntime::AllocateSharedVmm(int gpu, uint64_t bytes) {
+  if (absl::Status s = CheckGpu(gpu); !s.ok()) return s;
+  constexpr uint64_t kGranularity = 2u << 20;
+  const uint64_t size = (std::max<uint64_t>(bytes, 1) + kGranularity - 1) / kGranularity * kGranularity;
+  absl::MutexLock lock(&mu_);
+  Counts& c = counts_[static_cast<size_t>(gpu)];
+  const uint64_t cap = capacity_[static_cast<size_t>(gpu)];
+  if (cap != 0 && c.device_bytes_now + size > cap) {
+    return absl::ResourceExhaustedError(absl::StrCat("fake GPU ", gpu, " is out of memory"));
+  }
+  const int fd = memfd_create("wprep-fake-vmm", MFD_CLOEXEC);
+  if (fd < 0) return absl::ResourceExhaustedError("memfd_create failed");
+  void* p = MAP_FAILED;
+  if (ftruncate(fd, static_cast<off_t>(size)) == 0) {
+    p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  }
+  if (p == MAP_FAILED) {
+    close(fd);
+    return absl::ResourceExhaustedError("fake VMM allocation failed");
+  }
+  shared_vmm_[p] = SharedVmm{gpu, fd, size};
+  c.device_bytes_now += size;
+  c.device_bytes_peak = std::max(c.device_bytes_peak, c.device_bytes_now);
+  return p;
+}
+
+absl::StatusOr<server::VmmExport> FakeRuntime::ExportVmm(int gpu, void* ptr) {
+  if (absl::Status s = CheckGpu(gpu); !s.ok()) return s;
+  absl::MutexLock lock(&mu_);
+  auto it = shared_vmm_.find(ptr);
+  if (it == shared_vmm_.end() || it->second.gpu != gpu) return absl::NotFoundError("no fake VMM allocation there");
+  const int fd = fcntl(it->second.memfd, F_DUPFD_CLOEXEC, 0);
+  if (fd < 0) return absl::ResourceExhaustedError("dup of the memfd failed");
+  return server::VmmExport{fd, it->second.bytes};
+}
+
+int FakeRuntime::vmm_shared_now() const {
+  absl::MutexLock lock(&mu_);
+  return static_cast<int>(shared_vmm_.size());
 }
 
 absl::StatusOr<std::string> FakeRuntime::ExportIpc(int gpu, void* ptr) {

@@ -110,6 +110,13 @@ class FakeRuntime final : public server::DeviceRuntime {
   absl::StatusOr<void*> AllocateShared(int gpu, uint64_t bytes) override;
   void FreeShared(int gpu, void* ptr) override;
   absl::StatusOr<std::string> ExportIpc(int gpu, void* ptr) override;
+  // A memfd mapped shared stands in for the physical chunk, granularity 2 MiB; its
+  // export is a duplicate of the memfd, which a client maps with mmap. Counts as device
+  // memory too.
+  absl::StatusOr<void*> AllocateSharedVmm(int gpu, uint64_t bytes) override;
+  absl::StatusOr<server::VmmExport> ExportVmm(int gpu, void* ptr) override;
+  // AllocateSharedVmm allocations not yet freed.
+  int vmm_shared_now() const;
   absl::StatusOr<void*> AllocatePinned(uint64_t bytes) override;
   void FreePinned(void* ptr) override;
   absl::StatusOr<server::Event> CreateEvent(int gpu) override;
@@ -167,6 +174,12 @@ class FakeRuntime final : public server::DeviceRuntime {
     bool ipc = false;
   };
   std::map<void*, uint64_t> vmm_ranges_ ABSL_GUARDED_BY(mu_);  // base -> bytes
+  struct SharedVmm {
+    int gpu = 0;
+    int memfd = -1;
+    uint64_t bytes = 0;
+  };
+  std::map<void*, SharedVmm> shared_vmm_ ABSL_GUARDED_BY(mu_);  // base -> its memfd
   std::map<std::string, int> event_handles_ ABSL_GUARDED_BY(mu_);  // handle -> gpu
   std::set<Stream> waited_streams_ ABSL_GUARDED_BY(mu_);  // waited for a client's event
   bool hold_event_waits_ ABSL_GUARDED_BY(mu_) = false;

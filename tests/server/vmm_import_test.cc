@@ -7,12 +7,15 @@
 #include <signal.h>
 #include <spawn.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -35,6 +38,8 @@
 #include "gtest/gtest.h"
 #include "net/peer_credentials.h"
 #include "rpc/vmm_import.h"
+#include "safetensors_files.h"
+#include "wprep/client/weights.h"
 #include "wprep/server/daemon.h"
 #include "wprep/server/options.h"
 #include "wprep/v1/wprep.grpc.pb.h"
@@ -282,11 +287,12 @@ TEST(VmmFdPassing, SameFileTellsDuplicatesFromOtherFiles) {
 
 class FakeGpuDaemon {
  public:
-  FakeGpuDaemon() {
+  explicit FakeGpuDaemon(const std::vector<std::string>& extra_flags = {}) {
     target_ = "unix://" + dir_.File("wprepd.sock");
     std::vector<std::string> flags = {"--listen=" + target_, "--listen=127.0.0.1:0",
                                       "--metrics-address=127.0.0.1:0", "--port-file=" + dir_.File("ports"),
                                       "--cpu-threads=2", "--drain-timeout=10s"};
+    flags.insert(flags.end(), extra_flags.begin(), extra_flags.end());
     absl::StatusOr<server::Options> o = server::ParseOptions(flags);
     if (!o.ok()) {
       error_ = o.status().ToString();
@@ -327,6 +333,7 @@ class FakeGpuDaemon {
   bool ok() const { return serving_; }
   const std::string& error() const { return error_; }
   const std::string& target() const { return target_; }
+  std::string socket_path() const { return target_.substr(7); }  // after "unix://"
   const std::string& tcp_target() const { return tcp_target_; }
   FakeRuntime& fake() { return *runtime_; }
   const TempDir& dir() const { return dir_; }
@@ -696,6 +703,142 @@ TEST(VmmDaemon, QuantizeItemsReadAndWriteVmmBuffers) {
   close(src);
   close(vals);
   close(scl);
+}
+
+// ---------------------------------------------------------------------------------------
+// Weight sets in CUDA virtual memory: the descriptor goes over the handle socket.
+
+// The status code a child process gets for `token` on the handle socket at `path`: the
+// child speaks the protocol with raw system calls only (it is forked from a process with
+// threads) and exits with the reply's code.
+int ChildFetchCode(const std::string& path, const std::string& token) {
+  const pid_t child = fork();
+  if (child == 0) {
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
+    const int sock = socket(AF_UNIX, SOCK_STREAM, 0);
+    uint8_t header[16] = {};
+    if (sock < 0 || connect(sock, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) != 0 ||
+        write(sock, token.data(), token.size()) != static_cast<ssize_t>(token.size()) ||
+        recv(sock, header, sizeof(header), MSG_WAITALL) != static_cast<ssize_t>(sizeof(header))) {
+      _exit(100);
+    }
+    _exit(header[0]);
+  }
+  int status = 0;
+  waitpid(child, &status, 0);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+class WeightSetVmm : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::filesystem::create_directories(root_.path() + "/ck");
+    WriteSafetensors(root_.path() + "/ck/model.safetensors", tensors_);
+  }
+  v1::LoadWeightsRequest LoadRequest(const std::string& name, bool vmm) const {
+    v1::LoadWeightsRequest r;
+    r.set_name(name);
+    r.set_path("ck");
+    r.set_device_uuid(FakeGpuDaemon::Uuid());
+    r.set_vmm(vmm);
+    return r;
+  }
+
+  TempDir root_;
+  std::vector<Tensor> tensors_ = {{"big", "U8", {3, 5000}, Pattern(15000, 3)},
+                                  {"embed", "BF16", {16, 8}, Pattern(16 * 8 * 2, 4)}};
+};
+
+TEST_F(WeightSetVmm, TheAttachingProcessFetchesTheDescriptorOnceAndMapsTheSetsBytes) {
+  FakeGpuDaemon d({"--weights-root=" + root_.path()});
+  ASSERT_TRUE(d.ok()) << d.error();
+  client::WeightSets sets(d.target());
+  absl::StatusOr<v1::LoadWeightsResponse> loaded = sets.Load(LoadRequest("v", true));
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  const v1::WeightManifest& m = loaded->manifest();
+  EXPECT_TRUE(m.vmm());
+  EXPECT_EQ(d.fake().vmm_shared_now(), 1);
+
+  absl::StatusOr<std::unique_ptr<client::WeightSets::Attachment>> a = sets.Attach("v");
+  ASSERT_TRUE(a.ok()) << a.status();
+  const v1::AttachWeightsResponse& info = (*a)->info();
+  EXPECT_TRUE(info.ipc_handle().empty());
+  ASSERT_EQ(info.vmm().token().size(), 16u);
+
+  absl::StatusOr<client::VmmDescriptor> got = client::FetchVmmDescriptor(d.socket_path(), info.vmm().token());
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_GE(got->chunk_bytes, m.total_bytes());
+  EXPECT_EQ(got->chunk_bytes % (2u << 20), 0u);  // the fake's granularity
+  void* base = mmap(nullptr, got->chunk_bytes, PROT_READ, MAP_SHARED, got->fd, 0);
+  ASSERT_NE(base, MAP_FAILED);
+  close(got->fd);
+  ASSERT_EQ(m.tensors_size(), 2);
+  for (const v1::WeightTensor& t : m.tensors()) {
+    const Tensor& want = t.name() == "big" ? tensors_[0] : tensors_[1];
+    ASSERT_EQ(t.bytes(), want.bytes.size()) << t.name();
+    EXPECT_EQ(std::memcmp(static_cast<const uint8_t*>(base) + t.offset(), want.bytes.data(), want.bytes.size()), 0)
+        << t.name();
+  }
+
+  // Once: the same token again, a made-up one, and this attachment's token from another
+  // process are all refused alike.
+  absl::StatusOr<client::VmmDescriptor> again = client::FetchVmmDescriptor(d.socket_path(), info.vmm().token());
+  EXPECT_EQ(again.status().code(), absl::StatusCode::kPermissionDenied) << again.status();
+  EXPECT_TRUE(absl::StrContains(again.status().message(), "serves once")) << again.status();
+  EXPECT_EQ(client::FetchVmmDescriptor(d.socket_path(), std::string(16, 'x')).status().code(),
+            absl::StatusCode::kPermissionDenied);
+  absl::StatusOr<std::unique_ptr<client::WeightSets::Attachment>> b = sets.Attach("v");
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_EQ(ChildFetchCode(d.socket_path() + ".handles", (*b)->info().vmm().token()),
+            static_cast<int>(absl::StatusCode::kPermissionDenied));
+  // ... and a detached attachment's token.
+  const std::string b_token = (*b)->info().vmm().token();
+  ASSERT_TRUE((*b)->Detach().ok());
+  EXPECT_EQ(client::FetchVmmDescriptor(d.socket_path(), b_token).status().code(),
+            absl::StatusCode::kPermissionDenied);
+  // A short token, then silence: the daemon answers DEADLINE_EXCEEDED and serves on.
+  EXPECT_EQ(ChildFetchCode(d.socket_path() + ".handles", "short"),
+            static_cast<int>(absl::StatusCode::kDeadlineExceeded));
+
+  // Dropping frees the daemon's chunk; the mapping made from the descriptor stays valid.
+  ASSERT_TRUE((*a)->Detach().ok());
+  absl::StatusOr<uint64_t> freed = sets.Drop("v");
+  ASSERT_TRUE(freed.ok()) << freed.status();
+  EXPECT_EQ(d.fake().vmm_shared_now(), 0);
+  EXPECT_EQ(std::memcmp(static_cast<const uint8_t*>(base) + m.tensors(0).offset(), tensors_[0].bytes.data(), 64), 0);
+  munmap(base, got->chunk_bytes);
+}
+
+TEST_F(WeightSetVmm, RefusalsNameTheReasonAndChangeNothing) {
+  FakeGpuDaemon d({"--weights-root=" + root_.path()});
+  ASSERT_TRUE(d.ok()) << d.error();
+  client::WeightSets sets(d.target());
+  // vmm for a host set.
+  v1::LoadWeightsRequest host = LoadRequest("h", true);
+  host.clear_device_uuid();
+  absl::StatusOr<v1::LoadWeightsResponse> r = sets.Load(host);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << r.status();
+  EXPECT_TRUE(absl::StrContains(r.status().message(), "vmm:")) << r.status();
+  // A VMM set attached over TCP: its descriptor cannot travel there.
+  ASSERT_TRUE(sets.Load(LoadRequest("v", true)).ok());
+  ASSERT_FALSE(d.tcp_target().empty());
+  client::WeightSets tcp(d.tcp_target());
+  absl::StatusOr<std::unique_ptr<client::WeightSets::Attachment>> a = tcp.Attach("v");
+  EXPECT_EQ(a.status().code(), absl::StatusCode::kFailedPrecondition) << a.status();
+  EXPECT_TRUE(absl::StrContains(a.status().message(), "Unix socket")) << a.status();
+  // A cudaMalloc set on the same daemon still attaches by its IPC handle, with no token.
+  ASSERT_TRUE(sets.Load(LoadRequest("legacy", false)).ok());
+  absl::StatusOr<std::unique_ptr<client::WeightSets::Attachment>> l = tcp.Attach("legacy");
+  ASSERT_TRUE(l.ok()) << l.status();
+  EXPECT_EQ((*l)->info().ipc_handle().size(), 64u);
+  EXPECT_FALSE((*l)->info().has_vmm());
+  EXPECT_FALSE((*l)->info().manifest().vmm());
+  ASSERT_TRUE((*l)->Detach().ok());
+  absl::StatusOr<v1::ListWeightsResponse> list = sets.List();
+  ASSERT_TRUE(list.ok());
+  EXPECT_EQ(list->sets_size(), 2);
 }
 
 }  // namespace

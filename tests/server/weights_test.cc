@@ -963,6 +963,13 @@ TEST_F(WeightsTest, CliLoadsListsShowsAndDrops) {
   EXPECT_EQ(RunCli("weights load x model.safetensors --gpu GPU-zz " + target, &out), 2);
   EXPECT_EQ(out.rfind("INVALID_ARGUMENT: --gpu", 0), 0u) << out;
   out.clear();
+  // --vmm: refused without --gpu before any call; with it, the daemon's GPU refusal.
+  EXPECT_EQ(RunCli("weights load x model.safetensors --vmm " + target, &out), 2);
+  EXPECT_EQ(out.rfind("INVALID_ARGUMENT: --vmm is for load --gpu", 0), 0u) << out;
+  out.clear();
+  EXPECT_EQ(RunCli("weights load x model.safetensors --gpu 0 --vmm " + target, &out), 2);
+  EXPECT_EQ(out.rfind("FAILED_PRECONDITION: device_index", 0), 0u) << out;
+  out.clear();
   EXPECT_EQ(RunCli("weights load x model.safetensors --rules 'a=nolayout' " + target, &out), 2);
   EXPECT_EQ(out.rfind("INVALID_ARGUMENT", 0), 0u) << out;
   out.clear();

@@ -1,6 +1,12 @@
 #include "wprep/client/weights.h"
 
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <chrono>
+#include <cstring>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -106,6 +112,63 @@ WeightSets::Attachment::~Attachment() {
   if (end_) return;
   ctx_->TryCancel();
   (void)ended();
+}
+
+absl::StatusOr<VmmDescriptor> FetchVmmDescriptor(const std::string& socket_path, const std::string& token) {
+  const std::string path = socket_path + ".handles";
+  sockaddr_un addr{};
+  if (path.size() >= sizeof(addr.sun_path)) {
+    return absl::InvalidArgumentError(absl::StrCat("handle socket path too long: ", path));
+  }
+  addr.sun_family = AF_UNIX;
+  std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
+  const int sock = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (sock < 0) return absl::UnavailableError(absl::StrCat("socket: ", std::strerror(errno)));
+  auto fail = [sock](absl::Status s) {
+    close(sock);
+    return s;
+  };
+  if (connect(sock, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) != 0) {
+    return fail(absl::UnavailableError(absl::StrCat("connect ", path, ": ", std::strerror(errno))));
+  }
+  if (send(sock, token.data(), token.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(token.size())) {
+    return fail(absl::UnavailableError(absl::StrCat("send to ", path, ": ", std::strerror(errno))));
+  }
+  uint8_t header[16];
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+  iovec iov{header, sizeof(header)};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = control;
+  msg.msg_controllen = sizeof(control);
+  const ssize_t n = recvmsg(sock, &msg, MSG_WAITALL | MSG_CMSG_CLOEXEC);
+  int fd = -1;
+  for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
+    if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS && c->cmsg_len >= CMSG_LEN(sizeof(int))) {
+      std::memcpy(&fd, CMSG_DATA(c), sizeof(int));
+    }
+  }
+  if (n != static_cast<ssize_t>(sizeof(header))) {
+    if (fd >= 0) close(fd);
+    return fail(absl::UnavailableError(absl::StrCat(path, ": the reply ended early")));
+  }
+  auto le = [&](int at, int bytes) {
+    uint64_t v = 0;
+    for (int i = bytes - 1; i >= 0; --i) v = (v << 8) | header[at + i];
+    return v;
+  };
+  const auto code = static_cast<absl::StatusCode>(le(0, 4));
+  if (code != absl::StatusCode::kOk) {
+    if (fd >= 0) close(fd);
+    std::string text;
+    char buf[512];
+    for (ssize_t r; text.size() < 4096 && (r = recv(sock, buf, sizeof(buf), 0)) > 0;) text.append(buf, static_cast<size_t>(r));
+    return fail(absl::Status(code, text));
+  }
+  close(sock);
+  if (fd < 0) return absl::InternalError(absl::StrCat(path, ": the reply carried no descriptor"));
+  return VmmDescriptor{fd, le(8, 8)};
 }
 
 }  // namespace wprep::client

@@ -605,3 +605,45 @@ def test_a_gpu_set_attaches_as_cuda_tensors_with_the_host_sets_bytes(gpu_wclient
                 c.drop_weights(n, force=True)
             except WprepError as e:
                 assert e.code == grpc.StatusCode.NOT_FOUND
+
+
+def test_a_vmm_gpu_set_attaches_from_its_descriptor_in_two_processes(gpu_wclient, wclient):
+    """A set on cuda:0 in CUDA virtual memory: the manifest says vmm, attach gives a token and
+    no IPC handle, the views (mapped from the descriptor fetched over the handle socket) equal
+    the host set's bytes, another process attaches the same way, and a spent token is refused."""
+    torch = torch_cuda()
+    r = gpu_wclient.load_weights("vmm1", "model.safetensors", rules=RULES, device="cuda:0", vmm=True, progress=None)
+    assert r.manifest.vmm
+    host = wclient.load_weights("host2", "model.safetensors", rules=RULES, progress=None)
+    try:
+        with gpu_wclient.attach_weights("vmm1") as g, wclient.attach_weights("host2") as h:
+            assert not g.ipc_handle and len(g.vmm_token) == 16
+            for t in g.manifest.tensors:
+                x = g[t.name]
+                assert x.is_cuda and tuple(x.shape) == t.shape and tuple(x.stride()) == t.strides
+                got = x.contiguous().view(torch.uint8).cpu().numpy().tobytes() if x.numel() else b""
+                assert got == h[t.name].tobytes(), f"{t.name}: VMM set differs from the host set"
+            name = next(t.name for t in g.manifest.tensors if t.bytes)
+            want = hashlib.sha256(g[name].contiguous().view(torch.uint8).cpu().numpy().tobytes()).hexdigest()
+            code = ("import hashlib, wprep, torch; from wprep import Client\n"
+                    f"c = Client({gpu_wclient.target!r})\n"
+                    "with c.attach_weights('vmm1') as w:\n"
+                    f"    x = w[{name!r}]\n"
+                    "    print(hashlib.sha256(x.contiguous().view(torch.uint8).cpu().numpy().tobytes()).hexdigest())\n")
+            out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                                 env={**os.environ, "PYTHONPATH": PACKAGE_DIR})
+            assert out.returncode == 0, out.stderr
+            assert out.stdout.strip() == want
+            # The token served once: a second fetch with it is refused.
+            from wprep._cuda import ipc
+            with pytest.raises(WprepError) as e:
+                ipc.fetch_vmm_descriptor(ipc.unix_socket_path(gpu_wclient.target), g.vmm_token)
+            assert e.value.code == grpc.StatusCode.PERMISSION_DENIED
+            del x
+        assert gpu_wclient.drop_weights("vmm1") == r.manifest.total_bytes
+    finally:
+        for c, n in ((gpu_wclient, "vmm1"), (wclient, "host2")):
+            try:
+                c.drop_weights(n, force=True)
+            except WprepError as e:
+                assert e.code == grpc.StatusCode.NOT_FOUND

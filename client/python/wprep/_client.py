@@ -558,14 +558,14 @@ class Client:
     # -- resident weight sets (wprep.weights) -------------------------------------------------
 
     def load_weights(self, name: str, path: str, *, rules: "weights.Rules" = None, device: Any = None,
-                     device_uuid: Union[None, bytes, str] = None, progress: Any = "auto",
+                     device_uuid: Union[None, bytes, str] = None, vmm: bool = False, progress: Any = "auto",
                      timeout: Optional[float] = None) -> "weights.LoadedWeights":
         """wprep.weights.load with this client: the daemon loads `path` (under its
         --weights-root), prepares what `rules` name, and keeps the set as `name` (on GPU
-        `device` / `device_uuid`, or in host memory)."""
+        `device` / `device_uuid`, in CUDA virtual memory with `vmm`, or in host memory)."""
         from . import weights
         return weights.load(name, path, rules=rules, client=self, device=device, device_uuid=device_uuid,
-                            progress=progress, timeout=timeout)
+                            vmm=vmm, progress=progress, timeout=timeout)
 
     def list_weights(self, *, with_tensors: bool = False, timeout: Optional[float] = None) -> "weights.WeightSets":
         """wprep.weights.list_sets with this client: the resident sets, budget and attachments."""

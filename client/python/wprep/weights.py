@@ -149,7 +149,8 @@ class WeightTensor:
 class WeightManifest:
     """What a set holds (wprep.v1.WeightManifest). tensors is empty in list_sets() unless
     with_tensors. source_checksum: SHA-256 over the safetensors headers' SHA-256s, in shard
-    order. device_uuid: the GPU holding the set; b"" for host memory."""
+    order. device_uuid: the GPU holding the set; b"" for host memory. vmm: a GPU set in CUDA
+    virtual memory (load(vmm=True))."""
 
     name: str
     path: str
@@ -157,11 +158,13 @@ class WeightManifest:
     total_bytes: int
     source_checksum: bytes
     device_uuid: bytes
+    vmm: bool = False
 
     @classmethod
     def from_proto(cls, p: pb.WeightManifest) -> "WeightManifest":
         return cls(name=p.name, path=p.path, tensors=tuple(WeightTensor.from_proto(t) for t in p.tensors),
-                   total_bytes=p.total_bytes, source_checksum=p.source_checksum, device_uuid=p.device_uuid)
+                   total_bytes=p.total_bytes, source_checksum=p.source_checksum, device_uuid=p.device_uuid,
+                   vmm=p.vmm)
 
     def tensor(self, name: str) -> WeightTensor:
         """The entry named `name`; KeyError if the set has none."""
@@ -383,6 +386,7 @@ def load(
     client: Optional["Client"] = None,
     device: Union[None, int, str, "torch.device"] = None,
     device_uuid: Union[None, bytes, str] = None,
+    vmm: bool = False,
     progress: Progress = "auto",
     timeout: Optional[float] = None,
 ) -> LoadedWeights:
@@ -393,7 +397,11 @@ def load(
     progress: a callable given each LoadProgress; "auto" (default) a bar on stderr when it is
     a terminal; "bar" or True always; None, False or "none" nothing. device: the GPU to keep
     the set on, as torch names it ("cuda:1", 1, a torch.device; needs torch), or device_uuid:
-    the same by UUID (16 bytes or "GPU-..."); neither: host memory, the CPU engine's.
+    the same by UUID (16 bytes or "GPU-..."); neither: host memory, the CPU engine's. vmm:
+    keep a GPU set in CUDA virtual memory (cuMemCreate) rather than cudaMalloc memory;
+    attach() then maps it from a file descriptor the daemon passes over its Unix socket
+    instead of a legacy IPC handle (what crosses containers that share only the socket's
+    directory).
     timeout: seconds for the whole load (default: the Client's). client: the daemon's Client
     (default: wprep.default_client()).
 
@@ -413,7 +421,8 @@ def load(
         if d.type != "cuda":
             raise ValueError(f"device {device!r}: a weight set is kept on a CUDA device or, without one, on the host")
         device_uuid = ipc.device_uuid(torch.cuda.current_device() if d.index is None else d.index)
-    req = pb.LoadWeightsRequest(name=name, path=path, rules=parse_rules(rules), device_uuid=uuid_bytes(device_uuid))
+    req = pb.LoadWeightsRequest(name=name, path=path, rules=parse_rules(rules), device_uuid=uuid_bytes(device_uuid),
+                                vmm=vmm)
     sink, bar = _progress_sink(progress)
     last = None
     try:
@@ -489,7 +498,9 @@ class AttachedWeights(Mapping[str, Any]):
     """An open attachment to a set: a read-only mapping of tensor name -> zero-copy view of the
     set's memory with the manifest's dtype, shape and strides. A host set's views are numpy
     arrays over the set's file, mapped read-only; a GPU set's are CUDA torch tensors on
-    `device`, over the set's allocation opened from its CUDA IPC handle (needs torch).
+    `device`, over the set's allocation opened from its CUDA IPC handle, or for a set in CUDA
+    virtual memory mapped from the descriptor fetched over the daemon's handle socket (needs
+    torch; a VMM set attaches over a Unix-socket Client only).
 
     manifest, attachment_id, shm_path / ipc_handle: what the daemon sent. identity(name): the
     layout identity of a converted tensor (None for a copy). torch_tensors(): the views as
@@ -514,7 +525,8 @@ class AttachedWeights(Mapping[str, Any]):
         self._by_name = {t.name: t for t in self.manifest.tensors}
         self._buffer: Union[mmap.mmap, bytes] = b""
         self._flat: Optional["torch.Tensor"] = None
-        if self.ipc_handle:
+        self.vmm_token: bytes = first.vmm.token
+        if self.ipc_handle or self.vmm_token:
             self._arrays: Dict[str, Any] = self._open_on_gpu()
             return
         if not self.shm_path:
@@ -538,7 +550,17 @@ class AttachedWeights(Mapping[str, Any]):
                              f"weight set {self.manifest.name!r} is on GPU {_uuid_string(self.manifest.device_uuid)}, "
                              f"which this process does not see (CUDA_VISIBLE_DEVICES?)", "AttachWeights")
         self.device = torch.device("cuda", index)
-        opened = ipc.OpenedIpc(self.ipc_handle, index, max(self.manifest.total_bytes, 1))
+        opened: Any
+        if self.vmm_token:
+            socket_path = ipc.unix_socket_path(self._client.target)
+            if socket_path is None:
+                raise WprepError(grpc.StatusCode.FAILED_PRECONDITION,
+                                 f"weight set {self.manifest.name!r} is in CUDA virtual memory: attach over the "
+                                 f"daemon's Unix socket, not {self._client.target}", "AttachWeights")
+            fd, chunk_bytes = ipc.fetch_vmm_descriptor(socket_path, self.vmm_token)
+            opened = ipc.OpenedVmm(fd, chunk_bytes, index, max(self.manifest.total_bytes, 1))
+        else:
+            opened = ipc.OpenedIpc(self.ipc_handle, index, max(self.manifest.total_bytes, 1))
         self._flat = torch.as_tensor(opened, device=self.device)
         return {t.name: _torch_view(torch, self._flat, t) for t in self.manifest.tensors}
 

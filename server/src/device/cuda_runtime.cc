@@ -2,8 +2,10 @@
 // cudart is linked statically and libcuda is never linked (its one entry point the
 // daemon needs, cuMemGetAddressRange, is resolved from the loaded driver at run time), so
 // wprepd starts on machines without a driver and serves with the CPU engine there.
+#include <algorithm>
 #include <cstring>
 #include <map>
+#include <optional>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -84,6 +86,12 @@ struct VmmDriver {
   CUresult (*device_get)(CUdevice*, int) = nullptr;
   CUresult (*attribute)(int*, CUdevice_attribute, CUdevice) = nullptr;
   bool ok = false;
+  // The calls that allocate and export (AllocateSharedVmm); `export_ok` when found.
+  CUresult (*create)(CUmemGenericAllocationHandle*, size_t, const CUmemAllocationProp*, unsigned long long) = nullptr;
+  CUresult (*export_handle)(void*, CUmemGenericAllocationHandle, CUmemAllocationHandleType,
+                            unsigned long long) = nullptr;
+  CUresult (*granularity)(size_t*, const CUmemAllocationProp*, CUmemAllocationGranularity_flags) = nullptr;
+  bool export_ok = false;
 };
 
 template <typename Fn>
@@ -107,6 +115,10 @@ const VmmDriver& Vmm() {
     v.ok = Resolve(&v.properties, "cuMemGetAllocationPropertiesFromHandle") && v.ok;
     v.ok = Resolve(&v.device_get, "cuDeviceGet") && v.ok;
     v.ok = Resolve(&v.attribute, "cuDeviceGetAttribute") && v.ok;
+    v.export_ok = v.ok;
+    v.export_ok = Resolve(&v.create, "cuMemCreate") && v.export_ok;
+    v.export_ok = Resolve(&v.export_handle, "cuMemExportToShareableHandle") && v.export_ok;
+    v.export_ok = Resolve(&v.granularity, "cuMemGetAllocationGranularity") && v.export_ok;
     return v;
   }();
   return d;
@@ -124,6 +136,21 @@ struct VmmRanges {
 VmmRanges& Ranges() {
   static VmmRanges* r = new VmmRanges();
   return *r;
+}
+
+// The daemon's own VMM allocations (AllocateSharedVmm), by base: the physical chunk,
+// kept for exports, and its bytes.
+struct OwnVmm {
+  CUmemGenericAllocationHandle handle = 0;
+  uint64_t bytes = 0;
+};
+struct OwnVmmAllocations {
+  absl::Mutex mu;
+  std::map<CUdeviceptr, OwnVmm> by_base ABSL_GUARDED_BY(mu);
+};
+OwnVmmAllocations& OwnAllocations() {
+  static OwnVmmAllocations* a = new OwnVmmAllocations();
+  return *a;
 }
 
 // Unmaps the first `mapped` chunks of the range at `base` and frees the range.
@@ -333,8 +360,101 @@ class Cuda final : public DeviceRuntime {
     return p;
   }
   void FreeShared(int gpu, void* ptr) override {
+    std::optional<OwnVmm> own;
+    {
+      OwnVmmAllocations& all = OwnAllocations();
+      absl::MutexLock lock(&all.mu);
+      auto it = all.by_base.find(reinterpret_cast<CUdeviceptr>(ptr));
+      if (it != all.by_base.end()) {
+        own = it->second;
+        all.by_base.erase(it);
+      }
+    }
+    if (own.has_value()) {
+      const VmmDriver& d = Vmm();
+      const auto base = reinterpret_cast<CUdeviceptr>(ptr);
+      if (cudaSetDevice(gpu) == cudaSuccess) cudaDeviceSynchronize();  // no kernel still uses it
+      d.unmap(base, own->bytes);
+      d.address_free(base, own->bytes);
+      d.release(own->handle);  // the memory goes once every importer has released it too
+      cudaGetLastError();
+      return;
+    }
     if (cudaSetDevice(gpu) == cudaSuccess) cudaFree(ptr);
     cudaGetLastError();
+  }
+  absl::StatusOr<void*> AllocateSharedVmm(int gpu, uint64_t bytes) override {
+    const VmmDriver& d = Vmm();
+    if (!d.export_ok) return absl::FailedPreconditionError("the CUDA driver lacks the virtual-memory API");
+    if (!VmmImportSupport(gpu).posix_fd) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("GPU ", gpu, " does not support POSIX file descriptor handles of virtual memory"));
+    }
+    WPREP_CUDA_RETURN_IF_ERROR(cudaSetDevice(gpu));  // the primary context is current
+    CUmemAllocationProp prop{};
+    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    prop.location.id = gpu;
+    prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+    size_t granularity = 0;
+    if (CUresult r = d.granularity(&granularity, &prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED);
+        r != CUDA_SUCCESS || granularity == 0) {
+      return absl::InternalError(absl::StrCat("cuMemGetAllocationGranularity failed with CUresult ", r));
+    }
+    const uint64_t size = (std::max<uint64_t>(bytes, 1) + granularity - 1) / granularity * granularity;
+    CUmemGenericAllocationHandle h = 0;
+    if (CUresult r = d.create(&h, size, &prop, 0); r != CUDA_SUCCESS) {
+      return absl::ResourceExhaustedError(absl::StrCat("cuMemCreate of ", size, " bytes on GPU ", gpu,
+                                                       " failed with CUresult ", r));
+    }
+    CUdeviceptr base = 0;
+    absl::Status s;
+    bool reserved = false, mapped = false;
+    CUmemAccessDesc access{};
+    access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    access.location.id = gpu;
+    access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    CUresult r = d.reserve(&base, size, granularity, 0, 0);
+    if (r != CUDA_SUCCESS) {
+      s = absl::ResourceExhaustedError(absl::StrCat("cuMemAddressReserve failed with CUresult ", r));
+    } else {
+      reserved = true;
+      r = d.map(base, size, 0, h, 0);
+      if (r != CUDA_SUCCESS) {
+        s = absl::InternalError(absl::StrCat("cuMemMap failed with CUresult ", r));
+      } else {
+        mapped = true;
+        r = d.set_access(base, size, &access, 1);
+        if (r != CUDA_SUCCESS) s = absl::InternalError(absl::StrCat("cuMemSetAccess failed with CUresult ", r));
+      }
+    }
+    if (!s.ok()) {
+      if (mapped) d.unmap(base, size);
+      if (reserved) d.address_free(base, size);
+      d.release(h);
+      return s;
+    }
+    OwnVmmAllocations& all = OwnAllocations();
+    absl::MutexLock lock(&all.mu);
+    all.by_base[base] = OwnVmm{h, size};
+    return reinterpret_cast<void*>(base);
+  }
+  absl::StatusOr<VmmExport> ExportVmm(int gpu, void* ptr) override {
+    OwnVmm own;
+    {
+      OwnVmmAllocations& all = OwnAllocations();
+      absl::MutexLock lock(&all.mu);
+      auto it = all.by_base.find(reinterpret_cast<CUdeviceptr>(ptr));
+      if (it == all.by_base.end()) return absl::NotFoundError("no VMM allocation of the daemon's at that address");
+      own = it->second;
+    }
+    WPREP_CUDA_RETURN_IF_ERROR(cudaSetDevice(gpu));
+    int fd = -1;
+    if (CUresult r = Vmm().export_handle(&fd, own.handle, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
+        r != CUDA_SUCCESS) {
+      return absl::InternalError(absl::StrCat("cuMemExportToShareableHandle failed with CUresult ", r));
+    }
+    return VmmExport{fd, own.bytes};
   }
   absl::StatusOr<std::string> ExportIpc(int gpu, void* ptr) override {
     WPREP_CUDA_RETURN_IF_ERROR(cudaSetDevice(gpu));

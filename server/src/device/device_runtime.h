@@ -76,6 +76,12 @@ struct VmmImportSpec {
   std::vector<VmmChunkHandle> chunks;
   uint64_t granularity = 0;
 };
+// The exported chunk of a daemon allocation (AllocateSharedVmm): a POSIX descriptor of the
+// daemon's and the chunk's bytes.
+struct VmmExport {
+  int fd = -1;
+  uint64_t bytes = 0;
+};
 // Which shareable handle types a GPU can import.
 struct VmmSupport {
   bool posix_fd = false;
@@ -167,6 +173,21 @@ class DeviceRuntime {
   virtual absl::StatusOr<std::string> ExportIpc(int gpu, void* ptr) {
     (void)gpu, (void)ptr;
     return absl::FailedPreconditionError("this device runtime cannot export IPC handles");
+  }
+  // Device memory of `gpu` from the virtual-memory API instead (cuMemCreate of one
+  // physical chunk, exportable as a POSIX file descriptor, mapped read-write on `gpu`),
+  // rounded up to the allocation granularity. FreeShared frees it too.
+  // FAILED_PRECONDITION where the GPU or driver cannot export such handles,
+  // RESOURCE_EXHAUSTED when the GPU has no room.
+  virtual absl::StatusOr<void*> AllocateSharedVmm(int gpu, uint64_t bytes) {
+    (void)gpu, (void)bytes;
+    return absl::FailedPreconditionError("this device runtime cannot export CUDA virtual-memory handles");
+  }
+  // A fresh descriptor (the caller closes it) of the chunk behind an AllocateSharedVmm
+  // allocation (cuMemExportToShareableHandle), and the chunk's bytes.
+  virtual absl::StatusOr<VmmExport> ExportVmm(int gpu, void* ptr) {
+    (void)gpu, (void)ptr;
+    return absl::FailedPreconditionError("this device runtime cannot export CUDA virtual-memory handles");
   }
 
   // Page-locked host memory, usable for DMA by every GPU.

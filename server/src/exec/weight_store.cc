@@ -26,6 +26,8 @@
 #include "nlohmann/json.hpp"
 #include "openssl/evp.h"
 #include "device/device_manager.h"
+#include "net/handle_socket.h"
+#include "net/peer_credentials.h"
 #include "safetensors.h"
 #include "wprep/kernels/cpu_engine.h"
 #include "wprep/kernels/plan.h"
@@ -493,7 +495,8 @@ struct WeightStore::Set {
   // GPU sets.
   DeviceRuntime* runtime = nullptr;
   void* device = nullptr;
-  std::string ipc_handle;
+  std::string ipc_handle;  // cudaMalloc sets
+  bool vmm = false;        // cuMemCreate sets, exported per attachment (TakeVmmHandle)
 
   ~Set() {
     if (base != nullptr) munmap(base, size);
@@ -564,6 +567,11 @@ absl::StatusOr<std::shared_ptr<const WeightManifestData>> WeightStore::Load(
       on = &devices_->gpu(static_cast<size_t>(index));
     }
   }
+  if (place.vmm && on == nullptr) {
+    return fail(absl::InvalidArgumentError(
+        "vmm: CUDA virtual memory is for a set on a GPU; give device_uuid or device_index, or leave vmm unset "
+        "for a set in host memory"));
+  }
   const int where = on != nullptr ? on->ordinal() : kHost;
   absl::StatusOr<std::vector<Shard>> shards = ReadCheckpoint(root_, path);
   if (!shards.ok()) return fail(shards.status());
@@ -571,6 +579,7 @@ absl::StatusOr<std::shared_ptr<const WeightManifestData>> WeightStore::Load(
   manifest->name = name;
   manifest->path = path;
   if (on != nullptr) manifest->gpu = on->info().uuid;
+  manifest->vmm = place.vmm;
   std::vector<Source> sources;
   absl::Status planned = PlanTensors(*shards, rules, &manifest->tensors, &sources, &manifest->total_bytes);
   if (!planned.ok()) return fail(planned);
@@ -597,7 +606,10 @@ absl::StatusOr<std::shared_ptr<const WeightManifestData>> WeightStore::Load(
   if (on != nullptr) {
     set->runtime = &on->runtime();
     // One allocation even for an empty set, so that it has a handle to attach.
-    absl::StatusOr<void*> device = set->runtime->AllocateShared(where, std::max(set->size, kWeightAlignment));
+    set->vmm = place.vmm;
+    const uint64_t bytes = std::max(set->size, kWeightAlignment);
+    absl::StatusOr<void*> device =
+        place.vmm ? set->runtime->AllocateSharedVmm(where, bytes) : set->runtime->AllocateShared(where, bytes);
     if (!device.ok()) {
       return fail(absl::Status(device.status().code(),
                                absl::StrCat("weight set '", name, "': ", device.status().message())));
@@ -643,9 +655,11 @@ absl::StatusOr<std::shared_ptr<const WeightManifestData>> WeightStore::Load(
     absl::Status filled = FillOnGpu(*set->runtime, where, devices_->pinned(), static_cast<uint8_t*>(set->device),
                                     *manifest, sources, fds, displays, p, progress);
     if (!filled.ok()) return fail(filled);
-    absl::StatusOr<std::string> handle = set->runtime->ExportIpc(where, set->device);
-    if (!handle.ok()) return fail(handle.status());
-    set->ipc_handle = *std::move(handle);
+    if (!set->vmm) {
+      absl::StatusOr<std::string> handle = set->runtime->ExportIpc(where, set->device);
+      if (!handle.ok()) return fail(handle.status());
+      set->ipc_handle = *std::move(handle);
+    }
   } else {
     std::vector<uint8_t> staging;  // a converted tensor's input; one tensor at a time
     CpuOptions cpu;
@@ -711,21 +725,53 @@ uint64_t WeightStore::resident_bytes() const {
   return total;
 }
 
-absl::StatusOr<WeightAttachment> WeightStore::Attach(const std::string& name) {
+absl::StatusOr<WeightAttachment> WeightStore::Attach(const std::string& name, std::optional<pid_t> peer_pid) {
   absl::MutexLock lock(&mu_);
   if (closed_) return absl::UnavailableError("the daemon is stopping");
   auto it = sets_.find(name);
   if (it == sets_.end() || it->second == nullptr) {
     return absl::NotFoundError(absl::StrCat("no weight set '", name.substr(0, 80), "'"));
   }
+  const Set& set = *it->second;
   WeightAttachment a;
+  if (set.vmm) {
+    if (!peer_pid.has_value()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "weight set '", name, "' is in CUDA virtual memory, whose descriptor is passed over a Unix socket: "
+          "attach over the daemon's Unix socket (unix:///path), not TCP or TLS"));
+    }
+    a.vmm_token = NewHandleToken();
+  }
   a.id = next_id_++;
-  a.manifest = it->second->manifest;
-  a.shm_path = it->second->shm_path;
-  a.ipc_handle = it->second->ipc_handle;
-  held_[a.id] = Held{name, absl::OkStatus(), false};
+  a.manifest = set.manifest;
+  a.shm_path = set.shm_path;
+  a.ipc_handle = set.ipc_handle;
+  held_[a.id] = Held{name, absl::OkStatus(), false, a.vmm_token, peer_pid.value_or(0)};
   if (observer_.attachments) observer_.attachments(1);
   return a;
+}
+
+absl::StatusOr<VmmExport> WeightStore::TakeVmmHandle(const std::string& token, pid_t peer_pid) {
+  std::shared_ptr<Set> set;
+  {
+    absl::MutexLock lock(&mu_);
+    Held* found = nullptr;
+    if (token.size() == kHandleTokenBytes) {
+      for (auto& [id, h] : held_) {
+        if (!h.ended && !h.vmm_token.empty() && h.vmm_token == token) found = &h;
+      }
+    }
+    if (found == nullptr || !InThreadGroup(peer_pid, found->pid)) {
+      return absl::PermissionDeniedError(
+          "no open attachment of this process has that token (a token serves once, only the process that "
+          "attached, and only until it detaches)");
+    }
+    found->vmm_token.clear();  // once
+    auto it = sets_.find(found->set);
+    if (it == sets_.end() || it->second == nullptr) return absl::NotFoundError("the set is gone");
+    set = it->second;  // kept while exporting, even if dropped meanwhile
+  }
+  return set->runtime->ExportVmm(set->where, set->device);
 }
 
 absl::Status WeightStore::Hold(uint64_t id, absl::FunctionRef<bool()> cancelled) {

@@ -7,8 +7,10 @@
 // and symlinks that leave the root are refused. A load plans every tensor (checking the
 // headers, the rules and the budget) before it allocates anything, so a refused load
 // changes nothing. A set lives on one GPU or in host memory:
-// - on a GPU, in one device allocation of its own (cudaMalloc) that attached clients open
-//   from its CUDA IPC handle. The checkpoint streams through pinned staging buffers
+// - on a GPU, in one device allocation of its own that attached clients open: cudaMalloc
+//   memory from its CUDA IPC handle, or (WeightPlacement::vmm) one cuMemCreate chunk from
+//   a POSIX descriptor that the attached process fetches once with a token
+//   (TakeVmmHandle, served on the handle socket). The checkpoint streams through pinned staging buffers
 //   (read by several threads, copied while the next piece is read) and converts on the
 //   GPU; the host never holds a converted tensor. Dropping the set frees the memory.
 // - in host memory, in a shared-memory file of its own (/dev/shm) that attached clients
@@ -20,6 +22,8 @@
 // in Hold: until Detach, a forced Drop, Close, or the caller's own cancellation.
 #ifndef WPREP_SERVER_SRC_EXEC_WEIGHT_STORE_H_
 #define WPREP_SERVER_SRC_EXEC_WEIGHT_STORE_H_
+
+#include <sys/types.h>
 
 #include <cstdint>
 #include <map>
@@ -78,6 +82,7 @@ struct WeightManifestData {
   std::string name;
   std::string path;
   std::optional<Uuid> gpu;  // the GPU holding the set; none for host memory
+  bool vmm = false;          // a GPU set in CUDA virtual memory
   std::vector<WeightEntry> tensors;
   uint64_t total_bytes = 0;
   std::string source_checksum;  // 32 raw bytes (weight_store.cc says of what)
@@ -93,6 +98,7 @@ struct WeightLoadProgress {
 struct WeightPlacement {
   std::optional<Uuid> gpu;
   std::optional<int> gpu_index;
+  bool vmm = false;  // GPU sets: CUDA virtual memory instead of cudaMalloc
 };
 
 struct WeightSetSummary {
@@ -105,6 +111,8 @@ struct WeightAttachment {
   std::shared_ptr<const WeightManifestData> manifest;
   std::string shm_path;    // host sets
   std::string ipc_handle;  // GPU sets: kIpcHandleBytes of the set's allocation
+  // VMM GPU sets: the token TakeVmmHandle takes (kHandleTokenBytes).
+  std::string vmm_token;
 };
 
 // What the store reports as it works (all may be null); the daemon points them at its
@@ -145,8 +153,16 @@ class WeightStore {
   // Bytes all sets hold, on every GPU and in host memory.
   uint64_t resident_bytes() const;
 
-  // Opens an attachment to set `name` (NOT_FOUND if none); the caller must then Hold it.
-  absl::StatusOr<WeightAttachment> Attach(const std::string& name);
+  // Opens an attachment to set `name` (NOT_FOUND if none) for the process `peer_pid` (the
+  // Unix-socket client's; nullopt over TCP or TLS); the caller must then Hold it. A VMM
+  // set needs `peer_pid` (FAILED_PRECONDITION without: its descriptor only travels over
+  // the Unix handle socket).
+  absl::StatusOr<WeightAttachment> Attach(const std::string& name, std::optional<pid_t> peer_pid = std::nullopt);
+  // The descriptor of the VMM set behind attachment token `token`, for `peer_pid`: a fresh
+  // export (the caller closes it). A token serves once, only while its attachment lasts,
+  // and only the process that attached (or a thread of it): PERMISSION_DENIED otherwise,
+  // without saying which, so that tokens cannot be probed.
+  absl::StatusOr<VmmExport> TakeVmmHandle(const std::string& token, pid_t peer_pid);
   // Waits until the attachment ends and removes it: OK after Detach or when `cancelled`
   // (polled) turns true, ABORTED after a forced Drop of its set, UNAVAILABLE after Close.
   absl::Status Hold(uint64_t id, absl::FunctionRef<bool()> cancelled);
@@ -169,6 +185,9 @@ class WeightStore {
     std::string set;
     absl::Status end;  // set when the attachment has been ended
     bool ended = false;
+    // VMM sets: the token (empty once taken) and the process that may take it.
+    std::string vmm_token;
+    pid_t pid = 0;
   };
 
   // `where`: a GPU's ordinal, or kHost.

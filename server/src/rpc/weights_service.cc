@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "google/protobuf/io/tokenizer.h"
 #include "google/protobuf/text_format.h"
+#include "net/peer_credentials.h"
 #include "rpc/proto_translate.h"
 #include "rpc/service.h"
 #include "rpc/status.h"
@@ -80,6 +81,7 @@ absl::StatusOr<WeightPlacement> PlacementFromProto(const wprep::v1::LoadWeightsR
   } else if (r.has_device_index()) {
     place.gpu_index = r.device_index();
   }
+  place.vmm = r.vmm();
   return place;
 }
 
@@ -137,6 +139,7 @@ void WeightManifestToProto(const WeightManifestData& manifest, bool with_tensors
   if (manifest.gpu.has_value()) {
     out->set_device_uuid(std::string(reinterpret_cast<const char*>(manifest.gpu->data()), manifest.gpu->size()));
   }
+  out->set_vmm(manifest.vmm);
   if (!with_tensors) return;
   for (const WeightEntry& e : manifest.tensors) {
     wprep::v1::WeightTensor* t = out->add_tensors();
@@ -203,12 +206,15 @@ grpc::Status WeightSetsService::ListWeights(grpc::ServerContext* /*ctx*/, const 
 
 grpc::Status WeightSetsService::AttachWeights(grpc::ServerContext* ctx, const wprep::v1::AttachWeightsRequest* req,
                                               grpc::ServerWriter<wprep::v1::AttachWeightsResponse>* writer) {
-  absl::StatusOr<WeightAttachment> a = store_->Attach(req->name());
+  const std::optional<PeerCredentials> peer = UnixPeers::Global().Lookup(ctx->peer());
+  absl::StatusOr<WeightAttachment> a =
+      store_->Attach(req->name(), peer.has_value() ? std::optional<pid_t>(peer->pid) : std::nullopt);
   if (!a.ok()) return ToGrpcStatus(a.status());
   wprep::v1::AttachWeightsResponse msg;
   msg.set_attachment_id(a->id);
   msg.set_shm_path(a->shm_path);
   msg.set_ipc_handle(a->ipc_handle);
+  if (!a->vmm_token.empty()) msg.mutable_vmm()->set_token(a->vmm_token);
   WeightManifestToProto(*a->manifest, /*with_tensors=*/true, msg.mutable_manifest());
   // A client gone before the manifest reached it is detached at once.
   const bool sent = writer->Write(msg);

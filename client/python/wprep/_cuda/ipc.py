@@ -319,6 +319,155 @@ class OpenedIpc:
             self.ptr = 0
 
 
+def fetch_vmm_descriptor(socket_path: str, token: bytes, timeout: float = 10.0) -> Tuple[int, int]:
+    """(fd, chunk bytes) of a weight set in CUDA virtual memory, from the daemon's handle socket
+    next to its Unix API socket `socket_path` (AttachWeightsResponse.vmm; wprep.proto says
+    the protocol). The caller closes fd. Raises WprepError with the daemon's code."""
+    import grpc
+
+    from .._errors import WprepError
+
+    path = socket_path + ".handles"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(timeout)
+        try:
+            s.connect(path)
+            s.sendall(bytes(token))
+            header, fds, _flags, _addr = socket.recv_fds(s, 16, 1, socket.MSG_WAITALL)
+        except OSError as e:
+            raise WprepError(grpc.StatusCode.UNAVAILABLE, f"handle socket {path}: {e}", "AttachWeights") from None
+        if len(header) != 16:
+            for fd in fds:
+                os.close(fd)
+            raise WprepError(grpc.StatusCode.UNAVAILABLE, f"handle socket {path}: the reply ended early",
+                             "AttachWeights")
+        code, count, nbytes = struct.unpack("<IIQ", header)
+        if code != 0:
+            for fd in fds:
+                os.close(fd)
+            text = b""
+            while len(text) < 4096:
+                chunk = s.recv(4096)
+                if not chunk:
+                    break
+                text += chunk
+            status = next((c for c in grpc.StatusCode if c.value[0] == code), grpc.StatusCode.UNKNOWN)
+            raise WprepError(status, text.decode("utf-8", "replace"), "AttachWeights")
+    if count != 1 or len(fds) != 1:
+        for fd in fds:
+            os.close(fd)
+        raise WprepError(grpc.StatusCode.INTERNAL, f"handle socket {path}: the reply carried {len(fds)} descriptors",
+                         "AttachWeights")
+    return fds[0], nbytes
+
+
+class _VmmFns:
+    """The driver's calls that map an imported POSIX-fd allocation (asked once)."""
+
+    def __init__(self) -> None:
+        lib = ctypes.CDLL("libcuda.so.1")
+        u64, p = ctypes.c_uint64, ctypes.POINTER
+
+        def fn(name: str, argtypes: list) -> Any:
+            f = getattr(lib, name + "_v2", None) or getattr(lib, name)
+            f.argtypes = argtypes
+            f.restype = ctypes.c_int
+            return f
+
+        self.import_handle = fn("cuMemImportFromShareableHandle", [p(u64), ctypes.c_void_p, ctypes.c_int])
+        self.reserve = fn("cuMemAddressReserve", [p(u64), ctypes.c_size_t, ctypes.c_size_t, u64, ctypes.c_ulonglong])
+        self.map = fn("cuMemMap", [u64, ctypes.c_size_t, ctypes.c_size_t, u64, ctypes.c_ulonglong])
+        self.set_access = fn("cuMemSetAccess", [u64, ctypes.c_size_t, ctypes.c_void_p, ctypes.c_size_t])
+        self.unmap = fn("cuMemUnmap", [u64, ctypes.c_size_t])
+        self.address_free = fn("cuMemAddressFree", [u64, ctypes.c_size_t])
+        self.release = fn("cuMemRelease", [u64])
+
+
+class _CuMemAccessDesc(ctypes.Structure):
+    # CUmemLocation {int type; int id}, then unsigned long long flags.
+    _fields_ = [("loc_type", ctypes.c_int), ("loc_id", ctypes.c_int), ("flags", ctypes.c_ulonglong)]
+
+
+_CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR = 1
+_CU_MEM_LOCATION_TYPE_DEVICE = 1
+_CU_MEM_ACCESS_FLAGS_PROT_READWRITE = 3
+
+
+def _vmm_fns() -> _VmmFns:
+    with _driver_mu:
+        if "vmm" not in _driver:
+            _driver["vmm"] = _VmmFns()
+        return _driver["vmm"]
+
+
+class OpenedVmm:
+    """A weight set's CUDA virtual-memory chunk, mapped in this process from its POSIX
+    descriptor on torch device `device_index` (cuMemImportFromShareableHandle, cuMemAddressReserve,
+    cuMemMap, cuMemSetAccess), as a flat uint8 CUDA array of `nbytes` (<= chunk_bytes), like
+    OpenedIpc. Takes `fd` (closed once imported); unmapped when the last view is gone."""
+
+    def __init__(self, fd: int, chunk_bytes: int, device_index: int, nbytes: int) -> None:
+        import torch
+
+        self.device_index = device_index
+        self.chunk_bytes = chunk_bytes
+        self.ptr = 0
+        if nbytes > chunk_bytes:
+            os.close(fd)
+            raise ValueError(f"the set's {nbytes} bytes exceed its chunk's {chunk_bytes}")
+        d = _vmm_fns()
+        handle = ctypes.c_uint64(0)
+        base = ctypes.c_uint64(0)
+        done = []
+        try:
+            with torch.cuda.device(device_index):
+                torch.cuda.synchronize()  # the device's primary context, current on this thread
+                r = d.import_handle(ctypes.byref(handle), ctypes.c_void_p(fd), _CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
+                if r != 0:
+                    raise RuntimeError(f"cuMemImportFromShareableHandle on cuda:{device_index} failed: CUresult {r}")
+                done.append("import")
+                r = d.reserve(ctypes.byref(base), chunk_bytes, 0, 0, 0)
+                if r != 0:
+                    raise RuntimeError(f"cuMemAddressReserve of {chunk_bytes} bytes failed: CUresult {r}")
+                done.append("reserve")
+                r = d.map(base.value, chunk_bytes, 0, handle.value, 0)
+                if r != 0:
+                    raise RuntimeError(f"cuMemMap failed: CUresult {r}")
+                done.append("map")
+                access = _CuMemAccessDesc(_CU_MEM_LOCATION_TYPE_DEVICE, device_index, _CU_MEM_ACCESS_FLAGS_PROT_READWRITE)
+                r = d.set_access(base.value, chunk_bytes, ctypes.byref(access), 1)
+                if r != 0:
+                    raise RuntimeError(f"cuMemSetAccess failed: CUresult {r}")
+        except BaseException:
+            if "map" in done:
+                d.unmap(base.value, chunk_bytes)
+            if "reserve" in done:
+                d.address_free(base.value, chunk_bytes)
+            raise
+        finally:
+            if "import" in done:
+                d.release(handle.value)  # the mapping keeps the memory
+            os.close(fd)
+        self.ptr = base.value
+        self.__cuda_array_interface__ = {
+            "shape": (nbytes,), "typestr": "|u1", "data": (self.ptr, False), "version": 2, "strides": None,
+        }
+
+    def __del__(self) -> None:
+        if getattr(self, "ptr", 0):
+            try:
+                import torch
+
+                d = _vmm_fns()
+                with torch.cuda.device(self.device_index):
+                    torch.cuda.synchronize()
+                    d.unmap(self.ptr, self.chunk_bytes)
+                    d.address_free(self.ptr, self.chunk_bytes)
+            except Exception:  # interpreter shutdown: the process exit unmaps it anyway
+                pass
+            self.ptr = 0
+
+
 def device_index_of_uuid(uuid: bytes) -> Optional[int]:
     """The torch device index of the GPU with these 16 UUID bytes, or None if this process
     cannot see it."""

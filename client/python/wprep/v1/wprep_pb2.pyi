@@ -46,16 +46,18 @@ class AttachWeightsRequest(_message.Message):
     def __init__(self, name: _Optional[str] = ...) -> None: ...
 
 class AttachWeightsResponse(_message.Message):
-    __slots__ = ["attachment_id", "ipc_handle", "manifest", "shm_path"]
+    __slots__ = ["attachment_id", "ipc_handle", "manifest", "shm_path", "vmm"]
     ATTACHMENT_ID_FIELD_NUMBER: _ClassVar[int]
     IPC_HANDLE_FIELD_NUMBER: _ClassVar[int]
     MANIFEST_FIELD_NUMBER: _ClassVar[int]
     SHM_PATH_FIELD_NUMBER: _ClassVar[int]
+    VMM_FIELD_NUMBER: _ClassVar[int]
     attachment_id: int
     ipc_handle: bytes
     manifest: WeightManifest
     shm_path: str
-    def __init__(self, attachment_id: _Optional[int] = ..., manifest: _Optional[_Union[WeightManifest, _Mapping]] = ..., shm_path: _Optional[str] = ..., ipc_handle: _Optional[bytes] = ...) -> None: ...
+    vmm: WeightVmmHandle
+    def __init__(self, attachment_id: _Optional[int] = ..., manifest: _Optional[_Union[WeightManifest, _Mapping]] = ..., shm_path: _Optional[str] = ..., ipc_handle: _Optional[bytes] = ..., vmm: _Optional[_Union[WeightVmmHandle, _Mapping]] = ...) -> None: ...
 
 class BatchItem(_message.Message):
     __slots__ = ["convert", "moe", "quantize"]
@@ -394,18 +396,20 @@ class ListWeightsResponse(_message.Message):
     def __init__(self, sets: _Optional[_Iterable[_Union[WeightSetInfo, _Mapping]]] = ..., budget_bytes: _Optional[int] = ..., resident_bytes: _Optional[int] = ...) -> None: ...
 
 class LoadWeightsRequest(_message.Message):
-    __slots__ = ["device_index", "device_uuid", "name", "path", "rules"]
+    __slots__ = ["device_index", "device_uuid", "name", "path", "rules", "vmm"]
     DEVICE_INDEX_FIELD_NUMBER: _ClassVar[int]
     DEVICE_UUID_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     PATH_FIELD_NUMBER: _ClassVar[int]
     RULES_FIELD_NUMBER: _ClassVar[int]
+    VMM_FIELD_NUMBER: _ClassVar[int]
     device_index: int
     device_uuid: bytes
     name: str
     path: str
     rules: _containers.RepeatedCompositeFieldContainer[WeightRule]
-    def __init__(self, name: _Optional[str] = ..., path: _Optional[str] = ..., rules: _Optional[_Iterable[_Union[WeightRule, _Mapping]]] = ..., device_uuid: _Optional[bytes] = ..., device_index: _Optional[int] = ...) -> None: ...
+    vmm: bool
+    def __init__(self, name: _Optional[str] = ..., path: _Optional[str] = ..., rules: _Optional[_Iterable[_Union[WeightRule, _Mapping]]] = ..., device_uuid: _Optional[bytes] = ..., device_index: _Optional[int] = ..., vmm: bool = ...) -> None: ...
 
 class LoadWeightsResponse(_message.Message):
     __slots__ = ["bytes_done", "bytes_total", "load_seconds", "manifest", "tensors_done", "tensors_total"]
@@ -664,20 +668,22 @@ class VmmChunk(_message.Message):
     def __init__(self, fd: _Optional[int] = ..., fabric_handle: _Optional[bytes] = ..., size: _Optional[int] = ...) -> None: ...
 
 class WeightManifest(_message.Message):
-    __slots__ = ["device_uuid", "name", "path", "source_checksum", "tensors", "total_bytes"]
+    __slots__ = ["device_uuid", "name", "path", "source_checksum", "tensors", "total_bytes", "vmm"]
     DEVICE_UUID_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     PATH_FIELD_NUMBER: _ClassVar[int]
     SOURCE_CHECKSUM_FIELD_NUMBER: _ClassVar[int]
     TENSORS_FIELD_NUMBER: _ClassVar[int]
     TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
+    VMM_FIELD_NUMBER: _ClassVar[int]
     device_uuid: bytes
     name: str
     path: str
     source_checksum: bytes
     tensors: _containers.RepeatedCompositeFieldContainer[WeightTensor]
     total_bytes: int
-    def __init__(self, name: _Optional[str] = ..., path: _Optional[str] = ..., tensors: _Optional[_Iterable[_Union[WeightTensor, _Mapping]]] = ..., total_bytes: _Optional[int] = ..., source_checksum: _Optional[bytes] = ..., device_uuid: _Optional[bytes] = ...) -> None: ...
+    vmm: bool
+    def __init__(self, name: _Optional[str] = ..., path: _Optional[str] = ..., tensors: _Optional[_Iterable[_Union[WeightTensor, _Mapping]]] = ..., total_bytes: _Optional[int] = ..., source_checksum: _Optional[bytes] = ..., device_uuid: _Optional[bytes] = ..., vmm: bool = ...) -> None: ...
 
 class WeightPreload(_message.Message):
     __slots__ = ["sets"]
@@ -738,6 +744,12 @@ class WeightTensor(_message.Message):
     slice: WeightSlice
     strides: _containers.RepeatedScalarFieldContainer[int]
     def __init__(self, name: _Optional[str] = ..., dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., strides: _Optional[_Iterable[int]] = ..., bytes: _Optional[int] = ..., offset: _Optional[int] = ..., identity: _Optional[_Union[LayoutIdentity, _Mapping]] = ..., rule: _Optional[int] = ..., slice: _Optional[_Union[WeightSlice, _Mapping]] = ...) -> None: ...
+
+class WeightVmmHandle(_message.Message):
+    __slots__ = ["token"]
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    token: bytes
+    def __init__(self, token: _Optional[bytes] = ...) -> None: ...
 
 class Layout(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = []

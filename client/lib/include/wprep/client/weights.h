@@ -3,7 +3,8 @@
 // is what AttachWeightsResponse names: a host set's shared-memory file (shm_path, mapped
 // read-only) or a GPU set's CUDA IPC handle (ipc_handle, opened with cudaIpcOpenMemHandle
 // on the GPU whose UUID manifest.device_uuid gives); tensor t lies at
-// manifest.tensors[t].offset. Opening it is the caller's.
+// manifest.tensors[t].offset. Opening it is the caller's. A GPU set loaded with vmm gives
+// instead a token (AttachWeightsResponse.vmm) for FetchVmmDescriptor.
 #ifndef WPREP_CLIENT_WEIGHTS_H_
 #define WPREP_CLIENT_WEIGHTS_H_
 
@@ -78,6 +79,21 @@ class WeightSets {
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<wprep::v1::WeightSets::Stub> stub_;
 };
+
+// The descriptor of a GPU set in CUDA virtual memory: a POSIX fd of its one physical
+// chunk of `chunk_bytes`, to map with cuMemImportFromShareableHandle, cuMemAddressReserve,
+// cuMemMap and cuMemSetAccess. The caller closes fd.
+struct VmmDescriptor {
+  int fd = -1;
+  uint64_t chunk_bytes = 0;
+};
+
+// Fetches it from the daemon's handle socket, the sibling "<socket_path>.handles" of the
+// Unix API socket the attachment came over, with the token of AttachWeightsResponse.vmm.
+// Once per attachment, from the attaching process; the daemon's refusals come back with
+// their code and message (PERMISSION_DENIED for a token that is spent, ended or not this
+// process's), UNAVAILABLE when the socket cannot be reached.
+absl::StatusOr<VmmDescriptor> FetchVmmDescriptor(const std::string& socket_path, const std::string& token);
 
 }  // namespace wprep::client
 
