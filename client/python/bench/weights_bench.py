@@ -18,6 +18,14 @@ Steps (each timed with the wall clock):
               the GPU; GB/s of the checkpoint's bytes.
   attach      a fresh Python process imports torch and wprep, then (timed) attaches to the set
               and makes every tensor a CUDA view, and synchronizes; repeated --attach-reps times.
+              The same for a second set of the same checkpoint loaded with vmm (CUDA virtual
+              memory, its descriptor fetched over the handle socket), whose bytes must equal
+              the first set's.
+  restart     what an engine does without a resident set, in a fresh process too (imports
+              excluded): every shard read from the page cache onto cuda:0 with safetensors'
+              safe_open, then every *_blocks / *_scales pair prepared by the drop-in
+              (wprep.swizzle_mxfp4_batch, one ConvertBatch, through the same daemon), and a
+              synchronize.
   identical   convert-safetensors of the same checkpoint (the same daemon, --layout
               hopper_value), then every tensor of its output compared on the GPU with the
               set's bytes (exit 1 on a difference).
@@ -98,6 +106,31 @@ def baseline(files, device) -> float:
     return seconds
 
 
+RESTART = """
+import sys, time, json
+import torch, wprep
+from safetensors import safe_open
+torch.cuda.init(); torch.cuda.synchronize(0)
+c = wprep.Client(sys.argv[1])
+t0 = time.perf_counter()
+tensors = {}
+for f in sys.argv[2:]:
+    with safe_open(f, framework="pt", device="cuda:0") as st:
+        for k in st.keys():
+            tensors[k] = st.get_tensor(k)
+torch.cuda.synchronize(0)
+t1 = time.perf_counter()
+names = [k[:-len("_blocks")] for k in tensors if k.endswith("_blocks")]
+pairs = [(tensors[n + "_blocks"].flatten(-2), tensors[n + "_scales"]) for n in names]
+out = wprep.swizzle_mxfp4_batch(pairs, client=c, triton=False)
+for n, r in zip(names, out):
+    tensors[n + "_blocks"], tensors[n + "_scales"] = r.values, r.scales
+torch.cuda.synchronize(0)
+t2 = time.perf_counter()
+print(json.dumps({"read_s": t1 - t0, "prepare_s": t2 - t1, "total_s": t2 - t0, "pairs": len(pairs),
+                  "tensors": len(tensors)}))
+"""
+
 ATTACH = """
 import sys, time, json
 import torch, wprep, wprep.weights
@@ -158,18 +191,39 @@ def main() -> int:
                   f"{size / load_s / 1e9:.2f} GB/s = {base_s / load_s * 100:.0f}% of the baseline's rate; "
                   f"{len(r.manifest.tensors)} tensors, {r.manifest.total_bytes / 1e9:.2f} GB", flush=True)
 
-            attach = []
-            for _ in range(args.attach_reps):
-                p = subprocess.run([sys.executable, "-c", ATTACH, d.target, "gptoss"], capture_output=True, text=True,
-                                   env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+            env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+
+            def fresh(code: str, *argv: str) -> dict:
+                p = subprocess.run([sys.executable, "-c", code, d.target, *argv], capture_output=True, text=True,
+                                   env=env)
                 if p.returncode != 0:
-                    print(p.stderr, file=sys.stderr)
-                    return 1
-                attach.append(json.loads(p.stdout.strip().splitlines()[-1]))
+                    raise RuntimeError(p.stderr)
+                return json.loads(p.stdout.strip().splitlines()[-1])
+
+            attach = [fresh(ATTACH, "gptoss") for _ in range(args.attach_reps)]
             out["attach_s"] = [a["attach_s"] for a in attach]
             print("attach in a fresh process (imports excluded): " +
                   ", ".join(f"{a['attach_s'] * 1e3:.1f} ms" for a in attach) + f" ({attach[0]['tensors']} tensors)",
                   flush=True)
+
+            t = time.perf_counter()
+            rv = c.load_weights("gptoss_vmm", "gptoss", rules=RULES, device="cuda:0", vmm=True, progress=None)
+            out["load_vmm_s"] = time.perf_counter() - t
+            attach_vmm = [fresh(ATTACH, "gptoss_vmm") for _ in range(args.attach_reps)]
+            out["attach_vmm_s"] = [a["attach_s"] for a in attach_vmm]
+            with c.attach_weights("gptoss") as w, c.attach_weights("gptoss_vmm") as wv:
+                vmm_differ = [t.name for t in w.manifest.tensors if not torch.equal(w.raw(t.name), wv.raw(t.name))]
+            out["vmm_differ"] = vmm_differ
+            c.drop_weights("gptoss_vmm")
+            print(f"the same as a vmm set: load {out['load_vmm_s']:.3f} s, {rv.manifest.total_bytes / 1e9:.2f} GB; "
+                  "attach in a fresh process: " + ", ".join(f"{a['attach_s'] * 1e3:.1f} ms" for a in attach_vmm) +
+                  f"; {len(vmm_differ)} tensors differ from the cudaMalloc set", flush=True)
+
+            restart = [fresh(RESTART, *[str(f) for f in files]) for _ in range(2)]
+            out["restart"] = restart
+            print("without a resident set, a fresh process reads the shards onto cuda:0 and prepares them: " +
+                  ", ".join(f"{r['total_s']:.3f} s (read {r['read_s']:.3f}, prepare {r['prepare_s']:.3f})"
+                            for r in restart) + f" ({restart[0]['pairs']} pairs prepared)", flush=True)
 
             conv = root / "converted"
             t = time.perf_counter()
@@ -194,7 +248,7 @@ def main() -> int:
             c.drop_weights("gptoss")
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=1))
-    return 1 if differ or compared != out["tensors"] else 0
+    return 1 if differ or vmm_differ or compared != out["tensors"] else 0
 
 
 if __name__ == "__main__":
