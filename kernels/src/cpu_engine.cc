@@ -8,15 +8,15 @@
 
 #include "absl/strings/str_format.h"
 #include "buffers.h"
+#include "cpu_parallel.h"
 #include "moe_geometry.h"
+#include "scale_cpu.h"
 #include "tiles.h"
 
 namespace wprep {
 namespace {
 
-// Below this many output bytes a conversion runs on the calling thread: starting
-// threads would cost more than the work.
-constexpr uint64_t kParallelThreshold = 1 << 20;
+using cpu::kParallelThreshold;
 
 }  // namespace
 
@@ -42,6 +42,12 @@ absl::Status ConvertOnCpu(const Plan& plan, const uint8_t* in, size_t in_size, u
   // pass, a checkpoint row at a time (the tiles would gather each column's bytes).
   if (std::optional<moe::InterleavePass> p = moe::BlackwellScaleViewPass(g); p.has_value()) {
     moe::RunInterleave16OnCpu(*p, in, out, options.threads);
+    return absl::OkStatus();
+  }
+  if (cpu_scale::ServesHopperScale(g)) {
+    const int64_t rows = g.num_matrices * g.hopper_scale.out_rows;
+    cpu::Parallel(rows, plan.output_bytes, options.threads,
+                [&](int64_t b, int64_t e) { cpu_scale::HopperScaleRows(g, in, out, b, e); });
     return absl::OkStatus();
   }
   const tiles::Access access = tiles::ChooseAccess(g, in, out);

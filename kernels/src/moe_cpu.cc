@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "cpu_parallel.h"
 #include "moe_geometry.h"
 #include "wprep/kernels/moe.h"
 
@@ -16,9 +17,7 @@ namespace {
 using moe::InterleavePass;
 using moe::OutputPass;
 using moe::RowsPass;
-
-// Below this many output bytes a pass runs on the calling thread.
-constexpr uint64_t kParallelThreshold = 1 << 20;
+using cpu::Parallel;
 
 void RowsRange(const RowsPass& p, const uint8_t* in, uint8_t* out, int64_t begin, int64_t end) {
   for (int64_t g = begin; g < end; ++g) {
@@ -99,31 +98,6 @@ void InterleaveRange(const InterleavePass& p, const uint8_t* in, uint8_t* out, i
   }
 }
 
-template <class Fn>
-void Parallel(int64_t units, uint64_t bytes, int threads, const Fn& fn) {
-  if (threads <= 0) threads = static_cast<int>(std::thread::hardware_concurrency());
-  if (threads < 1 || bytes < kParallelThreshold) threads = 1;
-  threads = static_cast<int>(std::min<int64_t>(threads, std::max<int64_t>(units, 1)));
-  if (threads == 1) {
-    fn(0, units);
-    return;
-  }
-  const int64_t per = (units + threads - 1) / threads;
-  std::vector<std::thread> workers;
-  int64_t unstarted = units;
-  for (int i = 1; i < threads; ++i) {
-    const int64_t begin = std::min(units, i * per), end = std::min(units, begin + per);
-    try {
-      workers.emplace_back(fn, begin, end);
-    } catch (const std::system_error&) {
-      unstarted = begin;  // no thread to be had: this thread runs the rest
-      break;
-    }
-  }
-  fn(0, std::min(units, per));
-  if (unstarted < units) fn(unstarted, units);
-  for (auto& w : workers) w.join();
-}
 
 bool Overlap(const uint8_t* a, size_t an, const uint8_t* b, size_t bn) {
   return an > 0 && bn > 0 && a < b + bn && b < a + an;
