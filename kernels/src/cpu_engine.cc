@@ -10,6 +10,7 @@
 #include "buffers.h"
 #include "cpu_parallel.h"
 #include "moe_geometry.h"
+#include "retile_cpu.h"
 #include "scale_cpu.h"
 #include "tiles.h"
 
@@ -42,6 +43,12 @@ absl::Status ConvertOnCpu(const Plan& plan, const uint8_t* in, size_t in_size, u
   // pass, a checkpoint row at a time (the tiles would gather each column's bytes).
   if (std::optional<moe::InterleavePass> p = moe::BlackwellScaleViewPass(g); p.has_value()) {
     moe::RunInterleave16OnCpu(*p, in, out, options.threads);
+    return absl::OkStatus();
+  }
+  if (cpu_retile::Serves(g)) {
+    cpu_retile::Run(g, in, out, [&](int64_t units, const auto& fn) {
+      cpu::Parallel(units, plan.output_bytes, options.threads, fn);
+    });
     return absl::OkStatus();
   }
   if (cpu_scale::ServesHopperScale(g)) {
