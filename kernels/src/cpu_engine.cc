@@ -51,6 +51,11 @@ absl::Status ConvertOnCpu(const Plan& plan, const uint8_t* in, size_t in_size, u
     });
     return absl::OkStatus();
   }
+  if (cpu_scale::ServesBlackwellScale(g)) {
+    cpu::Parallel(cpu_scale::BlackwellScaleBlockCount(g), plan.output_bytes, options.threads,
+                  [&](int64_t b, int64_t e) { cpu_scale::BlackwellScaleBlocks(g, in, out, b, e); });
+    return absl::OkStatus();
+  }
   if (cpu_scale::ServesHopperScale(g)) {
     const int64_t rows = g.num_matrices * g.hopper_scale.out_rows;
     cpu::Parallel(rows, plan.output_bytes, options.threads,

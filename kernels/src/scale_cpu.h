@@ -262,6 +262,138 @@ inline void HopperScaleRows(const Geometry& g, const uint8_t* in, uint8_t* out, 
   }
 }
 
+// ---------------------------------------------------------------------------------------
+// Blackwell scales. Block (n0, k0) of 512 bytes holds x[4k0 + c, 128n0 + 32a + b] at
+// 16b + 4a + c: four x rows of 128 bytes each, interleaved byte by byte (c), then 32-bit
+// words (a) transposed into 16-byte groups per b.
+
+// True when BlackwellScaleBlocks serves `g`: a swizzle whose x rows are contiguous, or an
+// unswizzle of dense storage into such rows, on a CPU with SSE2.
+inline bool ServesBlackwellScale(const Geometry& g) {
+#if defined(__SSE2__)
+  const BlackwellScaleTiling& t = g.blackwell_scale;
+  const bool rows = g.scale_access == ScaleAccess::kRows && g.scale_stride[1] == 1;
+  if (g.op == Op::kBlackwellScaleSwizzle) return rows;
+  return g.op == Op::kBlackwellScaleUnswizzle && rows && g.in_stride[0] == t.kpad / 4 * kBlackwellScaleBlock &&
+         g.in_stride[1] == kBlackwellScaleBlock && g.in_stride[2] == kBlackwellScaleBlock / 2;
+#else
+  (void)g;
+  return false;
+#endif
+}
+
+inline int64_t BlackwellScaleBlockCount(const Geometry& g) {
+  return g.num_matrices * (g.blackwell_scale.npad / 128) * (g.blackwell_scale.kpad / 4);
+}
+
+#if defined(__SSE2__)
+// One block from its four x rows (rows[c][n] for n = 0..127).
+inline void SwizzleBlackwellBlock(const uint8_t* const* rows, uint8_t* dst) {
+  __m128i w[4][8];  // w[a][j], u32 lane l: x[4k0 + c, 32a + 4j + l] for c = 0..3
+  for (int a = 0; a < 4; ++a) {
+    for (int h = 0; h < 2; ++h) {
+      const int at = 32 * a + 16 * h;
+      const __m128i x0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(rows[0] + at));
+      const __m128i x1 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(rows[1] + at));
+      const __m128i x2 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(rows[2] + at));
+      const __m128i x3 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(rows[3] + at));
+      const __m128i p01l = _mm_unpacklo_epi8(x0, x1), p01h = _mm_unpackhi_epi8(x0, x1);
+      const __m128i p23l = _mm_unpacklo_epi8(x2, x3), p23h = _mm_unpackhi_epi8(x2, x3);
+      w[a][4 * h + 0] = _mm_unpacklo_epi16(p01l, p23l);
+      w[a][4 * h + 1] = _mm_unpackhi_epi16(p01l, p23l);
+      w[a][4 * h + 2] = _mm_unpacklo_epi16(p01h, p23h);
+      w[a][4 * h + 3] = _mm_unpackhi_epi16(p01h, p23h);
+    }
+  }
+  for (int j = 0; j < 8; ++j) {  // b = 4j + l: its 16 bytes are lane l of w[0..3][j]
+    Transpose4(w[0][j], w[1][j], w[2][j], w[3][j]);
+    for (int l = 0; l < 4; ++l) _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + 16 * (4 * j + l)), w[l][j]);
+  }
+}
+
+// Its inverse: the four x rows of a block.
+inline void UnswizzleBlackwellBlock(const uint8_t* src, uint8_t* const* rows) {
+  __m128i w[4][8];
+  for (int j = 0; j < 8; ++j) {
+    for (int l = 0; l < 4; ++l) w[l][j] = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + 16 * (4 * j + l)));
+    Transpose4(w[0][j], w[1][j], w[2][j], w[3][j]);
+  }
+  const __m128i even = _mm_set1_epi16(0x00ff);
+  // The low (high) u16 of each word: sign-extended, then packed back (no saturation).
+  auto lo16 = [](__m128i v) { return _mm_srai_epi32(_mm_slli_epi32(v, 16), 16); };
+  auto hi16 = [](__m128i v) { return _mm_srai_epi32(v, 16); };
+  for (int a = 0; a < 4; ++a) {
+    for (int h = 0; h < 2; ++h) {
+      const int at = 32 * a + 16 * h;
+      const __m128i* q = &w[a][4 * h];
+      const __m128i p01l = _mm_packs_epi32(lo16(q[0]), lo16(q[1])), p23l = _mm_packs_epi32(hi16(q[0]), hi16(q[1]));
+      const __m128i p01h = _mm_packs_epi32(lo16(q[2]), lo16(q[3])), p23h = _mm_packs_epi32(hi16(q[2]), hi16(q[3]));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(rows[0] + at),
+                       _mm_packus_epi16(_mm_and_si128(p01l, even), _mm_and_si128(p01h, even)));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(rows[1] + at),
+                       _mm_packus_epi16(_mm_srli_epi16(p01l, 8), _mm_srli_epi16(p01h, 8)));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(rows[2] + at),
+                       _mm_packus_epi16(_mm_and_si128(p23l, even), _mm_and_si128(p23h, even)));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(rows[3] + at),
+                       _mm_packus_epi16(_mm_srli_epi16(p23l, 8), _mm_srli_epi16(p23h, 8)));
+    }
+  }
+}
+#endif
+
+// Blocks [begin, end) of all matrices (block u: matrix u / blocks, then n0, k0 in storage
+// order). Blocks at the tensor's edges go byte by byte (zeros, or nothing, past it).
+inline void BlackwellScaleBlocks(const Geometry& g, const uint8_t* in, uint8_t* out, int64_t begin, int64_t end) {
+#if defined(__SSE2__)
+  const BlackwellScaleTiling& t = g.blackwell_scale;
+  const int64_t* st = g.scale_stride;
+  const bool swizzle = g.op == Op::kBlackwellScaleSwizzle;
+  const int64_t k_blocks = t.kpad / 4, per_matrix = (t.npad / 128) * k_blocks;
+  for (int64_t u = begin; u < end; ++u) {
+    const int64_t e = u / per_matrix, blk = u - e * per_matrix;
+    const int64_t n0 = blk / k_blocks, k0 = blk - n0 * k_blocks;
+    const int64_t o = e * g.out_matrix_bytes;
+    const uint8_t* storage = swizzle ? nullptr : in + g.InputMatrixOffset(e) + blk * kBlackwellScaleBlock;
+    uint8_t* block = swizzle ? out + o + blk * kBlackwellScaleBlock : nullptr;
+    const uint8_t* x_in = swizzle ? in + g.InputMatrixOffset(e) : nullptr;
+    uint8_t* x_out = swizzle ? nullptr : out + o;
+    // Rows past the tensor read as zeros (swizzle) or land in scratch (unswizzle); a row cut
+    // short by N goes through a 128-byte staging row.
+    const int valid_k = static_cast<int>(std::clamp<int64_t>(t.k - 4 * k0, 0, 4));
+    const int64_t valid_n = std::clamp<int64_t>(t.n - 128 * n0, 0, 128);
+    alignas(16) uint8_t staged[4][128];
+    if (swizzle) {
+      const uint8_t* rows[4];
+      for (int c = 0; c < 4; ++c) {
+        const uint8_t* x = c < valid_k ? x_in + (4 * k0 + c) * st[0] + 128 * n0 : nullptr;
+        if (x != nullptr && valid_n == 128) {
+          rows[c] = x;
+        } else {
+          std::memset(staged[c], 0, 128);
+          if (x != nullptr) std::memcpy(staged[c], x, static_cast<size_t>(valid_n));
+          rows[c] = staged[c];
+        }
+      }
+      SwizzleBlackwellBlock(rows, block);
+    } else {
+      uint8_t* rows[4];
+      const bool direct = valid_n == 128;
+      for (int c = 0; c < 4; ++c) {
+        rows[c] = c < valid_k && direct ? x_out + (4 * k0 + c) * st[0] + 128 * n0 : staged[c];
+      }
+      UnswizzleBlackwellBlock(storage, rows);
+      if (!direct) {
+        for (int c = 0; c < valid_k; ++c) {
+          std::memcpy(x_out + (4 * k0 + c) * st[0] + 128 * n0, staged[c], static_cast<size_t>(valid_n));
+        }
+      }
+    }
+  }
+#else
+  (void)g, (void)in, (void)out, (void)begin, (void)end;
+#endif
+}
+
 }  // namespace wprep::cpu_scale
 
 #endif  // WPREP_KERNELS_SRC_SCALE_CPU_H_
