@@ -560,6 +560,24 @@ def gpu_wclient(wdir, checkpoint):
             yield c
 
 
+def _another_process_reads_the_same(target, set_name, attached):
+    """A second process attaches to GPU set `set_name` and reads a tensor's bytes: they hash as
+    this process's view of the same tensor does."""
+    import torch
+
+    name = next(t.name for t in attached.manifest.tensors if t.bytes)
+    want = hashlib.sha256(attached[name].contiguous().view(torch.uint8).cpu().numpy().tobytes()).hexdigest()
+    code = ("import hashlib, wprep, torch; from wprep import Client\n"
+            f"c = Client({target!r})\n"
+            f"with c.attach_weights({set_name!r}) as w:\n"
+            f"    x = w[{name!r}]\n"
+            "    print(hashlib.sha256(x.contiguous().view(torch.uint8).cpu().numpy().tobytes()).hexdigest())\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "PYTHONPATH": PACKAGE_DIR})
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == want
+
+
 def test_a_gpu_set_attaches_as_cuda_tensors_with_the_host_sets_bytes(gpu_wclient, wclient):
     """The same checkpoint and rules as a set on cuda:0 and as a host set of the CPU daemon:
     every tensor equal, each a CUDA view of the set's one allocation at its offset; in another
@@ -586,17 +604,7 @@ def test_a_gpu_set_attaches_as_cuda_tensors_with_the_host_sets_bytes(gpu_wclient
                 got = x.contiguous().view(torch.uint8).cpu().numpy().tobytes() if x.numel() else b""
                 assert got == h[t.name].tobytes(), f"{t.name}: GPU set differs from the host set"
             # Another process attaches too and reads the same bytes.
-            name = next(t.name for t in g.manifest.tensors if t.bytes)
-            want = hashlib.sha256(g[name].contiguous().view(torch.uint8).cpu().numpy().tobytes()).hexdigest()
-            code = ("import hashlib, wprep, torch; from wprep import Client\n"
-                    f"c = Client({gpu_wclient.target!r})\n"
-                    "with c.attach_weights('gpu1') as w:\n"
-                    f"    x = w[{name!r}]\n"
-                    "    print(hashlib.sha256(x.contiguous().view(torch.uint8).cpu().numpy().tobytes()).hexdigest())\n")
-            out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                                 env={**os.environ, "PYTHONPATH": PACKAGE_DIR})
-            assert out.returncode == 0, out.stderr
-            assert out.stdout.strip() == want
+            _another_process_reads_the_same(gpu_wclient.target, "gpu1", g)
             del tensors, x
         assert gpu_wclient.drop_weights("gpu1") == r.manifest.total_bytes
     finally:
@@ -623,17 +631,7 @@ def test_a_vmm_gpu_set_attaches_from_its_descriptor_in_two_processes(gpu_wclient
                 assert x.is_cuda and tuple(x.shape) == t.shape and tuple(x.stride()) == t.strides
                 got = x.contiguous().view(torch.uint8).cpu().numpy().tobytes() if x.numel() else b""
                 assert got == h[t.name].tobytes(), f"{t.name}: VMM set differs from the host set"
-            name = next(t.name for t in g.manifest.tensors if t.bytes)
-            want = hashlib.sha256(g[name].contiguous().view(torch.uint8).cpu().numpy().tobytes()).hexdigest()
-            code = ("import hashlib, wprep, torch; from wprep import Client\n"
-                    f"c = Client({gpu_wclient.target!r})\n"
-                    "with c.attach_weights('vmm1') as w:\n"
-                    f"    x = w[{name!r}]\n"
-                    "    print(hashlib.sha256(x.contiguous().view(torch.uint8).cpu().numpy().tobytes()).hexdigest())\n")
-            out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                                 env={**os.environ, "PYTHONPATH": PACKAGE_DIR})
-            assert out.returncode == 0, out.stderr
-            assert out.stdout.strip() == want
+            _another_process_reads_the_same(gpu_wclient.target, "vmm1", g)
             # The token served once: a second fetch with it is refused.
             from wprep._cuda import ipc
             with pytest.raises(WprepError) as e:
