@@ -9,6 +9,7 @@
 #include "absl/strings/str_format.h"
 #include "buffers.h"
 #include "cpu_parallel.h"
+#include "hopper_cpu.h"
 #include "moe_geometry.h"
 #include "retile_cpu.h"
 #include "scale_cpu.h"
@@ -43,6 +44,11 @@ absl::Status ConvertOnCpu(const Plan& plan, const uint8_t* in, size_t in_size, u
   // pass, a checkpoint row at a time (the tiles would gather each column's bytes).
   if (std::optional<moe::InterleavePass> p = moe::BlackwellScaleViewPass(g); p.has_value()) {
     moe::RunInterleave16OnCpu(*p, in, out, options.threads);
+    return absl::OkStatus();
+  }
+  if (cpu_hopper::Serves(g)) {
+    cpu::Parallel(cpu_hopper::UnitCount(g), plan.output_bytes, options.threads,
+                  [&](int64_t b, int64_t e) { cpu_hopper::Units(g, in, out, b, e); });
     return absl::OkStatus();
   }
   if (cpu_retile::Serves(g)) {
