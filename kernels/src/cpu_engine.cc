@@ -1,10 +1,6 @@
 #include "wprep/kernels/cpu_engine.h"
 
-#include <algorithm>
 #include <optional>
-#include <system_error>
-#include <thread>
-#include <vector>
 
 #include "absl/strings/str_format.h"
 #include "buffers.h"
@@ -16,12 +12,6 @@
 #include "tiles.h"
 
 namespace wprep {
-namespace {
-
-using cpu::kParallelThreshold;
-
-}  // namespace
-
 absl::Status ConvertOnCpu(const Plan& plan, const uint8_t* in, size_t in_size, uint8_t* out,
                           size_t out_size, const CpuOptions& options) {
   if (in_size < plan.input_bytes) {
@@ -46,39 +36,32 @@ absl::Status ConvertOnCpu(const Plan& plan, const uint8_t* in, size_t in_size, u
     moe::RunInterleave16OnCpu(*p, in, out, options.threads);
     return absl::OkStatus();
   }
+  // Every pass splits its units of work over the threads the same way (cpu_parallel.h).
+  auto parallel = [&](int64_t units, const auto& fn) { cpu::Parallel(units, plan.output_bytes, options.threads, fn); };
   if (cpu_hopper::Serves(g)) {
-    cpu::Parallel(cpu_hopper::UnitCount(g), plan.output_bytes, options.threads,
-                  [&](int64_t b, int64_t e) { cpu_hopper::Units(g, in, out, b, e); });
+    parallel(cpu_hopper::UnitCount(g), [&](int64_t b, int64_t e) { cpu_hopper::Units(g, in, out, b, e); });
     return absl::OkStatus();
   }
   if (cpu_retile::Serves(g)) {
-    cpu_retile::Run(g, in, out, [&](int64_t units, const auto& fn) {
-      cpu::Parallel(units, plan.output_bytes, options.threads, fn);
-    });
+    cpu_retile::Run(g, in, out, parallel);
     return absl::OkStatus();
   }
   if (cpu_scale::ServesBlackwellScale(g)) {
-    cpu::Parallel(cpu_scale::BlackwellScaleBlockCount(g), plan.output_bytes, options.threads,
-                  [&](int64_t b, int64_t e) { cpu_scale::BlackwellScaleBlocks(g, in, out, b, e); });
+    parallel(cpu_scale::BlackwellScaleBlockCount(g),
+             [&](int64_t b, int64_t e) { cpu_scale::BlackwellScaleBlocks(g, in, out, b, e); });
     return absl::OkStatus();
   }
   if (cpu_scale::ServesHopperScale(g)) {
-    const int64_t rows = g.num_matrices * g.hopper_scale.out_rows;
-    cpu::Parallel(rows, plan.output_bytes, options.threads,
-                [&](int64_t b, int64_t e) { cpu_scale::HopperScaleRows(g, in, out, b, e); });
+    parallel(g.num_matrices * g.hopper_scale.out_rows,
+             [&](int64_t b, int64_t e) { cpu_scale::HopperScaleRows(g, in, out, b, e); });
     return absl::OkStatus();
   }
   const tiles::Access access = tiles::ChooseAccess(g, in, out);
-  int threads = options.threads > 0 ? options.threads
-                                    : static_cast<int>(std::thread::hardware_concurrency());
-  if (threads < 1 || plan.output_bytes < kParallelThreshold) threads = 1;
-
   int64_t tiles_per_matrix = 0;
   if (!tiles::DispatchTile(g, [&]<class T>() { tiles_per_matrix = T::TilesPerMatrix(g); })) {
     return tiles::UnsupportedGeometry(g);
   }
   const int64_t num_tiles = g.num_matrices * tiles_per_matrix;
-  threads = static_cast<int>(std::min<int64_t>(threads, num_tiles));
 
   // Each worker runs whole tiles: Fetch and Stage for every virtual thread, then Store.
   auto run_range = [&](int64_t begin, int64_t end) {
@@ -99,27 +82,7 @@ absl::Status ConvertOnCpu(const Plan& plan, const uint8_t* in, size_t in_size, u
       }
     });
   };
-  if (threads == 1) {
-    run_range(0, num_tiles);
-  } else {
-    std::vector<std::thread> workers;
-    workers.reserve(threads - 1);
-    const int64_t per = (num_tiles + threads - 1) / threads;
-    int64_t unstarted = num_tiles;  // tiles from here on have no worker: this thread runs them
-    for (int i = 1; i < threads; ++i) {
-      const int64_t begin = std::min(num_tiles, i * per), end = std::min(num_tiles, begin + per);
-      try {
-        workers.emplace_back(run_range, begin, end);
-      } catch (const std::system_error&) {
-        // No thread to be had (a process or cgroup limit): fewer workers, same result.
-        unstarted = begin;
-        break;
-      }
-    }
-    run_range(0, std::min(num_tiles, per));
-    if (unstarted < num_tiles) run_range(unstarted, num_tiles);
-    for (auto& w : workers) w.join();
-  }
+  parallel(num_tiles, run_range);
   return absl::OkStatus();
 }
 

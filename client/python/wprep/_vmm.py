@@ -175,21 +175,22 @@ _CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR = 1
 _CUDA_SUCCESS = 0
 
 
+def driver_fn(lib: Any, name: str, argtypes: List[Any]) -> Any:
+    """Driver call `name` of libcuda `lib` (its _v2 form where there is one), returning a CUresult."""
+    fn = getattr(lib, name + "_v2", None) or getattr(lib, name)
+    fn.argtypes = argtypes
+    fn.restype = ctypes.c_int
+    return fn
+
+
 class _Driver:
     def __init__(self) -> None:
         lib = ctypes.CDLL("libcuda.so.1")
         u64, p = ctypes.c_uint64, ctypes.POINTER
-        self.retain = self._fn(lib, "cuMemRetainAllocationHandle", [p(u64), ctypes.c_void_p])
-        self.release = self._fn(lib, "cuMemRelease", [u64])
-        self.export = self._fn(lib, "cuMemExportToShareableHandle", [ctypes.c_void_p, u64, ctypes.c_int, ctypes.c_ulonglong])
-        self.range = self._fn(lib, "cuMemGetAddressRange", [p(u64), p(ctypes.c_size_t), u64])
-
-    @staticmethod
-    def _fn(lib: Any, name: str, argtypes: List[Any]) -> Any:
-        fn = getattr(lib, name + "_v2", None) or getattr(lib, name)
-        fn.argtypes = argtypes
-        fn.restype = ctypes.c_int
-        return fn
+        self.retain = driver_fn(lib, "cuMemRetainAllocationHandle", [p(u64), ctypes.c_void_p])
+        self.release = driver_fn(lib, "cuMemRelease", [u64])
+        self.export = driver_fn(lib, "cuMemExportToShareableHandle", [ctypes.c_void_p, u64, ctypes.c_int, ctypes.c_ulonglong])
+        self.range = driver_fn(lib, "cuMemGetAddressRange", [p(u64), p(ctypes.c_size_t), u64])
 
 
 _driver: Optional[_Driver] = None

@@ -18,13 +18,6 @@
 namespace wprep::server {
 namespace {
 
-std::optional<PeerCredentials> SocketPeer(int fd) {
-  ucred cred{};
-  socklen_t len = sizeof(cred);
-  if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0 || cred.pid <= 0) return std::nullopt;
-  return PeerCredentials{cred.pid, cred.uid, cred.gid};
-}
-
 void PutLe(uint8_t* at, uint64_t v, int bytes) {
   for (int i = 0; i < bytes; ++i) at[i] = static_cast<uint8_t>(v >> (8 * i));
 }
@@ -87,7 +80,7 @@ void ServeHandleConnection(int fd, TakeHandle take, absl::Duration timeout) {
   }
   HandedFd handed;
   if (status.ok()) {
-    const std::optional<PeerCredentials> peer = SocketPeer(fd);
+    const std::optional<PeerCredentials> peer = PeerCredentialsOf(fd);
     if (!peer.has_value()) {
       status = absl::PermissionDeniedError("the handle socket cannot read its peer's credentials (SO_PEERCRED)");
     } else {

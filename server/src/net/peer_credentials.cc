@@ -67,6 +67,10 @@ std::optional<PeerCredentials> UnixPeers::Lookup(absl::string_view grpc_peer) co
     // socket, with another inode.
     if (it == inode_by_fd_.end() || it->second == 0 || it->second != InodeOf(fd)) return std::nullopt;
   }
+  return PeerCredentialsOf(fd);
+}
+
+std::optional<PeerCredentials> PeerCredentialsOf(int fd) {
   ucred cred{};
   socklen_t len = sizeof(cred);
   if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0 || cred.pid <= 0) return std::nullopt;

@@ -50,6 +50,9 @@ class UnixPeers {
   std::unordered_map<int, uint64_t> inode_by_fd_ ABSL_GUARDED_BY(mu_);  // an fd reused overwrites
 };
 
+// SO_PEERCRED of connected Unix socket `fd`, or nullopt when the kernel gives none.
+std::optional<PeerCredentials> PeerCredentialsOf(int fd);
+
 // True when `tid` is `pid` or one of its threads.
 bool InThreadGroup(pid_t tid, pid_t pid);
 

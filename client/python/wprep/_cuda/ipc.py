@@ -369,10 +369,7 @@ class _VmmFns:
         u64, p = ctypes.c_uint64, ctypes.POINTER
 
         def fn(name: str, argtypes: list) -> Any:
-            f = getattr(lib, name + "_v2", None) or getattr(lib, name)
-            f.argtypes = argtypes
-            f.restype = ctypes.c_int
-            return f
+            return _vmm.driver_fn(lib, name, argtypes)
 
         self.import_handle = fn("cuMemImportFromShareableHandle", [p(u64), ctypes.c_void_p, ctypes.c_int])
         self.reserve = fn("cuMemAddressReserve", [p(u64), ctypes.c_size_t, ctypes.c_size_t, u64, ctypes.c_ulonglong])
