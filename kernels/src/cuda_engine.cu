@@ -12,6 +12,7 @@
 #include "absl/strings/str_format.h"
 #include "cuda_stream.h"
 #include "buffers.h"
+#include "hopper_scale_runs.h"
 #include "moe_geometry.h"
 #include "occupancy.h"
 #include "tiles.h"
@@ -304,6 +305,93 @@ Wave ResidentWave(int device, Kernel kernel, size_t smem, int wanted_per_sm) {
   return Wave{r.blocks, r.full()};
 }
 
+// The Hopper scale swizzle of dense S rows (hopper_scale_runs.h): a block moves
+// rows_per_block O rows. Its 2 x rows_per_block runs (16 S rows, 16 * cols contiguous
+// bytes each) come into shared memory in aligned 16-byte words, up to
+// kHopperScaleRunsPieces a thread, all in flight before the first is stored; then a thread
+// per 16-byte O chunk (k0, a, h) takes its 8 halfword pairs S[4h + i (+ 8), 2k0 .. 2k0 + 1]
+// from there. Rows past S and columns past cols read as the zero padding.
+template <bool kEvenCols>
+__global__ void __launch_bounds__(kHopperScaleRunsThreads)
+    HopperScaleRunsKernel(HopperScaleRunsPass p, const uint8_t* __restrict__ in, uint8_t* __restrict__ out) {
+  extern __shared__ uint4 runs_smem[];
+  __shared__ int64_t run_src[32];  // byte offset of run s in `in`
+  __shared__ int run_rows[32];     // its S rows inside the tensor, 0 to 16
+  const int cols = static_cast<int>(p.cols);
+  const int64_t orows = p.rows_pad / 32;
+  const int64_t q0 = static_cast<int64_t>(blockIdx.x) * p.rows_per_block;
+  const int64_t left = p.matrices * orows - q0;
+  const int rows_here = left < p.rows_per_block ? static_cast<int>(left) : p.rows_per_block;
+  const int runs = 2 * rows_here;
+  if (threadIdx.x < runs) {
+    const int64_t q = q0 + (threadIdx.x >> 1);
+    const int64_t e = q / orows, orow = q - e * orows;
+    const int64_t nw = p.num_warps, w = orow & (nw - 1);
+    const int64_t r0 = 32 * (orow - w) + 16 * nw * (threadIdx.x & 1) + 16 * w;
+    const int64_t n = p.rows - r0;
+    run_rows[threadIdx.x] = n <= 0 ? 0 : (n < 16 ? static_cast<int>(n) : 16);
+    run_src[threadIdx.x] = (e * p.rows + r0) * p.cols;
+  }
+  __syncthreads();
+  const int pieces = runs * cols;  // 16-byte words of the runs
+  uint4 v[kHopperScaleRunsPieces];
+#pragma unroll
+  for (int i = 0; i < kHopperScaleRunsPieces; ++i) {
+    const int piece = threadIdx.x + i * kHopperScaleRunsThreads;
+    v[i] = make_uint4(0, 0, 0, 0);
+    if (piece < pieces) {
+      const int s = piece / cols, at = 16 * (piece - s * cols);
+      const int valid = run_rows[s] * cols;
+      const uint8_t* src = in + run_src[s] + at;
+      if (at + 16 <= valid) {
+        v[i] = __ldg(reinterpret_cast<const uint4*>(src));
+      } else if (at < valid) {
+        uint8_t b[16] = {};
+        for (int k = 0; k < valid - at; ++k) b[k] = src[k];
+        v[i] = *reinterpret_cast<const uint4*>(b);
+      }
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < kHopperScaleRunsPieces; ++i) {
+    const int piece = threadIdx.x + i * kHopperScaleRunsThreads;
+    if (piece < pieces) runs_smem[piece] = v[i];
+  }
+  __syncthreads();
+  const uint8_t* smem = reinterpret_cast<const uint8_t*>(runs_smem);
+  const int row_chunks = 2 * static_cast<int>(p.cols_pad);  // 32C bytes in 16-byte chunks
+  uint4* dst = reinterpret_cast<uint4*>(out + q0 * 32 * p.cols_pad);
+  for (int ci = threadIdx.x; ci < rows_here * row_chunks; ci += kHopperScaleRunsThreads) {
+    const int pr = ci / row_chunks, j = ci - pr * row_chunks;
+    const int col = 2 * (j >> 2), h = j & 1, s = 2 * pr + ((j >> 1) & 1);
+    const int vrows = run_rows[s];
+    const uint8_t* run = smem + s * 16 * cols + col;
+    auto pair = [&](int row) -> uint32_t {
+      if (row >= vrows || col >= cols) return 0;
+      const uint8_t* x = run + row * cols;
+      if constexpr (kEvenCols) {
+        return *reinterpret_cast<const uint16_t*>(x);
+      } else {
+        return col + 1 < cols ? (uint32_t{x[0]} | uint32_t{x[1]} << 8) : uint32_t{x[0]};
+      }
+    };
+    uint32_t w[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) w[i] = BytePerm(pair(4 * h + i), pair(8 + 4 * h + i), 0x5140);
+    dst[ci] = make_uint4(w[0], w[1], w[2], w[3]);
+  }
+}
+
+void LaunchHopperScaleRuns(const HopperScaleRunsPass& p, const uint8_t* in, uint8_t* out, cudaStream_t stream) {
+  const int64_t blocks = (p.matrices * (p.rows_pad / 32) + p.rows_per_block - 1) / p.rows_per_block;
+  const size_t smem = static_cast<size_t>(32) * p.rows_per_block * p.cols;
+  if (p.cols % 2 == 0) {
+    HopperScaleRunsKernel<true><<<static_cast<unsigned>(blocks), kHopperScaleRunsThreads, smem, stream>>>(p, in, out);
+  } else {
+    HopperScaleRunsKernel<false><<<static_cast<unsigned>(blocks), kHopperScaleRunsThreads, smem, stream>>>(p, in, out);
+  }
+}
+
 // Launches the kernel for the tile type DispatchTile picks (a functor: CUDA here is C++17).
 struct Launcher {
   const Geometry& g;
@@ -457,6 +545,14 @@ absl::Status ConvertOnCuda(const Plan& plan, const void* in, void* out, CudaStre
   if (std::optional<moe::InterleavePass> p = moe::BlackwellScaleViewPass(g);
       p.has_value() && reinterpret_cast<uintptr_t>(out) % 16 == 0) {
     moe::LaunchInterleave16OnCuda(*p, static_cast<const uint8_t*>(in), static_cast<uint8_t*>(out), stream);
+    WPREP_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+    return absl::OkStatus();
+  }
+  // The Hopper scale swizzle of dense S rows (the sm_90 loaders' transposed view): its
+  // own pass, which reads 16-row runs in aligned words.
+  if (std::optional<HopperScaleRunsPass> p = HopperScaleRunsPassOf(g, in, out);
+      p.has_value() && p->matrices * (p->rows_pad / 32) / p->rows_per_block < (int64_t{1} << 31)) {
+    LaunchHopperScaleRuns(*p, static_cast<const uint8_t*>(in), static_cast<uint8_t*>(out), stream);
     WPREP_CUDA_RETURN_IF_ERROR(cudaGetLastError());
     return absl::OkStatus();
   }

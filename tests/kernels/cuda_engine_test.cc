@@ -340,10 +340,14 @@ TEST_F(GpuTest, EverySweptSpecOnViewsEqualsTheDenseCpuConversion) {
 // Scales as loaders pass them (the transposed view of a checkpoint's [E, N, K/32]), at a
 // size where every tile runs many times, at the bench shape, with N and K/32 off every
 // tile (blackwell_scale's view takes the interleave pass: rows of 5 or 90 bytes, padding
-// rows and columns), two leading dims, and the checkpoint at odd byte offsets.
+// rows and columns), two leading dims, and the checkpoint at odd byte offsets. The
+// hopper_scale mx_axis -2 swizzle takes its runs pass where matrices are 16-byte multiples:
+// even and odd rows (90, 36, 7 and 45 groups), N not a multiple of 16 (a run cut short)
+// and rows of more than 512 groups (the tiles).
 TEST_F(GpuTest, LoaderTransposedScaleViewsEqualTheCpuEngine) {
   for (const std::vector<int64_t>& shape : std::vector<std::vector<int64_t>>{
-           {4, 90, 2880}, {16, 128, 4096}, {3, 5, 300}, {2, 3, 17, 129}, {1, 36, 64}}) {
+           {4, 90, 2880}, {16, 128, 4096}, {3, 5, 300}, {2, 3, 17, 129}, {1, 36, 64}, {2, 7, 32},
+           {3, 45, 144}, {1, 7, 37}, {2, 600, 16}}) {
     const size_t r = shape.size();
     const int64_t k32 = shape[r - 2], n = shape[r - 1];
     int64_t e = 1;

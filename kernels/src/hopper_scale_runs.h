@@ -1,0 +1,71 @@
+// The Hopper scale swizzle of S with dense rows (mx_axis -1 of a dense scale tensor, and
+// mx_axis -2 of the transposed view [..., K/32, N] of a checkpoint's [..., N, K/32], the
+// call loaders make on sm_90) as a pass of its own on the GPU.
+//
+// An output row O[orow] (32C bytes) takes two 16-row runs of S (HopperScaleRunRow), and
+// with dense rows a run is 16 * cols contiguous bytes that start 16-byte aligned wherever
+// the matrix does: whatever cols is, the pass reads its input in aligned 16-byte words.
+// The tiles (scale_tiles.h) read S a row at a time instead, and rows of cols bytes that
+// are not a multiple of 4 (gpt-oss's 90 groups) are gathered byte by byte there.
+#ifndef WPREP_KERNELS_SRC_HOPPER_SCALE_RUNS_H_
+#define WPREP_KERNELS_SRC_HOPPER_SCALE_RUNS_H_
+
+#include <cstdint>
+#include <optional>
+
+#include "layout_math.h"
+
+namespace wprep {
+
+struct HopperScaleRunsPass {
+  int64_t matrices = 0;  // E
+  int64_t rows = 0, cols = 0;
+  int64_t rows_pad = 0, cols_pad = 0;  // R, C
+  int32_t num_warps = 1;
+  int32_t rows_per_block = 1;  // O rows one thread block moves at a time
+};
+
+// The widest S row (in groups) the pass stages: a block holds rows_per_block x 32 rows of
+// cols bytes in shared memory, and keeps its loads at <= kHopperScaleRunsPieces 16-byte
+// words a thread.
+inline constexpr int kHopperScaleRunsThreads = 256;
+inline constexpr int kHopperScaleRunsPieces = 4;
+inline constexpr int64_t kHopperScaleRunsMaxCols =
+    int64_t{kHopperScaleRunsThreads} * kHopperScaleRunsPieces / 2;  // 512
+
+// The pass for a conversion's geometry when it is the Hopper scale swizzle of dense S rows
+// in matrices laid back to back, with the input and output 16-byte aligned (each run then
+// is); else nullopt (the tiles run).
+inline std::optional<HopperScaleRunsPass> HopperScaleRunsPassOf(const Geometry& g, const void* in,
+                                                               const void* out) {
+  const HopperScaleTiling& t = g.hopper_scale;
+  if (g.op != Op::kHopperScaleSwizzle || g.scale_access != ScaleAccess::kRows || g.scale_stride[1] != 1 ||
+      g.scale_stride[0] != t.cols || t.cols < 1 || t.cols > kHopperScaleRunsMaxCols || t.rows < 1 ||
+      g.out_matrix_bytes != t.out_rows * t.out_cols || t.cols_pad % 2 != 0 ||
+      reinterpret_cast<uintptr_t>(in) % 16 != 0 || reinterpret_cast<uintptr_t>(out) % 16 != 0) {
+    return std::nullopt;
+  }
+  const int64_t matrix = t.rows * t.cols;
+  if (g.num_matrices > 1 && matrix % 16 != 0) return std::nullopt;
+  int64_t stride = matrix;
+  for (int i = g.lead_rank - 1; i >= 0; --i) {
+    if (g.lead_shape[i] > 1 && g.in_lead_stride[i] != stride) return std::nullopt;
+    stride *= g.lead_shape[i];
+  }
+  HopperScaleRunsPass p;
+  p.matrices = g.num_matrices;
+  p.rows = t.rows;
+  p.cols = t.cols;
+  p.rows_pad = t.rows_pad;
+  p.cols_pad = t.cols_pad;
+  p.num_warps = t.num_warps;
+  // A run is cols 16-byte words: as many O rows (2 runs each) as keep every thread at
+  // kHopperScaleRunsPieces loads or fewer.
+  const int64_t per_block = int64_t{kHopperScaleRunsThreads} * kHopperScaleRunsPieces / (2 * t.cols);
+  p.rows_per_block = static_cast<int32_t>(per_block < 1 ? 1 : (per_block > 16 ? 16 : per_block));
+  return p;
+}
+
+}  // namespace wprep
+
+#endif  // WPREP_KERNELS_SRC_HOPPER_SCALE_RUNS_H_
