@@ -7,6 +7,7 @@
 #include "cpu_parallel.h"
 #include "hopper_cpu.h"
 #include "moe_geometry.h"
+#include "nibble_cpu.h"
 #include "retile_cpu.h"
 #include "scale_cpu.h"
 #include "tiles.h"
@@ -40,6 +41,11 @@ absl::Status ConvertOnCpu(const Plan& plan, const uint8_t* in, size_t in_size, u
   auto parallel = [&](int64_t units, const auto& fn) { cpu::Parallel(units, plan.output_bytes, options.threads, fn); };
   if (cpu_hopper::Serves(g)) {
     parallel(cpu_hopper::UnitCount(g), [&](int64_t b, int64_t e) { cpu_hopper::Units(g, in, out, b, e); });
+    return absl::OkStatus();
+  }
+  if (cpu_nibble::ServesBlackwell(g)) {
+    parallel(cpu_nibble::BlackwellUnitCount(g),
+             [&](int64_t b, int64_t e) { cpu_nibble::BlackwellUnits(g, in, out, b, e); });
     return absl::OkStatus();
   }
   if (cpu_retile::Serves(g)) {

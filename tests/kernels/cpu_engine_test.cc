@@ -9,6 +9,7 @@
 
 #include "golden.h"
 #include "layout_math.h"
+#include "nibble_cpu.h"
 #include "wprep/kernels/cpu_engine.h"
 #include "wprep/kernels/plan.h"
 
@@ -228,6 +229,39 @@ TEST(WordForms, HopperPackBlockMatchesPlaceAndInterleave) {
   for (int i = 0; i < 20; ++i) {
     CheckHopperBlocks<2>();
     CheckHopperBlocks<3>();
+  }
+}
+
+// The nibble transpose block (Blackwell layouts from and to canonical storage) in each of
+// its instruction sets equals the per-nibble definition on random rows.
+TEST(NibbleBlock, EveryVariantEqualsTheDefinition) {
+  std::mt19937_64 rng(31);
+  for (int trial = 0; trial < 20; ++trial) {
+    std::vector<uint8_t> x = testing::RandomBytes(32 * 48, rng());  // rows 48 bytes apart
+    const uint8_t* xs[32];
+    for (int i = 0; i < 32; ++i) xs[i] = x.data() + 48 * i + trial % 7;
+    auto run = [&](auto block) {
+      std::vector<uint8_t> y(32 * 40, 0xEE);
+      uint8_t* ys[32];
+      for (int n = 0; n < 32; ++n) ys[n] = y.data() + 40 * n + trial % 5;
+      block(xs, ys);
+      return y;
+    };
+    const std::vector<uint8_t> want = run(cpu_nibble::BlockScalar);
+    for (int n = 0; n < 32; ++n) {  // the definition, spelled out for one byte a row
+      const int k = (n + trial) % 16, s = 4 * (n & 1);
+      const int lo = (xs[2 * k][n / 2] >> s) & 15, hi = (xs[2 * k + 1][n / 2] >> s) & 15;
+      ASSERT_EQ(want[40 * n + trial % 5 + k], lo | hi << 4) << n;
+    }
+    EXPECT_EQ(run(cpu_nibble::Block), want);
+#if defined(__SSE2__)
+    EXPECT_EQ(run(cpu_nibble::BlockSse2), want);
+#endif
+#if defined(WPREP_NIBBLE_AVX2)
+    if (cpu_nibble::HasAvx2()) {
+      EXPECT_EQ(run(cpu_nibble::BlockAvx2), want);
+    }
+#endif
   }
 }
 
