@@ -310,13 +310,15 @@ Wave ResidentWave(int device, Kernel kernel, size_t smem, int wanted_per_sm) {
 // bytes each) come into shared memory in aligned 16-byte words, up to
 // kHopperScaleRunsPieces a thread, all in flight before the first is stored; then a thread
 // per 16-byte O chunk (k0, a, h) takes its 8 halfword pairs S[4h + i (+ 8), 2k0 .. 2k0 + 1]
-// from there. Rows past S and columns past cols read as the zero padding.
+// from there. Rows past S and columns past cols read as the zero padding. The unswizzle
+// is the same two steps the other way: O chunks into the runs in shared memory, then the
+// runs' bytes inside S out in 16-byte words.
 template <bool kEvenCols>
 __global__ void __launch_bounds__(kHopperScaleRunsThreads)
     HopperScaleRunsKernel(HopperScaleRunsPass p, const uint8_t* __restrict__ in, uint8_t* __restrict__ out) {
   extern __shared__ uint4 runs_smem[];
-  __shared__ int64_t run_src[32];  // byte offset of run s in `in`
-  __shared__ int run_rows[32];     // its S rows inside the tensor, 0 to 16
+  __shared__ int64_t run_at[32];  // byte offset of run s in S
+  __shared__ int run_rows[32];    // its S rows inside the tensor, 0 to 16
   const int cols = static_cast<int>(p.cols);
   const int64_t orows = p.rows_pad / 32;
   const int64_t q0 = static_cast<int64_t>(blockIdx.x) * p.rows_per_block;
@@ -330,55 +332,96 @@ __global__ void __launch_bounds__(kHopperScaleRunsThreads)
     const int64_t r0 = 32 * (orow - w) + 16 * nw * (threadIdx.x & 1) + 16 * w;
     const int64_t n = p.rows - r0;
     run_rows[threadIdx.x] = n <= 0 ? 0 : (n < 16 ? static_cast<int>(n) : 16);
-    run_src[threadIdx.x] = (e * p.rows + r0) * p.cols;
+    run_at[threadIdx.x] = (e * p.rows + r0) * p.cols;
   }
   __syncthreads();
+  uint8_t* smem = reinterpret_cast<uint8_t*>(runs_smem);
   const int pieces = runs * cols;  // 16-byte words of the runs
-  uint4 v[kHopperScaleRunsPieces];
+  const int row_chunks = 2 * static_cast<int>(p.cols_pad);  // 32C bytes in 16-byte chunks
+  if (p.swizzle) {
+    uint4 v[kHopperScaleRunsPieces];
 #pragma unroll
-  for (int i = 0; i < kHopperScaleRunsPieces; ++i) {
-    const int piece = threadIdx.x + i * kHopperScaleRunsThreads;
-    v[i] = make_uint4(0, 0, 0, 0);
-    if (piece < pieces) {
-      const int s = piece / cols, at = 16 * (piece - s * cols);
-      const int valid = run_rows[s] * cols;
-      const uint8_t* src = in + run_src[s] + at;
-      if (at + 16 <= valid) {
-        v[i] = __ldg(reinterpret_cast<const uint4*>(src));
-      } else if (at < valid) {
-        uint8_t b[16] = {};
-        for (int k = 0; k < valid - at; ++k) b[k] = src[k];
-        v[i] = *reinterpret_cast<const uint4*>(b);
+    for (int i = 0; i < kHopperScaleRunsPieces; ++i) {
+      const int piece = threadIdx.x + i * kHopperScaleRunsThreads;
+      v[i] = make_uint4(0, 0, 0, 0);
+      if (piece < pieces) {
+        const int s = piece / cols, at = 16 * (piece - s * cols);
+        const int valid = run_rows[s] * cols;
+        const uint8_t* src = in + run_at[s] + at;
+        if (at + 16 <= valid) {
+          v[i] = __ldg(reinterpret_cast<const uint4*>(src));
+        } else if (at < valid) {
+          uint8_t b[16] = {};
+          for (int k = 0; k < valid - at; ++k) b[k] = src[k];
+          v[i] = *reinterpret_cast<const uint4*>(b);
+        }
       }
     }
-  }
 #pragma unroll
-  for (int i = 0; i < kHopperScaleRunsPieces; ++i) {
-    const int piece = threadIdx.x + i * kHopperScaleRunsThreads;
-    if (piece < pieces) runs_smem[piece] = v[i];
+    for (int i = 0; i < kHopperScaleRunsPieces; ++i) {
+      const int piece = threadIdx.x + i * kHopperScaleRunsThreads;
+      if (piece < pieces) runs_smem[piece] = v[i];
+    }
+    __syncthreads();
+    uint4* dst = reinterpret_cast<uint4*>(out + q0 * 32 * p.cols_pad);
+    for (int ci = threadIdx.x; ci < rows_here * row_chunks; ci += kHopperScaleRunsThreads) {
+      const int pr = ci / row_chunks, j = ci - pr * row_chunks;
+      const int col = 2 * (j >> 2), h = j & 1, s = 2 * pr + ((j >> 1) & 1);
+      const int vrows = run_rows[s];
+      const uint8_t* run = smem + s * 16 * cols + col;
+      auto pair = [&](int row) -> uint32_t {
+        if (row >= vrows || col >= cols) return 0;
+        const uint8_t* x = run + row * cols;
+        if constexpr (kEvenCols) {
+          return *reinterpret_cast<const uint16_t*>(x);
+        } else {
+          return col + 1 < cols ? (uint32_t{x[0]} | uint32_t{x[1]} << 8) : uint32_t{x[0]};
+        }
+      };
+      uint32_t w[4];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) w[i] = BytePerm(pair(4 * h + i), pair(8 + 4 * h + i), 0x5140);
+      dst[ci] = make_uint4(w[0], w[1], w[2], w[3]);
+    }
+    return;
   }
-  __syncthreads();
-  const uint8_t* smem = reinterpret_cast<const uint8_t*>(runs_smem);
-  const int row_chunks = 2 * static_cast<int>(p.cols_pad);  // 32C bytes in 16-byte chunks
-  uint4* dst = reinterpret_cast<uint4*>(out + q0 * 32 * p.cols_pad);
+  const uint4* src = reinterpret_cast<const uint4*>(in + q0 * 32 * p.cols_pad);
   for (int ci = threadIdx.x; ci < rows_here * row_chunks; ci += kHopperScaleRunsThreads) {
     const int pr = ci / row_chunks, j = ci - pr * row_chunks;
     const int col = 2 * (j >> 2), h = j & 1, s = 2 * pr + ((j >> 1) & 1);
     const int vrows = run_rows[s];
-    const uint8_t* run = smem + s * 16 * cols + col;
-    auto pair = [&](int row) -> uint32_t {
-      if (row >= vrows || col >= cols) return 0;
-      const uint8_t* x = run + row * cols;
+    if (col >= cols || 4 * h >= vrows) continue;  // padding, not read back
+    const uint4 v = __ldg(src + ci);
+    const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+    uint8_t* run = smem + s * 16 * cols + col;
+    auto put = [&](int row, uint32_t pair) {
+      if (row >= vrows) return;
+      uint8_t* x = run + row * cols;
       if constexpr (kEvenCols) {
-        return *reinterpret_cast<const uint16_t*>(x);
+        *reinterpret_cast<uint16_t*>(x) = static_cast<uint16_t>(pair);
       } else {
-        return col + 1 < cols ? (uint32_t{x[0]} | uint32_t{x[1]} << 8) : uint32_t{x[0]};
+        x[0] = static_cast<uint8_t>(pair);
+        if (col + 1 < cols) x[1] = static_cast<uint8_t>(pair >> 8);
       }
     };
-    uint32_t w[4];
 #pragma unroll
-    for (int i = 0; i < 4; ++i) w[i] = BytePerm(pair(4 * h + i), pair(8 + 4 * h + i), 0x5140);
-    dst[ci] = make_uint4(w[0], w[1], w[2], w[3]);
+    for (int i = 0; i < 4; ++i) {
+      uint32_t lo, hi;
+      tiles::HopperScaleHalves(w[i], &lo, &hi);
+      put(4 * h + i, lo);
+      put(8 + 4 * h + i, hi);
+    }
+  }
+  __syncthreads();
+  for (int piece = threadIdx.x; piece < pieces; piece += kHopperScaleRunsThreads) {
+    const int s = piece / cols, at = 16 * (piece - s * cols);
+    const int valid = run_rows[s] * cols;
+    uint8_t* dst = out + run_at[s] + at;
+    if (at + 16 <= valid) {
+      *reinterpret_cast<uint4*>(dst) = runs_smem[piece];
+    } else if (at < valid) {
+      for (int k = 0; k < valid - at; ++k) dst[k] = smem[16 * piece + k];
+    }
   }
 }
 
@@ -390,6 +433,74 @@ void LaunchHopperScaleRuns(const HopperScaleRunsPass& p, const uint8_t* in, uint
   } else {
     HopperScaleRunsKernel<false><<<static_cast<unsigned>(blocks), kHopperScaleRunsThreads, smem, stream>>>(p, in, out);
   }
+}
+
+// The Hopper scale swizzle of dense S columns (hopper_scale_runs.h): block (e, band m0,
+// columns c0 ..) stages each column's rows of the band in shared memory with aligned
+// 16-byte loads, then a thread per 16-byte O chunk (O row w of the band, block k0, half a,
+// quarter h) takes S rows r + 0..3 and r + 8..11 (r = 16 nw a + 16 w + 4 h) of columns 2k0
+// and 2k0 + 1 as halfwords, and a 4x4 byte transpose makes the chunk's four words. Rows and
+// columns past S read as the zero padding.
+__global__ void __launch_bounds__(kHopperScaleRunsThreads)
+    HopperScaleColumnsKernel(HopperScaleColumnsPass p, const uint8_t* __restrict__ in, uint8_t* __restrict__ out) {
+  extern __shared__ uint4 columns_smem[];
+  const int64_t band = 32 * int64_t{p.num_warps};
+  const int64_t bands = p.rows_pad / band;
+  const int64_t chunks = (p.cols_pad + p.cols_per_block - 1) / p.cols_per_block;
+  const int64_t b = blockIdx.x;
+  const int64_t e = b / (bands * chunks), rest = b - e * bands * chunks;
+  const int64_t m0 = rest / chunks, c0 = (rest - m0 * chunks) * p.cols_per_block;
+  const int64_t rbase = m0 * band;
+  const int vrows = static_cast<int>(p.rows - rbase <= 0 ? 0 : (p.rows - rbase < band ? p.rows - rbase : band));
+  const int vcols = static_cast<int>(p.cols - c0 <= 0 ? 0 : (p.cols - c0 < p.cols_per_block ? p.cols - c0 : p.cols_per_block));
+  const int stride = p.smem_stride;
+  const uint8_t* src = in + e * p.rows * p.cols;
+  uint8_t* smem = reinterpret_cast<uint8_t*>(columns_smem);
+  if (vrows > 0 && vcols > 0) {
+    if (p.one_band) {  // columns c0 .. c0 + vcols - 1, whole: one run of the input
+      const int bytes = vcols * static_cast<int>(p.rows);
+      const uint8_t* run = src + c0 * p.rows;
+      for (int i = threadIdx.x; 16 * i < bytes; i += kHopperScaleRunsThreads) {
+        if (16 * i + 16 <= bytes) {
+          columns_smem[i] = __ldg(reinterpret_cast<const uint4*>(run) + i);
+        } else {
+          for (int k = 16 * i; k < bytes; ++k) smem[k] = run[k];
+        }
+      }
+    } else {  // vrows (a multiple of 16) bytes of each column
+      const int per = vrows / 16;
+      for (int i = threadIdx.x; i < vcols * per; i += kHopperScaleRunsThreads) {
+        const int j = i / per, q = i - j * per;
+        reinterpret_cast<uint4*>(smem + j * stride)[q] =
+            __ldg(reinterpret_cast<const uint4*>(src + (c0 + j) * p.rows + rbase) + q);
+      }
+    }
+  }
+  __syncthreads();
+  // Halfword `r` (even) of staged column j, or zero past the staged rows and columns.
+  auto half = [&](int j, int r) -> uint32_t {
+    return j < vcols && r < vrows ? uint32_t{*reinterpret_cast<const uint16_t*>(smem + j * stride + r)} : 0u;
+  };
+  auto word = [&](int j, int r) -> uint32_t { return half(j, r) | half(j, r + 2) << 16; };
+  const int kc = p.cols_per_block;
+  const int64_t row_bytes = 32 * p.cols_pad;
+  const int width = static_cast<int>(p.cols_pad - c0 < kc ? p.cols_pad - c0 : kc);  // columns of O here
+  uint8_t* band_out = out + e * (p.rows_pad / 32) * row_bytes + m0 * p.num_warps * row_bytes + 32 * c0;
+  for (int i = threadIdx.x; i < p.num_warps * 2 * width; i += kHopperScaleRunsThreads) {
+    const int w = i / (2 * width), idx = i - w * 2 * width;
+    const int j0 = 2 * (idx >> 2), a = (idx >> 1) & 1, h = idx & 1;
+    const int r = 16 * p.num_warps * a + 16 * w + 4 * h;
+    uint32_t x[4] = {word(j0, r), word(j0, r + 8), word(j0 + 1, r), word(j0 + 1, r + 8)};
+    Transpose4x4Bytes(x);
+    *reinterpret_cast<uint4*>(band_out + w * row_bytes + 16 * idx) = make_uint4(x[0], x[1], x[2], x[3]);
+  }
+}
+
+void LaunchHopperScaleColumns(const HopperScaleColumnsPass& p, const uint8_t* in, uint8_t* out, cudaStream_t stream) {
+  const int64_t blocks = p.matrices * (p.rows_pad / (32 * int64_t{p.num_warps})) *
+                         ((p.cols_pad + p.cols_per_block - 1) / p.cols_per_block);
+  const size_t smem = static_cast<size_t>(p.smem_stride) * p.cols_per_block;
+  HopperScaleColumnsKernel<<<static_cast<unsigned>(blocks), kHopperScaleRunsThreads, smem, stream>>>(p, in, out);
 }
 
 // Launches the kernel for the tile type DispatchTile picks (a functor: CUDA here is C++17).
@@ -548,11 +659,19 @@ absl::Status ConvertOnCuda(const Plan& plan, const void* in, void* out, CudaStre
     WPREP_CUDA_RETURN_IF_ERROR(cudaGetLastError());
     return absl::OkStatus();
   }
-  // The Hopper scale swizzle of dense S rows (the sm_90 loaders' transposed view): its
-  // own pass, which reads 16-row runs in aligned words.
+  // The Hopper scale swizzle of dense S rows (the sm_90 loaders' transposed view) or
+  // columns: passes of their own, which read whole runs of S in aligned words.
   if (std::optional<HopperScaleRunsPass> p = HopperScaleRunsPassOf(g, in, out);
       p.has_value() && p->matrices * (p->rows_pad / 32) / p->rows_per_block < (int64_t{1} << 31)) {
     LaunchHopperScaleRuns(*p, static_cast<const uint8_t*>(in), static_cast<uint8_t*>(out), stream);
+    WPREP_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+    return absl::OkStatus();
+  }
+  if (std::optional<HopperScaleColumnsPass> p = HopperScaleColumnsPassOf(g, in, out);
+      p.has_value() && p->matrices * (p->rows_pad / (32 * int64_t{p->num_warps})) *
+                               ((p->cols_pad + p->cols_per_block - 1) / p->cols_per_block) <
+                           (int64_t{1} << 31)) {
+    LaunchHopperScaleColumns(*p, static_cast<const uint8_t*>(in), static_cast<uint8_t*>(out), stream);
     WPREP_CUDA_RETURN_IF_ERROR(cudaGetLastError());
     return absl::OkStatus();
   }

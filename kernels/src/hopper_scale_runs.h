@@ -1,6 +1,7 @@
 // The Hopper scale swizzle of S with dense rows (mx_axis -1 of a dense scale tensor, and
 // mx_axis -2 of the transposed view [..., K/32, N] of a checkpoint's [..., N, K/32], the
-// call loaders make on sm_90) as a pass of its own on the GPU.
+// call loaders make on sm_90) as a pass of its own on the GPU, and the unswizzle into S
+// with dense rows (mx_axis -1, and mx_axis -2 where upstream's result is that view).
 //
 // An output row O[orow] (32C bytes) takes two 16-row runs of S (HopperScaleRunRow), and
 // with dense rows a run is 16 * cols contiguous bytes that start 16-byte aligned wherever
@@ -18,6 +19,7 @@
 namespace wprep {
 
 struct HopperScaleRunsPass {
+  bool swizzle = true;   // S -> O; else O -> S (the unswizzle, padding not read back)
   int64_t matrices = 0;  // E
   int64_t rows = 0, cols = 0;
   int64_t rows_pad = 0, cols_pad = 0;  // R, C
@@ -39,20 +41,27 @@ inline constexpr int64_t kHopperScaleRunsMaxCols =
 inline std::optional<HopperScaleRunsPass> HopperScaleRunsPassOf(const Geometry& g, const void* in,
                                                                const void* out) {
   const HopperScaleTiling& t = g.hopper_scale;
-  if (g.op != Op::kHopperScaleSwizzle || g.scale_access != ScaleAccess::kRows || g.scale_stride[1] != 1 ||
-      g.scale_stride[0] != t.cols || t.cols < 1 || t.cols > kHopperScaleRunsMaxCols || t.rows < 1 ||
-      g.out_matrix_bytes != t.out_rows * t.out_cols || t.cols_pad % 2 != 0 ||
-      reinterpret_cast<uintptr_t>(in) % 16 != 0 || reinterpret_cast<uintptr_t>(out) % 16 != 0) {
+  const bool swizzle = g.op == Op::kHopperScaleSwizzle;
+  if ((!swizzle && g.op != Op::kHopperScaleUnswizzle) || g.scale_access != ScaleAccess::kRows ||
+      g.scale_stride[1] != 1 || g.scale_stride[0] != t.cols || t.cols < 1 || t.cols > kHopperScaleRunsMaxCols ||
+      t.rows < 1 || t.cols_pad % 2 != 0 || reinterpret_cast<uintptr_t>(in) % 16 != 0 ||
+      reinterpret_cast<uintptr_t>(out) % 16 != 0) {
     return std::nullopt;
   }
-  const int64_t matrix = t.rows * t.cols;
+  // S side: matrices of rows x cols bytes, each a 16-byte multiple where there are several.
+  const int64_t matrix = t.rows * t.cols, storage = t.out_rows * t.out_cols;
   if (g.num_matrices > 1 && matrix % 16 != 0) return std::nullopt;
-  int64_t stride = matrix;
+  if (g.out_matrix_bytes != (swizzle ? storage : matrix)) return std::nullopt;
+  // The input: S (swizzle) or the storage O with rows of out_cols bytes (unswizzle), its
+  // matrices back to back.
+  if (!swizzle && g.in_stride[0] != t.out_cols) return std::nullopt;
+  int64_t stride = swizzle ? matrix : storage;
   for (int i = g.lead_rank - 1; i >= 0; --i) {
     if (g.lead_shape[i] > 1 && g.in_lead_stride[i] != stride) return std::nullopt;
     stride *= g.lead_shape[i];
   }
   HopperScaleRunsPass p;
+  p.swizzle = swizzle;
   p.matrices = g.num_matrices;
   p.rows = t.rows;
   p.cols = t.cols;
@@ -63,6 +72,64 @@ inline std::optional<HopperScaleRunsPass> HopperScaleRunsPassOf(const Geometry& 
   // kHopperScaleRunsPieces loads or fewer.
   const int64_t per_block = int64_t{kHopperScaleRunsThreads} * kHopperScaleRunsPieces / (2 * t.cols);
   p.rows_per_block = static_cast<int32_t>(per_block < 1 ? 1 : (per_block > 16 ? 16 : per_block));
+  return p;
+}
+
+// The Hopper scale swizzle of S with dense columns (mx_axis -1 of the transposed view, and
+// mx_axis -2 of a dense tensor): a block takes the num_warps O rows of one 32*num_warps-row
+// band of S over cols_per_block columns, whose S bytes are each column's rows of the band:
+// with the band holding every row (rows <= 32 * num_warps) that is one contiguous run of
+// the input, staged as it lies (smem_stride = rows); otherwise runs of 32 * num_warps
+// bytes a column (rows a multiple of 16), staged smem_stride = 32 * num_warps apart.
+struct HopperScaleColumnsPass {
+  int64_t matrices = 0;
+  int64_t rows = 0, cols = 0;
+  int64_t rows_pad = 0, cols_pad = 0;
+  int32_t num_warps = 1;
+  int32_t cols_per_block = 16;
+  int32_t smem_stride = 0;
+  bool one_band = false;
+};
+
+inline constexpr int64_t kHopperScaleColumnsSmem = 16 * 1024;
+
+inline std::optional<HopperScaleColumnsPass> HopperScaleColumnsPassOf(const Geometry& g, const void* in,
+                                                                     const void* out) {
+  const HopperScaleTiling& t = g.hopper_scale;
+  const int64_t band = 32 * int64_t{t.num_warps};
+  if (g.op != Op::kHopperScaleSwizzle || g.scale_access != ScaleAccess::kColumns || g.scale_stride[0] != 1 ||
+      g.scale_stride[1] != t.rows || t.rows < 2 || t.rows % 2 != 0 || t.cols < 1 || band > 512 ||
+      g.out_matrix_bytes != t.out_rows * t.out_cols || t.cols_pad % 2 != 0 ||
+      reinterpret_cast<uintptr_t>(in) % 16 != 0 || reinterpret_cast<uintptr_t>(out) % 16 != 0) {
+    return std::nullopt;
+  }
+  // Columns of at most 256 rows (the scale groups of the mx_axis -1 views loaders would
+  // pass): there the pass measured 1.2-1.8x faster than the tiles on an H100. Columns of a
+  // multiple of 128 rows would put every staged column on the same shared-memory bank, and
+  // longer ones (mx_axis -2 of a dense tensor: N rows) measured slower than the tiles.
+  if (t.rows > 256 || t.rows % 128 == 0) return std::nullopt;
+  const bool one_band = t.rows <= band;
+  if (!one_band && t.rows % 16 != 0) return std::nullopt;
+  const int64_t matrix = t.rows * t.cols;
+  if (g.num_matrices > 1 && matrix % 16 != 0) return std::nullopt;
+  int64_t stride = matrix;
+  for (int i = g.lead_rank - 1; i >= 0; --i) {
+    if (g.lead_shape[i] > 1 && g.in_lead_stride[i] != stride) return std::nullopt;
+    stride *= g.lead_shape[i];
+  }
+  HopperScaleColumnsPass p;
+  p.matrices = g.num_matrices;
+  p.rows = t.rows;
+  p.cols = t.cols;
+  p.rows_pad = t.rows_pad;
+  p.cols_pad = t.cols_pad;
+  p.num_warps = t.num_warps;
+  p.one_band = one_band;
+  p.smem_stride = static_cast<int32_t>(one_band ? t.rows : band);
+  // A multiple of 16 columns (the staged run of a one-band block starts 16-byte aligned),
+  // at most 512, whose bytes fit the staging.
+  const int64_t fit = kHopperScaleColumnsSmem / p.smem_stride / 16 * 16;
+  p.cols_per_block = static_cast<int32_t>(fit < 16 ? 16 : (fit > 512 ? 512 : fit));
   return p;
 }
 

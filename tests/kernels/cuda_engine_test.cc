@@ -341,13 +341,14 @@ TEST_F(GpuTest, EverySweptSpecOnViewsEqualsTheDenseCpuConversion) {
 // size where every tile runs many times, at the bench shape, with N and K/32 off every
 // tile (blackwell_scale's view takes the interleave pass: rows of 5 or 90 bytes, padding
 // rows and columns), two leading dims, and the checkpoint at odd byte offsets. The
-// hopper_scale mx_axis -2 swizzle takes its runs pass where matrices are 16-byte multiples:
-// even and odd rows (90, 36, 7 and 45 groups), N not a multiple of 16 (a run cut short)
-// and rows of more than 512 groups (the tiles).
+// hopper_scale swizzles take passes of their own where matrices are 16-byte multiples
+// (mx_axis -2: S rows of 90, 36, 7 and 45 groups, N not a multiple of 16, and rows of more
+// than 512 groups for the tiles; mx_axis -1: S columns of 90 or 36 groups in one band of
+// 32 num_warps rows, of 224 in several; 128 and odd ones for the tiles).
 TEST_F(GpuTest, LoaderTransposedScaleViewsEqualTheCpuEngine) {
   for (const std::vector<int64_t>& shape : std::vector<std::vector<int64_t>>{
            {4, 90, 2880}, {16, 128, 4096}, {3, 5, 300}, {2, 3, 17, 129}, {1, 36, 64}, {2, 7, 32},
-           {3, 45, 144}, {1, 7, 37}, {2, 600, 16}}) {
+           {3, 45, 144}, {1, 7, 37}, {2, 600, 16}, {2, 224, 96}}) {
     const size_t r = shape.size();
     const int64_t k32 = shape[r - 2], n = shape[r - 1];
     int64_t e = 1;
@@ -364,6 +365,23 @@ TEST_F(GpuTest, LoaderTransposedScaleViewsEqualTheCpuEngine) {
       const Plan plan = MustPlan(spec, shape, view);
       const std::vector<uint8_t> want = CpuConvert(plan, checkpoint);
       for (size_t offset : {0, 1, 6}) EXPECT_EQ(GpuConvert(plan, checkpoint, 0, nullptr, offset), want) << offset;
+    }
+  }
+}
+
+// Scale unswizzles at model-like shapes, where the result is S with dense rows (mx_axis -1,
+// and mx_axis -2 where upstream's padded S is no larger: N a multiple of 32 num_warps) or
+// dense columns: random storage bytes, padding included, as the CPU engine reads them.
+TEST_F(GpuTest, ScaleUnswizzlesAtModelShapesEqualTheCpuEngine) {
+  std::mt19937_64 rng(779);
+  for (const std::vector<int64_t>& shape :
+       std::vector<std::vector<int64_t>>{{3, 90, 256}, {2, 224, 512}, {2, 64, 1024}, {1, 36, 128}, {2, 45, 96}}) {
+    for (const ConversionSpec& spec : testing::SweepSpecs()) {
+      if (spec.direction != Direction::kUnswizzle || spec.layout != Layout::kHopperScale) continue;
+      SCOPED_TRACE(Describe(spec) + " " + ::testing::PrintToString(shape));
+      const Plan plan = MustPlan(spec, shape);
+      const auto x = testing::RandomBytes(plan.input_bytes, rng());
+      EXPECT_EQ(GpuConvert(plan, x), CpuConvert(plan, x));
     }
   }
 }
