@@ -55,11 +55,7 @@ inline std::optional<HopperScaleRunsPass> HopperScaleRunsPassOf(const Geometry& 
   // The input: S (swizzle) or the storage O with rows of out_cols bytes (unswizzle), its
   // matrices back to back.
   if (!swizzle && g.in_stride[0] != t.out_cols) return std::nullopt;
-  int64_t stride = swizzle ? matrix : storage;
-  for (int i = g.lead_rank - 1; i >= 0; --i) {
-    if (g.lead_shape[i] > 1 && g.in_lead_stride[i] != stride) return std::nullopt;
-    stride *= g.lead_shape[i];
-  }
+  if (!InputMatricesBackToBack(g, swizzle ? matrix : storage)) return std::nullopt;
   HopperScaleRunsPass p;
   p.swizzle = swizzle;
   p.matrices = g.num_matrices;
@@ -112,11 +108,7 @@ inline std::optional<HopperScaleColumnsPass> HopperScaleColumnsPassOf(const Geom
   if (!one_band && t.rows % 16 != 0) return std::nullopt;
   const int64_t matrix = t.rows * t.cols;
   if (g.num_matrices > 1 && matrix % 16 != 0) return std::nullopt;
-  int64_t stride = matrix;
-  for (int i = g.lead_rank - 1; i >= 0; --i) {
-    if (g.lead_shape[i] > 1 && g.in_lead_stride[i] != stride) return std::nullopt;
-    stride *= g.lead_shape[i];
-  }
+  if (!InputMatricesBackToBack(g, matrix)) return std::nullopt;
   HopperScaleColumnsPass p;
   p.matrices = g.num_matrices;
   p.rows = t.rows;

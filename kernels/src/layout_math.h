@@ -691,6 +691,17 @@ struct Geometry {
   }
 };
 
+// Whether the input's matrices lie back to back, `matrix_bytes` apart, as the leading dims
+// of a dense tensor lay them out (the passes that address matrix e at e * matrix_bytes).
+inline bool InputMatricesBackToBack(const Geometry& g, int64_t matrix_bytes) {
+  int64_t stride = matrix_bytes;
+  for (int i = g.lead_rank - 1; i >= 0; --i) {
+    if (g.lead_shape[i] > 1 && g.in_lead_stride[i] != stride) return false;
+    stride *= g.lead_shape[i];
+  }
+  return true;
+}
+
 }  // namespace wprep
 
 #endif  // WPREP_KERNELS_SRC_LAYOUT_MATH_H_

@@ -57,12 +57,7 @@ inline std::optional<InterleavePass> BlackwellScaleViewPass(const ::wprep::Geome
       g.scale_stride[1] != t.k || g.out_matrix_bytes != t.npad * t.kpad || t.npad % 128 != 0 || t.kpad % 4 != 0) {
     return std::nullopt;
   }
-  // The matrices back to back, as the leading dims of a dense tensor lay them out.
-  int64_t stride = t.n * t.k;
-  for (int i = g.lead_rank - 1; i >= 0; --i) {
-    if (g.lead_shape[i] > 1 && g.in_lead_stride[i] != stride) return std::nullopt;
-    stride *= g.lead_shape[i];
-  }
+  if (!InputMatricesBackToBack(g, t.n * t.k)) return std::nullopt;
   InterleavePass p;
   p.experts = g.num_matrices;
   p.rows_in = t.n;
