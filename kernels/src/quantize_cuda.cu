@@ -137,6 +137,40 @@ struct GroupSink {
     Split(r, &m, &col);
     scales[m * s_mat + BlackwellScaleOffset(st, k, col)] = byte;
   }
+  // Where row r's groups go, found once a row: its value bytes (canonical and blackwell_value:
+  // the row; shuffled tiles: the row's place in tile kt = 0, tile_k bytes of a tile further
+  // for each kt) and its scale bytes (canonical: the row; Blackwell: group k's byte is
+  // at (k / 4) * 512 + k % 4 from the row's).
+  struct RowPlace {
+    uint8_t* v;
+    uint8_t* s;
+  };
+  __device__ __forceinline__ RowPlace Place(int64_t r, uint8_t* values, uint8_t* scales) const {
+    if (!blackwell) return {values + r * vrow, scales + r * sq};
+    int64_t m;
+    uint32_t col;
+    Split(r, &m, &col);
+    uint8_t* s = scales + m * s_mat + BlackwellScaleOffset(st, 0, col);
+    if (!tiled) return {values + r * vrow, s};
+    return {values + m * v_mat + BlackwellOffset(vt, nullptr, col, 0), s};
+  }
+  // A lane's word (value bytes 16k + 4sub .. +3) and a group's scale byte at a row's place.
+  __device__ __forceinline__ void WordAt(const RowPlace& p, int64_t r, uint32_t k, uint32_t sub, uint32_t w,
+                                         uint8_t* values) const {
+    const uint32_t byte = 16 * k + 4 * sub;
+    if (!tiled) {
+      *reinterpret_cast<uint32_t*>(p.v + byte) = w;
+    } else if (words) {
+      // Tiles along K are ntn * tile_n * tile_k bytes apart; a row's bytes in one are contiguous.
+      const uint32_t kt = vt.div_k.Div(byte);
+      *reinterpret_cast<uint32_t*>(p.v + kt * (vt.ntn * vt.tile_n * vt.tile_k) + (byte - kt * vt.tile_k)) = w;
+    } else {
+      Word(r, k, sub, w, values);
+    }
+  }
+  __device__ __forceinline__ void ScaleAt(const RowPlace& p, uint32_t k, uint8_t byte) const {
+    p.s[blackwell ? (k >> 2) * kBlackwellScaleBlock + (k & 3) : k] = byte;
+  }
   // Row r's padding (Blackwell only), lane `lane` of `lanes`: its value bytes [kp, kpad) (a
   // word a lane where the tiles allow it) and its scale bytes k in [ceil(K/32), Kp).
   __device__ __forceinline__ void PadRow(int64_t r, int lane, int lanes, uint8_t* values, uint8_t* scales) const {
@@ -236,15 +270,29 @@ __global__ void __launch_bounds__(256, 4) Bf16GroupKernel(const uint4* __restric
       const uint32_t g = base + 8 * u + (lane >> 2);
       raw[u] = g < groups ? in[static_cast<int64_t>(g) * 4 + sub] : make_uint4(0, 0, 0, 0);
     }
+    // The lane's group of step 0, its row and place; each step moves on by 8 groups, and the
+    // place is found again only where that crosses into another row.
+    uint32_t g = base + (lane >> 2);
+    uint32_t r = sink.div_sq.Div(g), k = g - r * sink.sq;
+    typename GroupSink::RowPlace place = sink.Place(r, values, scales);
     WPREP_UNROLL
     for (int u = 0; u < 4; ++u) {
-      const uint32_t g = base + 8 * u + (lane >> 2);
+      if (u > 0) {
+        g += 8;
+        k += 8;
+        if (k >= sink.sq) {
+          do {
+            k -= sink.sq;
+            ++r;
+          } while (k >= sink.sq);
+          place = sink.Place(r, values, scales);
+        }
+      }
       if (g >= groups) continue;  // all four lanes of a group agree
       uint32_t e = 0;
       const uint32_t out = Bf16LaneCodes(raw[u], group_lanes, up, &e);
-      const uint32_t r = sink.div_sq.Div(g), k = g - r * sink.sq;
-      sink.Word(r, k, sub, out, values);
-      if (sub == 0) sink.Scale(r, k, static_cast<uint8_t>(e >> 23), scales);
+      sink.WordAt(place, r, k, sub, out, values);
+      if (sub == 0) sink.ScaleAt(place, k, static_cast<uint8_t>(e >> 23));
       if (k == sink.sq - 1) sink.PadRow(r, static_cast<int>(sub), 4, values, scales);
     }
   }
