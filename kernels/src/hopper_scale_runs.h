@@ -35,9 +35,9 @@ inline constexpr int kHopperScaleRunsPieces = 4;
 inline constexpr int64_t kHopperScaleRunsMaxCols =
     int64_t{kHopperScaleRunsThreads} * kHopperScaleRunsPieces / 2;  // 512
 
-// The pass for a conversion's geometry when it is the Hopper scale swizzle of dense S rows
-// in matrices laid back to back, with the input and output 16-byte aligned (each run then
-// is); else nullopt (the tiles run).
+// The pass for a conversion's geometry when it is the Hopper scale swizzle from, or the
+// unswizzle into, dense S rows of at most 512 groups, the input's matrices back to back and
+// both buffers 16-byte aligned (each run then is); else nullopt (the tiles run).
 inline std::optional<HopperScaleRunsPass> HopperScaleRunsPassOf(const Geometry& g, const void* in,
                                                                const void* out) {
   const HopperScaleTiling& t = g.hopper_scale;
