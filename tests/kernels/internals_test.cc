@@ -9,6 +9,8 @@
 #include <utility>
 #include <vector>
 
+#include "golden.h"
+#include "hopper_scale_runs.h"
 #include "layout_math.h"
 #include "occupancy.h"
 #include "quantize_math.h"
@@ -42,6 +44,74 @@ TEST(KernelVariants, ReachBothHopperScaleTilesEachWay) {
     EXPECT_TRUE(reached.count({op, ScaleAccess::kRows})) << static_cast<int>(op);
     EXPECT_TRUE(reached.count({op, ScaleAccess::kColumns})) << static_cast<int>(op);
   }
+}
+
+// Which Hopper scale conversions the GPU's passes take (hopper_scale_runs.h) and which keep
+// the tiles: the routing the H100 measurements chose (PERFORMANCE.md, "Scales at model
+// shapes"), checked where no GPU is.
+ConversionSpec HopperScale(int mx_axis, int num_warps, Direction d) {
+  ConversionSpec s;
+  s.layout = Layout::kHopperScale;
+  s.direction = d;
+  s.hopper_scale.mx_axis = mx_axis;
+  s.hopper_scale.num_warps = num_warps;
+  return s;
+}
+
+TEST(HopperScalePasses, TakeTheLoadersViewsAndLeaveLongColumnsToTheTiles) {
+  alignas(16) static uint8_t buffer[64];
+  const void* aligned = buffer;
+  const void* odd = buffer + 1;
+  auto geometry = [](const ConversionSpec& spec, const std::vector<int64_t>& shape, bool checkpoint_view) {
+    InputBinding b;
+    if (checkpoint_view) b.strides = testing::CheckpointScaleViewStrides(shape);
+    auto plan = MakePlan(spec, shape, b);
+    EXPECT_TRUE(plan.ok()) << plan.status();
+    return plan.ok() ? *plan->geometry : Geometry{};
+  };
+  for (int nw : {4, 8}) {
+    SCOPED_TRACE(nw);
+    // The sm_90 loaders' call: mx_axis -2 of the checkpoint's transposed view (S rows of 90
+    // or 64 groups, dense): the rows pass, but only with 16-byte aligned buffers.
+    for (const std::vector<int64_t>& shape : std::vector<std::vector<int64_t>>{{128, 90, 5760}, {256, 64, 7168}}) {
+      const Geometry g = geometry(HopperScale(-2, nw, Direction::kSwizzle), shape, true);
+      EXPECT_TRUE(HopperScaleRunsPassOf(g, aligned, aligned).has_value());
+      EXPECT_FALSE(HopperScaleRunsPassOf(g, odd, aligned).has_value());
+      EXPECT_FALSE(HopperScaleColumnsPassOf(g, aligned, aligned).has_value());
+    }
+    // mx_axis -1 of that view: S columns of 90 / 224 / 64 groups take the columns pass.
+    for (const std::vector<int64_t>& shape :
+         std::vector<std::vector<int64_t>>{{128, 90, 5760}, {256, 224, 4096}, {256, 64, 7168}}) {
+      const Geometry g = geometry(HopperScale(-1, nw, Direction::kSwizzle), shape, true);
+      EXPECT_TRUE(HopperScaleColumnsPassOf(g, aligned, aligned).has_value()) << shape[1];
+      EXPECT_FALSE(HopperScaleRunsPassOf(g, aligned, aligned).has_value());
+    }
+    // Columns of a multiple of 128 rows, and long ones (mx_axis -2 of a dense tensor: N
+    // rows), measured faster on the tiles.
+    EXPECT_FALSE(HopperScaleColumnsPassOf(geometry(HopperScale(-1, nw, Direction::kSwizzle), {16, 128, 4096}, true),
+                                          aligned, aligned));
+    EXPECT_FALSE(HopperScaleColumnsPassOf(geometry(HopperScale(-2, nw, Direction::kSwizzle), {128, 90, 5760}, false),
+                                          aligned, aligned));
+    // Unswizzles into dense S rows (mx_axis -2 where N is a multiple of 32 num_warps):
+    // the rows pass the other way.
+    const Geometry un = geometry(HopperScale(-2, nw, Direction::kUnswizzle), {256, 224, 4096}, false);
+    ASSERT_EQ(un.scale_access, ScaleAccess::kRows);
+    const std::optional<HopperScaleRunsPass> p = HopperScaleRunsPassOf(un, aligned, aligned);
+    ASSERT_TRUE(p.has_value());
+    EXPECT_FALSE(p->swizzle);
+  }
+  // Checkpoint rows padded to 96 bytes (a strided view of one matrix): runs are not
+  // contiguous, tiles.
+  {
+    InputBinding padded;
+    padded.strides = {256 * 96, 1, 96};
+    auto plan = MakePlan(HopperScale(-2, 4, Direction::kSwizzle), {1, 90, 256}, padded);
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    EXPECT_FALSE(HopperScaleRunsPassOf(*plan->geometry, aligned, aligned).has_value());
+  }
+  // S rows of more than 512 groups keep the tiles.
+  EXPECT_FALSE(HopperScaleRunsPassOf(geometry(HopperScale(-2, 4, Direction::kSwizzle), {16, 4096, 128}, true),
+                                     aligned, aligned));
 }
 
 // Every copy of a plan runs the same geometry, and MakePlan's plans always carry one.
