@@ -426,12 +426,12 @@ __global__ void __launch_bounds__(kHopperScaleRunsThreads)
 }
 
 void LaunchHopperScaleRuns(const HopperScaleRunsPass& p, const uint8_t* in, uint8_t* out, cudaStream_t stream) {
-  const int64_t blocks = (p.matrices * (p.rows_pad / 32) + p.rows_per_block - 1) / p.rows_per_block;
+  const auto blocks = static_cast<unsigned>(p.Blocks());
   const size_t smem = static_cast<size_t>(32) * p.rows_per_block * p.cols;
   if (p.cols % 2 == 0) {
-    HopperScaleRunsKernel<true><<<static_cast<unsigned>(blocks), kHopperScaleRunsThreads, smem, stream>>>(p, in, out);
+    HopperScaleRunsKernel<true><<<blocks, kHopperScaleRunsThreads, smem, stream>>>(p, in, out);
   } else {
-    HopperScaleRunsKernel<false><<<static_cast<unsigned>(blocks), kHopperScaleRunsThreads, smem, stream>>>(p, in, out);
+    HopperScaleRunsKernel<false><<<blocks, kHopperScaleRunsThreads, smem, stream>>>(p, in, out);
   }
 }
 
@@ -497,10 +497,8 @@ __global__ void __launch_bounds__(kHopperScaleRunsThreads)
 }
 
 void LaunchHopperScaleColumns(const HopperScaleColumnsPass& p, const uint8_t* in, uint8_t* out, cudaStream_t stream) {
-  const int64_t blocks = p.matrices * (p.rows_pad / (32 * int64_t{p.num_warps})) *
-                         ((p.cols_pad + p.cols_per_block - 1) / p.cols_per_block);
   const size_t smem = static_cast<size_t>(p.smem_stride) * p.cols_per_block;
-  HopperScaleColumnsKernel<<<static_cast<unsigned>(blocks), kHopperScaleRunsThreads, smem, stream>>>(p, in, out);
+  HopperScaleColumnsKernel<<<static_cast<unsigned>(p.Blocks()), kHopperScaleRunsThreads, smem, stream>>>(p, in, out);
 }
 
 // Launches the kernel for the tile type DispatchTile picks (a functor: CUDA here is C++17).
@@ -661,16 +659,12 @@ absl::Status ConvertOnCuda(const Plan& plan, const void* in, void* out, CudaStre
   }
   // The Hopper scale swizzle of dense S rows (the sm_90 loaders' transposed view) or
   // columns: passes of their own, which read whole runs of S in aligned words.
-  if (std::optional<HopperScaleRunsPass> p = HopperScaleRunsPassOf(g, in, out);
-      p.has_value() && p->matrices * (p->rows_pad / 32) / p->rows_per_block < (int64_t{1} << 31)) {
+  if (std::optional<HopperScaleRunsPass> p = HopperScaleRunsPassOf(g, in, out); p.has_value()) {
     LaunchHopperScaleRuns(*p, static_cast<const uint8_t*>(in), static_cast<uint8_t*>(out), stream);
     WPREP_CUDA_RETURN_IF_ERROR(cudaGetLastError());
     return absl::OkStatus();
   }
-  if (std::optional<HopperScaleColumnsPass> p = HopperScaleColumnsPassOf(g, in, out);
-      p.has_value() && p->matrices * (p->rows_pad / (32 * int64_t{p->num_warps})) *
-                               ((p->cols_pad + p->cols_per_block - 1) / p->cols_per_block) <
-                           (int64_t{1} << 31)) {
+  if (std::optional<HopperScaleColumnsPass> p = HopperScaleColumnsPassOf(g, in, out); p.has_value()) {
     LaunchHopperScaleColumns(*p, static_cast<const uint8_t*>(in), static_cast<uint8_t*>(out), stream);
     WPREP_CUDA_RETURN_IF_ERROR(cudaGetLastError());
     return absl::OkStatus();

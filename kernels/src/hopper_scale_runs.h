@@ -18,13 +18,27 @@
 
 namespace wprep {
 
-struct HopperScaleRunsPass {
-  bool swizzle = true;   // S -> O; else O -> S (the unswizzle, padding not read back)
+// What both passes take of the geometry: S and its padding, per matrix.
+struct HopperScaleShape {
   int64_t matrices = 0;  // E
   int64_t rows = 0, cols = 0;
   int64_t rows_pad = 0, cols_pad = 0;  // R, C
   int32_t num_warps = 1;
+};
+
+inline HopperScaleShape HopperScaleShapeOf(const Geometry& g) {
+  const HopperScaleTiling& t = g.hopper_scale;
+  return {g.num_matrices, t.rows, t.cols, t.rows_pad, t.cols_pad, t.num_warps};
+}
+
+// A launch takes at most this many blocks (grid x); a pass that needs more leaves the
+// conversion to the tiles, which refuse it with the reason.
+inline constexpr int64_t kHopperScalePassMaxBlocks = (int64_t{1} << 31) - 1;
+
+struct HopperScaleRunsPass : HopperScaleShape {
+  bool swizzle = true;         // S -> O; else O -> S (the unswizzle, padding not read back)
   int32_t rows_per_block = 1;  // O rows one thread block moves at a time
+  int64_t Blocks() const { return (matrices * (rows_pad / 32) + rows_per_block - 1) / rows_per_block; }
 };
 
 // The widest S row (in groups) the pass stages: a block holds rows_per_block x 32 rows of
@@ -57,17 +71,13 @@ inline std::optional<HopperScaleRunsPass> HopperScaleRunsPassOf(const Geometry& 
   if (!swizzle && g.in_stride[0] != t.out_cols) return std::nullopt;
   if (!InputMatricesBackToBack(g, swizzle ? matrix : storage)) return std::nullopt;
   HopperScaleRunsPass p;
+  static_cast<HopperScaleShape&>(p) = HopperScaleShapeOf(g);
   p.swizzle = swizzle;
-  p.matrices = g.num_matrices;
-  p.rows = t.rows;
-  p.cols = t.cols;
-  p.rows_pad = t.rows_pad;
-  p.cols_pad = t.cols_pad;
-  p.num_warps = t.num_warps;
   // A run is cols 16-byte words: as many O rows (2 runs each) as keep every thread at
   // kHopperScaleRunsPieces loads or fewer.
   const int64_t per_block = int64_t{kHopperScaleRunsThreads} * kHopperScaleRunsPieces / (2 * t.cols);
   p.rows_per_block = static_cast<int32_t>(per_block < 1 ? 1 : (per_block > 16 ? 16 : per_block));
+  if (p.Blocks() > kHopperScalePassMaxBlocks) return std::nullopt;
   return p;
 }
 
@@ -77,14 +87,13 @@ inline std::optional<HopperScaleRunsPass> HopperScaleRunsPassOf(const Geometry& 
 // with the band holding every row (rows <= 32 * num_warps) that is one contiguous run of
 // the input, staged as it lies (smem_stride = rows); otherwise runs of 32 * num_warps
 // bytes a column (rows a multiple of 16), staged smem_stride = 32 * num_warps apart.
-struct HopperScaleColumnsPass {
-  int64_t matrices = 0;
-  int64_t rows = 0, cols = 0;
-  int64_t rows_pad = 0, cols_pad = 0;
-  int32_t num_warps = 1;
+struct HopperScaleColumnsPass : HopperScaleShape {
   int32_t cols_per_block = 16;
   int32_t smem_stride = 0;
   bool one_band = false;
+  int64_t Blocks() const {
+    return matrices * (rows_pad / (32 * int64_t{num_warps})) * ((cols_pad + cols_per_block - 1) / cols_per_block);
+  }
 };
 
 inline constexpr int64_t kHopperScaleColumnsSmem = 16 * 1024;
@@ -110,18 +119,14 @@ inline std::optional<HopperScaleColumnsPass> HopperScaleColumnsPassOf(const Geom
   if (g.num_matrices > 1 && matrix % 16 != 0) return std::nullopt;
   if (!InputMatricesBackToBack(g, matrix)) return std::nullopt;
   HopperScaleColumnsPass p;
-  p.matrices = g.num_matrices;
-  p.rows = t.rows;
-  p.cols = t.cols;
-  p.rows_pad = t.rows_pad;
-  p.cols_pad = t.cols_pad;
-  p.num_warps = t.num_warps;
+  static_cast<HopperScaleShape&>(p) = HopperScaleShapeOf(g);
   p.one_band = one_band;
   p.smem_stride = static_cast<int32_t>(one_band ? t.rows : band);
   // A multiple of 16 columns (the staged run of a one-band block starts 16-byte aligned),
   // at most 512, whose bytes fit the staging.
   const int64_t fit = kHopperScaleColumnsSmem / p.smem_stride / 16 * 16;
   p.cols_per_block = static_cast<int32_t>(fit < 16 ? 16 : (fit > 512 ? 512 : fit));
+  if (p.Blocks() > kHopperScalePassMaxBlocks) return std::nullopt;
   return p;
 }
 
