@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "cpu_parallel.h"
 #include "moe_geometry.h"
+#include "scale_cpu.h"
 #include "wprep/kernels/moe.h"
 
 namespace wprep {
@@ -52,34 +53,124 @@ void RowsRange(const RowsPass& p, const uint8_t* in, uint8_t* out, int64_t begin
   }
 }
 
+// Outputs at least this large are written with non-temporal stores where a pass can: they
+// do not fit the caches, so reading their lines in before writing them only costs bandwidth.
+constexpr uint64_t kStreamingBytes = uint64_t{32} << 20;
+
 // uint8 scales, a tile of 128 output rows of one expert at a time ([begin, end) of
-// experts x rows_p / 128): each source row is read once, front to back, its 4-byte column
-// groups written to their places in the tile's cols_p / 4 blocks of 512 bytes (row m of
-// the tile at 16 * (m % 32) + 4 * (m / 32) in each), padding zeroed. The bytes are
-// InterleaveSrcWord's (moe_math.h), which the GPU kernel follows.
+// experts x rows_p / 128). Row m of the tile sits at 16 * (m % 32) + 4 * (m / 32) in each of
+// its cols_p / 4 blocks of 512 bytes, so the 16 bytes at 16b of block g are the words g of
+// rows b, 32 + b, 64 + b and 96 + b: with SSE2, 16 source bytes of each of those four rows
+// and a 4x4 transpose of their words make 16 output bytes of 4 blocks (a strip), and the
+// tile is written front to back. The last strip with source bytes reads the row's last 16
+// bytes, shifted down (zeros past the row); blocks past the rows' bytes are zeros. The next
+// tile's rows are prefetched, and long rows 256 bytes ahead. Without SSE2 (or for rows
+// shorter than 16 bytes) each source row's 4-byte groups go to their places one by one.
+// The bytes are InterleaveSrcWord's (moe_math.h), which the GPU kernel follows.
 void Interleave16Tiles(const InterleavePass& p, const uint8_t* in, uint8_t* out, int64_t begin, int64_t end) {
   const int64_t mtiles = p.rows_p / 128, groups = p.cols_p / 4, whole = p.cols_in / 4;
   const int tail = static_cast<int>(p.cols_in - 4 * whole);
+  const int64_t data_groups = std::min(groups, whole + (tail > 0 ? 1 : 0));  // groups with source bytes
+  auto src_of = [&](int64_t t, int j) -> const uint8_t* {
+    const int64_t e = t / mtiles, r = moe::SrcRow(p.map, 128 * (t - e * mtiles) + j);
+    return r >= 0 ? in + (e * p.rows_in + r) * p.cols_in : nullptr;
+  };
+#if defined(__SSE2__)
+  const bool simd = p.cols_in >= 16;
+  const bool stream = simd && (reinterpret_cast<uintptr_t>(out) & 15) == 0 &&
+                      static_cast<uint64_t>(p.experts * p.rows_p * p.cols_p) >= kStreamingBytes;
+  const int64_t g_full = simd ? 4 * (std::min(whole, groups) / 4) : 0;  // strips of 4 whole groups
+  // The strip after them, where it holds source bytes: its 16 bytes start at 4 * g_full, or
+  // are the row's last n bytes moved down (zeros above).
+  const int64_t n_last = std::min<int64_t>(p.cols_in - 4 * g_full, 16);
+  const bool last_strip = simd && data_groups > g_full;
+  auto load_last = [&](const uint8_t* row) -> __m128i {
+    if (n_last == 16) return _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + 4 * g_full));
+    uint64_t lo, hi;
+    std::memcpy(&lo, row + p.cols_in - 16, 8);
+    std::memcpy(&hi, row + p.cols_in - 8, 8);
+    const int shift = static_cast<int>(8 * (16 - n_last));  // bits, 8 .. 120
+    if (shift >= 64) {
+      lo = hi >> (shift - 64);
+      hi = 0;
+    } else {
+      lo = (lo >> shift) | (hi << (64 - shift));
+      hi >>= shift;
+    }
+    return _mm_set_epi64x(static_cast<int64_t>(hi), static_cast<int64_t>(lo));
+  };
+  auto put = [&](uint8_t* dst, __m128i v) {
+    if (stream) {
+      _mm_stream_si128(reinterpret_cast<__m128i*>(dst), v);
+    } else {
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(dst), v);
+    }
+  };
+#else
+  const int64_t g_full = 0;
+  const bool last_strip = false;
+#endif
+  const int64_t g_simd = last_strip ? std::min(g_full + 4, groups) : g_full;  // groups [0, g_simd) in strips
   for (int64_t t = begin; t < end; ++t) {
-    const int64_t e = t / mtiles, mt = t - e * mtiles;
-    uint8_t* tile = out + e * p.rows_p * p.cols_p + mt * groups * 512;
-    for (int j = 0; j < 128; ++j) {
-      uint8_t* dst = tile + 16 * (j % 32) + 4 * (j / 32);
-      const int64_t r = moe::SrcRow(p.map, 128 * mt + j);
-      int64_t g = 0;
-      if (r >= 0) {
-        const uint8_t* src = in + (e * p.rows_in + r) * p.cols_in;
-        for (; g < whole && g < groups; ++g) std::memcpy(dst + 512 * g, src + 4 * g, 4);
-        if (tail > 0 && g < groups) {
-          uint8_t word[4] = {0, 0, 0, 0};
-          std::memcpy(word, src + 4 * g, static_cast<size_t>(tail));
-          std::memcpy(dst + 512 * g, word, 4);
-          ++g;
+    const int64_t e = t / mtiles;
+    uint8_t* tile = out + e * p.rows_p * p.cols_p + (t - e * mtiles) * groups * 512;
+    const uint8_t* src[128];  // the tile's source rows; nullptr: a zero row
+    for (int j = 0; j < 128; ++j) src[j] = src_of(t, j);
+#if defined(__SSE2__)
+    if (simd && t + 1 < end) {
+      for (int j = 0; j < 128; ++j) {
+        const char* row = reinterpret_cast<const char*>(src_of(t + 1, j));
+        if (row == nullptr) continue;
+        for (int64_t x = 0; x < std::min<int64_t>(p.cols_in, 256); x += 64) _mm_prefetch(row + x, _MM_HINT_T0);
+      }
+    }
+    for (int64_t g = 0; g < g_simd; g += 4) {
+      uint8_t* blocks = tile + 512 * g;
+      const bool last = g == g_full;
+      if (!last && g % 16 == 0 && 4 * g + 256 < p.cols_in) {  // a line of each row, 256 bytes ahead
+        for (int j = 0; j < 128; ++j) {
+          if (src[j] != nullptr) _mm_prefetch(reinterpret_cast<const char*>(src[j] + 4 * g + 256), _MM_HINT_T0);
         }
       }
-      for (; g < groups; ++g) std::memset(dst + 512 * g, 0, 4);
+      const int64_t count = std::min<int64_t>(4, groups - g);
+      for (int b = 0; b < 32; ++b) {
+        __m128i w[4];
+        for (int a = 0; a < 4; ++a) {
+          const uint8_t* row = src[32 * a + b];
+          w[a] = row == nullptr ? _mm_setzero_si128()
+                 : last         ? load_last(row)
+                                : _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + 4 * g));
+        }
+        cpu_scale::Transpose4(w[0], w[1], w[2], w[3]);  // w[i]: group g + i of rows b, 32 + b, 64 + b, 96 + b
+        for (int64_t i = 0; i < count; ++i) put(blocks + 512 * i + 16 * b, w[i]);
+      }
+    }
+#endif
+    if (g_simd < data_groups) {  // no SIMD here: group by group
+      for (int j = 0; j < 128; ++j) {
+        if (src[j] == nullptr) continue;
+        uint8_t* dst = tile + 16 * (j % 32) + 4 * (j / 32);
+        for (int64_t g = g_simd; g < data_groups; ++g) {
+          uint8_t word[4] = {0, 0, 0, 0};
+          std::memcpy(word, src[j] + 4 * g, g < whole ? 4 : static_cast<size_t>(tail));
+          std::memcpy(dst + 512 * g, word, 4);
+        }
+      }
+    }
+    // Blocks no strip wrote: zeros, but for the source words placed just above.
+    const int64_t g_zero = std::max(g_simd, data_groups);
+    if (g_zero < groups) std::memset(tile + 512 * g_zero, 0, static_cast<size_t>(512 * (groups - g_zero)));
+    if (g_simd < data_groups) {  // the zero rows' words among the groups placed one by one
+      for (int j = 0; j < 128; ++j) {
+        if (src[j] != nullptr) continue;
+        uint8_t* dst = tile + 16 * (j % 32) + 4 * (j / 32);
+        for (int64_t g = g_simd; g < data_groups; ++g) std::memset(dst + 512 * g, 0, 4);
+      }
     }
   }
+#if defined(__SSE2__)
+  if (stream) _mm_sfence();  // the streamed stores are visible before the pass returns
+#endif
 }
 
 // Groups of 4 output elements (4 columns of one row, moe_math.h SfSource).
