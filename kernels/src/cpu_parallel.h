@@ -14,6 +14,11 @@ namespace wprep::cpu {
 // cost more than the work.
 inline constexpr uint64_t kParallelThreshold = 1 << 20;
 
+// Outputs at least this large are written with non-temporal (streaming) stores where a pass
+// writes whole aligned 16-byte pieces: they do not fit the caches, so reading their lines in
+// before writing them would only cost bandwidth.
+inline constexpr uint64_t kStreamingBytes = uint64_t{32} << 20;
+
 // fn(begin, end) over [0, units) in `threads` contiguous ranges (0: one per hardware
 // thread), the calling thread taking the first; one range when `bytes` is small. A thread
 // that cannot be started leaves its ranges to the calling thread.

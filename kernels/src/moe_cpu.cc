@@ -53,10 +53,6 @@ void RowsRange(const RowsPass& p, const uint8_t* in, uint8_t* out, int64_t begin
   }
 }
 
-// Outputs at least this large are written with non-temporal stores where a pass can: they
-// do not fit the caches, so reading their lines in before writing them only costs bandwidth.
-constexpr uint64_t kStreamingBytes = uint64_t{32} << 20;
-
 // uint8 scales, a tile of 128 output rows of one expert at a time ([begin, end) of
 // experts x rows_p / 128). Row m of the tile sits at 16 * (m % 32) + 4 * (m / 32) in each of
 // its cols_p / 4 blocks of 512 bytes, so the 16 bytes at 16b of block g are the words g of
@@ -78,7 +74,7 @@ void Interleave16Tiles(const InterleavePass& p, const uint8_t* in, uint8_t* out,
 #if defined(__SSE2__)
   const bool simd = p.cols_in >= 16;
   const bool stream = simd && (reinterpret_cast<uintptr_t>(out) & 15) == 0 &&
-                      static_cast<uint64_t>(p.experts * p.rows_p * p.cols_p) >= kStreamingBytes;
+                      static_cast<uint64_t>(p.experts * p.rows_p * p.cols_p) >= cpu::kStreamingBytes;
   const int64_t g_full = simd ? 4 * (std::min(whole, groups) / 4) : 0;  // strips of 4 whole groups
   // The strip after them, where it holds source bytes: its 16 bytes start at 4 * g_full, or
   // are the row's last n bytes moved down (zeros above).
