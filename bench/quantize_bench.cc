@@ -124,8 +124,12 @@ double TrtllmChain(const wprep::QuantizePlan& plan, const wprep::QuantLayoutSpec
   return Median(t);
 }
 
+// --only: a row runs when its layout's name contains this (empty: every row).
+std::string g_only;
+
 void Bench(const std::vector<int64_t>& shape, wprep::ScaleRounding rounding, const wprep::QuantLayoutSpec& layout,
            int iters, int warmup, wprep::QuantDtype dtype = wprep::QuantDtype::kBfloat16) {
+  if (LayoutName(layout).find(g_only) == std::string::npos) return;
   auto plan = wprep::MakeQuantizePlan(dtype, shape, rounding);
   if (!plan.ok()) {
     std::fprintf(stderr, "%s\n", plan.status().ToString().c_str());
@@ -228,6 +232,7 @@ int main(int argc, char** argv) {
                            "usage: wprep_quantize_bench [flags]\n"
                            "quantize_mxfp4 on the GPU next to a device copy of as many bytes.\n");
   fs.Int("iters", "N", 50, "timed calls per shape (median reported)", 1, 1 << 20);
+  fs.String("only", "TEXT", "", "run only the rows whose layout name contains TEXT (e.g. hopper, prepare_w13)");
   if (absl::Status s = fs.Parse(std::vector<std::string>(argv + 1, argv + argc)); !s.ok()) {
     std::fprintf(stderr, "wprep_quantize_bench: %s\n", std::string(s.message()).c_str());
     return 2;
@@ -237,6 +242,7 @@ int main(int argc, char** argv) {
     return 0;
   }
   const int iters = static_cast<int>(fs.GetInt("iters"));
+  g_only = fs.GetString("only");
   int n = 0;
   if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
     std::fprintf(stderr, "no CUDA device\n");

@@ -304,35 +304,40 @@ WPREP_HD void PairTranspose8x4(const uint32_t* in, uint32_t* out) {
   }
 }
 
+// Quarter k (0-3) of HopperPackBlock, from four words of q0 and four of q1: mma 2 makes
+// out[4k .. 4k+3] (o[0..3], 16 contiguous bytes), mma 3 makes out[4*t1 + k] (o[t1]). Four
+// threads can pack a block between them.
+template <int kMma>
+WPREP_HD void HopperPackQuarter(const uint32_t* q0, const uint32_t* q1, int k, uint32_t* o) {
+  if constexpr (kMma == 2) {
+    // ocol = 16*t1 + 8*w1 + 4*w0 + d  <-  c = 16*w1 + 4*t1 + d: whole Q words; t1 = k.
+    HopperInterleaveWordPair(q0[k], q1[k], &o[0], &o[1]);
+    HopperInterleaveWordPair(q0[4 + k], q1[4 + k], &o[2], &o[3]);
+  } else {
+    // ocol = 16*t1 + 4*k + 2*w1 + w0  <-  c = 8*k + 4*w1 + t1: out[4*t1 + k] has bytes
+    // b0..b3 = byte t1 of q0[2k], q1[2k], q0[2k + 1], q1[2k + 1]. Its gathered word G
+    // is byte t1 of each of w[0..3] below.
+    uint32_t w[4];
+    PairNibbleWords(q0[2 * k + 1], q1[2 * k], &w[0], &w[2]);
+    PairNibbleWords(q1[2 * k + 1], q0[2 * k], &w[1], &w[3]);
+    Transpose4x4Bytes(w);
+    WPREP_UNROLL
+    for (int t1 = 0; t1 < 4; ++t1) o[t1] = HopperInterleaveGathered(w[t1]);
+  }
+}
+
 // One 64-byte block of a Hopper O row: O[orow, 128*cr + 64*s0 + 0..63], orow = 4*r0 + t0.
 // Its bytes come from two 32-byte pieces of Q: q0 = Q[16*r0 + 2*t0 + s0, 32*cr + 0..31]
 // and q1 = the row 8 below (w0 = 1), each as 8 little-endian words. Pack places and
 // interleaves (steps 3-4) into out[16]; Unpack is its inverse.
 template <int kMma>
 WPREP_HD void HopperPackBlock(const uint32_t* q0, const uint32_t* q1, uint32_t* out) {
-  if constexpr (kMma == 2) {
-    // ocol = 16*t1 + 8*w1 + 4*w0 + d  <-  c = 16*w1 + 4*t1 + d: whole Q words.
+  WPREP_UNROLL
+  for (int k = 0; k < 4; ++k) {
+    uint32_t o[4];
+    HopperPackQuarter<kMma>(q0, q1, k, o);
     WPREP_UNROLL
-    for (int t1 = 0; t1 < 4; ++t1) {
-      WPREP_UNROLL
-      for (int w1 = 0; w1 < 2; ++w1) {
-        HopperInterleaveWordPair(q0[4 * w1 + t1], q1[4 * w1 + t1], &out[4 * t1 + 2 * w1],
-                                 &out[4 * t1 + 2 * w1 + 1]);
-      }
-    }
-  } else {
-    // ocol = 16*t1 + 4*k + 2*w1 + w0  <-  c = 8*k + 4*w1 + t1: out[4*t1 + k] has bytes
-    // b0..b3 = byte t1 of q0[2k], q1[2k], q0[2k + 1], q1[2k + 1]. Its gathered word G
-    // is byte t1 of each of w[0..3] below.
-    WPREP_UNROLL
-    for (int k = 0; k < 4; ++k) {
-      uint32_t w[4];
-      PairNibbleWords(q0[2 * k + 1], q1[2 * k], &w[0], &w[2]);
-      PairNibbleWords(q1[2 * k + 1], q0[2 * k], &w[1], &w[3]);
-      Transpose4x4Bytes(w);
-      WPREP_UNROLL
-      for (int t1 = 0; t1 < 4; ++t1) out[4 * t1 + k] = HopperInterleaveGathered(w[t1]);
-    }
+    for (int i = 0; i < 4; ++i) out[kMma == 2 ? 4 * k + i : 4 * i + k] = o[i];
   }
 }
 

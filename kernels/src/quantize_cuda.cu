@@ -213,7 +213,9 @@ __device__ __forceinline__ uint32_t Bf16LaneCodes(const uint4& raw, uint32_t gro
   const uint32_t eb = qmath::Bf16ScaleByte(m & 0xFFFFu, up, kFastMinE, kFastMaxE);  // no float division
   uint32_t e = eb << 23;
   uint32_t out = 0;
-  if (eb != 0) {
+  // A group of zeros (the layouts' padding among them) takes the packed encoder too: its scale
+  // is ScaleBits(0) = 0, and with any finite multiplier its codes are the elements' signs.
+  if (eb != 0 || (m & 0xFFFFu) == 0) {
     const uint32_t qs2 = Pair((254u - eb) << 7);
     WPREP_UNROLL
     for (int p = 0; p < 4; ++p) {
@@ -365,6 +367,11 @@ __global__ void __launch_bounds__(256) TrtllmBf16Kernel(const uint4* __restrict_
     const uint32_t groups = src < 0 ? 0u : sq;  // groups read from the source row
     uint8_t* vrow = values + row * vp.out_row_bytes;
     uint8_t* srow_scales = scales + e * vp.rows_out * cols_p + moe::SfOffset(n, 0, cols_p);
+    if (src < 0) {  // a padding row: zeros, nothing to quantize
+      for (uint32_t w = lane; w < 4 * cols_p; w += 32) reinterpret_cast<uint32_t*>(vrow)[w] = 0;
+      for (uint32_t q = lane; q < cols_p / 4; q += 32) *reinterpret_cast<uint32_t*>(srow_scales + q * 512) = 0;
+      continue;
+    }
     for (uint32_t c0 = 0; c0 < cols_p; c0 += 32) {
       uint4 raw[4];
       WPREP_UNROLL
@@ -455,6 +462,20 @@ __device__ __forceinline__ void QuantizeLaneOf8(const uint8_t* src, int valid, b
   *sbyte = eb >> 23;
 }
 
+// Words w[0..count) at dst + i * stride (stride a multiple of 4): word stores where dst is
+// 4-byte aligned, bytes where a caller's buffer sits at an odd offset; the same result.
+__device__ __forceinline__ void StoreWords(uint8_t* dst, const uint32_t* w, int count, int stride) {
+  const bool aligned = (reinterpret_cast<uintptr_t>(dst) & 3) == 0;
+  WPREP_UNROLL
+  for (int i = 0; i < count; ++i) {
+    if (aligned) {
+      *reinterpret_cast<uint32_t*>(dst + i * stride) = w[i];
+    } else {
+      for (int b = 0; b < 4; ++b) dst[i * stride + b] = static_cast<uint8_t>(w[i] >> (8 * b));
+    }
+  }
+}
+
 // ---------------------------------------------------------------------------------------
 // Fused quantize + hopper_value(mx_axis=-2) + hopper_scale(mx_axis=-2). A weight stored
 // [..., N, K] quantizes along K into the checkpoint-order MXFP4 of the logical [..., K, N],
@@ -462,9 +483,9 @@ __device__ __forceinline__ void QuantizeLaneOf8(const uint8_t* src, int valid, b
 // as they are: Q[e, n, c] = codes of elements 2c, 2c+1 of row n. The scale tensor's S is
 // likewise the groups' scales [e, n, g]. A block takes a tile of 64 Q rows x 64 Q bytes
 // (4 groups): it quantizes the tile into shared memory (4 lanes a group, 8 elements a
-// lane), then writes the tile's 16 O rows x 256 bytes of hopper_value as whole words and
-// its 256 scale bytes at their hopper_scale places. Tiles past N or K write the layouts'
-// zero padding.
+// lane), then writes the tile's 16 O rows x 256 bytes of hopper_value (64 HopperPackBlock
+// blocks, 4 threads each, from whole Q words) and its 256 scale bytes (a word a thread:
+// two rows and two groups). Tiles past N or K write the layouts' zero padding.
 constexpr int kHopperTileRows = kFusedHopperTileRows;
 constexpr int kHopperTileBytes = kFusedHopperTileBytes;  // Q columns: 4 groups
 constexpr int kHopperTilePitch = kHopperTileBytes / 4 + 1;  // words; +1 spreads the banks
@@ -480,6 +501,7 @@ __global__ void __launch_bounds__(256) HopperFusedKernel(const uint8_t* __restri
   const int sub = threadIdx.x & 3;
   const uint32_t group_lanes = 0xFu << (threadIdx.x & 28);
   const int64_t total = g.mats * g.tiles_per_mat;
+  const bool vec_values = (reinterpret_cast<uintptr_t>(values) & 15) == 0;  // O rows are 128-byte multiples
   for (int64_t t = blockIdx.x; t < total; t += gridDim.x) {
     const int64_t e = t / g.tiles_per_mat, rest = t - e * g.tiles_per_mat;
     const int64_t tr = rest / g.tile_cols, row0 = tr * kHopperTileRows;
@@ -522,44 +544,41 @@ __global__ void __launch_bounds__(256) HopperFusedKernel(const uint8_t* __restri
       }
     }
     __syncthreads();
-    // 2. Values: O rows row0/4 .. +16, bytes 4*c0 .. +256.
+    // 2. Values: O rows row0/4 .. +16, bytes 4*c0 .. +256: 16 rows of 4 HopperPackBlock
+    // blocks, each packed by 4 threads (a quarter each) from words of the tile. A warp's 8
+    // blocks are 2 O rows' 256 contiguous bytes.
     if (row0 < g.vt.rows_pad && c0 < g.vt.cols_pad) {
-      const auto* qb = reinterpret_cast<const uint8_t*>(q);
-      uint8_t* vmat = values + e * g.v_mat_bytes;
-      // Word pairs (w, w + 256): two O words gathered from the tile, interleaved together.
-      auto gather = [&](int w) {
-        const int orl = w >> 6, ow = w & 63;
-        uint32_t o = 0;
-        WPREP_UNROLL
-        for (int b = 0; b < 4; ++b) {
-          int r = 0, c = 0;
-          HopperSource<int>(orl, 4 * ow + b, g.mma_version, &r, &c);
-          o |= static_cast<uint32_t>(qb[(r * kHopperTilePitch) * 4 + c]) << (8 * b);
+      const int blk = threadIdx.x >> 2, quarter = threadIdx.x & 3;
+      const int orl = blk >> 2, bl = blk & 3;  // bl = 2 * cr + s0
+      const int lr0 = 16 * (orl >> 2) + 2 * (orl & 3) + (bl & 1);
+      const uint32_t* q0 = q + lr0 * kHopperTilePitch + 8 * (bl >> 1);
+      const uint32_t* q1 = q0 + 8 * kHopperTilePitch;
+      uint8_t* dst = values + e * g.v_mat_bytes + (row0 / 4 + orl) * g.vt.out_cols + 4 * c0 + 64 * bl;
+      uint32_t o[4];
+      if (g.mma_version == 2) {  // o: block words 4q .. 4q+3
+        HopperPackQuarter<2>(q0, q1, quarter, o);
+        dst += 16 * quarter;
+        if (vec_values) {
+          *reinterpret_cast<uint4*>(dst) = make_uint4(o[0], o[1], o[2], o[3]);
+        } else {
+          StoreWords(dst, o, 4, 4);
         }
-        return o;
-      };
-      auto put = [&](int w, uint32_t word) {
-        uint8_t* dst = vmat + (row0 / 4 + (w >> 6)) * g.vt.out_cols + 4 * c0 + 4 * (w & 63);
-        if ((reinterpret_cast<uintptr_t>(dst) & 3) == 0) {
-          *reinterpret_cast<uint32_t*>(dst) = word;
-        } else {  // a caller's buffer at an odd offset: bytes, the same result
-          for (int b = 0; b < 4; ++b) dst[b] = static_cast<uint8_t>(word >> (8 * b));
-        }
-      };
-      WPREP_UNROLL
-      for (int w = threadIdx.x; w < 16 * 64; w += 512) {
-        uint32_t wa = 0, wb = 0;
-        HopperInterleaveWordPair(gather(w), gather(w + 256), &wa, &wb);
-        put(w, wa);
-        put(w + 256, wb);
+      } else {  // o[t]: block word 4t + q
+        HopperPackQuarter<3>(q0, q1, quarter, o);
+        StoreWords(dst + 4 * quarter, o, 4, 16);
       }
     }
-    // 3. Scales: S[n, grp] to its hopper_scale place.
-    {
-      const int lr = threadIdx.x >> 2, j = threadIdx.x & 3;
-      const int64_t r = row0 + lr, col = c0 / 16 + j;
+    // 3. Scales: the tile's S rows row0 .. +63, groups c0/16 .. +3. A 16-row run and a pair
+    // of groups is 32 contiguous bytes of one hopper_scale row: a word a thread, bytes
+    // S[c, 2p], S[c + 8, 2p], S[c, 2p + 1], S[c + 8, 2p + 1] of its run.
+    if (threadIdx.x < 64) {
+      const int run = threadIdx.x >> 4, pair = (threadIdx.x >> 3) & 1, c = threadIdx.x & 7;
+      const int64_t r = row0 + 16 * run, col = c0 / 16 + 2 * pair;  // col even, cols_pad even
       if (r < g.st.rows_pad && col < g.st.cols_pad) {
-        scales[e * g.s_mat_bytes + HopperScaleOffset(g.st, r, col)] = s[lr * 4 + j];
+        const uint8_t* sr = s + (16 * run + c) * 4 + 2 * pair;
+        const uint32_t word = sr[0] | uint32_t{sr[32]} << 8 | uint32_t{sr[1]} << 16 | uint32_t{sr[33]} << 24;
+        uint8_t* dst = scales + e * g.s_mat_bytes + HopperScaleOffset(g.st, r, col) + 4 * c;
+        StoreWords(dst, &word, 1, 4);
       }
     }
     __syncthreads();
@@ -647,23 +666,12 @@ __global__ void __launch_bounds__(256) TrtllmFusedKernel(const uint8_t* __restri
     for (int w = threadIdx.x; w < kRows * 16; w += 256) {
       const int r = w >> 4, c = w & 15;
       uint8_t* dst = values + (e * vp.rows_out + kRows * mt + r) * vp.out_row_bytes + 64 * cg + 4 * c;
-      const uint32_t v = q[r * kPitch + c];
-      if ((reinterpret_cast<uintptr_t>(dst) & 3) == 0) {
-        *reinterpret_cast<uint32_t*>(dst) = v;
-      } else {
-        for (int b = 0; b < 4; ++b) dst[b] = static_cast<uint8_t>(v >> (8 * b));
-      }
+      StoreWords(dst, &q[r * kPitch + c], 1, 4);
     }
     // 3. Scales: the block's 512 bytes, word i of 16-byte unit u = row u + 32 i.
     uint8_t* block = scales + e * vp.rows_out * cols_p + mt * (cols_p / 4) * 512 + cg * 512;
     for (int w = threadIdx.x; w < kRows; w += 256) {
-      const uint32_t v = s[(w >> 2) + 32 * (w & 3)];
-      uint8_t* dst = block + 4 * w;
-      if ((reinterpret_cast<uintptr_t>(dst) & 3) == 0) {
-        *reinterpret_cast<uint32_t*>(dst) = v;
-      } else {
-        for (int b = 0; b < 4; ++b) dst[b] = static_cast<uint8_t>(v >> (8 * b));
-      }
+      StoreWords(block + 4 * w, &s[(w >> 2) + 32 * (w & 3)], 1, 4);
     }
     __syncthreads();
   }
