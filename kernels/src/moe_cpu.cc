@@ -9,7 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "cpu_parallel.h"
 #include "moe_geometry.h"
-#include "scale_cpu.h"
+#include "simd_cpu.h"
 #include "wprep/kernels/moe.h"
 
 namespace wprep {
@@ -137,7 +137,7 @@ void Interleave16Tiles(const InterleavePass& p, const uint8_t* in, uint8_t* out,
                  : last         ? load_last(row)
                                 : _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + 4 * g));
         }
-        cpu_scale::Transpose4(w[0], w[1], w[2], w[3]);  // w[i]: group g + i of rows b, 32 + b, 64 + b, 96 + b
+        cpu::Transpose4(w[0], w[1], w[2], w[3]);  // w[i]: group g + i of rows b, 32 + b, 64 + b, 96 + b
         for (int64_t i = 0; i < count; ++i) put(blocks + 512 * i + 16 * b, w[i]);
       }
     }

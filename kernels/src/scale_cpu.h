@@ -20,6 +20,7 @@
 #include <cstring>
 
 #include "layout_math.h"
+#include "simd_cpu.h"
 
 #if defined(__SSE2__)
 #include <emmintrin.h>
@@ -75,15 +76,7 @@ inline void StoreHalfBlock(__m128i v0, __m128i v1, uint8_t* dst) {
   _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + 16), _mm_unpackhi_epi16(t0, t1));
 }
 
-// 4x4 transpose of u32 lanes: row j of the result is lane j of a0..a3.
-inline void Transpose4(__m128i& a0, __m128i& a1, __m128i& a2, __m128i& a3) {
-  const __m128i t0 = _mm_unpacklo_epi32(a0, a1), t1 = _mm_unpacklo_epi32(a2, a3);
-  const __m128i t2 = _mm_unpackhi_epi32(a0, a1), t3 = _mm_unpackhi_epi32(a2, a3);
-  a0 = _mm_unpacklo_epi64(t0, t1);
-  a1 = _mm_unpackhi_epi64(t0, t1);
-  a2 = _mm_unpacklo_epi64(t2, t3);
-  a3 = _mm_unpackhi_epi64(t2, t3);
-}
+using cpu::Transpose4;
 
 // Half a of eight blocks (k0 .. k0 + 7: bytes [64j, 64j + 32) of dst for block k0 + j) from
 // 16 S rows whose 16 bytes at columns 2k0 .. 2k0 + 15 are rows[i]. Pairing row c with row 8 + c byte by byte makes u32 lane j of the
