@@ -1,14 +1,15 @@
 // quantize_mxfp4 on the GPU.
 //
-// bf16 rows of whole groups (Q a multiple of 32, the common case) take Bf16GroupKernel: four
-// lanes per group, each with 16 contiguous bytes, so a warp's loads are 512 contiguous
-// bytes; the group's amax is two shuffles; the e2m1 codes come from packed bf16x2 compares
-// (below), about 9 instructions an element where the scalar encoder takes some 27. Groups
-// it cannot encode exactly that way (a NaN or inf, or a scale so extreme that a product
-// would leave bf16's normal range) fall back, group by group, to the scalar math.
-// Everything else (fp16, fp32, ragged Q, unaligned rows) takes one thread per group.
+// bf16 and fp16 rows of whole groups (Q a multiple of 32, the common case) take Group16Kernel:
+// four lanes per group, each with 16 contiguous bytes, so a warp's loads are 512 contiguous
+// bytes; the group's amax is two shuffles; the e2m1 codes come from packed bf16x2 / half2
+// compares (below), about 9 instructions an element where the scalar encoder takes some 27.
+// Groups it cannot encode exactly that way (a NaN or inf, or a scale so extreme that a
+// product would leave the type's normal range) fall back, group by group, to the scalar
+// math. Everything else (fp32, ragged Q, unaligned rows) takes one thread per group.
 // The scalar math is quantize_math.h, shared with the CPU engine.
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -36,37 +37,75 @@ __device__ __forceinline__ float Load(const uint8_t* row, int64_t i) {
 }
 
 // ---------------------------------------------------------------------------------------
-// The packed bf16 encoder. With the scale exponent E in [kFastMinE, kFastMaxE], the
-// multiplier 2^(127-E) is a normal bf16 and |x| * 2^(127-E) is exact wherever it is normal;
-// where it is not (|q| < 2^-126, including subnormal x, which E >= 8 keeps below 2^-7),
-// the code is 0 however the hardware rounds or flushes it. The e2m1 code of |q| under
-// round-to-nearest-even is the number of thresholds 0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5
-// it passes, strictly for the ties that round down (0.25, 1.25, 2.5, 5: written as the
-// next bf16 up, so every compare is >=) and inclusively for those that round up; values
-// above 6 pass all seven (code 7, saturation). The count is summed in bf16 on the FMA pipe
-// (a compare gives 1.0 or 0.0, added to 128.0, whose last fraction bits are then the count):
-// the integer pipe, the quantizers' bottleneck, only packs the result.
-inline constexpr uint32_t kFastMinE = 8, kFastMaxE = 253;
+// The packed encoder of 16-bit inputs (bf16 and fp16; Packed<D> below). With the scale
+// exponent E in [kMinE, kMaxE], the multiplier 2^(127-E) is a normal number of the type and
+// |x| * 2^(127-E) is exact wherever it is normal; where it is not (below the type's smallest
+// normal, which is far below 0.25), the code is 0 however the hardware rounds or flushes it.
+// The e2m1 code of |q| under round-to-nearest-even is the number of thresholds 0.25, 0.75,
+// 1.25, 1.75, 2.5, 3.5, 5 it passes, strictly for the ties that round down (0.25, 1.25, 2.5,
+// 5: written as the next value of the type up, so every compare is >=) and inclusively for
+// those that round up; values above 6 pass all seven (code 7, saturation). The count is
+// summed in the type on the FMA pipe (a compare gives 1.0 or 0.0, added to a power of two
+// whose ulp is 1, so that the last fraction bits are then the count): the integer pipe, the
+// quantizers' bottleneck, only packs the result.
+template <QuantDtype D>
+struct Packed;
+
+template <>
+struct Packed<QuantDtype::kBfloat16> {
+  using T2 = __nv_bfloat162;
+  static constexpr uint32_t kMinE = 8, kMaxE = 253;
+  static constexpr uint32_t kBias = 0x4300u;  // 128.0
+  __device__ static constexpr uint32_t Threshold(int i) {  // 0.25+, 0.75, 1.25+, 1.75, 2.5+, 3.5, 5+
+    constexpr uint32_t t[7] = {0x3E81u, 0x3F40u, 0x3FA1u, 0x3FE0u, 0x4021u, 0x4060u, 0x40A1u};
+    return t[i];
+  }
+  // 2^(127 - e); for e = 0 (a zero group) 2^127, a finite multiplier of zeros.
+  __device__ static uint32_t Multiplier(uint32_t e) { return (254u - e) << 7; }
+  __device__ static uint32_t ScaleByte(uint32_t h, bool up) { return qmath::Bf16ScaleByte(h, up, kMinE, kMaxE); }
+  __device__ static float ToFloat(uint16_t h) { return qmath::Bf16ToFloat(h); }
+};
+
+template <>
+struct Packed<QuantDtype::kFloat16> {
+  using T2 = __half2;
+  static constexpr uint32_t kMinE = 112, kMaxE = 141;  // 2^(127 - E) in fp16's normals
+  static constexpr uint32_t kBias = 0x6400u;  // 1024.0
+  __device__ static constexpr uint32_t Threshold(int i) {
+    constexpr uint32_t t[7] = {0x3401u, 0x3A00u, 0x3D01u, 0x3F00u, 0x4101u, 0x4300u, 0x4501u};
+    return t[i];
+  }
+  __device__ static uint32_t Multiplier(uint32_t e) { return e != 0 ? (142u - e) << 10 : 0u; }  // 0 for zeros
+  __device__ static uint32_t ScaleByte(uint32_t h, bool up) { return qmath::Fp16ScaleByte(h, up, kMinE, kMaxE); }
+  __device__ static float ToFloat(uint16_t h) { return qmath::Fp16ToFloat(h); }
+};
 
 __device__ __forceinline__ uint32_t Pair(uint32_t h) { return h | h << 16; }
 
-__device__ __forceinline__ __nv_bfloat162 AsBf162(uint32_t u) { return *reinterpret_cast<const __nv_bfloat162*>(&u); }
-
-// Two e2m1 codes (sign in bit 3) of |x| * qs from bf16x2 `w`, in bits 0-3 and 16-19.
-__device__ __forceinline__ uint32_t EncodePair(uint32_t w, uint32_t qs2) {
-  const __nv_bfloat162 q = __hmul2(AsBf162(w & 0x7FFF7FFFu), AsBf162(qs2));
-  // bf16 bits of the thresholds: 0.25+, 0.75, 1.25+, 1.75, 2.5+, 3.5, 5+.
-  constexpr uint32_t kThresholds[7] = {0x3E81u, 0x3F40u, 0x3FA1u, 0x3FE0u, 0x4021u, 0x4060u, 0x40A1u};
-  __nv_bfloat162 count = AsBf162(Pair(0x4300u));  // 128.0: its ulp is 1, so 128 + n is exact
-  WPREP_UNROLL
-  for (uint32_t t : kThresholds) count = __hadd2(count, __hge2(q, AsBf162(Pair(t))));
-  return (*reinterpret_cast<const uint32_t*>(&count) & 0x00070007u) | ((w >> 12) & 0x00080008u);
+template <class T2>
+__device__ __forceinline__ T2 As2(uint32_t u) {
+  return *reinterpret_cast<const T2*>(&u);
+}
+template <class T2>
+__device__ __forceinline__ uint32_t Bits2(T2 v) {
+  return *reinterpret_cast<const uint32_t*>(&v);
 }
 
-__device__ __forceinline__ uint32_t Bf16MaxNan(uint32_t a, uint32_t b) {
-  const __nv_bfloat162 m = __hmax2_nan(*reinterpret_cast<const __nv_bfloat162*>(&a),
-                                       *reinterpret_cast<const __nv_bfloat162*>(&b));
-  return *reinterpret_cast<const uint32_t*>(&m);
+// Two e2m1 codes (sign in bit 3) of |x| * qs from the pair `w`, in bits 0-3 and 16-19.
+template <QuantDtype D>
+__device__ __forceinline__ uint32_t EncodePair(uint32_t w, uint32_t qs2) {
+  using T2 = typename Packed<D>::T2;
+  const T2 q = __hmul2(As2<T2>(w & 0x7FFF7FFFu), As2<T2>(qs2));
+  T2 count = As2<T2>(Pair(Packed<D>::kBias));
+  WPREP_UNROLL
+  for (int i = 0; i < 7; ++i) count = __hadd2(count, __hge2(q, As2<T2>(Pair(Packed<D>::Threshold(i)))));
+  return (Bits2(count) & 0x00070007u) | ((w >> 12) & 0x00080008u);
+}
+
+template <QuantDtype D>
+__device__ __forceinline__ uint32_t MaxNan(uint32_t a, uint32_t b) {
+  using T2 = typename Packed<D>::T2;
+  return Bits2(__hmax2_nan(As2<T2>(a), As2<T2>(b)));
 }
 
 // Where one group's outputs go. Canonical: values and scales flat ([rows, ceil(Q/2)] and
@@ -198,28 +237,29 @@ struct GroupSink {
   }
 };
 
-// One lane's share of a bf16 group quantized by four lanes (`group_lanes`, the mask of lanes
-// 4j..4j+3): `raw` is its 8 elements as packed bf16 (zeros past the group's end encode as
+// One lane's share of a 16-bit group quantized by four lanes (`group_lanes`, the mask of
+// lanes 4j..4j+3): `raw` is its 8 elements as pairs (zeros past the group's end encode as
 // zeros). Returns the lane's 8 codes (code i in bits 4i..4i+3) and sets *e to the group's
 // scale exponent bits (not shifted). The packed encoder where the scale allows it, else, for
 // the whole group, the scalar math of the CPU engine (amax ignores NaNs: maxnum).
-__device__ __forceinline__ uint32_t Bf16LaneCodes(const uint4& raw, uint32_t group_lanes, bool up, uint32_t* e_out) {
+template <QuantDtype D>
+__device__ __forceinline__ uint32_t LaneCodes(const uint4& raw, uint32_t group_lanes, bool up, uint32_t* e_out) {
   const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
-  uint32_t m = Bf16MaxNan(Bf16MaxNan(w[0] & 0x7FFF7FFFu, w[1] & 0x7FFF7FFFu),
-                          Bf16MaxNan(w[2] & 0x7FFF7FFFu, w[3] & 0x7FFF7FFFu));
-  m = Bf16MaxNan(m, __shfl_xor_sync(group_lanes, m, 1));
-  m = Bf16MaxNan(m, __shfl_xor_sync(group_lanes, m, 2));
-  m = Bf16MaxNan(m, m >> 16);
-  const uint32_t eb = qmath::Bf16ScaleByte(m & 0xFFFFu, up, kFastMinE, kFastMaxE);  // no float division
+  uint32_t m = MaxNan<D>(MaxNan<D>(w[0] & 0x7FFF7FFFu, w[1] & 0x7FFF7FFFu),
+                         MaxNan<D>(w[2] & 0x7FFF7FFFu, w[3] & 0x7FFF7FFFu));
+  m = MaxNan<D>(m, __shfl_xor_sync(group_lanes, m, 1));
+  m = MaxNan<D>(m, __shfl_xor_sync(group_lanes, m, 2));
+  m = MaxNan<D>(m, m >> 16);
+  const uint32_t eb = Packed<D>::ScaleByte(m & 0xFFFFu, up);  // no float division
   uint32_t e = eb << 23;
   uint32_t out = 0;
   // A group of zeros (the layouts' padding among them) takes the packed encoder too: its scale
   // is ScaleBits(0) = 0, and with any finite multiplier its codes are the elements' signs.
   if (eb != 0 || (m & 0xFFFFu) == 0) {
-    const uint32_t qs2 = Pair((254u - eb) << 7);
+    const uint32_t qs2 = Pair(Packed<D>::Multiplier(eb));
     WPREP_UNROLL
     for (int p = 0; p < 4; ++p) {
-      const uint32_t c = EncodePair(w[p], qs2);
+      const uint32_t c = EncodePair<D>(w[p], qs2);
       out |= ((c | c >> 12) & 0xFFu) << (8 * p);
     }
   } else {
@@ -227,7 +267,7 @@ __device__ __forceinline__ uint32_t Bf16LaneCodes(const uint4& raw, uint32_t gro
     float a = 0.0f;
     WPREP_UNROLL
     for (int i = 0; i < 8; ++i) {
-      x[i] = qmath::Bf16ToFloat(static_cast<uint16_t>(w[i / 2] >> (16 * (i % 2))));
+      x[i] = Packed<D>::ToFloat(static_cast<uint16_t>(w[i / 2] >> (16 * (i % 2))));
       a = qmath::AbsMaxNum(a, x[i]);
     }
     a = fmaxf(a, __shfl_xor_sync(group_lanes, a, 1));
@@ -241,9 +281,9 @@ __device__ __forceinline__ uint32_t Bf16LaneCodes(const uint4& raw, uint32_t gro
   return out;
 }
 
-// A bf16 lane's 8 elements at src, `valid` of them (zeros past), as packed bf16: one 16-byte
+// A 16-bit lane's 8 elements at src, `valid` of them (zeros past), as pairs: one 16-byte
 // load where it can.
-__device__ __forceinline__ uint4 Bf16LaneLoad(const uint8_t* src, int valid) {
+__device__ __forceinline__ uint4 LaneLoad16(const uint8_t* src, int valid) {
   if (valid == 8 && (reinterpret_cast<uintptr_t>(src) & 15) == 0) return __ldg(reinterpret_cast<const uint4*>(src));
   uint32_t w[4] = {0, 0, 0, 0};
   const auto* h = reinterpret_cast<const uint16_t*>(src);
@@ -251,12 +291,12 @@ __device__ __forceinline__ uint4 Bf16LaneLoad(const uint8_t* src, int valid) {
   return make_uint4(w[0], w[1], w[2], w[3]);
 }
 
-// Groups [0, groups) of a bf16 tensor whose rows are whole groups; in is 16-byte aligned,
+// Groups [0, groups) of a bf16 or fp16 tensor whose rows are whole groups; in is 16-byte aligned,
 // values 4-byte aligned, groups < 2^31. Each warp takes 32 consecutive groups at a time.
 // kMode: the sink's destinations, a template argument so that each kernel carries only its
 // own registers: 0 canonical, 1 blackwell_value rows, 2 shuffled Blackwell tiles.
-template <int kMode>
-__global__ void __launch_bounds__(256, 4) Bf16GroupKernel(const uint4* __restrict__ in, uint8_t* __restrict__ values,
+template <QuantDtype D, int kMode>
+__global__ void __launch_bounds__(256, 4) Group16Kernel(const uint4* __restrict__ in, uint8_t* __restrict__ values,
                                                           uint8_t* __restrict__ scales, uint32_t groups, bool up,
                                                           GroupSink sink) {
   sink.blackwell = kMode != 0;
@@ -292,7 +332,7 @@ __global__ void __launch_bounds__(256, 4) Bf16GroupKernel(const uint4* __restric
       }
       if (g >= groups) continue;  // all four lanes of a group agree
       uint32_t e = 0;
-      const uint32_t out = Bf16LaneCodes(raw[u], group_lanes, up, &e);
+      const uint32_t out = LaneCodes<D>(raw[u], group_lanes, up, &e);
       sink.WordAt(place, r, k, sub, out, values);
       if (sub == 0) sink.ScaleAt(place, k, static_cast<uint8_t>(e >> 23));
       if (k == sink.sq - 1) sink.PadRow(r, static_cast<int>(sub), 4, values, scales);
@@ -300,7 +340,7 @@ __global__ void __launch_bounds__(256, 4) Bf16GroupKernel(const uint4* __restric
   }
 }
 
-// Everything Bf16GroupKernel does not take (fp16, fp32, ragged rows, unaligned buffers): one
+// Everything Group16Kernel does not take (fp32, ragged rows, unaligned buffers): one
 // thread a group, the scalar math.
 template <QuantDtype D>
 __global__ void QuantizeKernel(const uint8_t* __restrict__ in, uint8_t* __restrict__ values,
@@ -345,16 +385,18 @@ __global__ void QuantizeKernel(const uint8_t* __restrict__ in, uint8_t* __restri
   }
 }
 
-// The trtllm values and scales of bf16 weights, straight from the groups (no tile, no shared
+// The trtllm values and scales of bf16 or fp16 weights, straight from the groups (no tile, no shared
 // memory), a warp an output row at a time: the row's source row (the prepare's row map) and
 // its places are found once, then the warp walks the row's cols_p groups (a multiple of 4),
 // 32 at a time, four lanes a group, loads of 4 groups a lane in flight. Groups past K/32, and
 // rows the map leaves empty, are zeros. Each lane stores its value word in place, and the
 // first lane of each 4 groups their 4 scale bytes, one word of the 128x4 layout. in 16-byte
 // aligned, values and scales 4-byte aligned.
-__global__ void __launch_bounds__(256) TrtllmBf16Kernel(const uint4* __restrict__ in, uint8_t* __restrict__ values,
+template <QuantDtype D>
+__global__ void __launch_bounds__(256) Trtllm16Kernel(const uint4* __restrict__ in, uint8_t* __restrict__ values,
                                                         uint8_t* __restrict__ scales, moe::RowsPass vp,
                                                         uint32_t cols_p, uint32_t sq, bool up) {
+  constexpr int kSteps = 4;  // loads of a lane in flight: 4 groups of the row a step
   const uint32_t lane = threadIdx.x & 31, sub = lane & 3, j = lane >> 2;
   const uint32_t group_lanes = 0xFu << (lane & ~3u);
   const int64_t warp = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) >> 5;
@@ -372,19 +414,19 @@ __global__ void __launch_bounds__(256) TrtllmBf16Kernel(const uint4* __restrict_
       for (uint32_t q = lane; q < cols_p / 4; q += 32) *reinterpret_cast<uint32_t*>(srow_scales + q * 512) = 0;
       continue;
     }
-    for (uint32_t c0 = 0; c0 < cols_p; c0 += 32) {
-      uint4 raw[4];
+    for (uint32_t c0 = 0; c0 < cols_p; c0 += 8 * kSteps) {
+      uint4 raw[kSteps];
       WPREP_UNROLL
-      for (int u = 0; u < 4; ++u) {
+      for (int u = 0; u < kSteps; ++u) {
         const uint32_t c = c0 + 8 * u + j;
         raw[u] = c < groups ? srow[4 * c + sub] : make_uint4(0, 0, 0, 0);
       }
       WPREP_UNROLL
-      for (int u = 0; u < 4; ++u) {
+      for (int u = 0; u < kSteps; ++u) {
         if (c0 + 8 * u >= cols_p) break;  // the same for the whole warp
         const uint32_t c = c0 + 8 * u + j;
         uint32_t eb = 0;
-        const uint32_t word = Bf16LaneCodes(raw[u], group_lanes, up, &eb);  // every lane: the shuffles
+        const uint32_t word = LaneCodes<D>(raw[u], group_lanes, up, &eb);  // every lane: the shuffles
         const uint32_t sb = c < groups ? eb >> 23 : 0u;
         const uint32_t quad = sb | __shfl_down_sync(0xFFFFFFFFu, sb, 4) << 8 |
                               __shfl_down_sync(0xFFFFFFFFu, sb, 8) << 16 | __shfl_down_sync(0xFFFFFFFFu, sb, 12) << 24;
@@ -516,20 +558,20 @@ __global__ void __launch_bounds__(256) HopperFusedKernel(const uint8_t* __restri
       *valid = n < g.n && grp < g.sq ? (g.k - k0 >= 8 ? 8 : (g.k - k0 > 0 ? static_cast<int>(g.k - k0) : 0)) : -1;
       return in + ((e * g.n + n) * g.k + k0) * kEsize;
     };
-    if constexpr (D == QuantDtype::kBfloat16) {  // all loads in flight, then the packed encoder
+    if constexpr (D != QuantDtype::kFloat32) {  // all loads in flight, then the packed encoder
       uint4 raw[4];
       WPREP_UNROLL
       for (int p = 0; p < 4; ++p) {
         int lr, j, valid;
         const uint8_t* src = lane_of(p, &lr, &j, &valid);
-        raw[p] = valid > 0 ? Bf16LaneLoad(src, valid) : make_uint4(0, 0, 0, 0);
+        raw[p] = valid > 0 ? LaneLoad16(src, valid) : make_uint4(0, 0, 0, 0);
       }
       WPREP_UNROLL
       for (int p = 0; p < 4; ++p) {
         int lr, j, valid;
         lane_of(p, &lr, &j, &valid);
         uint32_t eb = 0;
-        const uint32_t word = Bf16LaneCodes(raw[p], group_lanes, up, &eb);
+        const uint32_t word = LaneCodes<D>(raw[p], group_lanes, up, &eb);
         q[lr * kHopperTilePitch + 4 * j + sub] = valid >= 0 ? word : 0u;
         if (sub == 0) s[lr * 4 + j] = valid >= 0 ? static_cast<uint8_t>(eb >> 23) : 0;
       }
@@ -633,14 +675,14 @@ __global__ void __launch_bounds__(256) TrtllmFusedKernel(const uint8_t* __restri
       q[lr * kPitch + 4 * j + sub] = word;
       if (sub == 0 && sbyte != 0) atomicOr(&s[lr], sbyte << (8 * j));
     };
-    if constexpr (D == QuantDtype::kBfloat16) {  // all loads in flight, then the packed encoder
+    if constexpr (D != QuantDtype::kFloat32) {  // all loads in flight, then the packed encoder
       uint4 raw[kPasses];
       WPREP_UNROLL
       for (int p = 0; p < kPasses; ++p) {
         int lr, j;
         bool live;
         const uint8_t* src = lane_of(p, &lr, &j, &live);
-        raw[p] = live ? Bf16LaneLoad(src, 8) : make_uint4(0, 0, 0, 0);
+        raw[p] = live ? LaneLoad16(src, 8) : make_uint4(0, 0, 0, 0);
       }
       WPREP_UNROLL
       for (int p = 0; p < kPasses; ++p) {
@@ -648,7 +690,7 @@ __global__ void __launch_bounds__(256) TrtllmFusedKernel(const uint8_t* __restri
         bool live;
         lane_of(p, &lr, &j, &live);
         uint32_t eb = 0;
-        const uint32_t word = Bf16LaneCodes(raw[p], group_lanes, up, &eb);
+        const uint32_t word = LaneCodes<D>(raw[p], group_lanes, up, &eb);
         keep(lr, j, live ? word : 0u, live ? eb >> 23 : 0u);
       }
     } else {
@@ -682,15 +724,28 @@ unsigned Blocks(int64_t work, int threads) {
   return static_cast<unsigned>(b < (1 << 30) ? b : (1 << 30));
 }
 
-// Whether Bf16GroupKernel serves this tensor (32-bit group indices).
-bool Bf16GroupsFit(const QuantizePlan& plan, const void* in, const void* values) {
+// Group16Kernel of the sink's mode (8 warps of 32 groups a block).
+template <QuantDtype D>
+void LaunchGroup16(unsigned blocks, CudaStream stream, const uint4* in, uint8_t* v, uint8_t* s, uint32_t groups, bool up,
+                   const GroupSink& sink) {
+  if (sink.tiled) {
+    Group16Kernel<D, 2><<<blocks, 256, 0, stream>>>(in, v, s, groups, up, sink);
+  } else if (sink.blackwell) {
+    Group16Kernel<D, 1><<<blocks, 256, 0, stream>>>(in, v, s, groups, up, sink);
+  } else {
+    Group16Kernel<D, 0><<<blocks, 256, 0, stream>>>(in, v, s, groups, up, sink);
+  }
+}
+
+// Whether Group16Kernel serves this tensor (16-bit elements, 32-bit group indices).
+bool Group16Fits(const QuantizePlan& plan, const void* in, const void* values) {
   const int64_t sq = plan.q / qmath::kGroup;
-  return plan.dtype == QuantDtype::kBfloat16 && plan.q % qmath::kGroup == 0 &&
+  return plan.dtype != QuantDtype::kFloat32 && plan.q % qmath::kGroup == 0 &&
          plan.rows * sq < (int64_t{1} << 31) && (reinterpret_cast<uintptr_t>(in) & 15) == 0 &&
          (reinterpret_cast<uintptr_t>(values) & 3) == 0;
 }
 
-// Every group of `plan` into `sink`: Bf16GroupKernel where it fits, else QuantizeKernel.
+// Every group of `plan` into `sink`: Group16Kernel where it fits, else QuantizeKernel.
 void LaunchGroups(const QuantizePlan& plan, const void* in, void* values, void* scales, const GroupSink& sink,
                   CudaStream stream) {
   constexpr int kThreads = 256;
@@ -699,16 +754,14 @@ void LaunchGroups(const QuantizePlan& plan, const void* in, void* values, void* 
   auto* v = static_cast<uint8_t*>(values);
   auto* s = static_cast<uint8_t*>(scales);
   const int64_t groups = plan.rows * sink.sq;
-  if (Bf16GroupsFit(plan, in, values)) {  // 8 warps of 32 groups a block
+  if (Group16Fits(plan, in, values)) {  // 8 warps of 32 groups a block
     const unsigned blocks = Blocks(groups, kThreads);
     const auto* in4 = static_cast<const uint4*>(in);
     const auto n = static_cast<uint32_t>(groups);
-    if (sink.tiled) {
-      Bf16GroupKernel<2><<<blocks, kThreads, 0, stream>>>(in4, v, s, n, up, sink);
-    } else if (sink.blackwell) {
-      Bf16GroupKernel<1><<<blocks, kThreads, 0, stream>>>(in4, v, s, n, up, sink);
+    if (plan.dtype == QuantDtype::kBfloat16) {
+      LaunchGroup16<QuantDtype::kBfloat16>(blocks, stream, in4, v, s, n, up, sink);
     } else {
-      Bf16GroupKernel<0><<<blocks, kThreads, 0, stream>>>(in4, v, s, n, up, sink);
+      LaunchGroup16<QuantDtype::kFloat16>(blocks, stream, in4, v, s, n, up, sink);
     }
     return;
   }
@@ -865,12 +918,18 @@ absl::Status QuantizeTrtllmOnCuda(const QuantizePlan& plan, const QuantLayoutSpe
   WPREP_RETURN_IF_ERROR(dev.Enter(in));
   const bool aligned = (reinterpret_cast<uintptr_t>(in) & 15) == 0 && (reinterpret_cast<uintptr_t>(values) & 3) == 0 &&
                        (reinterpret_cast<uintptr_t>(scales) & 3) == 0;
-  if (tiles > 0 && plan.dtype == QuantDtype::kBfloat16 && aligned && g->scales.cols_p < (int64_t{1} << 31)) {
-    const int64_t rows = vp.experts * vp.rows_out;  // a warp a row, 8 a block
-    TrtllmBf16Kernel<<<dev.Wave(CeilDiv(rows, 8)), 256, 0, stream>>>(
-        static_cast<const uint4*>(in), static_cast<uint8_t*>(values), static_cast<uint8_t*>(scales), vp,
-        static_cast<uint32_t>(g->scales.cols_p), static_cast<uint32_t>(g->k / qmath::kGroup),
-        plan.rounding == ScaleRounding::kUp);
+  if (tiles > 0 && plan.dtype != QuantDtype::kFloat32 && aligned && g->scales.cols_p < (int64_t{1} << 31)) {
+    const unsigned grid = dev.Wave(CeilDiv(vp.experts * vp.rows_out, 8));  // a warp a row, 8 a block
+    const auto* in4 = static_cast<const uint4*>(in);
+    auto* v = static_cast<uint8_t*>(values);
+    auto* s = static_cast<uint8_t*>(scales);
+    const auto cols_p = static_cast<uint32_t>(g->scales.cols_p), sq = static_cast<uint32_t>(g->k / qmath::kGroup);
+    const bool up = plan.rounding == ScaleRounding::kUp;
+    if (plan.dtype == QuantDtype::kBfloat16) {
+      Trtllm16Kernel<QuantDtype::kBfloat16><<<grid, 256, 0, stream>>>(in4, v, s, vp, cols_p, sq, up);
+    } else {
+      Trtllm16Kernel<QuantDtype::kFloat16><<<grid, 256, 0, stream>>>(in4, v, s, vp, cols_p, sq, up);
+    }
   } else if (tiles > 0) {
     WPREP_LAUNCH_BY_DTYPE(plan.dtype, TrtllmFusedKernel, dev.Wave(tiles), stream, static_cast<const uint8_t*>(in),
                           static_cast<uint8_t*>(values), static_cast<uint8_t*>(scales), vp, g->k, g->scales.cols_p,

@@ -107,12 +107,22 @@ WPREP_HD uint32_t EncodeE2m1(float q) {
 // take the group (amax zero, subnormal, inf or NaN, or a scale byte outside [lo, hi]). For a
 // normal amax = 1.f * 2^(b-127), amax / 6 = (1.f / 1.5) * 2^(b-129) has exponent field b - 2
 // when 1.f >= 1.5, else b - 3, and is a power of two only when 1.f == 1.5: bf16's 7 fraction
-// bits keep the rounded quotient off the next power of two. tests/kernels/quantize_test.cc
+// bits keep the rounded quotient off the next power of two. tests/kernels/internals_test.cc
 // holds it to ScaleBits for every bf16.
 WPREP_HD uint32_t Bf16ScaleByte(uint32_t h, bool up, uint32_t lo, uint32_t hi) {
   const uint32_t b = (h >> 7) & 0xFFu, f = h & 0x7Fu;
   const uint32_t eb = b - (f >= 0x40u ? 2u : 3u) + (up && f != 0x40u ? 1u : 0u);
   return b >= 1 && b <= 254 && eb >= lo && eb <= hi ? eb : 0u;
+}
+
+// The same for an amax with fp16 bits `h` (the packed fp16 encoder): a normal fp16
+// 1.f * 2^(e-15) has the float exponent field b = e + 112, and fp16's 10 fraction bits keep
+// the quotient off the next power of two as bf16's 7 do. tests/kernels/internals_test.cc
+// holds it to ScaleBits for every fp16.
+WPREP_HD uint32_t Fp16ScaleByte(uint32_t h, bool up, uint32_t lo, uint32_t hi) {
+  const uint32_t e = (h >> 10) & 0x1Fu, f = h & 0x3FFu, b = e + 112;
+  const uint32_t eb = b - (f >= 0x200u ? 2u : 3u) + (up && f != 0x200u ? 1u : 0u);
+  return e >= 1 && e <= 30 && eb >= lo && eb <= hi ? eb : 0u;
 }
 
 }  // namespace qmath

@@ -224,5 +224,26 @@ TEST(QuantizeMath, Bf16ScaleByteIsScaleBitsForEveryBf16) {
   EXPECT_GT(taken, 60000);  // 2 x 253 binades x 128, less the scales out of range
 }
 
+// The same for the packed fp16 encoder, over every fp16 magnitude: it takes the normal amax
+// whose scale's multiplier 2^(127 - E) is an fp16 normal (E in [112, 141]).
+TEST(QuantizeMath, Fp16ScaleByteIsScaleBitsForEveryFp16) {
+  int taken = 0;
+  for (const bool up : {true, false}) {
+    for (uint32_t h = 0; h < 0x8000; ++h) {
+      const float amax = qmath::Fp16ToFloat(static_cast<uint16_t>(h));
+      const uint32_t want = qmath::ScaleBits(amax, up) >> 23;
+      const uint32_t got = qmath::Fp16ScaleByte(h, up, 112, 141);
+      const bool normal = h >= 0x400u && h < 0x7C00u;
+      if (normal && want >= 112 && want <= 141) {
+        ASSERT_EQ(got, want) << std::hex << h << " up " << up;
+        ++taken;
+      } else {
+        ASSERT_EQ(got, 0u) << std::hex << h << " up " << up;
+      }
+    }
+  }
+  EXPECT_GT(taken, 55000);  // 2 x 30 binades x 1024, less the few scales out of range
+}
+
 }  // namespace
 }  // namespace wprep

@@ -214,32 +214,40 @@ TEST(QuantizeCuda, BlackwellFusedEqualsTheCpu) {
   EXPECT_EQ(compared, 36);
 }
 
-// bf16 groups the packed encoder takes (no NaN or inf, scale exponent 8-253), next to the
-// groups it hands to the scalar path, mixed in one tensor. Tie groups have amax 6 * 2^j,
-// so the scale is exactly 2^j and each element sits on an e2m1 rounding threshold (0.25,
-// 0.75, 1.25, 1.75, 2.5, 3.5, 5, 6) times 2^j, or one bf16 step either side of it; wide
-// groups spread over a dozen binades anywhere in bf16's range, subnormals included.
-std::vector<uint8_t> Bf16GroupsInput(int64_t groups, std::mt19937_64& rng) {
-  static constexpr uint16_t kTies[] = {0x3E80, 0x3F40, 0x3FA0, 0x3FE0, 0x4020, 0x4060, 0x40A0, 0x40C0};
+// 16-bit groups (bf16 or fp16) the packed encoder takes (no NaN or inf, a scale whose
+// multiplier is a normal of the type), next to the groups it hands to the scalar path, mixed
+// in one tensor. Tie groups have amax 6 * 2^j, so the scale is exactly 2^j and each element
+// sits on an e2m1 rounding threshold (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5, 6) times 2^j, or
+// one step of the type either side of it; wide groups spread over a dozen binades anywhere
+// in the type's range, subnormals included.
+std::vector<uint8_t> Groups16Input(QuantDtype dtype, int64_t groups, std::mt19937_64& rng) {
+  const bool bf16 = dtype == QuantDtype::kBfloat16;
+  static constexpr uint16_t kBf16Ties[] = {0x3E80, 0x3F40, 0x3FA0, 0x3FE0, 0x4020, 0x4060, 0x40A0, 0x40C0};
+  static constexpr uint16_t kFp16Ties[] = {0x3400, 0x3A00, 0x3D00, 0x3F00, 0x4100, 0x4300, 0x4500, 0x4600};
+  const uint16_t* ties = bf16 ? kBf16Ties : kFp16Ties;
+  const int mant = bf16 ? 7 : 10, max_exp = bf16 ? 254 : 30;  // fraction bits, largest finite exponent
+  const uint16_t mant_mask = static_cast<uint16_t>((1 << mant) - 1), exp_mask = bf16 ? 0xFF : 0x1F;
+  const uint16_t inf = bf16 ? 0x7F80 : 0x7C00, nan = bf16 ? 0x7FC1 : 0x7E01;
   std::vector<uint8_t> out(static_cast<size_t>(groups) * 64);
   for (int64_t g = 0; g < groups; ++g) {
     const int kind = static_cast<int>(rng() % 8);
-    const int j = static_cast<int>(rng() % 253) - 126;  // tie groups: scale 2^j
-    const int center = 1 + static_cast<int>(rng() % 254);  // wide groups: top binade
+    const int j = static_cast<int>(rng() % (2 * max_exp / 2 + 1)) - max_exp / 2;  // tie groups: scale 2^j
+    const int center = 1 + static_cast<int>(rng() % max_exp);  // wide groups: top binade
     for (int i = 0; i < 32; ++i) {
       uint64_t r = rng();
       uint16_t h;
       if (kind < 4) {  // ties
         const int k = i == 0 ? 7 : static_cast<int>(r % 8);
         const int step = i == 0 ? 0 : static_cast<int>((r >> 8) % 3) - 1;
-        const int exp = ((kTies[k] >> 7) & 0xFF) + j;
-        h = exp >= 1 && exp <= 254 ? static_cast<uint16_t>(((exp << 7) | (kTies[k] & 0x7F)) + step) : 0;
-        if (i == 0) h = static_cast<uint16_t>(exp >= 1 && exp <= 254 ? (exp << 7) | 0x40 : 0);  // 6 * 2^j
+        const int exp = ((ties[k] >> mant) & exp_mask) + j;
+        const bool finite = exp >= 1 && exp <= max_exp;
+        h = finite ? static_cast<uint16_t>(((exp << mant) | (ties[k] & mant_mask)) + step) : 0;
+        if (i == 0) h = finite ? static_cast<uint16_t>((exp << mant) | (ties[7] & mant_mask)) : 0;  // 6 * 2^j
       } else {
         int exp = center - static_cast<int>((r >> 8) % 14);
         if (exp < 0) exp = 0;  // subnormal (or zero)
-        h = static_cast<uint16_t>((exp << 7) | (r & 0x7F));
-        if (kind == 7 && (r >> 20) % 16 == 0) h = (r >> 24) % 2 ? 0x7F80 : 0x7FC1;  // inf or NaN
+        h = static_cast<uint16_t>((exp << mant) | (r & mant_mask));
+        if (kind == 7 && (r >> 20) % 16 == 0) h = (r >> 24) % 2 ? inf : nan;
       }
       h = static_cast<uint16_t>(h | ((r >> 40) & 1) << 15);
       out[(g * 32 + i) * 2] = static_cast<uint8_t>(h);
@@ -249,37 +257,40 @@ std::vector<uint8_t> Bf16GroupsInput(int64_t groups, std::mt19937_64& rng) {
   return out;
 }
 
-TEST(QuantizeCuda, PackedBf16EncoderEqualsTheCpuAtEveryScaleAndTie) {
+TEST(QuantizeCuda, PackedEncoderEqualsTheCpuAtEveryScaleAndTie) {
   if (CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
   std::mt19937_64 rng(3232);
   const std::vector<std::vector<int64_t>> shapes = {
       {32}, {3, 64}, {7, 4096}, {2, 130, 96}, {1, 128, 256}, {3, 5, 1024}, {4, 1000, 320}};
   int compared = 0;
-  for (const auto& shape : shapes) {
-    for (ScaleRounding rounding : {ScaleRounding::kUp, ScaleRounding::kDown}) {
-      auto plan = MakeQuantizePlan(QuantDtype::kBfloat16, shape, rounding);
-      ASSERT_TRUE(plan.ok());
-      SCOPED_TRACE(::testing::Message() << "shape " << ::testing::PrintToString(shape) << " rounding "
-                                      << static_cast<int>(rounding));
-      const std::vector<uint8_t> in = Bf16GroupsInput(plan->input_bytes / 64, rng);
-      Out cpu = Quantize(false, *plan, in);
-      Out gpu = Quantize(true, *plan, in);
-      EXPECT_EQ(cpu.values, gpu.values);
-      EXPECT_EQ(cpu.scales, gpu.scales);
-      if (shape.size() >= 2) {
-        QuantLayoutSpec blackwell, shuffled;
-        blackwell.layout = QuantLayout::kBlackwell;
-        shuffled.layout = QuantLayout::kBlackwellShuffled;
-        for (const QuantLayoutSpec& spec : {blackwell, shuffled}) {
-          const FusedPair r = Fused(*plan, spec, in);
-          EXPECT_EQ(r.gpu.values, r.cpu.values);
-          EXPECT_EQ(r.gpu.scales, r.cpu.scales);
+  for (QuantDtype dtype : {QuantDtype::kBfloat16, QuantDtype::kFloat16}) {
+    for (const auto& shape : shapes) {
+      for (ScaleRounding rounding : {ScaleRounding::kUp, ScaleRounding::kDown}) {
+        auto plan = MakeQuantizePlan(dtype, shape, rounding);
+        ASSERT_TRUE(plan.ok());
+        SCOPED_TRACE(::testing::Message() << "dtype " << static_cast<int>(dtype) << " shape "
+                                          << ::testing::PrintToString(shape) << " rounding " << static_cast<int>(rounding));
+        const std::vector<uint8_t> in = Groups16Input(dtype, plan->input_bytes / 64, rng);
+        Out cpu = Quantize(false, *plan, in);
+        Out gpu = Quantize(true, *plan, in);
+        EXPECT_EQ(cpu.values, gpu.values);
+        EXPECT_EQ(cpu.scales, gpu.scales);
+        if (shape.size() >= 2) {
+          QuantLayoutSpec blackwell, shuffled, hopper;
+          blackwell.layout = QuantLayout::kBlackwell;
+          shuffled.layout = QuantLayout::kBlackwellShuffled;
+          hopper.layout = QuantLayout::kHopper;
+          for (const QuantLayoutSpec& spec : {blackwell, shuffled, hopper}) {
+            const FusedPair r = Fused(*plan, spec, in);
+            EXPECT_EQ(r.gpu.values, r.cpu.values);
+            EXPECT_EQ(r.gpu.scales, r.cpu.scales);
+          }
         }
+        ++compared;
       }
-      ++compared;
     }
   }
-  EXPECT_EQ(compared, 14);
+  EXPECT_EQ(compared, 28);
 }
 
 // The fused Hopper pair on the GPU equals the CPU's (which the CPU test holds to
@@ -330,7 +341,7 @@ TEST(QuantizeCuda, FusedHostBuffersEqualTheCpuOnTies) {
                                         << ::testing::PrintToString(shape));
       auto plan = MakeQuantizePlan(QuantDtype::kBfloat16, shape);
       ASSERT_TRUE(plan.ok());
-      const std::vector<uint8_t> in = Bf16GroupsInput(plan->input_bytes / 64, rng);
+      const std::vector<uint8_t> in = Groups16Input(QuantDtype::kBfloat16, plan->input_bytes / 64, rng);
       auto sizes = PlanQuantizeLayout(*plan, spec);
       ASSERT_TRUE(sizes.ok());
       Out cpu, gpu;
