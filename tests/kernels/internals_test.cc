@@ -203,45 +203,38 @@ TEST(Occupancy, FailedQueriesAreReported) {
             std::string::npos);
 }
 
-// The packed encoder's scale byte from amax's bits equals step 2 for every bf16 it takes, and
-// it takes every normal amax whose byte is in range.
-TEST(QuantizeMath, Bf16ScaleByteIsScaleBitsForEveryBf16) {
+// How many of the 2 x 32768 magnitudes (both roundings) `scale_byte` takes, asserting that it
+// gives ScaleBits' byte for every normal one whose byte is in [lo, hi] and 0 for the rest.
+template <class ScaleByte, class ToFloat>
+int CheckScaleByte(ScaleByte scale_byte, ToFloat to_float, uint32_t normal_lo, uint32_t normal_end, uint32_t lo,
+                   uint32_t hi) {
   int taken = 0;
   for (const bool up : {true, false}) {
     for (uint32_t h = 0; h < 0x8000; ++h) {  // magnitudes: the encoder's amax has no sign
-      const float amax = qmath::Bf16ToFloat(static_cast<uint16_t>(h));
-      const uint32_t want = qmath::ScaleBits(amax, up) >> 23;
-      const uint32_t got = qmath::Bf16ScaleByte(h, up, 8, 253);
-      const bool normal = h >= 0x80u && h < 0x7F80u;
-      if (normal && want >= 8 && want <= 253) {
-        ASSERT_EQ(got, want) << std::hex << h << " up " << up;
+      const uint32_t want = qmath::ScaleBits(to_float(static_cast<uint16_t>(h)), up) >> 23;
+      const uint32_t got = scale_byte(h, up, lo, hi);
+      if (h >= normal_lo && h < normal_end && want >= lo && want <= hi) {
+        EXPECT_EQ(got, want) << std::hex << h << " up " << up;
         ++taken;
       } else {
-        ASSERT_EQ(got, 0u) << std::hex << h << " up " << up;
+        EXPECT_EQ(got, 0u) << std::hex << h << " up " << up;
       }
     }
   }
+  return taken;
+}
+
+// The packed encoder's scale byte from amax's bits equals step 2 for every bf16 it takes, and
+// it takes every normal amax whose byte is in range.
+TEST(QuantizeMath, Bf16ScaleByteIsScaleBitsForEveryBf16) {
+  const int taken = CheckScaleByte(qmath::Bf16ScaleByte, qmath::Bf16ToFloat, 0x80u, 0x7F80u, 8, 253);
   EXPECT_GT(taken, 60000);  // 2 x 253 binades x 128, less the scales out of range
 }
 
-// The same for the packed fp16 encoder, over every fp16 magnitude: it takes the normal amax
-// whose scale's multiplier 2^(127 - E) is an fp16 normal (E in [112, 141]).
+// The same for the packed fp16 encoder: it takes the normal amax whose scale's multiplier
+// 2^(127 - E) is an fp16 normal (E in [112, 141]).
 TEST(QuantizeMath, Fp16ScaleByteIsScaleBitsForEveryFp16) {
-  int taken = 0;
-  for (const bool up : {true, false}) {
-    for (uint32_t h = 0; h < 0x8000; ++h) {
-      const float amax = qmath::Fp16ToFloat(static_cast<uint16_t>(h));
-      const uint32_t want = qmath::ScaleBits(amax, up) >> 23;
-      const uint32_t got = qmath::Fp16ScaleByte(h, up, 112, 141);
-      const bool normal = h >= 0x400u && h < 0x7C00u;
-      if (normal && want >= 112 && want <= 141) {
-        ASSERT_EQ(got, want) << std::hex << h << " up " << up;
-        ++taken;
-      } else {
-        ASSERT_EQ(got, 0u) << std::hex << h << " up " << up;
-      }
-    }
-  }
+  const int taken = CheckScaleByte(qmath::Fp16ScaleByte, qmath::Fp16ToFloat, 0x400u, 0x7C00u, 112, 141);
   EXPECT_GT(taken, 55000);  // 2 x 30 binades x 1024, less the few scales out of range
 }
 
