@@ -30,6 +30,14 @@ namespace wprep::cpu_nibble {
 inline constexpr int kBlockRows = 32;   // X rows (16 Y bytes) and Y rows (16 X bytes)
 inline constexpr int kBlockBytes = 16;
 
+// Rows a fixed step apart, indexed like a pointer array.
+template <class Byte>
+struct RowsAt {
+  Byte* first;
+  int64_t step;
+  Byte* operator[](int i) const { return first + i * step; }
+};
+
 // The scalar definition of a block (and the path of CPUs without SSE2).
 inline void BlockScalar(const uint8_t* const* src, uint8_t* const* dst) {
   for (int n = 0; n < kBlockRows; ++n) {
@@ -59,7 +67,8 @@ inline void Transpose16x16(__m128i x[16]) {
 // One block: src[i] points at 16 bytes of X row i (i < 32), dst[n] at 16 bytes of Y row n.
 // Byte j of X rows 2k and 2k + 1 gives Y(2j, k) (the low nibbles) and Y(2j + 1, k) (the
 // high ones): 16 such "even" rows over j and 16 "odd" ones, each set one 16x16 transpose.
-inline void BlockSse2(const uint8_t* const* src, uint8_t* const* dst) {
+template <class Src, class Dst>
+inline void BlockSse2(Src src, Dst dst) {
   const __m128i low = _mm_set1_epi8(0x0F);
   __m128i even[16], odd[16];
   for (int k = 0; k < 16; ++k) {
@@ -82,7 +91,8 @@ inline void BlockSse2(const uint8_t* const* src, uint8_t* const* dst) {
 // BlockSse2 with the even rows in the low 128-bit lane and the odd rows in the high one:
 // AVX2's byte unpacks work per lane, so one 16x16 transpose of 256-bit rows makes both,
 // and per-lane shift counts make the even and odd bytes without a shuffle.
-__attribute__((target("avx2"))) inline void BlockAvx2(const uint8_t* const* src, uint8_t* const* dst) {
+template <class Src, class Dst>
+__attribute__((target("avx2"))) inline void BlockAvx2(Src src, Dst dst) {
   const __m256i low = _mm256_set1_epi8(0x0F), high = _mm256_set1_epi8(static_cast<char>(0xF0));
   const __m256i shift_a = _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4);
   const __m256i shift_b = _mm256_setr_epi32(4, 4, 4, 4, 0, 0, 0, 0);
@@ -113,7 +123,10 @@ inline bool HasAvx2() {
 }
 #endif
 
-inline void Block(const uint8_t* const* src, uint8_t* const* dst) {
+// `src` and `dst` give the rows: pointer arrays, or RowsAt (a first row and a step), which
+// spares a block the 64 pointers of the arrays.
+template <class Src, class Dst>
+inline void Block(Src src, Dst dst) {
 #if defined(WPREP_NIBBLE_AVX2)
   if (HasAvx2()) {
     BlockAvx2(src, dst);
@@ -123,7 +136,13 @@ inline void Block(const uint8_t* const* src, uint8_t* const* dst) {
 #if defined(__SSE2__)
   BlockSse2(src, dst);
 #else
-  BlockScalar(src, dst);
+  const uint8_t* xs[kBlockRows];
+  uint8_t* ys[kBlockRows];
+  for (int i = 0; i < kBlockRows; ++i) {
+    xs[i] = src[i];
+    ys[i] = dst[i];
+  }
+  BlockScalar(xs, ys);
 #endif
 }
 
@@ -190,6 +209,16 @@ void StorageRows(const BlackwellTiling& t, const int64_t* strides, Byte* base, i
   for (int i = 0; i < kBlockRows; ++i) p[i] = base + BlackwellOffset(t, strides, n0 + std::min(i, rows - 1), k0);
 }
 
+// The same 32 storage rows as one run when they share a tile (false: they do not).
+template <class Byte>
+bool StorageRun(const BlackwellTiling& t, const int64_t* strides, Byte* base, int64_t n0, int64_t k0,
+                RowsAt<Byte>* run) {
+  const int64_t in_tile = n0 - static_cast<int64_t>(t.div_n.Div(static_cast<uint32_t>(n0))) * t.tile_n;
+  if (in_tile + kBlockRows > t.tile_n) return false;
+  *run = {base + BlackwellOffset(t, strides, n0, k0), strides == nullptr ? t.tile_k : strides[2]};
+  return true;
+}
+
 inline void Prefetch(const void* p) {
 #if defined(__SSE2__)
   _mm_prefetch(static_cast<const char*>(p), _MM_HINT_T0);
@@ -236,6 +265,21 @@ inline void BlackwellUnits(const Geometry& g, const uint8_t* in, uint8_t* out, i
         const uint8_t* xs[kBlockRows];
         uint8_t* ys[kBlockRows];
         const bool full = n_valid == kBlockRows && k_valid == kBlockBytes;
+        if (full) {  // whole blocks whose storage rows share a tile: both sides as runs
+          RowsAt<const uint8_t> x_run;
+          RowsAt<uint8_t> y_run;
+          if (swizzle && StorageRun(t, static_cast<const int64_t*>(nullptr), dst_m, n0, k0, &y_run)) {
+            Block(RowsAt<const uint8_t>{src_m + 2 * k0 * crow + n0 / 2, crow}, y_run);
+            continue;
+          }
+          if (!swizzle && StorageRun(t, g.in_stride, src_m, n0, k0, &x_run)) {
+            if (k0 % 64 == 0) {
+              for (int i = 0; i < kBlockRows; ++i) Prefetch(x_run[i] + kPrefetchSteps * kBlockBytes);
+            }
+            Block(x_run, RowsAt<uint8_t>{dst_m + 2 * k0 * crow + n0 / 2, crow});
+            continue;
+          }
+        }
         if (swizzle) {  // X canonical rows 2k0 .., bytes n0/2 ..; Y storage rows n0 .., bytes k0 ..
           canonical(src_m, k0, n0, xs);
           StorageRows(t, static_cast<const int64_t*>(nullptr), dst_m, n0, n_rows, k0, ys);

@@ -253,14 +253,22 @@ TEST(NibbleBlock, EveryVariantEqualsTheDefinition) {
       const int lo = (xs[2 * k][n / 2] >> s) & 15, hi = (xs[2 * k + 1][n / 2] >> s) & 15;
       ASSERT_EQ(want[40 * n + trial % 5 + k], lo | hi << 4) << n;
     }
-    EXPECT_EQ(run(cpu_nibble::Block), want);
+    // Each variant with the rows as pointer arrays and as runs (a first row and a step).
+    auto runs = [&](auto block) {
+      std::vector<uint8_t> y(32 * 40, 0xEE);
+      block(cpu_nibble::RowsAt<const uint8_t>{x.data() + trial % 7, 48}, cpu_nibble::RowsAt<uint8_t>{y.data() + trial % 5, 40});
+      return y;
+    };
+    auto both = [&](auto block) {
+      EXPECT_EQ(run(block), want);
+      EXPECT_EQ(runs(block), want);
+    };
+    both([](auto src, auto dst) { cpu_nibble::Block(src, dst); });
 #if defined(__SSE2__)
-    EXPECT_EQ(run(cpu_nibble::BlockSse2), want);
+    both([](auto src, auto dst) { cpu_nibble::BlockSse2(src, dst); });
 #endif
 #if defined(WPREP_NIBBLE_AVX2)
-    if (cpu_nibble::HasAvx2()) {
-      EXPECT_EQ(run(cpu_nibble::BlockAvx2), want);
-    }
+    if (cpu_nibble::HasAvx2()) both([](auto src, auto dst) { cpu_nibble::BlockAvx2(src, dst); });
 #endif
   }
 }
