@@ -107,15 +107,21 @@ void Interleave16Tiles(const InterleavePass& p, const uint8_t* in, uint8_t* out,
   const bool last_strip = false;
 #endif
   const int64_t g_simd = last_strip ? std::min(g_full + 4, groups) : g_full;  // groups [0, g_simd) in strips
+  const uint8_t* src[128];   // the tile's source rows; nullptr: a zero row
+  const uint8_t* next[128];  // the next tile's, found while this one is written
+  if (begin < end) {
+    for (int j = 0; j < 128; ++j) src[j] = src_of(begin, j);
+  }
   for (int64_t t = begin; t < end; ++t) {
     const int64_t e = t / mtiles;
     uint8_t* tile = out + e * p.rows_p * p.cols_p + (t - e * mtiles) * groups * 512;
-    const uint8_t* src[128];  // the tile's source rows; nullptr: a zero row
-    for (int j = 0; j < 128; ++j) src[j] = src_of(t, j);
+    if (t + 1 < end) {
+      for (int j = 0; j < 128; ++j) next[j] = src_of(t + 1, j);
+    }
 #if defined(__SSE2__)
-    if (simd && t + 1 < end) {
+    if (simd && t + 1 < end) {  // the next tile's rows, their first 256 bytes
       for (int j = 0; j < 128; ++j) {
-        const char* row = reinterpret_cast<const char*>(src_of(t + 1, j));
+        const char* row = reinterpret_cast<const char*>(next[j]);
         if (row == nullptr) continue;
         for (int64_t x = 0; x < std::min<int64_t>(p.cols_in, 256); x += 64) _mm_prefetch(row + x, _MM_HINT_T0);
       }
@@ -142,27 +148,19 @@ void Interleave16Tiles(const InterleavePass& p, const uint8_t* in, uint8_t* out,
       }
     }
 #endif
-    if (g_simd < data_groups) {  // no SIMD here: group by group
-      for (int j = 0; j < 128; ++j) {
-        if (src[j] == nullptr) continue;
-        uint8_t* dst = tile + 16 * (j % 32) + 4 * (j / 32);
-        for (int64_t g = g_simd; g < data_groups; ++g) {
-          uint8_t word[4] = {0, 0, 0, 0};
-          std::memcpy(word, src[j] + 4 * g, g < whole ? 4 : static_cast<size_t>(tail));
-          std::memcpy(dst + 512 * g, word, 4);
-        }
+    // Groups with source bytes no strip wrote (no SIMD here): group by group, zero rows as zeros.
+    for (int j = 0; j < 128 && g_simd < data_groups; ++j) {
+      uint8_t* dst = tile + 16 * (j % 32) + 4 * (j / 32);
+      for (int64_t g = g_simd; g < data_groups; ++g) {
+        uint8_t word[4] = {0, 0, 0, 0};
+        if (src[j] != nullptr) std::memcpy(word, src[j] + 4 * g, g < whole ? 4 : static_cast<size_t>(tail));
+        std::memcpy(dst + 512 * g, word, 4);
       }
     }
-    // Blocks no strip wrote: zeros, but for the source words placed just above.
+    // Blocks past the source bytes: zeros.
     const int64_t g_zero = std::max(g_simd, data_groups);
     if (g_zero < groups) std::memset(tile + 512 * g_zero, 0, static_cast<size_t>(512 * (groups - g_zero)));
-    if (g_simd < data_groups) {  // the zero rows' words among the groups placed one by one
-      for (int j = 0; j < 128; ++j) {
-        if (src[j] != nullptr) continue;
-        uint8_t* dst = tile + 16 * (j % 32) + 4 * (j / 32);
-        for (int64_t g = g_simd; g < data_groups; ++g) std::memset(dst + 512 * g, 0, 4);
-      }
-    }
+    if (t + 1 < end) std::copy(next, next + 128, src);
   }
 #if defined(__SSE2__)
   if (stream) _mm_sfence();  // the streamed stores are visible before the pass returns

@@ -194,29 +194,28 @@ inline int64_t BlackwellUnitCount(const Geometry& g) {
   return g.num_matrices * CeilDiv(t.ntn * t.tile_n, kBlackwellUnitN);
 }
 
-// Pointers to storage rows n0 .. n0 + rows - 1 at byte k0 (in one tile along K): one
-// offset and a row step when the rows share a tile, else row by row.
+// Storage rows n0 .. n0 + rows - 1 at byte k0 as one run (a first row and a step) when they
+// share a tile (false: they do not).
+template <class Byte>
+bool StorageRun(const BlackwellTiling& t, const int64_t* strides, Byte* base, int64_t n0, int rows, int64_t k0,
+                RowsAt<Byte>* run) {
+  const int64_t in_tile = n0 - static_cast<int64_t>(t.div_n.Div(static_cast<uint32_t>(n0))) * t.tile_n;
+  if (in_tile + rows > t.tile_n) return false;
+  *run = {base + BlackwellOffset(t, strides, n0, k0), strides == nullptr ? t.tile_k : strides[2]};
+  return true;
+}
+
+// Pointers to storage rows n0 .. n0 + rows - 1 at byte k0 (in one tile along K): the run's
+// rows when they share a tile, else row by row; pointers past `rows` repeat the last row.
 template <class Byte>
 void StorageRows(const BlackwellTiling& t, const int64_t* strides, Byte* base, int64_t n0, int rows, int64_t k0,
                  Byte** p) {
-  const int64_t row_step = strides == nullptr ? t.tile_k : strides[2];
-  const int64_t in_tile = n0 - static_cast<int64_t>(t.div_n.Div(static_cast<uint32_t>(n0))) * t.tile_n;
-  if (in_tile + rows <= t.tile_n) {
-    Byte* first = base + BlackwellOffset(t, strides, n0, k0);
-    for (int i = 0; i < kBlockRows; ++i) p[i] = first + std::min(i, rows - 1) * row_step;
+  RowsAt<Byte> run;
+  if (StorageRun(t, strides, base, n0, rows, k0, &run)) {
+    for (int i = 0; i < kBlockRows; ++i) p[i] = run[std::min(i, rows - 1)];
     return;
   }
   for (int i = 0; i < kBlockRows; ++i) p[i] = base + BlackwellOffset(t, strides, n0 + std::min(i, rows - 1), k0);
-}
-
-// The same 32 storage rows as one run when they share a tile (false: they do not).
-template <class Byte>
-bool StorageRun(const BlackwellTiling& t, const int64_t* strides, Byte* base, int64_t n0, int64_t k0,
-                RowsAt<Byte>* run) {
-  const int64_t in_tile = n0 - static_cast<int64_t>(t.div_n.Div(static_cast<uint32_t>(n0))) * t.tile_n;
-  if (in_tile + kBlockRows > t.tile_n) return false;
-  *run = {base + BlackwellOffset(t, strides, n0, k0), strides == nullptr ? t.tile_k : strides[2]};
-  return true;
 }
 
 inline void Prefetch(const void* p) {
@@ -268,11 +267,11 @@ inline void BlackwellUnits(const Geometry& g, const uint8_t* in, uint8_t* out, i
         if (full) {  // whole blocks whose storage rows share a tile: both sides as runs
           RowsAt<const uint8_t> x_run;
           RowsAt<uint8_t> y_run;
-          if (swizzle && StorageRun(t, static_cast<const int64_t*>(nullptr), dst_m, n0, k0, &y_run)) {
+          if (swizzle && StorageRun(t, static_cast<const int64_t*>(nullptr), dst_m, n0, kBlockRows, k0, &y_run)) {
             Block(RowsAt<const uint8_t>{src_m + 2 * k0 * crow + n0 / 2, crow}, y_run);
             continue;
           }
-          if (!swizzle && StorageRun(t, g.in_stride, src_m, n0, k0, &x_run)) {
+          if (!swizzle && StorageRun(t, g.in_stride, src_m, n0, kBlockRows, k0, &x_run)) {
             if (k0 % 64 == 0) {
               for (int i = 0; i < kBlockRows; ++i) Prefetch(x_run[i] + kPrefetchSteps * kBlockBytes);
             }
