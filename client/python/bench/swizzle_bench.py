@@ -14,15 +14,17 @@ through CUDA IPC. Variants, each timed over --reps runs after one untimed warm-u
                             converting through its buffers does. Its engine times are the kernel
                             sum of every row (the same work).
   layer batch, registered, answered when queued
-                            the same with the drop-in's default, completion="stream": each call
-                            returns once the daemon has queued the layer, the current stream
-                            waits on its event; the run ends when that stream is done. The
-                            acceptance figure: overhead per layer <= 0.5 ms.
+                            the same with completion="stream": each call returns once the
+                            daemon has queued the layer, the current stream waits on its event;
+                            the run ends when that stream is done.
   layer batch, registered, returns before the answer
                             the same with completion="async": each call returns once its
                             batch is sent on the client's ordered ConvertBatches stream; the
                             current stream writes a ready word and waits for the daemon's done
                             word (shared host memory), no event; errors come at wait_async().
+  layer batch, registered, default completion
+                            the same with the drop-in's default, completion="auto": "async"
+                            once the client's first call has been answered (else "stream").
   projection, registered    swizzle_mxfp4 per projection (two round trips per layer), as the
                             loaders call _swizzle_mxfp4 today (its default completion); same
                             buffers.
@@ -65,9 +67,10 @@ from wprep.testing import LocalDaemon  # noqa: E402
 
 E, K = 32, 2880
 PROJECTIONS = {"w13": 5760, "w2": 2880}  # N
-ACCEPTANCE_MS = 0.5
+DEFAULT_LIMIT, ASYNC_LIMIT = 2.0, 1.6  # wall time over the device copy of the input bytes
 QUEUED = "layer batch, registered, answered when queued"
 ASYNC = "layer batch, registered, returns before the answer"
+DEFAULT = "layer batch, registered, default completion"
 
 
 def make_model(torch, layers):
@@ -172,7 +175,7 @@ def main():
     ap.add_argument("--daemon-arg", action="append", default=[],
                     help="a flag for the wprepd this script starts (repeatable), e.g. --daemon-arg=--streams-per-device=1")
     ap.add_argument("--json", help="also write the figures here")
-    ap.add_argument("--profile", help="also profile the registered layer batches (cProfile) into this text file")
+    ap.add_argument("--profile", help="also profile the registered async layer batches (cProfile) into this text file")
     ap.add_argument("--unpadded-scales", action="store_true",
                     help="pad_scales=False: the unpadded sm_90 scale layout, to compare with clients older than "
                          "the padded default")
@@ -221,8 +224,15 @@ def main():
 
         def layer_batches_queued():
             for layer, lo in zip(model, outs):
+                wprep.swizzle_mxfp4_batch(layer, nw, client=client, out=lo, completion="stream")
+            torch.cuda.current_stream().synchronize()  # the last completion
+            return None
+
+        def layer_batches_default():
+            for layer, lo in zip(model, outs):
                 wprep.swizzle_mxfp4_batch(layer, nw, client=client, out=lo)
             torch.cuda.current_stream().synchronize()  # the last completion
+            client.wait_async(60)
             return None
 
         def layer_batches_async():
@@ -272,6 +282,7 @@ def main():
         for name, run, before in (("layer batch, registered", layer_batches, None),
                                   (QUEUED, layer_batches_queued, None),
                                   (ASYNC, layer_batches_async, None),
+                                  (DEFAULT, layer_batches_default, None),
                                   ("model batch, registered", model_batch, None),
                                   ("projection, registered", projections, None)):
             seen = len(logged_batches(daemon.log())) if daemon is not None else 0
@@ -290,7 +301,7 @@ def main():
             prof = cProfile.Profile()
             prof.enable()
             for _ in range(args.reps):
-                layer_batches()
+                layer_batches_async()
             prof.disable()
             text = io.StringIO()
             st = pstats.Stats(prof, stream=text)
@@ -333,18 +344,16 @@ def main():
                 print(f"{name}, where a call's time goes (median us a layer): " +
                       ", ".join(f"{k} {v:.0f}" for k, v in split.items()))
                 figures["variants"][name]["call_split_us"] = split
-        for name in (QUEUED, ASYNC):
-            accept = figures["variants"][name]["overhead_ms_per_layer"]
-            verdict = "PASS" if accept <= ACCEPTANCE_MS else "FAIL"
-            print(f"acceptance: overhead per layer above the kernels ({name}) {accept:.3f} ms <= {ACCEPTANCE_MS} ms: "
-                  f"{verdict}")
-        accept = figures["variants"][QUEUED]["overhead_ms_per_layer"]
-        verdict = "PASS" if accept <= ACCEPTANCE_MS else "FAIL"
+        accept = {}
+        for name, limit in ((DEFAULT, DEFAULT_LIMIT), (ASYNC, ASYNC_LIMIT)):
+            ratio = figures["variants"][name]["wall_ms"] / copy_ms
+            accept[name] = {"wall_over_copy": ratio, "limit": limit, "verdict": "PASS" if ratio <= limit else "FAIL"}
+            print(f"goal: {name} <= {limit}x the copy: {ratio:.2f}x, {accept[name]['verdict']}")
         if "--streams-per-device=1" not in args.daemon_arg:
             print("note: a layer's items run on several streams at once, so their kernel times overlap and "
                   "their sum overstates the GPU's work; --daemon-arg=--streams-per-device=1 gives kernel "
                   "times that sum to it")
-        figures["acceptance"] = {"overhead_ms_per_layer": accept, "limit_ms": ACCEPTANCE_MS, "verdict": verdict}
+        figures["acceptance"] = accept
         if args.json:
             Path(args.json).write_text(json.dumps(figures, indent=1))
         return 0

@@ -22,6 +22,7 @@ import sys
 import textwrap
 import time
 import unittest
+import warnings
 from pathlib import Path
 
 PACKAGE_DIR = Path(__file__).resolve().parents[1]
@@ -654,6 +655,75 @@ def test_gpu_a_refused_async_call_releases_the_stream_and_raises_later():
     gpu.wait_async(30)
     host = gpu.convert_batch([Item(spec, shape, good)], completion="host")
     assert torch.equal(r[0].tensor, host[0].tensor)
+
+
+def _raises(fn):
+    """The WprepError fn() raises (failing the test when it raises none)."""
+    try:
+        fn()
+    except wprep.WprepError as e:
+        return e
+    raise AssertionError("no WprepError was raised")
+
+
+def test_gpu_auto_completion_goes_async_once_answered_and_raises_a_refusal_at_the_next_call():
+    # The drop-in's default: the client's first auto call waits for its answer; once one has
+    # succeeded, a refused batch returns like a launch and its error comes from the next call.
+    torch = _torch()
+    spec, shape = SPECS[0]
+    stream = torch.cuda.current_stream()
+    with Client(_daemon("gpu").target, timeout=600) as c:
+        p = c.plan(spec, shape)
+        good = _random(torch, p.input_shape, 790)
+        short = good.view(-1)[: p.input_bytes // 2]  # the daemon refuses: the source is too small
+        out = torch.zeros(p.output_bytes, dtype=torch.uint8, device="cuda")
+        want = c.convert_batch([Item(spec, shape, good)], completion="host")[0].tensor
+        first = _raises(lambda: c.convert_batch([Item(spec, shape, short, out=out)], completion="auto"))
+        assert "items[0]" in first.details and c._auto is None, first  # undecided: the call raised its own
+        c.convert_batch([Item(spec, shape, good, out=out)], completion="auto")
+        assert c._auto == "async"
+        _drain(stream, 30)
+        assert torch.equal(out, want)
+        out.zero_()
+        c.convert_batch([Item(spec, shape, short, out=out)], completion="auto")  # returns: async now
+        assert c._stream.wait(30)
+        later = _raises(lambda: c.convert_batch([Item(spec, shape, good, out=out)], completion="auto"))
+        assert "items[0]" in later.details, later
+        c.convert_batch([Item(spec, shape, good, out=out)], completion="auto")
+        _drain(stream, 30)
+        c.wait_async(30)
+        assert torch.equal(out, want)
+
+
+def test_gpu_auto_completion_takes_stream_where_the_daemon_cannot_open_the_clients_host_words():
+    # The client's words live in a directory of /dev/shm the daemon does not look in (as with
+    # another container's /dev/shm): the daemon refuses the first batch's words, the client
+    # warns and sends it again with completion="stream", and stays with "stream".
+    torch = _torch()
+    from wprep._cuda.fences import FlagPool
+
+    spec, shape = SPECS[0]
+    d = f"/dev/shm/wprep-test-{os.getpid()}"
+    os.makedirs(d, exist_ok=True)
+    try:
+        with Client(_daemon("gpu").target, timeout=600) as c:
+            c._flags = FlagPool(d)
+            p = c.plan(spec, shape)
+            src = _random(torch, p.input_shape, 791)
+            want = c.convert_batch([Item(spec, shape, src)], completion="host")[0].tensor
+            outs = [torch.zeros(p.output_bytes, dtype=torch.uint8, device="cuda") for _ in range(2)]
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                c.convert_batch([Item(spec, shape, src, out=outs[0])], completion="auto")
+            assert [w for w in caught if w.category is RuntimeWarning and "host_word" in str(w.message)], caught
+            assert c._auto == "stream"
+            c.convert_batch([Item(spec, shape, src, out=outs[1])], completion="auto")
+            torch.cuda.current_stream().synchronize()
+            assert torch.equal(outs[0], want) and torch.equal(outs[1], want)
+    finally:
+        for f in os.listdir(d):
+            os.unlink(os.path.join(d, f))
+        os.rmdir(d)
 
 
 def test_gpu_a_client_killed_before_its_stream_wrote_its_ready_words_leaves_the_daemon_serving():

@@ -829,6 +829,69 @@ def test_async_completion_orders_the_stream_with_two_words_and_a_refusal_release
             assert not f.in_use and not f.retired and _torch.reached(f.read(), f.value), op
 
 
+def test_auto_completion_raises_the_first_calls_refusal_itself_and_stays_undecided(fake, monkeypatch, daemon):
+    # Before an auto call has succeeded, each is sent async and waits for its own answer: the
+    # CPU engine refuses CUDA IPC items, so the call raises that refusal itself (nothing is
+    # left for a later call), the done word is released, and the Client has not decided.
+    torch, rec = fake
+    words = FakeWords(torch, monkeypatch)
+    with wprep.Client(daemon.target, timeout=30) as c:
+        for k in range(2):
+            with pytest.raises(WprepError) as e:
+                c.convert_batch([_ipc_item(torch, rec, k)], completion="auto")
+            assert e.value.method == "ConvertBatches" and "items[0]" in e.value.details, e.value
+            assert c._auto is None and c._async_errors == []
+        ops = [op[0] for op in words.ops]
+        assert ops == ["write", "wait"] * 2, ops
+        (_, _, name, off, val) = words.ops[-1]
+        assert FakeWords.word(name, off) == val, "the refusal left the caller's stream waiting"
+        c.wait_async(30)  # raised once, by the call
+
+
+def test_auto_completion_takes_stream_where_the_driver_cannot_register_host_words(fake, monkeypatch, daemon):
+    # cudaHostRegister fails (as on a driver without stream memory operations on host memory):
+    # the call warns and goes as completion="stream" (one interprocess event both ways), and so
+    # does every later auto call of the Client, without warning again.
+    torch, rec = fake
+    torch.cuda.cudart = lambda: types.SimpleNamespace(cudaHostRegister=lambda addr, size, flags: 1)
+    with wprep.Client(daemon.target, timeout=30) as c:
+        with pytest.warns(RuntimeWarning, match="cudaHostRegister"):
+            with pytest.raises(WprepError) as e:  # the CPU engine refuses the IPC item, answered at once
+                c.convert_batch([_ipc_item(torch, rec, 0)], completion="auto")
+        assert e.value.method == "ConvertBatch" and "items[0]" in e.value.details, e.value
+        assert c._auto == "stream" and len(rec.records) == 1, rec.records
+        import warnings
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            with pytest.raises(WprepError):
+                c.convert_batch([_ipc_item(torch, rec, 1)], completion="auto")
+        assert len(rec.records) == 2
+
+
+def test_an_async_error_is_raised_by_the_next_call_of_any_completion_and_reported_at_exit(fake, monkeypatch, daemon,
+                                                                                         capsys):
+    torch, rec = fake
+    FakeWords(torch, monkeypatch)
+    from wprep import _client
+
+    with wprep.Client(daemon.target, timeout=30) as c:
+        c.convert_batch([_ipc_item(torch, rec, 0)], completion="async")
+        assert c._stream.wait(30)
+        with pytest.raises(WprepError) as e:  # a "host" call raises it before sending anything
+            c.convert_batch([wprep.Item(SPEC, [2, 128, 256], bytes(32768))], completion="host")
+        assert e.value.method == "ConvertBatches" and "items[0]" in e.value.details, e.value
+        c.convert_batch([wprep.Item(SPEC, [2, 128, 256], bytes(32768))], completion="host")  # raised once
+        # One nobody raised is written to stderr by the exit hook.
+        c.convert_batch([_ipc_item(torch, rec, 1)], completion="async")
+        assert c in _client._async_clients
+        capsys.readouterr()
+        _client._report_unraised_async_errors()
+        err = capsys.readouterr().err
+        assert "no later call raised it" in err and "items[0]" in err, err
+        c.wait_async(30)
+
+
 def _wait_stopped(pid, seconds=30.0):
     """Waits until every thread of `pid` is stopped (a stop signal takes effect thread by thread)."""
     deadline = time.monotonic() + seconds

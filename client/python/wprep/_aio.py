@@ -138,8 +138,8 @@ class AsyncClient:
         completion: str = "host",
     ) -> BatchResult:
         """See Client.convert_batch (completion "host" or "stream")."""
-        if completion == "async":
-            raise ValueError("completion='async' is Client's (it returns before the answer already); "
+        if completion in ("async", "auto"):
+            raise ValueError(f"completion={completion!r} is Client's (it returns before the answer); "
                              "use 'stream' from asyncio")
         items = list(items)
         plans = await self._plans_for(

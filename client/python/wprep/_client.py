@@ -4,15 +4,20 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import atexit
 import os
+import sys
 import threading
 import time
+import warnings
+import weakref
 from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 import grpc
 
 from . import _health, _requests, _torch
 from ._cuda import ipc as _ipc
+from ._cuda.fences import StreamMemOpsError
 from ._errors import WprepError, from_rpc_error, make_error
 from ._requests import Call, PlanKey
 from ._stream import BatchStream, Entry, StreamBroken
@@ -25,6 +30,7 @@ if TYPE_CHECKING:  # weights refers to Client; the methods import it, keeping im
     from . import weights
 
 DEFAULT_TARGET = "unix:///tmp/wprepd.sock"
+_COMPLETIONS = ("host", "stream", "async", "auto")
 
 # Messages up to what the daemon allows (--max-message-bytes); no HTTP proxy for a local daemon.
 CHANNEL_OPTIONS: List[Tuple[str, Any]] = [
@@ -40,6 +46,45 @@ def _open_channel(module: Any, target: str, credentials: Any, options: Sequence[
     if credentials is None:
         return module.insecure_channel(target, options=opts)
     return module.secure_channel(target, credentials, options=opts)
+
+
+# Clients that sent completion='async' batches: at exit, an error no later call raised is
+# written to stderr rather than lost.
+_async_clients: "weakref.WeakSet[Client]" = weakref.WeakSet()
+_async_exit_mu = threading.Lock()
+_async_exit_hooked = False
+
+
+def _report_unraised_async_errors() -> None:
+    for c in list(_async_clients):
+        while True:
+            try:
+                c.wait_async(timeout=5.0)
+                break
+            except TimeoutError as e:
+                sys.stderr.write(f"wprep: at exit, {e}\n")
+                break
+            except BaseException as e:  # noqa: BLE001 - reported, the process is ending
+                sys.stderr.write(f"wprep: at exit, a completion='async' batch had failed and no later call "
+                                 f"raised it (its outputs were not written): {e}\n")
+
+
+def _hook_exit_report(client: "Client") -> None:
+    global _async_exit_hooked
+    _async_clients.add(client)
+    if not _async_exit_hooked:
+        with _async_exit_mu:
+            if not _async_exit_hooked:
+                atexit.register(_report_unraised_async_errors)
+                _async_exit_hooked = True
+
+
+def _host_words_refused(e: BaseException) -> bool:
+    """Whether an async batch failed because the daemon cannot use this client's host words
+    (another /dev/shm, no access to its files), so that "stream" may serve instead."""
+    if not isinstance(e, WprepError):
+        return False
+    return e.code == grpc.StatusCode.FAILED_PRECONDITION or "host_word" in (e.details or "")
 
 
 def default_target() -> str:
@@ -142,6 +187,10 @@ class Client:
         # batch's wait could stand ahead of the earlier batch's work in the daemon.
         self._async_order = threading.Lock()
         self.max_async_in_flight = 256
+        # completion='auto': None until an auto call's answer has shown whether the daemon takes
+        # this client's host words ("async" from then on) or cannot ("stream").
+        self._auto_mu = threading.Lock()
+        self._auto: Optional[str] = None
         # The daemon's pid to name as this process's tracer before VMM memory is sent
         # (_before_send); -1 until asked.
         self._ptrace_pid: Optional[int] = -1
@@ -271,6 +320,7 @@ class Client:
     def _convert_call(self, spec: Spec, logical_shape: Sequence[int], source: Source, out: Any,
                       strides: Optional[Sequence[int]], device_uuid: Union[None, bytes, str], stream: Any,
                       timeout: Optional[float]) -> Call:
+        self._raise_async_error()
         plans = self._plans_for([_requests.needs_plan(spec, logical_shape, source, out)], timeout)
         return _requests.convert_call(spec, logical_shape, source, out, strides, device_uuid, plans,
                                       self._registry, stream)
@@ -318,6 +368,8 @@ class Client:
 
     def _batch_call(self, items: Sequence[Item], device_uuid: Union[None, bytes, str], stream: Any,
                     timeout: Optional[float], completion: str) -> Call:
+        """The request of a batch; first raises an earlier async batch's error not raised yet."""
+        self._raise_async_error()
         items = list(items)
         plans = self._plans_for(
             [_requests.needs_plan(it.spec, it.logical_shape, it.source, it.out, completion)
@@ -355,9 +407,12 @@ class Client:
                        "its outputs were not written)")
         raise e
 
-    def _send_async(self, call: Call) -> Any:
+    def _send_async(self, call: Call, probe: "Optional[concurrent.futures.Future[Optional[BaseException]]]" = None) -> Any:
+        """Sends an async batch. probe: a Future that takes the batch's error (None when it
+        succeeded) instead of the later-call queue, unless cancelled by then."""
         ready, done = call.words  # type: ignore[misc]
         flags = self._flags
+        _hook_exit_report(self)
 
         def on_answer(lost: Optional[WprepError], answer: Any) -> None:
             # On the stream's reader thread, in send order; `call` keeps the tensors alive until here.
@@ -377,6 +432,9 @@ class Client:
                 flags.release(done)
                 flags.finish(ready, reusable=lost is None)
                 flags.finish(done, reusable=lost is None)
+            if probe is not None and probe.set_running_or_notify_cancel():
+                probe.set_result(error)
+                return
             if error is not None:
                 with self._async_mu:
                     self._async_errors.append(error)
@@ -466,18 +524,72 @@ class Client:
         signal_when_done as words), not events: `stream` writes the ready word after the
         work queued there before the call, and waits for the done word the daemon's GPU writes
         after the batch. An error comes later, like a CUDA kernel's: it is raised by the next
-        completion="async" call of this Client, or by wait_async(); the outputs of a failed
-        batch are undefined, and the client's CPU writes the done word itself, so `stream` goes
-        on all the same. The tensors are held until the answer. The daemon must share the
+        conversion call of this Client (any completion), or by wait_async(); the outputs of a
+        failed batch are undefined, and the client's CPU writes the done word itself, so
+        `stream` goes on all the same. An error no call raised is written to stderr at exit. The tensors are held until the answer. The daemon must share the
         client's /dev/shm and be able to open its files (the same user, root, or the group).
         Async calls of one process that share a CUDA stream (or order their streams with each
         other) must go through one Client, whose single stream keeps their order.
+
+        completion="auto" (the drop-in's default) is "async" where it works and "stream" where
+        it cannot: the Client's auto calls are sent async and each waits for its own answer
+        until one succeeds; from then on they return before the answer. Where the driver has
+        no stream memory operations on host memory, or the daemon cannot open the client's
+        /dev/shm files (another container's /dev/shm, another user), the Client takes
+        "stream" for good, with a RuntimeWarning saying why.
         """
+        if completion not in _COMPLETIONS:
+            raise ValueError(f"completion must be one of {_COMPLETIONS}; got {completion!r}")
+        if completion == "auto":
+            return self._convert_auto(items, device_uuid, stream, timeout)
         if completion == "async":
-            self._raise_async_error()
             with self._async_order:
                 return self._send_async(self._batch_call(items, device_uuid, stream, timeout, completion))
         return self._run(self._batch_call(items, device_uuid, stream, timeout, completion), timeout)
+
+    def _convert_auto(self, items: Sequence[Item], device_uuid: Union[None, bytes, str], stream: Any,
+                      timeout: Optional[float]) -> BatchResult:
+        """completion='auto': "async" once an auto call's answer showed that the daemon takes
+        this client's host words; until then each auto call is sent async and waits for its
+        own answer (raising its error, as "stream" would); "stream" for good where the driver
+        or the daemon cannot use host words."""
+        mode = self._auto
+        if mode is None:
+            with self._auto_mu:
+                mode = self._auto
+                if mode is None:
+                    return self._probe_auto(items, device_uuid, stream, timeout)
+        return self.convert_batch(items, device_uuid=device_uuid, stream=stream, timeout=timeout, completion=mode)
+
+    def _probe_auto(self, items: Sequence[Item], device_uuid: Union[None, bytes, str], stream: Any,
+                    timeout: Optional[float]) -> BatchResult:
+        probe: "concurrent.futures.Future[Optional[BaseException]]" = concurrent.futures.Future()
+        try:
+            with self._async_order:
+                early = self._send_async(self._batch_call(items, device_uuid, stream, timeout, "async"), probe)
+        except StreamMemOpsError as e:  # this driver cannot order streams with host words
+            return self._auto_falls_back(e, items, device_uuid, stream, timeout)
+        try:
+            error = probe.result(self._timeout(timeout))
+        except concurrent.futures.TimeoutError:
+            if probe.cancel():  # its answer, when it comes, goes to the later-call queue
+                raise TimeoutError(f"completion='auto': the first batch was not answered after "
+                                   f"{self._timeout(timeout)} s") from None
+            error = probe.result()
+        if error is None:
+            self._auto = "async"
+            return early
+        if _host_words_refused(error):  # refused before any work: nothing was written
+            return self._auto_falls_back(error, items, device_uuid, stream, timeout)
+        raise error
+
+    def _auto_falls_back(self, why: BaseException, items: Sequence[Item], device_uuid: Union[None, bytes, str],
+                         stream: Any, timeout: Optional[float]) -> BatchResult:
+        self._auto = "stream"
+        warnings.warn(f"wprep: completion='auto' takes 'stream' for this Client ({self.target}): host words "
+                      f"cannot order its batches: {why}", RuntimeWarning, stacklevel=4)
+        return self.convert_batch(items, device_uuid=device_uuid, stream=stream, timeout=timeout,
+                                  completion="stream")
 
     def convert_batch_future(
         self,
@@ -489,8 +601,8 @@ class Client:
         completion: str = "host",
     ) -> "concurrent.futures.Future[BatchResult]":
         """convert_batch() without waiting: a Future of the BatchResult (completion "host" or "stream")."""
-        if completion == "async":
-            raise ValueError("completion='async' returns before the answer already: call convert_batch")
+        if completion in ("async", "auto"):
+            raise ValueError(f"completion={completion!r} returns before the answer already: call convert_batch")
         return self._submit(self._batch_call(items, device_uuid, stream, timeout, completion), timeout)
 
     # -- devices and health -------------------------------------------------------------------

@@ -273,7 +273,7 @@ def swizzle_mxfp4_batch(
     out: Optional[Sequence[Tuple[Any, Any]]] = None,
     stream: Any = None,
     triton: Optional[bool] = None,
-    completion: str = "stream",
+    completion: str = "auto",
     pad_scales: Optional[bool] = None,
 ) -> List[SwizzledMXFP4]:
     """swizzle_mxfp4 for several projections (a layer's w13 and w2, a whole model) in one ConvertBatch.
@@ -317,7 +317,7 @@ def swizzle_mxfp4(
     out: Optional[Tuple[Any, Any]] = None,
     stream: Any = None,
     triton: Optional[bool] = None,
-    completion: str = "stream",
+    completion: str = "auto",
     pad_scales: Optional[bool] = None,
 ) -> SwizzledMXFP4:
     """The loaders' _swizzle_mxfp4(values, scales, num_warps), done by wprepd in one round trip.
@@ -328,15 +328,19 @@ def swizzle_mxfp4(
     identities and, with triton_kernels, the Tensor objects matmul_ogs takes
     (SwizzledMXFP4.as_triton()). The inputs are read in place and left unchanged.
 
-    completion: "stream" (default) is ordered like the torch operations convert_layout runs
-    on `stream` (default: the current stream): the daemon reads the inputs after the work
-    queued there before the call, the outputs are ready for work queued there after it,
-    the host waits for neither, and kernel_seconds is 0. "async" gives the same order and
-    returns once the request is sent, before the daemon's answer: a refused call raises on
-    the client's next async call or in wprep.wait_async() (call it once the loader is done),
-    and its outputs are undefined (Client.convert_batch says more). "host" synchronizes
-    `stream` before the call and returns once the work is done, with the engine's time in
-    kernel_seconds.
+    completion: every mode is ordered like the torch operations convert_layout runs on
+    `stream` (default: the current stream): the daemon reads the inputs after the work
+    queued there before the call, and the outputs are ready for work queued there after it.
+    "auto" (default) returns once the request is sent, before the daemon's answer ("async")
+    wherever this process and the daemon can share host words, else once the daemon has
+    queued the work ("stream"); the client's first auto call waits for its answer either
+    way, and decides. With "async" a refused call raises on the client's next call or in
+    wprep.wait_async() (call it once the loader is done; an error nothing raised is written
+    to stderr at exit), and its outputs are undefined (Client.convert_batch says more).
+    "stream" always waits for the daemon to queue the work and raises its errors itself.
+    None of them makes the host wait for the GPU, and kernel_seconds is 0. "host"
+    synchronizes `stream` before the call and returns once the work is done, with the
+    engine's time in kernel_seconds.
 
     pad_scales: on sm_90, None (default) or True gives the scales as the newest vLLM's call
     does, their K/32 groups zero-padded to a multiple of 4 before the Hopper layout (gpt-oss's
