@@ -340,6 +340,46 @@ __global__ void __launch_bounds__(256, 4) Group16Kernel(const uint4* __restrict_
   }
 }
 
+// The Blackwell sinks (kMode 1, 2) of rows of 32 groups or more: each warp takes a chunk of
+// 32 groups of one row (a row's last chunk may be shorter), `chunks` a row, so it finds the
+// row's destinations once, and the warp of a row's last chunk writes the row's padding with
+// all its lanes. Where a row's groups are not a multiple of 32, the flat runs of
+// Group16Kernel cross rows every few lanes, and every crossing finds a row's places again
+// (divisions and tile offsets) and writes its padding with four lanes while the warp waits.
+template <QuantDtype D, int kMode>
+__global__ void __launch_bounds__(256, 4) RowChunk16Kernel(const uint4* __restrict__ in, uint8_t* __restrict__ values,
+                                                             uint8_t* __restrict__ scales, uint32_t units,
+                                                             uint32_t chunks, FastDivisor div_chunks, bool up,
+                                                             GroupSink sink) {
+  sink.blackwell = true;
+  sink.tiled = kMode == 2;
+  const uint32_t lane = threadIdx.x & 31, sub = lane & 3;
+  const uint32_t group_lanes = 0xFu << (lane & ~3u);
+  const uint32_t warp = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+  const uint32_t warps = (gridDim.x * blockDim.x) >> 5;
+  for (uint32_t unit = warp; unit < units; unit += warps) {
+    const uint32_t r = div_chunks.Div(unit), c = unit - r * chunks;
+    const uint32_t k0 = 32 * c + (lane >> 2);
+    const int64_t g0 = int64_t{r} * sink.sq + k0;
+    uint4 raw[4];
+    WPREP_UNROLL
+    for (int u = 0; u < 4; ++u) {
+      raw[u] = k0 + 8 * u < sink.sq ? in[(g0 + 8 * u) * 4 + sub] : make_uint4(0, 0, 0, 0);
+    }
+    const typename GroupSink::RowPlace place = sink.Place(r, values, scales);
+    WPREP_UNROLL
+    for (int u = 0; u < 4; ++u) {
+      const uint32_t k = k0 + 8 * u;
+      if (k >= sink.sq) continue;  // all four lanes of a group agree
+      uint32_t e = 0;
+      const uint32_t out = LaneCodes<D>(raw[u], group_lanes, up, &e);
+      sink.WordAt(place, r, k, sub, out, values);
+      if (sub == 0) sink.ScaleAt(place, k, static_cast<uint8_t>(e >> 23));
+    }
+    if (c == chunks - 1) sink.PadRow(r, static_cast<int>(lane), 32, values, scales);
+  }
+}
+
 // Everything Group16Kernel does not take (fp32, ragged rows, unaligned buffers): one
 // thread a group, the scalar math.
 template <QuantDtype D>
@@ -724,10 +764,22 @@ unsigned Blocks(int64_t work, int threads) {
   return static_cast<unsigned>(b < (1 << 30) ? b : (1 << 30));
 }
 
-// Group16Kernel of the sink's mode (8 warps of 32 groups a block).
+// Group16Kernel of the sink's mode (8 warps of 32 groups a block); the Blackwell sinks of
+// rows of 32 groups or more take RowChunk16Kernel (8 warps of a row's chunk a block).
 template <QuantDtype D>
 void LaunchGroup16(unsigned blocks, CudaStream stream, const uint4* in, uint8_t* v, uint8_t* s, uint32_t groups, bool up,
                    const GroupSink& sink) {
+  if (sink.blackwell && sink.sq >= 32) {
+    const uint32_t chunks = (sink.sq + 31) / 32;
+    const uint32_t units = groups / sink.sq * chunks;  // < 2^31: at most 2 * groups / 32
+    const unsigned b = Blocks(units, 8);
+    if (sink.tiled) {
+      RowChunk16Kernel<D, 2><<<b, 256, 0, stream>>>(in, v, s, units, chunks, FastDivisor(chunks), up, sink);
+    } else {
+      RowChunk16Kernel<D, 1><<<b, 256, 0, stream>>>(in, v, s, units, chunks, FastDivisor(chunks), up, sink);
+    }
+    return;
+  }
   if (sink.tiled) {
     Group16Kernel<D, 2><<<blocks, 256, 0, stream>>>(in, v, s, groups, up, sink);
   } else if (sink.blackwell) {

@@ -198,8 +198,11 @@ TEST(QuantizeCuda, BlackwellFusedEqualsTheCpu) {
     spec.layout = trial % 4 == 0 ? QuantLayout::kBlackwell : QuantLayout::kBlackwellShuffled;
     spec.block_k = blocks[trial % 6][0];
     spec.block_n = blocks[trial % 6][1];
-    // Every third shape has whole groups (K a multiple of 32): the packed bf16 path.
-    const int64_t k = trial % 3 == 0 ? 32 * (1 + static_cast<int64_t>(rng() % 20)) : 2 * (1 + static_cast<int64_t>(rng() % 300));
+    // Every third shape has whole groups (K a multiple of 32): the packed 16-bit path, by
+    // whole rows of 32-group chunks where a row has 32 groups or more (every sixth shape:
+    // 33 to 102 groups, most not a multiple of 32), else by flat runs of 32 groups.
+    const int64_t sq = trial % 6 == 0 ? 33 + static_cast<int64_t>(rng() % 70) : 1 + static_cast<int64_t>(rng() % 20);
+    const int64_t k = trial % 3 == 0 ? 32 * sq : 2 * (1 + static_cast<int64_t>(rng() % 300));
     const std::vector<int64_t> shape = {1 + static_cast<int64_t>(rng() % 3), 1 + static_cast<int64_t>(rng() % 300), k};
     auto plan = MakeQuantizePlan(dtype, shape, rounding);
     ASSERT_TRUE(plan.ok());
