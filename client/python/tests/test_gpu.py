@@ -680,19 +680,19 @@ def test_gpu_auto_completion_goes_async_once_answered_and_raises_a_refusal_at_th
         want = c.convert_batch([Item(spec, shape, good)], completion="host")[0].tensor
         first = _raises(lambda: c.convert_batch([Item(spec, shape, short, out=out)], completion="auto"))
         assert "items[0]" in first.details and c._auto is None, first  # undecided: the call raised its own
-        c.convert_batch([Item(spec, shape, good, out=out)], completion="auto")
+        r = c.convert_batch([Item(spec, shape, good, out=out)], completion="auto")
         assert c._auto == "async"
         _drain(stream, 30)
-        assert torch.equal(out, want)
+        assert torch.equal(r[0].tensor, want)
         out.zero_()
         c.convert_batch([Item(spec, shape, short, out=out)], completion="auto")  # returns: async now
         assert c._stream.wait(30)
         later = _raises(lambda: c.convert_batch([Item(spec, shape, good, out=out)], completion="auto"))
         assert "items[0]" in later.details, later
-        c.convert_batch([Item(spec, shape, good, out=out)], completion="auto")
+        r = c.convert_batch([Item(spec, shape, good, out=out)], completion="auto")
         _drain(stream, 30)
         c.wait_async(30)
-        assert torch.equal(out, want)
+        assert torch.equal(r[0].tensor, want)
 
 
 def test_gpu_auto_completion_takes_stream_where_the_daemon_cannot_open_the_clients_host_words():
@@ -714,12 +714,12 @@ def test_gpu_auto_completion_takes_stream_where_the_daemon_cannot_open_the_clien
             outs = [torch.zeros(p.output_bytes, dtype=torch.uint8, device="cuda") for _ in range(2)]
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
-                c.convert_batch([Item(spec, shape, src, out=outs[0])], completion="auto")
+                r0 = c.convert_batch([Item(spec, shape, src, out=outs[0])], completion="auto")
             assert [w for w in caught if w.category is RuntimeWarning and "host_word" in str(w.message)], caught
             assert c._auto == "stream"
-            c.convert_batch([Item(spec, shape, src, out=outs[1])], completion="auto")
+            r1 = c.convert_batch([Item(spec, shape, src, out=outs[1])], completion="auto")
             torch.cuda.current_stream().synchronize()
-            assert torch.equal(outs[0], want) and torch.equal(outs[1], want)
+            assert torch.equal(r0[0].tensor, want) and torch.equal(r1[0].tensor, want)
     finally:
         for f in os.listdir(d):
             os.unlink(os.path.join(d, f))
