@@ -440,7 +440,7 @@ class Client:
                     self._async_errors.append(error)
 
         try:
-            self._send_ordered(Entry(call.request, on_answer))
+            self._send_ordered(Entry(call.request, on_answer, prompt=True))
         except BaseException:
             flags.release(done)
             flags.finish(ready, reusable=False)

@@ -35,6 +35,8 @@ _END = object()  # ends the request iterator, and so the stream
 class Entry:
     request: Any  # a wprep.v1.ConvertBatchRequest
     on_answer: Answer
+    # send() returns only once grpc has handed the request to its transport (see send()).
+    prompt: bool = False
 
 
 class StreamBroken(Exception):
@@ -57,7 +59,9 @@ class BatchStream:
         self._broken: Optional[WprepError] = None  # guarded by _cv
         self._answered = 0  # guarded by _cv
         self._sent = 0  # guarded by _cv
-        self._responses = open_stream(iter(self._requests.get, _END))
+        self._taken = 0  # requests grpc took from the queue; guarded by _cv
+        self._handed = 0  # requests grpc handed to its transport; guarded by _cv
+        self._responses = open_stream(self._iterate())
         self._reader = threading.Thread(target=self._read, name="wprep-batch-stream", daemon=True)
         self._reader.start()
 
@@ -67,7 +71,15 @@ class BatchStream:
             return self._broken is not None
 
     def send(self, entry: Entry) -> int:
-        """Queues the batch behind the ones sent before; its position in the stream."""
+        """Queues the batch behind the ones sent before; its position in the stream.
+
+        A prompt entry also waits (at most HAND_TIMEOUT seconds) until grpc has handed it to
+        its transport. grpc sends a stream's requests from threads of its own, a few GIL
+        hand-offs per request; a caller that goes straight on to build its next request
+        keeps the GIL, and those threads then get it only at the interpreter's switch
+        interval (5 ms), so requests would reach the daemon late and in bursts. Waiting here
+        releases the GIL until the request is on its way.
+        """
         with self._cv:
             while self._broken is None and len(self._pending) >= self.max_in_flight:
                 self._cv.wait()
@@ -77,7 +89,27 @@ class BatchStream:
             self._pending.append(entry)
             self._requests.put(entry.request)
             self._sent += 1
-            return self._sent - 1
+            position = self._sent
+            if entry.prompt:
+                self._cv.wait_for(lambda: self._taken >= position or self._broken is not None, self.HAND_TIMEOUT)
+            return position - 1
+
+    HAND_TIMEOUT = 1.0
+
+    def _iterate(self) -> Any:
+        """The request iterator grpc consumes. grpc asks for a request only once the one
+        before it is handed to the transport, so every request taken so far has been."""
+        while True:
+            with self._cv:
+                self._handed = self._taken
+                self._cv.notify_all()
+            request = self._requests.get()
+            if request is _END:
+                return
+            with self._cv:
+                self._taken += 1
+                self._cv.notify_all()
+            yield request
 
     def wait(self, timeout: Optional[float] = None) -> bool:
         """Waits until every batch sent so far is answered (or the stream broke); False on timeout."""
