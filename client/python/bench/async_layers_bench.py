@@ -1,0 +1,126 @@
+"""Where a layer's time goes with the drop-in's async completion: host calls next to the GPU.
+
+A gpt-oss-20b-shaped model (24 layers of 32 experts, outputs registered), each layer one
+swizzle_mxfp4_batch call. For each variant, 6 runs (the first dropped): the wall time to the
+caller's stream being done, when the calls returned, and for each layer the moment its work
+was done on the caller's stream (a CUDA event recorded there after each call), so that the
+host's pace (time between the calls' returns) and the GPU's (time between the layers'
+completions) show which one bounds the run. Variants: completion="async"; the same with
+sends not awaited (send() returns once the request is queued for grpc's threads, the
+behaviour before prompt sends); that with a 0.1 ms interpreter switch interval; "stream".
+Last, one call for the whole model ("stream"), as a floor for the GPU's work.
+
+    WPREPD=.bundle/bin/wprepd LD_LIBRARY_PATH=.bundle/lib python3 client/python/bench/async_layers_bench.py
+"""
+
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import wprep  # noqa: E402
+from wprep import _stream  # noqa: E402
+from wprep.testing import LocalDaemon  # noqa: E402
+
+E, K, LAYERS, REPS = 32, 2880, 24, 6
+
+
+def main() -> int:
+    try:
+        import torch
+    except ImportError as e:
+        print(f"no torch: {e}")
+        return 3
+    if not torch.cuda.is_available():
+        print("no GPU")
+        return 3
+    d = LocalDaemon(args=sys.argv[1:])
+    c = wprep.Client(d.target, timeout=120)
+    g = torch.Generator(device="cuda").manual_seed(1)
+    model = [[(torch.randint(0, 256, (E, n, K // 2), dtype=torch.uint8, device="cuda", generator=g),
+               torch.randint(0, 256, (E, n, K // 32), dtype=torch.uint8, device="cuda", generator=g))
+              for n in (5760, 2880)] for _ in range(LAYERS)]
+    outs = [[wprep.empty_swizzled_mxfp4(v, s, 8, client=c) for v, s in layer] for layer in model]
+    c.register([t for layer in model for p in layer for t in p] + [t for lo in outs for p in lo for t in p])
+    stream = torch.cuda.current_stream()
+
+    def copy_ms() -> float:
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        for layer, lo in zip(model, outs):
+            for (v, s), (vo, so) in zip(layer, lo):
+                vo.as_strided((v.numel(),), (1,)).copy_(v.view(-1))
+                so.as_strided((s.numel(),), (1,)).copy_(s.view(-1))
+        b.record()
+        b.synchronize()
+        return a.elapsed_time(b)
+
+    def run(completion: str):
+        torch.cuda.synchronize()
+        events = [torch.cuda.Event(enable_timing=True) for _ in range(LAYERS + 1)]
+        host = []
+        t0 = time.perf_counter()
+        events[0].record()
+        for i, (layer, lo) in enumerate(zip(model, outs)):
+            wprep.swizzle_mxfp4_batch(layer, 8, client=c, out=lo, completion=completion)
+            host.append((time.perf_counter() - t0) * 1e3)
+            events[i + 1].record()
+        sent = (time.perf_counter() - t0) * 1e3
+        stream.synchronize()
+        wall = (time.perf_counter() - t0) * 1e3
+        c.wait_async(60)
+        return wall, sent, host, [events[0].elapsed_time(e) for e in events[1:]]
+
+    send = _stream.BatchStream.send
+
+    def unprompted(self, entry):
+        entry.prompt = False
+        return send(self, entry)
+
+    copy = statistics.median(copy_ms() for _ in range(5))
+    print(f"{torch.cuda.get_device_name(0)}; {LAYERS} layers; copy of the input bytes {copy:.2f} ms")
+    variants = (("async", "async", False, None), ("async, sends not awaited", "async", True, None),
+                ("async, not awaited, switch interval 0.1 ms", "async", True, 1e-4), ("stream", "stream", False, None),
+                ("async, again", "async", False, None), ("async, not awaited, again", "async", True, None))
+    for name, completion, old_send, interval in variants:
+        before = sys.getswitchinterval()
+        if interval:
+            sys.setswitchinterval(interval)
+        if old_send:
+            _stream.BatchStream.send = unprompted
+        try:
+            rows = [run(completion) for _ in range(REPS)][1:]
+        finally:
+            _stream.BatchStream.send = send
+            sys.setswitchinterval(before)
+        wall = statistics.median(r[0] for r in rows)
+        sent = statistics.median(r[1] for r in rows)
+        r = sorted(rows, key=lambda r: r[0])[len(rows) // 2]
+        host_gaps = [b - a for a, b in zip(r[2], r[2][1:])]
+        gpu_gaps = [b - a for a, b in zip(r[3], r[3][1:])]
+        lag = [gg - hh for gg, hh in zip(r[3], r[2])]
+        print(f"{name:42s} wall {wall:6.2f} ms ({wall / copy:.2f}x), calls done at {sent:6.2f} ms; per layer: host "
+              f"{statistics.median(host_gaps) * 1e3:.0f} us, GPU completions {statistics.median(gpu_gaps) * 1e3:.0f} us "
+              f"apart; GPU behind the call: median {statistics.median(lag):.2f} ms, last {lag[-1]:.2f} ms")
+        print("   GPU completion gaps (us): " + " ".join(f"{x * 1e3:.0f}" for x in gpu_gaps))
+    torch.cuda.synchronize()
+    pairs = [p for layer in model for p in layer]
+    flat = [o for lo in outs for o in lo]
+    for _ in range(2):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        t0 = time.perf_counter()
+        a.record()
+        wprep.swizzle_mxfp4_batch(pairs, 8, client=c, out=flat, completion="stream")
+        t1 = time.perf_counter()
+        b.record()
+        b.synchronize()
+        print(f"one call for the model (stream): the call {1e3 * (t1 - t0):.2f} ms, on the GPU {a.elapsed_time(b):.2f} ms")
+    c.close()
+    d.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
