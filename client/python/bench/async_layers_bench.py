@@ -19,43 +19,26 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import wprep  # noqa: E402
+from swizzle_bench import device_copy_ms, import_cuda_torch, make_model  # noqa: E402  (the same model and copy)
 from wprep import _stream  # noqa: E402
 from wprep.testing import LocalDaemon  # noqa: E402
 
-E, K, LAYERS, REPS = 32, 2880, 24, 6
+LAYERS, REPS = 24, 6
 
 
 def main() -> int:
-    try:
-        import torch
-    except ImportError as e:
-        print(f"no torch: {e}")
-        return 3
-    if not torch.cuda.is_available():
-        print("no GPU")
+    torch = import_cuda_torch()
+    if torch is None:
         return 3
     d = LocalDaemon(args=sys.argv[1:])
     c = wprep.Client(d.target, timeout=120)
-    g = torch.Generator(device="cuda").manual_seed(1)
-    model = [[(torch.randint(0, 256, (E, n, K // 2), dtype=torch.uint8, device="cuda", generator=g),
-               torch.randint(0, 256, (E, n, K // 32), dtype=torch.uint8, device="cuda", generator=g))
-              for n in (5760, 2880)] for _ in range(LAYERS)]
+    model = make_model(torch, LAYERS)
     outs = [[wprep.empty_swizzled_mxfp4(v, s, 8, client=c) for v, s in layer] for layer in model]
     c.register([t for layer in model for p in layer for t in p] + [t for lo in outs for p in lo for t in p])
     stream = torch.cuda.current_stream()
-
-    def copy_ms() -> float:
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        for layer, lo in zip(model, outs):
-            for (v, s), (vo, so) in zip(layer, lo):
-                vo.as_strided((v.numel(),), (1,)).copy_(v.view(-1))
-                so.as_strided((s.numel(),), (1,)).copy_(s.view(-1))
-        b.record()
-        b.synchronize()
-        return a.elapsed_time(b)
 
     def run(completion: str):
         torch.cuda.synchronize()
@@ -79,7 +62,7 @@ def main() -> int:
         entry.prompt = False
         return send(self, entry)
 
-    copy = statistics.median(copy_ms() for _ in range(5))
+    copy = device_copy_ms(torch, model, outs, 5)
     print(f"{torch.cuda.get_device_name(0)}; {LAYERS} layers; copy of the input bytes {copy:.2f} ms")
     variants = (("async", "async", False, None), ("async, sends not awaited", "async", True, None),
                 ("async, not awaited, switch interval 0.1 ms", "async", True, 1e-4), ("stream", "stream", False, None),

@@ -73,6 +73,19 @@ ASYNC = "layer batch, registered, returns before the answer"
 DEFAULT = "layer batch, registered, default completion"
 
 
+def import_cuda_torch():
+    """torch, with a GPU; None (having said why) where either is missing: the benches exit 3."""
+    try:
+        import torch
+    except ImportError as e:
+        print(f"no torch: {e}")
+        return None
+    if not torch.cuda.is_available():
+        print("no GPU")
+        return None
+    return torch
+
+
 def make_model(torch, layers):
     g = torch.Generator(device="cuda").manual_seed(1234)
     model = []
@@ -186,13 +199,8 @@ def main():
         wprep.swizzle_mxfp4 = pad(wprep.swizzle_mxfp4, pad_scales=False)
         wprep.empty_swizzled_mxfp4 = pad(wprep.empty_swizzled_mxfp4, pad_scales=False)
 
-    try:
-        import torch
-    except ImportError as e:
-        print(f"no torch: {e}")
-        return 3
-    if not torch.cuda.is_available():
-        print("no GPU")
+    torch = import_cuda_torch()
+    if torch is None:
         return 3
     daemon = None if args.target else LocalDaemon(args=args.daemon_arg)
     target = args.target or daemon.target
