@@ -85,7 +85,8 @@ def main() -> int:
         gpu_gaps = [b - a for a, b in zip(r[3], r[3][1:])]
         lag = [gg - hh for gg, hh in zip(r[3], r[2])]
         print(f"{name:42s} wall {wall:6.2f} ms ({wall / copy:.2f}x), calls done at {sent:6.2f} ms; per layer: host "
-              f"{statistics.median(host_gaps) * 1e3:.0f} us, GPU completions {statistics.median(gpu_gaps) * 1e3:.0f} us "
+              f"{statistics.median(host_gaps) * 1e3:.0f} us, "
+              f"GPU completions {statistics.median(gpu_gaps) * 1e3:.0f} us "
               f"apart; GPU behind the call: median {statistics.median(lag):.2f} ms, last {lag[-1]:.2f} ms")
         print("   GPU completion gaps (us): " + " ".join(f"{x * 1e3:.0f}" for x in gpu_gaps))
     torch.cuda.synchronize()
@@ -99,7 +100,8 @@ def main() -> int:
         t1 = time.perf_counter()
         b.record()
         b.synchronize()
-        print(f"one call for the model (stream): the call {1e3 * (t1 - t0):.2f} ms, on the GPU {a.elapsed_time(b):.2f} ms")
+        print(f"one call for the model (stream): the call {1e3 * (t1 - t0):.2f} ms, "
+              f"on the GPU {a.elapsed_time(b):.2f} ms")
     c.close()
     d.stop()
     return 0

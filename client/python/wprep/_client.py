@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+import atexit
 import collections
 import concurrent.futures
-import atexit
 import os
 import sys
 import threading
@@ -407,7 +407,8 @@ class Client:
                        "its outputs were not written)")
         raise e
 
-    def _send_async(self, call: Call, probe: "Optional[concurrent.futures.Future[Optional[BaseException]]]" = None) -> Any:
+    def _send_async(self, call: Call,
+                    probe: "Optional[concurrent.futures.Future[Optional[BaseException]]]" = None) -> Any:
         """Sends an async batch. probe: a Future that takes the batch's error (None when it
         succeeded) instead of the later-call queue, unless cancelled by then."""
         ready, done = call.words  # type: ignore[misc]
@@ -526,8 +527,9 @@ class Client:
         after the batch. An error comes later, like a CUDA kernel's: it is raised by the next
         conversion call of this Client (any completion), or by wait_async(); the outputs of a
         failed batch are undefined, and the client's CPU writes the done word itself, so
-        `stream` goes on all the same. An error no call raised is written to stderr at exit. The tensors are held until the answer. The daemon must share the
-        client's /dev/shm and be able to open its files (the same user, root, or the group).
+        `stream` goes on all the same. An error no call raised is written to stderr at exit.
+        The tensors are held until the answer. The daemon must share the client's /dev/shm
+        and be able to open its files (the same user, root, or the group).
         Async calls of one process that share a CUDA stream (or order their streams with each
         other) must go through one Client, whose single stream keeps their order.
 
