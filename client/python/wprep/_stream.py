@@ -60,7 +60,6 @@ class BatchStream:
         self._answered = 0  # guarded by _cv
         self._sent = 0  # guarded by _cv
         self._taken = 0  # requests grpc took from the queue; guarded by _cv
-        self._handed = 0  # requests grpc handed to its transport; guarded by _cv
         self._responses = open_stream(self._iterate())
         self._reader = threading.Thread(target=self._read, name="wprep-batch-stream", daemon=True)
         self._reader.start()
@@ -73,12 +72,12 @@ class BatchStream:
     def send(self, entry: Entry) -> int:
         """Queues the batch behind the ones sent before; its position in the stream.
 
-        A prompt entry also waits (at most HAND_TIMEOUT seconds) until grpc has handed it to
-        its transport. grpc sends a stream's requests from threads of its own, a few GIL
-        hand-offs per request; a caller that goes straight on to build its next request
-        keeps the GIL, and those threads then get it only at the interpreter's switch
-        interval (5 ms), so requests would reach the daemon late and in bursts. Waiting here
-        releases the GIL until the request is on its way.
+        A prompt entry also waits (at most HAND_TIMEOUT seconds) until grpc has taken it.
+        grpc sends a stream's requests from threads of its own, a few GIL hand-offs per
+        request; a caller that goes straight on to build its next request keeps the GIL, and
+        those threads then get it only at the interpreter's switch interval (5 ms), so
+        requests would reach the daemon late and in bursts. Waiting here releases the GIL
+        until the request is on its way.
         """
         with self._cv:
             while self._broken is None and len(self._pending) >= self.max_in_flight:
@@ -97,12 +96,10 @@ class BatchStream:
     HAND_TIMEOUT = 1.0
 
     def _iterate(self) -> Any:
-        """The request iterator grpc consumes. grpc asks for a request only once the one
-        before it is handed to the transport, so every request taken so far has been."""
+        """The request iterator grpc consumes, counting what it took. grpc's thread goes on
+        from taking a request to handing it to the transport, and releases the GIL only
+        there, so a sender waiting for the count resumes once the request is on its way."""
         while True:
-            with self._cv:
-                self._handed = self._taken
-                self._cv.notify_all()
             request = self._requests.get()
             if request is _END:
                 return
