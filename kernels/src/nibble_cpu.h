@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "cpu_parallel.h"
 #include "layout_math.h"
 
 #if defined(__SSE2__)
@@ -233,6 +234,26 @@ inline void Prefetch(const void* p) {
 // is fetched ahead.
 inline constexpr int kPrefetchSteps = 4;
 
+#if defined(__SSE2__)
+// Four whole blocks along K (32 canonical rows x 16 bytes at k0, k0 + 16, k0 + 32, k0 + 48)
+// staged, then the 32 storage rows' 64 bytes, 2 KiB in a row where a tile is 64 bytes along
+// K (blackwell_shuffled_value's default), written with streaming stores: an output not read
+// back costs no read for ownership. Rows further apart (blackwell_value's whole-K rows)
+// measured slower streamed and keep ordinary stores.
+inline void StreamBlocks4(RowsAt<const uint8_t> src, int64_t src_step16, RowsAt<uint8_t> dst) {
+  alignas(64) uint8_t staged[kBlockRows * 64];
+  for (int q = 0; q < 4; ++q) {
+    Block(RowsAt<const uint8_t>{src.first + q * src_step16, src.step}, RowsAt<uint8_t>{staged + 16 * q, 64});
+  }
+  for (int i = 0; i < kBlockRows; ++i) {
+    for (int q = 0; q < 4; ++q) {
+      _mm_stream_si128(reinterpret_cast<__m128i*>(dst[i] + 16 * q),
+                       _mm_load_si128(reinterpret_cast<const __m128i*>(staged + 64 * i + 16 * q)));
+    }
+  }
+}
+#endif
+
 inline void BlackwellUnits(const Geometry& g, const uint8_t* in, uint8_t* out, int64_t begin, int64_t end) {
   const bool swizzle = g.op == Op::kBlackwellSwizzle;
   const BlackwellTiling& t = swizzle ? g.out_tiling : g.in_tiling;
@@ -240,6 +261,13 @@ inline void BlackwellUnits(const Geometry& g, const uint8_t* in, uint8_t* out, i
   const int64_t per_matrix = CeilDiv(n_all, kBlackwellUnitN);
   const int64_t crow = swizzle ? g.in_stride[0] : g.d1b;  // canonical row stride
   const int64_t step = t.ntk == 1 ? t.kpad : t.tile_k;     // bytes along K inside one tile
+#if defined(__SSE2__)
+  // Swizzles of outputs this large go out with streaming stores where 32 storage rows of
+  // 64 bytes are one run (tiles 64 bytes along K, 16-byte aligned).
+  const bool stream = swizzle && static_cast<uint64_t>(g.num_matrices * g.out_matrix_bytes) >= cpu::kStreamingBytes &&
+                      reinterpret_cast<uintptr_t>(out) % 16 == 0 && t.tile_k == 64 && step == 64;
+  bool streamed = false;
+#endif
   for (int64_t u = begin; u < end; ++u) {
     const int64_t e = u / per_matrix, first_n = (u - e * per_matrix) * kBlackwellUnitN;
     const int64_t last_n = std::min(n_all, first_n + kBlackwellUnitN);
@@ -249,6 +277,36 @@ inline void BlackwellUnits(const Geometry& g, const uint8_t* in, uint8_t* out, i
       for (int i = 0; i < kBlockRows; ++i) rows[i] = base + std::min<int64_t>(2 * k0 + i, 2 * g.kp - 1) * crow + n0 / 2;
     };
     for (int64_t k0 = 0; k0 < t.kpad;) {
+#if defined(__SSE2__)
+      if (stream && k0 % 64 == 0 && k0 + 64 <= g.kp && step - k0 % step >= 64) {
+        for (int q = 0; q < 4; ++q) {
+          const int64_t ahead = 2 * (k0 + 16 * q + kPrefetchSteps * kBlockBytes);
+          for (int64_t r = ahead; r < std::min(ahead + kBlockRows, 2 * g.kp); ++r) Prefetch(src_m + r * crow + first_n / 2);
+        }
+        for (int64_t n0 = first_n; n0 < last_n; n0 += kBlockRows) {
+          RowsAt<uint8_t> y_run;
+          const RowsAt<const uint8_t> x_run{src_m + 2 * k0 * crow + n0 / 2, crow};
+          if (g.n - n0 >= kBlockRows && n_all - n0 >= kBlockRows &&
+              StorageRun(t, static_cast<const int64_t*>(nullptr), dst_m, n0, kBlockRows, k0, &y_run) &&
+              reinterpret_cast<uintptr_t>(y_run.first) % 16 == 0 && y_run.step == 64) {
+            StreamBlocks4(x_run, 32 * crow, y_run);
+            streamed = true;
+            continue;
+          }
+          for (int q = 0; q < 4; ++q) {  // rows that do not share a tile, or N's edge
+            uint8_t* ys[kBlockRows];
+            const uint8_t* xs[kBlockRows];
+            const int n_rows = static_cast<int>(std::min<int64_t>(kBlockRows, n_all - n0));
+            const int n_valid = static_cast<int>(std::clamp<int64_t>(g.n - n0, 0, n_rows));
+            canonical(src_m, k0 + 16 * q, n0, xs);
+            StorageRows(t, static_cast<const int64_t*>(nullptr), dst_m, n0, n_rows, k0 + 16 * q, ys);
+            n_valid == kBlockRows ? Block(xs, ys) : EdgeBlock(xs, 2 * kBlockBytes, n_valid / 2, ys, n_rows, kBlockBytes);
+          }
+        }
+        k0 += 64;
+        continue;
+      }
+#endif
       // Inside one tile along K: a block is at most the rest of the tile.
       const int k_bytes = static_cast<int>(std::min<int64_t>({kBlockBytes, t.kpad - k0, step - k0 % step}));
       const int k_valid = static_cast<int>(std::clamp<int64_t>(g.kp - k0, 0, k_bytes));
@@ -295,6 +353,9 @@ inline void BlackwellUnits(const Geometry& g, const uint8_t* in, uint8_t* out, i
       k0 += k_bytes;
     }
   }
+#if defined(__SSE2__)
+  if (streamed) _mm_sfence();  // the streamed lines land before the caller's threads join
+#endif
 }
 
 }  // namespace wprep::cpu_nibble

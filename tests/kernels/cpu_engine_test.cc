@@ -406,6 +406,36 @@ TEST(CpuStrided, TransposedCheckpointScaleViewsEqualTheDenseSwizzle) {
   }
 }
 
+// Blackwell value swizzles from canonical storage whose output is at least 32 MiB (the
+// nibble pass; shuffled tiles 64 bytes along K go out with streaming stores): the same
+// bytes as each matrix converted on its own (16 MiB, ordinary stores), with ragged K (a
+// last 64-byte step that is not whole) and N (edge blocks among the streamed ones).
+TEST(CpuEngine, StreamedBlackwellSwizzlesEqualEachMatrixAlone) {
+  std::mt19937_64 rng(41);
+  ConversionSpec plain;
+  plain.layout = Layout::kBlackwellValue;
+  ConversionSpec shuffled;
+  shuffled.layout = Layout::kBlackwellShuffledValue;
+  shuffled.blackwell = {128, 256};
+  for (const ConversionSpec& spec : {plain, shuffled}) {
+    for (const std::vector<int64_t>& shape : std::vector<std::vector<int64_t>>{{3, 4096, 8192}, {3, 4100, 8170}}) {
+      SCOPED_TRACE(Describe(spec) + " " + ::testing::PrintToString(shape));
+      const Plan all = MustPlan(spec, shape);
+      const Plan one = MustPlan(spec, {1, shape[1], shape[2]});
+      ASSERT_GE(all.output_bytes, uint64_t{32} << 20);
+      ASSERT_LT(one.output_bytes, uint64_t{32} << 20);
+      const std::vector<uint8_t> x = testing::RandomBytes(all.input_bytes, rng());
+      const std::vector<uint8_t> got = Convert(all, x);
+      for (int64_t e = 0; e < shape[0]; ++e) {
+        const auto in_e = x.begin() + static_cast<int64_t>(e * one.input_bytes);
+        const std::vector<uint8_t> want = Convert(one, std::vector<uint8_t>(in_e, in_e + one.input_bytes));
+        const auto out_e = got.begin() + static_cast<int64_t>(e * one.output_bytes);
+        EXPECT_TRUE(std::equal(want.begin(), want.end(), out_e)) << "matrix " << e;
+      }
+    }
+  }
+}
+
 TEST(CpuEngine, RejectsShortBuffersAndOverlap) {
   ConversionSpec spec;
   const Plan plan = MustPlan(spec, {256, 256});
