@@ -263,14 +263,20 @@ inline void BlackwellUnits(const Geometry& g, const uint8_t* in, uint8_t* out, i
   const int64_t step = t.ntk == 1 ? t.kpad : t.tile_k;     // bytes along K inside one tile
 #if defined(__SSE2__)
   // Swizzles of outputs this large go out with streaming stores where 32 storage rows of
-  // 64 bytes are one run (tiles 64 bytes along K, 16-byte aligned).
+  // 64 bytes are one run: tiles 64 bytes along K, of whole blocks of rows (so no block
+  // straddles two), at 16-byte aligned offsets of an aligned output; the units of whole
+  // blocks inside N, the others (N's edge) by the blocks below.
   const bool stream = swizzle && static_cast<uint64_t>(g.num_matrices * g.out_matrix_bytes) >= cpu::kStreamingBytes &&
-                      reinterpret_cast<uintptr_t>(out) % 16 == 0 && t.tile_k == 64 && step == 64;
+                      reinterpret_cast<uintptr_t>(out) % 16 == 0 && t.tile_k == 64 && step == 64 &&
+                      t.tile_n % kBlockRows == 0;
   bool streamed = false;
 #endif
   for (int64_t u = begin; u < end; ++u) {
     const int64_t e = u / per_matrix, first_n = (u - e * per_matrix) * kBlackwellUnitN;
     const int64_t last_n = std::min(n_all, first_n + kBlackwellUnitN);
+#if defined(__SSE2__)
+    const bool stream_unit = stream && last_n - first_n == kBlackwellUnitN && last_n <= g.n;
+#endif
     const uint8_t* src_m = in + g.InputMatrixOffset(e);
     uint8_t* dst_m = out + e * g.out_matrix_bytes;
     auto canonical = [&](auto* base, int64_t k0, int64_t n0, auto** rows) {
@@ -278,31 +284,16 @@ inline void BlackwellUnits(const Geometry& g, const uint8_t* in, uint8_t* out, i
     };
     for (int64_t k0 = 0; k0 < t.kpad;) {
 #if defined(__SSE2__)
-      if (stream && k0 % 64 == 0 && k0 + 64 <= g.kp && step - k0 % step >= 64) {
+      if (stream_unit && k0 % 64 == 0 && k0 + 64 <= g.kp) {
         for (int q = 0; q < 4; ++q) {
           const int64_t ahead = 2 * (k0 + 16 * q + kPrefetchSteps * kBlockBytes);
           for (int64_t r = ahead; r < std::min(ahead + kBlockRows, 2 * g.kp); ++r) Prefetch(src_m + r * crow + first_n / 2);
         }
         for (int64_t n0 = first_n; n0 < last_n; n0 += kBlockRows) {
-          RowsAt<uint8_t> y_run;
-          const RowsAt<const uint8_t> x_run{src_m + 2 * k0 * crow + n0 / 2, crow};
-          if (g.n - n0 >= kBlockRows && n_all - n0 >= kBlockRows &&
-              StorageRun(t, static_cast<const int64_t*>(nullptr), dst_m, n0, kBlockRows, k0, &y_run) &&
-              reinterpret_cast<uintptr_t>(y_run.first) % 16 == 0 && y_run.step == 64) {
-            StreamBlocks4(x_run, 32 * crow, y_run);
-            streamed = true;
-            continue;
-          }
-          for (int q = 0; q < 4; ++q) {  // rows that do not share a tile, or N's edge
-            uint8_t* ys[kBlockRows];
-            const uint8_t* xs[kBlockRows];
-            const int n_rows = static_cast<int>(std::min<int64_t>(kBlockRows, n_all - n0));
-            const int n_valid = static_cast<int>(std::clamp<int64_t>(g.n - n0, 0, n_rows));
-            canonical(src_m, k0 + 16 * q, n0, xs);
-            StorageRows(t, static_cast<const int64_t*>(nullptr), dst_m, n0, n_rows, k0 + 16 * q, ys);
-            n_valid == kBlockRows ? Block(xs, ys) : EdgeBlock(xs, 2 * kBlockBytes, n_valid / 2, ys, n_rows, kBlockBytes);
-          }
+          StreamBlocks4(RowsAt<const uint8_t>{src_m + 2 * k0 * crow + n0 / 2, crow}, 32 * crow,
+                        RowsAt<uint8_t>{dst_m + BlackwellOffset(t, nullptr, n0, k0), 64});  // rows of one tile
         }
+        streamed = true;
         k0 += 64;
         continue;
       }
