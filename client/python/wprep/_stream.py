@@ -35,7 +35,7 @@ _END = object()  # ends the request iterator, and so the stream
 class Entry:
     request: Any  # a wprep.v1.ConvertBatchRequest
     on_answer: Answer
-    # send() returns only once grpc has handed the request to its transport (see send()).
+    # send() returns only once grpc has taken the request (see send()).
     prompt: bool = False
 
 
