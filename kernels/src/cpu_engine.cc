@@ -43,6 +43,10 @@ absl::Status ConvertOnCpu(const Plan& plan, const uint8_t* in, size_t in_size, u
     parallel(cpu_hopper::UnitCount(g), [&](int64_t b, int64_t e) { cpu_hopper::Units(g, in, out, b, e); });
     return absl::OkStatus();
   }
+  if (cpu_hopper::ServesCross(g)) {
+    parallel(cpu_hopper::CrossUnitCount(g), [&](int64_t b, int64_t e) { cpu_hopper::CrossUnits(g, in, out, b, e); });
+    return absl::OkStatus();
+  }
   if (cpu_nibble::ServesBlackwell(g)) {
     parallel(cpu_nibble::BlackwellUnitCount(g),
              [&](int64_t b, int64_t e) { cpu_nibble::BlackwellUnits(g, in, out, b, e); });
