@@ -39,15 +39,19 @@ __device__ __forceinline__ float Load(const uint8_t* row, int64_t i) {
 // ---------------------------------------------------------------------------------------
 // The packed encoder of 16-bit inputs (bf16 and fp16; Packed<D> below). With the scale
 // exponent E in [kMinE, kMaxE], the multiplier 2^(127-E) is a normal number of the type and
-// |x| * 2^(127-E) is exact wherever it is normal; where it is not (below the type's smallest
+// q = |x| * 2^(127-E) is exact wherever it is normal; where it is not (below the type's smallest
 // normal, which is far below 0.25), the code is 0 however the hardware rounds or flushes it.
-// The e2m1 code of |q| under round-to-nearest-even is the number of thresholds 0.25, 0.75,
-// 1.25, 1.75, 2.5, 3.5, 5 it passes, strictly for the ties that round down (0.25, 1.25, 2.5,
-// 5: written as the next value of the type up, so every compare is >=) and inclusively for
-// those that round up; values above 6 pass all seven (code 7, saturation). The count is
-// summed in the type on the FMA pipe (a compare gives 1.0 or 0.0, added to a power of two
-// whose ulp is 1, so that the last fraction bits are then the count): the integer pipe, the
-// quantizers' bottleneck, only packs the result.
+// The e2m1 grid is three lines: steps of 0.5 below 2, of 1 up to 4, of 2 above. So the code of
+// |q| under round-to-nearest-even is
+//   min(RN(2q), RN(q + 2), RN(q/2 + 4), 7),
+// each line's ties falling on the even code as e2m1's do (0.25 -> 0, 1.25 -> 1.0, 2.5 -> 2.0,
+// 5 -> 4.0; 0.75, 1.75 and 3.5 up), and RN being monotone, the min of the rounded lines is the
+// rounded min. Each RN is one FMA of the type with kBias added (a power of two whose ulp is 1,
+// so the sum rounds to the integers with ties to even and its last fraction bits are the
+// code): two FMAs, an add and three mins a pair, where counting the seven thresholds took 7
+// compares and 7 adds; the integer pipe, the quantizers' bottleneck, only packs the result.
+// tests/kernels/internals_test.cc holds the identity for every non-negative finite bf16 and
+// fp16 q.
 template <QuantDtype D>
 struct Packed;
 
@@ -55,11 +59,8 @@ template <>
 struct Packed<QuantDtype::kBfloat16> {
   using T2 = __nv_bfloat162;
   static constexpr uint32_t kMinE = 8, kMaxE = 253;
-  static constexpr uint32_t kBias = 0x4300u;  // 128.0
-  __device__ static constexpr uint32_t Threshold(int i) {  // 0.25+, 0.75, 1.25+, 1.75, 2.5+, 3.5, 5+
-    constexpr uint32_t t[7] = {0x3E81u, 0x3F40u, 0x3FA1u, 0x3FE0u, 0x4021u, 0x4060u, 0x40A1u};
-    return t[i];
-  }
+  static constexpr uint32_t kBias = 0x4300u;  // 128.0; kBias + n is n's bits above it
+  static constexpr uint32_t kTwo = 0x4000u, kHalf = 0x3F00u;
   // 2^(127 - e); for e = 0 (a zero group) 2^127, a finite multiplier of zeros.
   __device__ static uint32_t Multiplier(uint32_t e) { return (254u - e) << 7; }
   __device__ static uint32_t ScaleByte(uint32_t h, bool up) { return qmath::Bf16ScaleByte(h, up, kMinE, kMaxE); }
@@ -71,10 +72,7 @@ struct Packed<QuantDtype::kFloat16> {
   using T2 = __half2;
   static constexpr uint32_t kMinE = 112, kMaxE = 141;  // 2^(127 - E) in fp16's normals
   static constexpr uint32_t kBias = 0x6400u;  // 1024.0
-  __device__ static constexpr uint32_t Threshold(int i) {
-    constexpr uint32_t t[7] = {0x3401u, 0x3A00u, 0x3D01u, 0x3F00u, 0x4101u, 0x4300u, 0x4501u};
-    return t[i];
-  }
+  static constexpr uint32_t kTwo = 0x4000u, kHalf = 0x3800u;
   __device__ static uint32_t Multiplier(uint32_t e) { return e != 0 ? (142u - e) << 10 : 0u; }  // 0 for zeros
   __device__ static uint32_t ScaleByte(uint32_t h, bool up) { return qmath::Fp16ScaleByte(h, up, kMinE, kMaxE); }
   __device__ static float ToFloat(uint16_t h) { return qmath::Fp16ToFloat(h); }
@@ -91,15 +89,18 @@ __device__ __forceinline__ uint32_t Bits2(T2 v) {
   return *reinterpret_cast<const uint32_t*>(&v);
 }
 
-// Two e2m1 codes (sign in bit 3) of |x| * qs from the pair `w`, in bits 0-3 and 16-19.
+// The e2m1 codes (no sign) of |x| * qs for the pair `w`: the low byte of each half (the
+// high bytes hold the bias's bits).
 template <QuantDtype D>
 __device__ __forceinline__ uint32_t EncodePair(uint32_t w, uint32_t qs2) {
   using T2 = typename Packed<D>::T2;
+  using P = Packed<D>;
   const T2 q = __hmul2(As2<T2>(w & 0x7FFF7FFFu), As2<T2>(qs2));
-  T2 count = As2<T2>(Pair(Packed<D>::kBias));
-  WPREP_UNROLL
-  for (int i = 0; i < 7; ++i) count = __hadd2(count, __hge2(q, As2<T2>(Pair(Packed<D>::Threshold(i)))));
-  return (Bits2(count) & 0x00070007u) | ((w >> 12) & 0x00080008u);
+  const T2 fine = __hfma2(q, As2<T2>(Pair(P::kTwo)), As2<T2>(Pair(P::kBias)));  // RN(2q)
+  const T2 unit = __hadd2(q, As2<T2>(Pair(P::kBias + 2)));                       // RN(q + 2)
+  const T2 coarse = __hfma2(q, As2<T2>(Pair(P::kHalf)), As2<T2>(Pair(P::kBias + 4)));  // RN(q/2 + 4)
+  const T2 code = __hmin2(__hmin2(fine, unit), __hmin2(coarse, As2<T2>(Pair(P::kBias + 7))));
+  return Bits2(code);
 }
 
 template <QuantDtype D>
@@ -257,11 +258,18 @@ __device__ __forceinline__ uint32_t LaneCodes(const uint4& raw, uint32_t group_l
   // is ScaleBits(0) = 0, and with any finite multiplier its codes are the elements' signs.
   if (eb != 0 || (m & 0xFFFFu) == 0) {
     const uint32_t qs2 = Pair(Packed<D>::Multiplier(eb));
+    // Byte moves (PRMT) instead of shifts and masks: each half's four codes as bytes, the
+    // signs (bit 7 of the elements' high bytes) moved to bit 3, then byte pairs folded into
+    // nibbles (byte 2i+1's code into byte 2i's high nibble) and the folded bytes gathered.
+    uint32_t half[2];
     WPREP_UNROLL
-    for (int p = 0; p < 4; ++p) {
-      const uint32_t c = EncodePair<D>(w[p], qs2);
-      out |= ((c | c >> 12) & 0xFFu) << (8 * p);
+    for (int h = 0; h < 2; ++h) {
+      const uint32_t codes = __byte_perm(EncodePair<D>(w[2 * h], qs2), EncodePair<D>(w[2 * h + 1], qs2), 0x6420u);
+      const uint32_t signs = __byte_perm(w[2 * h], w[2 * h + 1], 0x7531u);
+      const uint32_t b = codes | ((signs >> 4) & 0x08080808u);
+      half[h] = b | (b >> 4);
     }
+    out = __byte_perm(half[0], half[1], 0x6420u);
   } else {
     float x[8];
     float a = 0.0f;

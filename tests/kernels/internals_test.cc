@@ -1,8 +1,10 @@
 // The engine's internals behind the public plan (kernels/src, on this test's include path
 // only): the geometry MakePlan builds, the tile dispatch, the one Gcd, and the occupancy
-// decision of the CUDA engine, and the packed quantizer's scale byte.
+// decision of the CUDA engine, and the packed quantizer's scale byte and code lines.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <memory>
 #include <set>
 #include <string>
@@ -236,6 +238,46 @@ TEST(QuantizeMath, Bf16ScaleByteIsScaleBitsForEveryBf16) {
 TEST(QuantizeMath, Fp16ScaleByteIsScaleBitsForEveryFp16) {
   const int taken = CheckScaleByte(qmath::Fp16ScaleByte, qmath::Fp16ToFloat, 0x400u, 0x7C00u, 112, 141);
   EXPECT_GT(taken, 55000);  // 2 x 30 binades x 1024, less the few scales out of range
+}
+
+// x > 0 rounded to `bits` significant bits, ties to even (the sums below are far from the
+// types' exponent limits, and exact in a double for the q they are asked of).
+double RoundToBits(double x, int bits) {
+  int e = 0;
+  std::frexp(x, &e);
+  const double unit = std::ldexp(1.0, e - bits);
+  return std::nearbyint(x / unit) * unit;  // the default rounding mode: to nearest, ties to even
+}
+
+// The packed encoder's code (quantize_cuda.cu, EncodePair): min(RN(2q), RN(q + 2), RN(q/2 + 4), 7),
+// each line one FMA of the type with the bias added, equals EncodeE2m1 for every non-negative
+// finite q of the type. q in [2^-30, 2^30] keeps every sum exact in a double before the type's
+// rounding; below, every line rounds to the bias (the code 0), above, the cap is the min (7).
+void CheckCodeLines(uint32_t end, float (*to_float)(uint16_t), int bits, double bias, int want_checked) {
+  int checked = 0;
+  for (uint32_t h = 0; h < end; ++h) {
+    const double q = to_float(static_cast<uint16_t>(h));
+    const uint32_t want = qmath::EncodeE2m1(static_cast<float>(q));
+    uint32_t got = 0;
+    if (q >= std::ldexp(1.0, -30) && q <= std::ldexp(1.0, 30)) {
+      const double code = std::min(std::min(RoundToBits(2 * q + bias, bits), RoundToBits(q + bias + 2, bits)),
+                                   std::min(RoundToBits(q / 2 + bias + 4, bits), bias + 7)) - bias;
+      got = static_cast<uint32_t>(code);
+      ++checked;
+    } else {
+      got = q < 1 ? 0u : 7u;
+    }
+    EXPECT_EQ(got, want) << std::hex << h << " q " << q;
+  }
+  EXPECT_EQ(checked, want_checked);
+}
+
+TEST(QuantizeMath, CodeLinesAreTheE2m1CodeForEveryBf16) {
+  CheckCodeLines(0x7F80u, qmath::Bf16ToFloat, 8, 128.0, 60 * 128 + 1);  // 60 binades, and 2^30
+}
+
+TEST(QuantizeMath, CodeLinesAreTheE2m1CodeForEveryFp16) {
+  CheckCodeLines(0x7C00u, qmath::Fp16ToFloat, 11, 1024.0, 0x7C00 - 1);  // every fp16 but 0
 }
 
 }  // namespace
