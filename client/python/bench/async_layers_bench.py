@@ -90,6 +90,25 @@ def main() -> int:
               f"apart; GPU behind the call: median {statistics.median(lag):.2f} ms, last {lag[-1]:.2f} ms")
         print("   GPU completion gaps (us): " + " ".join(f"{x * 1e3:.0f}" for x in gpu_gaps))
     torch.cuda.synchronize()
+    # Each item of one layer alone (completion "host": the engine's time), next to a device copy of its input.
+    from wprep._mxfp4 import _items, mxfp4_specs, scale_align_k
+
+    specs = mxfp4_specs(torch.cuda.get_device_capability(0), 8, scale_align_k(None))
+    for (v, s), (vo, so), name in zip(model[0], outs[0], ("w13", "w2")):
+        for item, src, what in zip(_items(v, s, specs, (vo, so)), (v, s), ("values", "scales")):
+            secs = statistics.median(c.convert_batch([item], completion="host")[0].kernel_seconds for _ in range(7))
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            flat = torch.empty(src.numel(), dtype=torch.uint8, device=src.device)
+            copies = []
+            for _ in range(7):
+                a.record()
+                flat.copy_(src.reshape(-1))
+                b.record()
+                b.synchronize()
+                copies.append(a.elapsed_time(b))
+            copy_us = statistics.median(copies) * 1e3
+            print(f"item {name} {what} {list(src.shape)}: kernel {secs * 1e6:.1f} us, copy of its input {copy_us:.1f} us "
+                  f"({secs * 1e6 / copy_us:.2f}x)")
     pairs = [p for layer in model for p in layer]
     flat = [o for lo in outs for o in lo]
     for _ in range(2):
