@@ -189,11 +189,7 @@ inline void CrossStep(const HopperTiling& t, XByte* x, int64_t xs, OByte* o, int
                           cpu_nibble::RowsAt<uint8_t>{stage + 32 * h * 64 + 16 * sb, 64});
       }
     }
-    if (bytes == 64) {
-      for (int64_t r = 0; r < rows; ++r) std::memcpy(x + (x0 + r) * xs + xb, stage + 64 * r, 64);
-    } else {
-      for (int64_t r = 0; r < rows; ++r) std::memcpy(x + (x0 + r) * xs + xb, stage + 64 * r, static_cast<size_t>(bytes));
-    }
+    for (int64_t r = 0; r < rows; ++r) std::memcpy(x + (x0 + r) * xs + xb, stage + 64 * r, static_cast<size_t>(bytes));
   }
 }
 
@@ -210,14 +206,14 @@ void CrossUnitsOf(const Geometry& g, const uint8_t* in, uint8_t* out, int64_t be
     const int64_t e = u / (band_groups * cr_groups), rest = u - e * band_groups * cr_groups;
     const int64_t cg = rest / band_groups, bg = rest - cg * band_groups;
     const int64_t band_end = std::min(bands, kCrossGroup * (bg + 1)), cr_end = std::min(crs, kCrossGroup * (cg + 1));
+    const uint8_t* src = in + g.InputMatrixOffset(e);
+    uint8_t* dst = out + e * g.out_matrix_bytes;
     for (int64_t cr = kCrossGroup * cg; cr < cr_end; ++cr) {
       for (int64_t band = kCrossGroup * bg; band < band_end; ++band) {
         if constexpr (kSwizzle) {
-          CrossStep<kMma, true>(t, in + g.InputMatrixOffset(e), xs, out + e * g.out_matrix_bytes, os, band, cr, piece,
-                                stage);
+          CrossStep<kMma, true>(t, src, xs, dst, os, band, cr, piece, stage);  // X in, O out
         } else {
-          CrossStep<kMma, false>(t, out + e * g.out_matrix_bytes, xs, in + g.InputMatrixOffset(e), os, band, cr,
-                                 piece, stage);
+          CrossStep<kMma, false>(t, dst, xs, src, os, band, cr, piece, stage);  // O in, X out
         }
       }
     }
