@@ -548,12 +548,13 @@ WPREP_HD void HopperScaleSource(const HopperScaleTiling& t, int64_t orow, int64_
 }
 
 // Forward form of HopperScaleSource: the O offset (orow * out_cols + ocol) of S[r, col].
+// num_warps is a power of two (the plans check): masks and shifts, no division.
 WPREP_HD int64_t HopperScaleOffset(const HopperScaleTiling& t, int64_t r, int64_t col) {
   const int64_t nw = t.num_warps;
-  const int64_t m0 = r / (32 * nw), rem = r - m0 * 32 * nw;
-  const int64_t a = rem / (16 * nw), rem2 = rem - a * 16 * nw;
+  const int64_t rem = r & (32 * nw - 1), m0nw = (r - rem) >> 5;  // m0 * nw, m0 = r / (32 * nw)
+  const int64_t a = rem >= 16 * nw ? 1 : 0, rem2 = rem - a * 16 * nw;
   const int64_t w = rem2 >> 4, b = (rem2 >> 3) & 1, c = rem2 & 7;
-  return (m0 * nw + w) * t.out_cols + 64 * (col >> 1) + 32 * a + 4 * c + 2 * (col & 1) + b;
+  return (m0nw + w) * t.out_cols + 64 * (col >> 1) + 32 * a + 4 * c + 2 * (col & 1) + b;
 }
 
 // First S row of the 16-row run (a, b = 0, c = 0..7 and b = 1) that O row `orow` takes

@@ -237,6 +237,12 @@ absl::StatusOr<FusedHopperGeometry> FusedHopperGeometryOf(const QuantizePlan& pl
       !CheckedMul(g.st.rows_pad, g.st.cols_pad, &sc) || !CheckedMul(sc, g.mats, &sc)) {
     return absl::InvalidArgumentError("shape: the Hopper layout's byte size overflows 64 bits");
   }
+  // The GPU kernel numbers its tiles (64 rows x 128 elements) in 32 bits: 2^44 elements, far
+  // past any device's memory.
+  int64_t tiles = 0;
+  if (!CheckedMul(g.mats, g.tiles_per_mat, &tiles) || tiles >= (int64_t{1} << 31)) {
+    return absl::InvalidArgumentError("shape: the fused Hopper layout takes at most 2^31 - 1 tiles of 64 x 128 elements");
+  }
   return g;
 }
 

@@ -1,12 +1,13 @@
 // quantize_mxfp4 on the GPU.
 //
-// bf16 and fp16 rows of whole groups (Q a multiple of 32, the common case) take Group16Kernel:
-// four lanes per group, each with 16 contiguous bytes, so a warp's loads are 512 contiguous
-// bytes; the group's amax is two shuffles; the e2m1 codes come from packed bf16x2 / half2
-// compares (below), about 9 instructions an element where the scalar encoder takes some 27.
-// Groups it cannot encode exactly that way (a NaN or inf, or a scale so extreme that a
-// product would leave the type's normal range) fall back, group by group, to the scalar
-// math. Everything else (fp32, ragged Q, unaligned rows) takes one thread per group.
+// Rows of whole groups (Q a multiple of 32, the common case) take Group16Kernel: four lanes
+// per group, each with 8 contiguous elements (16 bytes of bf16 or fp16, 32 of fp32), so a
+// warp's loads are contiguous; the group's amax is two shuffles. For bf16 and fp16 the e2m1
+// codes come from packed bf16x2 / half2 lines (below), a few instructions an element where
+// the scalar encoder takes some 27; groups they cannot encode exactly (a NaN or inf, or a
+// scale so extreme that a product would leave the type's normal range) fall back, group by
+// group, to the scalar math. fp32 takes the scalar steps with the three-line code
+// (EncodeE2m1Lines). Everything else (ragged Q, unaligned rows) takes one thread per group.
 // The scalar math is quantize_math.h, shared with the CPU engine.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -289,6 +290,52 @@ __device__ __forceinline__ uint32_t LaneCodes(const uint4& raw, uint32_t group_l
   return out;
 }
 
+// A lane's 8 elements of a group as 16-byte words: one for the 16-bit types, two for fp32.
+template <QuantDtype D>
+struct LaneRaw {
+  static constexpr int kWords = D == QuantDtype::kFloat32 ? 2 : 1;
+  uint4 w[kWords];
+};
+
+// Lane `sub`'s words of group g of a tensor whose rows are whole groups (in 16-byte aligned).
+template <QuantDtype D>
+__device__ __forceinline__ LaneRaw<D> LoadLane(const uint4* __restrict__ in, int64_t g, uint32_t sub) {
+  LaneRaw<D> r;
+  WPREP_UNROLL
+  for (int i = 0; i < LaneRaw<D>::kWords; ++i) r.w[i] = in[(g * 4 + sub) * LaneRaw<D>::kWords + i];
+  return r;
+}
+
+// LaneCodes for every input type: the 16-bit types take the packed encoder; fp32 takes the
+// steps of the CPU engine with the code from EncodeE2m1Lines (equal to EncodeE2m1, in fewer
+// instructions).
+template <QuantDtype D>
+__device__ __forceinline__ uint32_t LaneCodesOf(const LaneRaw<D>& raw, uint32_t group_lanes, bool up,
+                                                uint32_t* e_out) {
+  if constexpr (D != QuantDtype::kFloat32) {
+    return LaneCodes<D>(raw.w[0], group_lanes, up, e_out);
+  } else {
+    const uint32_t b[8] = {raw.w[0].x, raw.w[0].y, raw.w[0].z, raw.w[0].w,
+                           raw.w[1].x, raw.w[1].y, raw.w[1].z, raw.w[1].w};
+    float x[8];
+    float a = 0.0f;
+    WPREP_UNROLL
+    for (int i = 0; i < 8; ++i) {
+      x[i] = __uint_as_float(b[i]);
+      a = qmath::AbsMaxNum(a, x[i]);
+    }
+    a = fmaxf(a, __shfl_xor_sync(group_lanes, a, 1));
+    a = fmaxf(a, __shfl_xor_sync(group_lanes, a, 2));
+    const uint32_t e = qmath::ScaleBits(a, up);
+    const float qs = qmath::ScaleMultiplier(e);
+    uint32_t out = 0;
+    WPREP_UNROLL
+    for (int i = 0; i < 8; ++i) out |= qmath::EncodeE2m1Lines(x[i] * qs) << (4 * i);
+    *e_out = e;
+    return out;
+  }
+}
+
 // A 16-bit lane's 8 elements at src, `valid` of them (zeros past), as pairs: one 16-byte
 // load where it can.
 __device__ __forceinline__ uint4 LaneLoad16(const uint8_t* src, int valid) {
@@ -299,7 +346,7 @@ __device__ __forceinline__ uint4 LaneLoad16(const uint8_t* src, int valid) {
   return make_uint4(w[0], w[1], w[2], w[3]);
 }
 
-// Groups [0, groups) of a bf16 or fp16 tensor whose rows are whole groups; in is 16-byte aligned,
+// Groups [0, groups) of a tensor whose rows are whole groups; in is 16-byte aligned,
 // values 4-byte aligned, groups < 2^31. Each warp takes 32 consecutive groups at a time.
 // kMode: the sink's destinations, a template argument so that each kernel carries only its
 // own registers: 0 canonical, 1 blackwell_value rows, 2 shuffled Blackwell tiles.
@@ -314,11 +361,11 @@ __global__ void __launch_bounds__(256, 4) Group16Kernel(const uint4* __restrict_
   const uint32_t warp = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
   const uint32_t warps = (gridDim.x * blockDim.x) >> 5;
   for (uint32_t base = warp * 32; base < groups; base += warps * 32) {
-    uint4 raw[4];
+    LaneRaw<D> raw[4];
     WPREP_UNROLL
     for (int u = 0; u < 4; ++u) {
       const uint32_t g = base + 8 * u + (lane >> 2);
-      raw[u] = g < groups ? in[static_cast<int64_t>(g) * 4 + sub] : make_uint4(0, 0, 0, 0);
+      raw[u] = g < groups ? LoadLane<D>(in, g, sub) : LaneRaw<D>{};
     }
     // The lane's group of step 0, its row and place; each step moves on by 8 groups, and the
     // place is found again only where that crosses into another row.
@@ -340,7 +387,7 @@ __global__ void __launch_bounds__(256, 4) Group16Kernel(const uint4* __restrict_
       }
       if (g >= groups) continue;  // all four lanes of a group agree
       uint32_t e = 0;
-      const uint32_t out = LaneCodes<D>(raw[u], group_lanes, up, &e);
+      const uint32_t out = LaneCodesOf<D>(raw[u], group_lanes, up, &e);
       sink.WordAt(place, r, k, sub, out, values);
       if (sub == 0) sink.ScaleAt(place, k, static_cast<uint8_t>(e >> 23));
       if (k == sink.sq - 1) sink.PadRow(r, static_cast<int>(sub), 4, values, scales);
@@ -369,18 +416,16 @@ __global__ void __launch_bounds__(256, 4) RowChunk16Kernel(const uint4* __restri
     const uint32_t r = div_chunks.Div(unit), c = unit - r * chunks;
     const uint32_t k0 = 32 * c + (lane >> 2);
     const int64_t g0 = int64_t{r} * sink.sq + k0;
-    uint4 raw[4];
+    LaneRaw<D> raw[4];
     WPREP_UNROLL
-    for (int u = 0; u < 4; ++u) {
-      raw[u] = k0 + 8 * u < sink.sq ? in[(g0 + 8 * u) * 4 + sub] : make_uint4(0, 0, 0, 0);
-    }
+    for (int u = 0; u < 4; ++u) raw[u] = k0 + 8 * u < sink.sq ? LoadLane<D>(in, g0 + 8 * u, sub) : LaneRaw<D>{};
     const typename GroupSink::RowPlace place = sink.Place(r, values, scales);
     WPREP_UNROLL
     for (int u = 0; u < 4; ++u) {
       const uint32_t k = k0 + 8 * u;
       if (k >= sink.sq) continue;  // all four lanes of a group agree
       uint32_t e = 0;
-      const uint32_t out = LaneCodes<D>(raw[u], group_lanes, up, &e);
+      const uint32_t out = LaneCodesOf<D>(raw[u], group_lanes, up, &e);
       sink.WordAt(place, r, k, sub, out, values);
       if (sub == 0) sink.ScaleAt(place, k, static_cast<uint8_t>(e >> 23));
     }
@@ -388,7 +433,7 @@ __global__ void __launch_bounds__(256, 4) RowChunk16Kernel(const uint4* __restri
   }
 }
 
-// Everything Group16Kernel does not take (fp32, ragged rows, unaligned buffers): one
+// Everything Group16Kernel does not take (ragged rows, unaligned buffers): one
 // thread a group, the scalar math.
 template <QuantDtype D>
 __global__ void QuantizeKernel(const uint8_t* __restrict__ in, uint8_t* __restrict__ values,
@@ -581,7 +626,7 @@ constexpr int kHopperTileBytes = kFusedHopperTileBytes;  // Q columns: 4 groups
 constexpr int kHopperTilePitch = kHopperTileBytes / 4 + 1;  // words; +1 spreads the banks
 
 template <QuantDtype D>
-__global__ void __launch_bounds__(256) HopperFusedKernel(const uint8_t* __restrict__ in,
+__global__ void __launch_bounds__(256, 5) HopperFusedKernel(const uint8_t* __restrict__ in,
                                                          uint8_t* __restrict__ values,
                                                          uint8_t* __restrict__ scales,
                                                          FusedHopperGeometry g, bool up) {
@@ -592,10 +637,13 @@ __global__ void __launch_bounds__(256) HopperFusedKernel(const uint8_t* __restri
   const uint32_t group_lanes = 0xFu << (threadIdx.x & 28);
   const int64_t total = g.mats * g.tiles_per_mat;
   const bool vec_values = (reinterpret_cast<uintptr_t>(values) & 15) == 0;  // O rows are 128-byte multiples
+  const auto tiles_per_mat = static_cast<uint32_t>(g.tiles_per_mat), tile_cols = static_cast<uint32_t>(g.tile_cols);
   for (int64_t t = blockIdx.x; t < total; t += gridDim.x) {
-    const int64_t e = t / g.tiles_per_mat, rest = t - e * g.tiles_per_mat;
-    const int64_t tr = rest / g.tile_cols, row0 = tr * kHopperTileRows;
-    const int64_t c0 = (rest - tr * g.tile_cols) * kHopperTileBytes;
+    // Tile indices fit 32 bits (FusedHopperGeometryOf): 32-bit divisions, not 64-bit ones.
+    const uint32_t t32 = static_cast<uint32_t>(t), e32 = t32 / tiles_per_mat;
+    const uint32_t rest = t32 - e32 * tiles_per_mat, tr = rest / tile_cols;
+    const int64_t e = e32, row0 = int64_t{tr} * kHopperTileRows;
+    const int64_t c0 = int64_t{rest - tr * tile_cols} * kHopperTileBytes;
     // 1. Quantize: pass p takes groups 64p .. 64p+63 of the tile (row 16p + i/4, group i%4).
     auto lane_of = [&](int p, int* lr, int* j, int* valid) -> const uint8_t* {
       const int tg = 64 * p + (threadIdx.x >> 2);
@@ -797,11 +845,10 @@ void LaunchGroup16(unsigned blocks, CudaStream stream, const uint4* in, uint8_t*
   }
 }
 
-// Whether Group16Kernel serves this tensor (16-bit elements, 32-bit group indices).
+// Whether Group16Kernel serves this tensor (rows of whole groups, aligned, 32-bit group indices).
 bool Group16Fits(const QuantizePlan& plan, const void* in, const void* values) {
   const int64_t sq = plan.q / qmath::kGroup;
-  return plan.dtype != QuantDtype::kFloat32 && plan.q % qmath::kGroup == 0 &&
-         plan.rows * sq < (int64_t{1} << 31) && (reinterpret_cast<uintptr_t>(in) & 15) == 0 &&
+  return plan.q % qmath::kGroup == 0 && plan.rows * sq < (int64_t{1} << 31) && (reinterpret_cast<uintptr_t>(in) & 15) == 0 &&
          (reinterpret_cast<uintptr_t>(values) & 3) == 0;
 }
 
@@ -818,10 +865,16 @@ void LaunchGroups(const QuantizePlan& plan, const void* in, void* values, void* 
     const unsigned blocks = Blocks(groups, kThreads);
     const auto* in4 = static_cast<const uint4*>(in);
     const auto n = static_cast<uint32_t>(groups);
-    if (plan.dtype == QuantDtype::kBfloat16) {
-      LaunchGroup16<QuantDtype::kBfloat16>(blocks, stream, in4, v, s, n, up, sink);
-    } else {
-      LaunchGroup16<QuantDtype::kFloat16>(blocks, stream, in4, v, s, n, up, sink);
+    switch (plan.dtype) {
+      case QuantDtype::kBfloat16:
+        LaunchGroup16<QuantDtype::kBfloat16>(blocks, stream, in4, v, s, n, up, sink);
+        break;
+      case QuantDtype::kFloat16:
+        LaunchGroup16<QuantDtype::kFloat16>(blocks, stream, in4, v, s, n, up, sink);
+        break;
+      case QuantDtype::kFloat32:
+        LaunchGroup16<QuantDtype::kFloat32>(blocks, stream, in4, v, s, n, up, sink);
+        break;
     }
     return;
   }

@@ -3,6 +3,7 @@
 #ifndef WPREP_KERNELS_SRC_QUANTIZE_MATH_H_
 #define WPREP_KERNELS_SRC_QUANTIZE_MATH_H_
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <string>
@@ -100,6 +101,30 @@ WPREP_HD uint32_t EncodeE2m1(float q) {
   uint32_t code = ((e2 << 2 | m2) + inc) >> 1;
   if (code > 7u) code = 7u;
   return code | sign >> 28;
+}
+
+// EncodeE2m1 as the least of three lines, for the fp32 GPU path: the code of |q| is
+// min(RN(2|q|), RN(|q| + 2), RN(|q|/2 + 4), 7), RN rounding to the nearest integer, ties to
+// even. Each line is one fp32 FMA or add with a bias of 2^23, whose ulp is 1, so the sum's
+// rounding is RN and the integer sits in the low mantissa bits; |q| is clamped to 8 first (a
+// NaN clamps to 8 too: code 7, no sign, as EncodeE2m1). The lines change value only at
+// points bf16 represents, so the bf16 encoder's proof over every bf16 (internals_test.cc)
+// covers every real |q|. One departure of step 4 from exact rounding is kept: below 1 it
+// drops mantissa bits before rounding, which changes a code only in [0.25, 0.5), where the
+// two lowest bits go and 0.25 + 1..3 ulps is a tie, rounded to 0. Clearing those two bits
+// below 0.5 does the same. tests/kernels hold this form to EncodeE2m1.
+WPREP_HD uint32_t EncodeE2m1Lines(float q) {
+  constexpr float kBias = 8388608.0f;  // 2^23
+  const float c = fminf(fabsf(q), 8.0f);
+  const uint32_t cb = FloatBits(c);
+  const float a = BitsFloat(cb < 0x3F000000u ? cb & ~3u : cb);  // 0x3F000000: 0.5
+  const uint32_t l0 = FloatBits(fmaf(a, 2.0f, kBias));
+  const uint32_t l1 = FloatBits(a + (kBias + 2.0f));
+  const uint32_t l2 = FloatBits(fmaf(a, 0.5f, kBias + 4.0f));
+  const uint32_t l3 = FloatBits(kBias + 7.0f);
+  const uint32_t low = l0 < l1 ? l0 : l1, high = l2 < l3 ? l2 : l3;
+  const uint32_t code = (low < high ? low : high) - FloatBits(kBias);
+  return q != q ? code : code | (FloatBits(q) >> 28 & 8u);
 }
 
 // Step 2 for the packed bf16 encoder: the scale byte ScaleBits(amax, up) >> 23 of a group whose

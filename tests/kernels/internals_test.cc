@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <memory>
+#include <random>
 #include <set>
 #include <string>
 #include <utility>
@@ -278,6 +279,28 @@ TEST(QuantizeMath, CodeLinesAreTheE2m1CodeForEveryBf16) {
 
 TEST(QuantizeMath, CodeLinesAreTheE2m1CodeForEveryFp16) {
   CheckCodeLines(0x7C00u, qmath::Fp16ToFloat, 11, 1024.0, 0x7C00 - 1);  // every fp16 but 0
+}
+
+// The fp32 GPU encoder's lines (EncodeE2m1Lines) equal EncodeE2m1 for every float it can
+// meet: every bf16 bit pattern (signs, zeros, subnormals, infinities, NaNs) and the floats
+// one ulp either side of it, where the lines' steps are; every 16th float in [0.25, 8), the
+// codes' range; and a million random bit patterns.
+TEST(QuantizeMath, Fp32CodeLinesAreEncodeE2m1) {
+  int64_t checked = 0;
+  auto check = [&](uint32_t bits) {
+    const float q = qmath::BitsFloat(bits);
+    ASSERT_EQ(qmath::EncodeE2m1Lines(q), qmath::EncodeE2m1(q)) << std::hex << bits << " q " << q;
+    ++checked;
+  };
+  for (uint32_t h = 0; h < 0x10000u; ++h) {
+    check(h << 16);
+    check((h << 16) + 1);
+    check((h << 16) - 1);
+  }
+  for (uint32_t bits = qmath::FloatBits(0.25f); bits < qmath::FloatBits(8.0f); bits += 16) check(bits);
+  std::mt19937 rng(20261207);
+  for (int i = 0; i < 1000000; ++i) check(static_cast<uint32_t>(rng()));
+  EXPECT_EQ(checked, 3 * 0x10000 + (5 << 23) / 16 + 1000000);
 }
 
 }  // namespace

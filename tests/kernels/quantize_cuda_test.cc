@@ -296,6 +296,74 @@ TEST(QuantizeCuda, PackedEncoderEqualsTheCpuAtEveryScaleAndTie) {
   EXPECT_EQ(compared, 28);
 }
 
+// fp32 groups as Groups16Input makes 16-bit ones: tie groups (amax 6 * 2^j, each element an
+// e2m1 rounding threshold times 2^j or up to three ulps either side of it: the encoder's lines
+// and the contract's dropped bits below 0.5 meet there) and wide groups over 14 binades,
+// subnormals, infinities and NaNs included.
+std::vector<uint8_t> Groups32Input(int64_t groups, std::mt19937_64& rng) {
+  static constexpr uint32_t kTies[] = {0x3E800000u, 0x3F400000u, 0x3FA00000u, 0x3FE00000u,
+                                       0x40200000u, 0x40600000u, 0x40A00000u, 0x40C00000u};
+  std::vector<uint8_t> out(static_cast<size_t>(groups) * 128);
+  for (int64_t g = 0; g < groups; ++g) {
+    const int kind = static_cast<int>(rng() % 8);
+    const int j = static_cast<int>(rng() % 253) - 126;
+    const int center = 1 + static_cast<int>(rng() % 254);
+    for (int i = 0; i < 32; ++i) {
+      const uint64_t r = rng();
+      uint32_t bits;
+      if (kind < 4) {
+        const int k = i == 0 ? 7 : static_cast<int>(r % 8);
+        const int step = i == 0 ? 0 : static_cast<int>((r >> 8) % 7) - 3;
+        const int exp = static_cast<int>(kTies[k] >> 23) + j;
+        bits = exp >= 1 && exp <= 254 ? ((static_cast<uint32_t>(exp) << 23) | (kTies[k] & 0x7FFFFFu)) + step : 0;
+      } else {
+        int exp = center - static_cast<int>((r >> 8) % 14);
+        if (exp < 0) exp = 0;
+        bits = (static_cast<uint32_t>(exp) << 23) | static_cast<uint32_t>((r >> 12) & 0x7FFFFFu);
+        if (kind == 7 && (r >> 36) % 16 == 0) bits = (r >> 44) % 2 ? 0x7F800000u : 0x7FC00001u;
+      }
+      bits |= static_cast<uint32_t>((r >> 50) & 1) << 31;
+      for (int b = 0; b < 4; ++b) out[(g * 32 + i) * 4 + b] = static_cast<uint8_t>(bits >> (8 * b));
+    }
+  }
+  return out;
+}
+
+// fp32 rows of whole groups take the warp kernels (the three-line code): canonical and both
+// fused Blackwell pairs (flat runs, and rows of 32 groups or more in chunks) equal the CPU's.
+TEST(QuantizeCuda, Fp32WholeGroupsEqualTheCpuAtEveryScaleAndTie) {
+  if (CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
+  std::mt19937_64 rng(3233);
+  const std::vector<std::vector<int64_t>> shapes = {
+      {32}, {3, 64}, {7, 4096}, {2, 130, 96}, {1, 128, 256}, {3, 5, 1024}, {4, 1000, 320}};
+  int compared = 0;
+  for (const auto& shape : shapes) {
+    for (ScaleRounding rounding : {ScaleRounding::kUp, ScaleRounding::kDown}) {
+      auto plan = MakeQuantizePlan(QuantDtype::kFloat32, shape, rounding);
+      ASSERT_TRUE(plan.ok());
+      SCOPED_TRACE(::testing::Message() << "shape " << ::testing::PrintToString(shape) << " rounding "
+                                        << static_cast<int>(rounding));
+      const std::vector<uint8_t> in = Groups32Input(plan->input_bytes / 128, rng);
+      Out cpu = Quantize(false, *plan, in);
+      Out gpu = Quantize(true, *plan, in);
+      EXPECT_EQ(cpu.values, gpu.values);
+      EXPECT_EQ(cpu.scales, gpu.scales);
+      if (shape.size() >= 2) {
+        QuantLayoutSpec blackwell, shuffled;
+        blackwell.layout = QuantLayout::kBlackwell;
+        shuffled.layout = QuantLayout::kBlackwellShuffled;
+        for (const QuantLayoutSpec& spec : {blackwell, shuffled}) {
+          const FusedPair r = Fused(*plan, spec, in);
+          EXPECT_EQ(r.gpu.values, r.cpu.values);
+          EXPECT_EQ(r.gpu.scales, r.cpu.scales);
+        }
+      }
+      ++compared;
+    }
+  }
+  EXPECT_EQ(compared, 14);
+}
+
 // The fused Hopper pair on the GPU equals the CPU's (which the CPU test holds to
 // quantize-then-swizzle), over dtypes, roundings, both mma versions, num_warps and align_k,
 // ragged K, N off every tile boundary, and inputs 16-byte aligned or not (the element path).
