@@ -239,6 +239,32 @@ struct GroupSink {
   }
 };
 
+// The CPU engine's steps for one lane's 8 elements (element i is element(i)) of a group that
+// four lanes (`group_lanes`) quantize: amax (maxnum) over the lanes, the scale exponent bits
+// (set in *e_out, not shifted) and the lane's 8 codes (code i in bits 4i..4i+3), from
+// EncodeE2m1 or, with kLines, its three-line form.
+template <bool kLines, typename Element>
+__device__ __forceinline__ uint32_t ScalarLaneCodes(Element element, uint32_t group_lanes, bool up, uint32_t* e_out) {
+  float x[8];
+  float a = 0.0f;
+  WPREP_UNROLL
+  for (int i = 0; i < 8; ++i) {
+    x[i] = element(i);
+    a = qmath::AbsMaxNum(a, x[i]);
+  }
+  a = fmaxf(a, __shfl_xor_sync(group_lanes, a, 1));
+  a = fmaxf(a, __shfl_xor_sync(group_lanes, a, 2));
+  const uint32_t e = qmath::ScaleBits(a, up);
+  const float qs = qmath::ScaleMultiplier(e);
+  uint32_t out = 0;
+  WPREP_UNROLL
+  for (int i = 0; i < 8; ++i) {
+    out |= (kLines ? qmath::EncodeE2m1Lines(x[i] * qs) : qmath::EncodeE2m1(x[i] * qs)) << (4 * i);
+  }
+  *e_out = e;
+  return out;
+}
+
 // One lane's share of a 16-bit group quantized by four lanes (`group_lanes`, the mask of
 // lanes 4j..4j+3): `raw` is its 8 elements as pairs (zeros past the group's end encode as
 // zeros). Returns the lane's 8 codes (code i in bits 4i..4i+3) and sets *e to the group's
@@ -272,19 +298,8 @@ __device__ __forceinline__ uint32_t LaneCodes(const uint4& raw, uint32_t group_l
     }
     out = __byte_perm(half[0], half[1], 0x6420u);
   } else {
-    float x[8];
-    float a = 0.0f;
-    WPREP_UNROLL
-    for (int i = 0; i < 8; ++i) {
-      x[i] = Packed<D>::ToFloat(static_cast<uint16_t>(w[i / 2] >> (16 * (i % 2))));
-      a = qmath::AbsMaxNum(a, x[i]);
-    }
-    a = fmaxf(a, __shfl_xor_sync(group_lanes, a, 1));
-    a = fmaxf(a, __shfl_xor_sync(group_lanes, a, 2));
-    e = qmath::ScaleBits(a, up);
-    const float qs = qmath::ScaleMultiplier(e);
-    WPREP_UNROLL
-    for (int i = 0; i < 8; ++i) out |= qmath::EncodeE2m1(x[i] * qs) << (4 * i);
+    auto element = [&](int i) { return Packed<D>::ToFloat(static_cast<uint16_t>(w[i / 2] >> (16 * (i % 2)))); };
+    out = ScalarLaneCodes<false>(element, group_lanes, up, &e);
   }
   *e_out = e;
   return out;
@@ -317,22 +332,7 @@ __device__ __forceinline__ uint32_t LaneCodesOf(const LaneRaw<D>& raw, uint32_t 
   } else {
     const uint32_t b[8] = {raw.w[0].x, raw.w[0].y, raw.w[0].z, raw.w[0].w,
                            raw.w[1].x, raw.w[1].y, raw.w[1].z, raw.w[1].w};
-    float x[8];
-    float a = 0.0f;
-    WPREP_UNROLL
-    for (int i = 0; i < 8; ++i) {
-      x[i] = __uint_as_float(b[i]);
-      a = qmath::AbsMaxNum(a, x[i]);
-    }
-    a = fmaxf(a, __shfl_xor_sync(group_lanes, a, 1));
-    a = fmaxf(a, __shfl_xor_sync(group_lanes, a, 2));
-    const uint32_t e = qmath::ScaleBits(a, up);
-    const float qs = qmath::ScaleMultiplier(e);
-    uint32_t out = 0;
-    WPREP_UNROLL
-    for (int i = 0; i < 8; ++i) out |= qmath::EncodeE2m1Lines(x[i] * qs) << (4 * i);
-    *e_out = e;
-    return out;
+    return ScalarLaneCodes<true>([&](int i) { return __uint_as_float(b[i]); }, group_lanes, up, e_out);
   }
 }
 
@@ -848,8 +848,8 @@ void LaunchGroup16(unsigned blocks, CudaStream stream, const uint4* in, uint8_t*
 // Whether Group16Kernel serves this tensor (rows of whole groups, aligned, 32-bit group indices).
 bool Group16Fits(const QuantizePlan& plan, const void* in, const void* values) {
   const int64_t sq = plan.q / qmath::kGroup;
-  return plan.q % qmath::kGroup == 0 && plan.rows * sq < (int64_t{1} << 31) && (reinterpret_cast<uintptr_t>(in) & 15) == 0 &&
-         (reinterpret_cast<uintptr_t>(values) & 3) == 0;
+  return plan.q % qmath::kGroup == 0 && plan.rows * sq < (int64_t{1} << 31) &&
+         (reinterpret_cast<uintptr_t>(in) & 15) == 0 && (reinterpret_cast<uintptr_t>(values) & 3) == 0;
 }
 
 // Every group of `plan` into `sink`: Group16Kernel where it fits, else QuantizeKernel.
