@@ -241,7 +241,9 @@ absl::StatusOr<FusedHopperGeometry> FusedHopperGeometryOf(const QuantizePlan& pl
   // past any device's memory.
   int64_t tiles = 0;
   if (!CheckedMul(g.mats, g.tiles_per_mat, &tiles) || tiles >= (int64_t{1} << 31)) {
-    return absl::InvalidArgumentError("shape: the fused Hopper layout takes at most 2^31 - 1 tiles of 64 x 128 elements");
+    return absl::InvalidArgumentError(
+        "shape: the fused Hopper layout takes at most 2^31 - 1 tiles of 64 rows x 128 elements (about 2^44 elements); "
+        "quantize the tensor in parts");
   }
   return g;
 }

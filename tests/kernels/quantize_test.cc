@@ -401,6 +401,12 @@ TEST(QuantizeFused, HopperRefusesBadShapesAndParamsNamingThem) {
   auto vec = MakeQuantizePlan(QuantDtype::kBfloat16, std::vector<int64_t>{64});
   ASSERT_TRUE(vec.ok());
   EXPECT_EQ(PlanQuantizeLayout(*vec, spec).status().code(), absl::StatusCode::kInvalidArgument);
+  // 2^20 matrices of 64 x 32 tiles: 2^31 tiles, one past what the GPU kernel numbers.
+  auto huge = MakeQuantizePlan(QuantDtype::kBfloat16, std::vector<int64_t>{int64_t{1} << 20, 4096, 4096});
+  ASSERT_TRUE(huge.ok()) << huge.status();
+  absl::Status too_many = PlanQuantizeLayout(*huge, spec).status();
+  EXPECT_EQ(too_many.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(too_many.message().find("tiles"), absl::string_view::npos) << too_many;
   auto ok = MakeQuantizePlan(QuantDtype::kBfloat16, std::vector<int64_t>{4, 64});
   ASSERT_TRUE(ok.ok());
   const std::pair<QuantLayoutSpec, const char*> bad[] = {
