@@ -26,6 +26,7 @@
 #include "rpc/reflection_v1.h"
 #include "net/idle_spinners.h"
 #include "rpc/host_budget.h"
+#include "rpc/open_calls.h"
 #include "net/handle_socket.h"
 #include "net/listener.h"
 #include "device/device_runtime.h"
@@ -55,6 +56,9 @@ constexpr uint64_t kStreamSliceBytes = 4ull << 20;
 constexpr absl::Duration kRpcWarmupBound = absl::Seconds(5);
 // Housekeeping period, and the quiet time after which the heap is trimmed.
 constexpr absl::Duration kJanitorPeriod = absl::Seconds(1);
+// How long a drained daemon waits for the last calls' statuses to go out: handlers that
+// returned send theirs in microseconds; a stream still open after this is cancelled.
+constexpr absl::Duration kStatusGrace = absl::Seconds(1);
 constexpr absl::Duration kIdleBeforeTrim = absl::Seconds(2);
 
 // Streams allocate and free many 1-4 MiB buffers (messages, slices). glibc's defaults
@@ -157,6 +161,8 @@ struct DaemonParts {
   std::unique_ptr<grpc::Server> server;
   std::unique_ptr<grpc::Server> health_server;
   std::unique_ptr<AcceptLoop> accept_loop;
+  HandedConnections connections;  // the API listeners' connections, plain and TLS
+  OpenCalls open_calls;            // the API server's calls, until their status went out
   std::unique_ptr<AcceptLoop> health_accept_loop;
   // Where clients fetch the descriptors of weight sets in CUDA virtual memory: one Unix
   // socket "<path>.handles" next to each Unix API socket (handle_socket.h), when GPUs are
@@ -292,6 +298,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const Options& options, De
   builder.RegisterService(p->reflection_v1.get());
   std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> interceptors;
   interceptors.push_back(HostBudget::CallEndNotifier(p->buffers.get()));
+  interceptors.push_back(p->open_calls.Counter());
   builder.experimental().SetInterceptorCreators(std::move(interceptors));
   p->server = builder.BuildAndStart();
   if (p->server == nullptr) return absl::UnavailableError("could not start the gRPC server");
@@ -301,13 +308,18 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const Options& options, De
   grpc::Server* server = p->server.get();
   p->accept_loop = std::make_unique<AcceptLoop>(
       listeners, p->acceptor.get(),
-      [server, listeners, tls = p->tls.get(), plain = p->plain_sockets](int fd, size_t socket) {
+      [server, listeners, tls = p->tls.get(), plain = p->plain_sockets, connections = &p->connections](
+          int fd, size_t socket) {
         if (socket < plain) {
           // A Unix client's credentials, for the VMM buffers it may send (peer_credentials.h).
           if (listeners[socket]->is_unix()) UnixPeers::Global().Record(fd);
+          connections->Add(fd);
           grpc::AddInsecureChannelFromFd(server, fd);
         } else {
-          tls->Serve(fd, [server](int plain_fd) { grpc::AddInsecureChannelFromFd(server, plain_fd); });
+          tls->Serve(fd, [server, connections](int plain_fd) {
+            connections->Add(plain_fd);
+            grpc::AddInsecureChannelFromFd(server, plain_fd);
+          });
         }
       });
   WPREP_RETURN_IF_ERROR(p->accept_loop->Start());
@@ -450,7 +462,8 @@ bool Daemon::Drain(absl::string_view why) {
   LogLine(LogLevel::kInfo, "draining",
           absl::StrCat("reason=", LogQuote(why), " in_flight=", p.admission.in_flight(),
                        " drain_timeout_seconds=", absl::ToDoubleSeconds(p.options.drain_timeout)));
-  const bool drained = p.admission.WaitIdle(absl::Now() + p.options.drain_timeout);
+  const absl::Time deadline = absl::Now() + p.options.drain_timeout;
+  const bool drained = p.admission.WaitIdle(deadline);
   if (!drained) {
     LogLine(LogLevel::kWarning, "drain_timeout", absl::StrCat("cancelling=", p.admission.in_flight()));
   }
@@ -469,11 +482,22 @@ bool Daemon::Drain(absl::string_view why) {
     p.preload_thread.join();
   }
   p.weights->Close();  // attachments hold their handlers until they end
-  // A handler that returned has not necessarily sent its final status yet: give gRPC a
-  // second to deliver those (it takes microseconds), then cancel whatever remains.
-  const absl::Time grace = drained ? absl::Now() + absl::Seconds(1) : absl::Now();
-  p.server->Shutdown(absl::ToChronoTime(grace));
-  if (p.health_server) p.health_server->Shutdown(absl::ToChronoTime(grace));
+  if (drained) {
+    // gRPC closes each connection as soon as it has said goodbye (HandedConnections), so
+    // first let the handlers that returned send their statuses, and the clients read
+    // them, within the drain time.
+    const absl::Time t0 = absl::Now();
+    const int open = p.open_calls.WaitNone(std::min(deadline, t0 + kStatusGrace));
+    const int unread = p.connections.WaitForClientsToRead(deadline);
+    LogLine(open == 0 && unread == 0 ? LogLevel::kInfo : LogLevel::kWarning, "answers_delivered",
+            absl::StrCat("seconds=", absl::ToDoubleSeconds(absl::Now() - t0), " calls_open=", open,
+                         " connections_unread=", unread));
+  }
+  // Every answer is out (or the drain time is): calls still open, such as a reflection
+  // stream, are cancelled, and connections close without waiting for their clients.
+  const auto now = absl::ToChronoTime(absl::Now());
+  p.server->Shutdown(now);
+  if (p.health_server) p.health_server->Shutdown(now);
   p.server->Wait();
   p.ipc->CloseAll();
   LogLine(LogLevel::kInfo, "stopped", absl::StrCat("drained=", drained ? "true" : "false"));

@@ -7,7 +7,9 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <linux/sockios.h>
 #include <sys/file.h>
+#include <sys/ioctl.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -23,6 +25,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "net/log.h"
+#include "net/peer_credentials.h"
 
 namespace wprep::server {
 namespace {
@@ -275,6 +278,32 @@ void AcceptLoop::Run() {
       // shed: give the process a moment to free some rather than spin.
       if (acceptor_->refused() != refused_before) absl::SleepFor(absl::Milliseconds(5));
     }
+  }
+}
+
+void HandedConnections::Add(int fd) {
+  const uint64_t inode = InodeOf(fd);
+  absl::MutexLock lock(&mu_);
+  inode_by_fd_[fd] = inode;
+}
+
+int HandedConnections::WaitForClientsToRead(absl::Time deadline) {
+  for (;;) {
+    {
+      absl::MutexLock lock(&mu_);
+      int unread = 0;
+      for (auto it = inode_by_fd_.begin(); it != inode_by_fd_.end();) {
+        if (it->second == 0 || InodeOf(it->first) != it->second) {  // gRPC closed it
+          it = inode_by_fd_.erase(it);
+          continue;
+        }
+        int queued = 0;
+        if (ioctl(it->first, SIOCOUTQ, &queued) == 0 && queued > 0) ++unread;
+        ++it;
+      }
+      if (unread == 0 || absl::Now() >= deadline) return unread;
+    }
+    absl::SleepFor(absl::Milliseconds(2));
   }
 }
 

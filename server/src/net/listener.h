@@ -12,9 +12,13 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <unordered_map>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 
 namespace wprep::server {
 
@@ -95,6 +99,28 @@ class AcceptLoop {
   const std::function<void(int, size_t)> on_connection_;
   int wake_[2] = {-1, -1};
   std::thread thread_;
+};
+
+// The connections handed to gRPC, so that shutdown can wait for their clients to read
+// what was sent. gRPC's shutdown sends a GOAWAY and closes each connection as soon as its
+// last call ends (gRPC 1.51 has no second, delayed GOAWAY). A client still
+// reading the last answers and status then sends flow-control updates into a closed
+// socket, and its transport fails the finished call with "Broken pipe" before it parses
+// the status waiting in its receive buffer. Thread-safe.
+class HandedConnections {
+ public:
+  // Records `fd`, just accepted, before gRPC gets it. A reused descriptor replaces its
+  // entry, so the record never holds more entries than the process has descriptors.
+  void Add(int fd);
+  // Waits until the client of every recorded connection still open has read all that was
+  // sent to it (SIOCOUTQ: for a Unix socket the bytes its peer has not read, for TCP the
+  // bytes it has not acknowledged), or until `deadline`. Returns how many connections
+  // still hold unread bytes then. It only looks: gRPC keeps serving them meanwhile.
+  int WaitForClientsToRead(absl::Time deadline);
+
+ private:
+  absl::Mutex mu_;
+  std::unordered_map<int, uint64_t> inode_by_fd_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace wprep::server

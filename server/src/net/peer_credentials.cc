@@ -36,13 +36,13 @@ std::string Errno(int err) {
   return strerror_r(err, buf, sizeof(buf));  // the GNU variant: returns the text
 }
 
+}  // namespace
+
 uint64_t InodeOf(int fd) {
   struct stat st;
   if (fstat(fd, &st) != 0) return 0;
   return static_cast<uint64_t>(st.st_ino);
 }
-
-}  // namespace
 
 UnixPeers& UnixPeers::Global() {
   static UnixPeers* const peers = new UnixPeers();

@@ -50,6 +50,10 @@ class UnixPeers {
   std::unordered_map<int, uint64_t> inode_by_fd_ ABSL_GUARDED_BY(mu_);  // an fd reused overwrites
 };
 
+// The inode of what descriptor `fd` refers to, or 0 when it is not open. A descriptor
+// closed and reused for another socket has another inode.
+uint64_t InodeOf(int fd);
+
 // SO_PEERCRED of connected Unix socket `fd`, or nullopt when the kernel gives none.
 std::optional<PeerCredentials> PeerCredentialsOf(int fd);
 
