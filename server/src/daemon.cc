@@ -161,8 +161,8 @@ struct DaemonParts {
   std::unique_ptr<grpc::Server> server;
   std::unique_ptr<grpc::Server> health_server;
   std::unique_ptr<AcceptLoop> accept_loop;
-  HandedConnections connections;  // the API listeners' connections, plain and TLS
-  OpenCalls open_calls;            // the API server's calls, until their status went out
+  HandedConnections connections;  // the connections of both servers, plain and TLS
+  OpenCalls open_calls;            // both servers' calls, until their status went out
   std::unique_ptr<AcceptLoop> health_accept_loop;
   // Where clients fetch the descriptors of weight sets in CUDA virtual memory: one Unix
   // socket "<path>.handles" next to each Unix API socket (handle_socket.h), when GPUs are
@@ -330,12 +330,18 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const Options& options, De
     // all); the API listeners keep --max-concurrent-streams, Watches included.
     CommonArguments(options.max_watch_streams, hb);
     hb.RegisterService(p->probe_health.get());
+    std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> counted;
+    counted.push_back(p->open_calls.Counter());  // a drain lets the Watches' ends go out too
+    hb.experimental().SetInterceptorCreators(std::move(counted));
     p->health_server = hb.BuildAndStart();
     if (p->health_server == nullptr) return absl::UnavailableError("could not start the health server");
     grpc::Server* hs = p->health_server.get();
     p->health_accept_loop = std::make_unique<AcceptLoop>(std::vector<const ListeningSocket*>{p->health_socket.get()},
                                                          p->acceptor.get(),
-                                                         [hs](int fd, size_t) { grpc::AddInsecureChannelFromFd(hs, fd); });
+                                                         [hs, connections = &p->connections](int fd, size_t) {
+                                                           connections->Add(fd);
+                                                           grpc::AddInsecureChannelFromFd(hs, fd);
+                                                         });
     WPREP_RETURN_IF_ERROR(p->health_accept_loop->Start());
   }
 
