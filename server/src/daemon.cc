@@ -505,6 +505,11 @@ bool Daemon::Drain(absl::string_view why) {
   p.server->Shutdown(now);
   if (p.health_server) p.health_server->Shutdown(now);
   p.server->Wait();
+  if (p.tls) {
+    // gRPC has closed its ends of the TLS relays: each sends what it still holds, then ends.
+    const int relays = p.tls->WaitForRelays(drained ? deadline : absl::Now());
+    if (relays > 0) LogLine(LogLevel::kWarning, "tls_relays_cut", absl::StrCat("relays=", relays));
+  }
   p.ipc->CloseAll();
   LogLine(LogLevel::kInfo, "stopped", absl::StrCat("drained=", drained ? "true" : "false"));
   return drained;

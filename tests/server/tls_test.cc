@@ -1,6 +1,8 @@
 // TLS and mutual TLS on the daemon's TCP listeners, with certificates the test makes
 // (openssl): a CA, a server certificate for 127.0.0.1 and a client certificate.
 #include <arpa/inet.h>
+#include <fcntl.h>
+#include <openssl/ssl.h>
 #include <netinet/in.h>
 #include <sys/resource.h>
 #include <signal.h>
@@ -15,7 +17,9 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <future>
 #include <string>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -24,6 +28,7 @@
 #include "golden_rpc.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
+#include "net/tls_terminator.h"
 #include "gtest/gtest.h"
 #include "wprep/client/client.h"
 
@@ -330,6 +335,78 @@ TEST(Tls, SigtermWithTlsClientsConnectedDrainsAndExits) {
   ASSERT_NE(status, -1) << "still running 30 s after SIGTERM\n" << d->Log();
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << d->Log();
   EXPECT_NE(stream->Finish().error_code(), grpc::StatusCode::OK);
+}
+
+// The daemon's drain waits for its TLS relays after gRPC's shutdown (WaitForRelays): a
+// relay still holding bytes gRPC wrote keeps running until its client has them all. Here
+// "gRPC" writes 32 MiB into a relay's plaintext end and closes it while the client reads
+// nothing (more than the loopback connection's buffers take): the relay must still run;
+// once the client reads, it gets every byte and TLS's close, and the relay ends.
+TEST(Tls, ARelayEndsOnlyOnceItsClientHasWhatGrpcWrote) {
+  Certificates certs;
+  ASSERT_TRUE(certs.ok()) << "openssl could not make the test certificates";
+  wprep::server::TlsConfig config;
+  config.cert_pem = certs.Pem("server.pem");
+  config.key_pem = certs.Pem("server.key");
+  absl::StatusOr<std::unique_ptr<wprep::server::TlsTerminator>> tls = wprep::server::TlsTerminator::Create(config);
+  ASSERT_TRUE(tls.ok()) << tls.status();
+
+  const int listener = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
+  socklen_t len = sizeof(sa);
+  ASSERT_EQ(bind(listener, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)), 0);
+  ASSERT_EQ(listen(listener, 1), 0);
+  ASSERT_EQ(getsockname(listener, reinterpret_cast<sockaddr*>(&sa), &len), 0);
+  const int client_fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  ASSERT_EQ(connect(client_fd, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)), 0);
+  const int server_fd = accept4(listener, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+  close(listener);
+  ASSERT_GE(server_fd, 0);
+  std::promise<int> plain;
+  (*tls)->Serve(server_fd, [&plain](int fd) { plain.set_value(fd); });
+
+  SSL_CTX* ctx = SSL_CTX_new(TLS_client_method());
+  SSL* ssl = SSL_new(ctx);
+  SSL_set_fd(ssl, client_fd);
+  SSL_set_verify(ssl, SSL_VERIFY_NONE, nullptr);
+  ASSERT_EQ(SSL_connect(ssl), 1);
+  const int plain_fd = plain.get_future().get();
+  ASSERT_EQ(fcntl(plain_fd, F_SETFL, 0), 0);  // blocking writes below
+
+  constexpr size_t kBytes = 32 << 20;
+  std::thread grpc_side([plain_fd] {
+    const std::string piece(1 << 20, '\x5a');
+    for (size_t sent = 0; sent < kBytes;) {
+      const ssize_t n = send(plain_fd, piece.data(), std::min(piece.size(), kBytes - sent), MSG_NOSIGNAL);
+      if (n <= 0) break;
+      sent += static_cast<size_t>(n);
+    }
+    close(plain_fd);
+  });
+  EXPECT_EQ((*tls)->WaitForRelays(absl::Now() + absl::Milliseconds(300)), 1);
+
+  std::vector<char> buf(1 << 16);
+  size_t got = 0;
+  bool clean_end = false;
+  for (;;) {
+    const int n = SSL_read(ssl, buf.data(), static_cast<int>(buf.size()));
+    if (n > 0) {
+      for (int i = 0; i < n; ++i) ASSERT_EQ(buf[i], '\x5a');
+      got += static_cast<size_t>(n);
+      continue;
+    }
+    clean_end = SSL_get_error(ssl, n) == SSL_ERROR_ZERO_RETURN;
+    break;
+  }
+  grpc_side.join();
+  EXPECT_EQ(got, kBytes);
+  EXPECT_TRUE(clean_end) << "the relay ended without TLS's close_notify";
+  EXPECT_EQ((*tls)->WaitForRelays(absl::Now() + absl::Seconds(10)), 0);
+  SSL_free(ssl);
+  SSL_CTX_free(ctx);
+  close(client_fd);
 }
 
 }  // namespace

@@ -17,6 +17,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "net/log.h"
 
 namespace wprep::server {
@@ -89,6 +90,7 @@ struct TlsTerminator::Shared {
   absl::Duration handshake_timeout;
   int max_connections = 0;
   std::atomic<int> active{0};
+  std::atomic<int> relaying{0};  // handed off, not yet ended
   std::atomic<uint64_t> refused{0};
   std::atomic<uint64_t> handshake_failures{0};
   std::atomic<int64_t> last_refusal_log{0};
@@ -169,6 +171,14 @@ void TlsTerminator::Stop() {
   shared_->stopped = true;
 }
 
+int TlsTerminator::WaitForRelays(absl::Time deadline) {
+  for (;;) {
+    const int n = shared_->relaying.load();
+    if (n == 0 || absl::Now() >= deadline) return n;
+    absl::SleepFor(absl::Milliseconds(2));
+  }
+}
+
 int TlsTerminator::active() const { return shared_->active.load(); }
 uint64_t TlsTerminator::refused() const { return shared_->refused.load(); }
 uint64_t TlsTerminator::handshake_failures() const { return shared_->handshake_failures.load(); }
@@ -219,12 +229,14 @@ void TlsTerminator::Shared::Run(int fd, const std::function<void(int)>& hand_off
       close(fd);
       return;
     }
+    relaying.fetch_add(1);
     hand_off(pair[0]);
   }
   Relay(ssl, fd, pair[1]);
   SSL_free(ssl);
   close(pair[1]);
   close(fd);
+  relaying.fetch_sub(1);
 }
 
 bool TlsTerminator::Shared::Handshake(SSL* ssl, int fd) {

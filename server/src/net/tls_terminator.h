@@ -54,6 +54,12 @@ class TlsTerminator {
   // Relays already handed off run on until gRPC or the client closes their side.
   void Stop();
 
+  // Waits until every relay handed off has ended, or until `deadline`; returns how many
+  // still run then. A relay ends once gRPC has closed its end and the bytes it wrote are
+  // all sent through TLS (or either side failed), so after gRPC's shutdown this is the
+  // wait for its last bytes to leave the process.
+  int WaitForRelays(absl::Time deadline);
+
   int active() const;                  // connections being handshaken or relayed
   uint64_t refused() const;            // closed by the limit, a thread or descriptor shortage
   uint64_t handshake_failures() const; // bad, slow or refused handshakes
