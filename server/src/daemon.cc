@@ -137,6 +137,10 @@ struct DaemonParts {
   absl::Time start;
   std::unique_ptr<Metrics> metrics;
   std::unique_ptr<HostBudget> buffers;
+  // What a drain waits for; they outlive the servers, the accept loops and the TLS relays
+  // that report to them.
+  HandedConnections connections;  // the connections of both servers, plain and TLS
+  OpenCalls open_calls;            // both servers' calls, until their status went out
   std::vector<std::unique_ptr<ListeningSocket>> sockets;  // API listeners, plaintext then TLS
   size_t plain_sockets = 0;                                // how many of them are plaintext
   std::unique_ptr<TlsTerminator> tls;                      // for the TLS ones
@@ -161,8 +165,6 @@ struct DaemonParts {
   std::unique_ptr<grpc::Server> server;
   std::unique_ptr<grpc::Server> health_server;
   std::unique_ptr<AcceptLoop> accept_loop;
-  HandedConnections connections;  // the connections of both servers, plain and TLS
-  OpenCalls open_calls;            // both servers' calls, until their status went out
   std::unique_ptr<AcceptLoop> health_accept_loop;
   // Where clients fetch the descriptors of weight sets in CUDA virtual memory: one Unix
   // socket "<path>.handles" next to each Unix API socket (handle_socket.h), when GPUs are
