@@ -26,6 +26,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <tuple>
@@ -177,20 +178,23 @@ class FaultClient {
   // printed, or -1 when it did not exit normally.
   int ContinueAndWait(std::string* printed) {
     if (pid_ <= 0) return -1;
-    kill(pid_, SIGCONT);
+    const std::optional<int> status = SignalAndReap(SIGCONT);
+    char line[128] = {};
+    if (out_ != nullptr && fgets(line, sizeof(line), out_) != nullptr) *printed = line;
+    return status && WIFEXITED(*status) ? WEXITSTATUS(*status) : -1;
+  }
+  void Kill() { SignalAndReap(SIGKILL); }
+
+ private:
+  // Sends `sig` and waits for the client to exit: its wait status, nullopt when there was
+  // no client or waitpid failed.
+  std::optional<int> SignalAndReap(int sig) {
+    if (pid_ <= 0) return std::nullopt;
+    kill(pid_, sig);
     int status = 0;
     const bool waited = waitpid(pid_, &status, 0) == pid_;
     pid_ = -1;
-    char line[128] = {};
-    if (out_ != nullptr && fgets(line, sizeof(line), out_) != nullptr) *printed = line;
-    return waited && WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  }
-  void Kill() {
-    if (pid_ <= 0) return;
-    kill(pid_, SIGKILL);
-    int status = 0;
-    waitpid(pid_, &status, 0);
-    pid_ = -1;
+    return waited ? std::optional<int>(status) : std::nullopt;
   }
 
  private:

@@ -281,28 +281,14 @@ void AcceptLoop::Run() {
   }
 }
 
-void HandedConnections::Add(int fd) {
-  const uint64_t inode = InodeOf(fd);
-  absl::MutexLock lock(&mu_);
-  inode_by_fd_[fd] = inode;
-}
-
 int HandedConnections::WaitForClientsToRead(absl::Time deadline) {
   for (;;) {
-    {
-      absl::MutexLock lock(&mu_);
-      int unread = 0;
-      for (auto it = inode_by_fd_.begin(); it != inode_by_fd_.end();) {
-        if (it->second == 0 || InodeOf(it->first) != it->second) {  // gRPC closed it
-          it = inode_by_fd_.erase(it);
-          continue;
-        }
-        int queued = 0;
-        if (ioctl(it->first, SIOCOUTQ, &queued) == 0 && queued > 0) ++unread;
-        ++it;
-      }
-      if (unread == 0 || absl::Now() >= deadline) return unread;
-    }
+    int unread = 0;
+    sockets_.ForEachOpen([&unread](int fd) {
+      int queued = 0;
+      if (ioctl(fd, SIOCOUTQ, &queued) == 0 && queued > 0) ++unread;
+    });
+    if (unread == 0 || absl::Now() >= deadline) return unread;
     absl::SleepFor(absl::Milliseconds(2));
   }
 }

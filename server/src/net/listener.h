@@ -19,6 +19,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "net/peer_credentials.h"
 
 namespace wprep::server {
 
@@ -109,9 +110,8 @@ class AcceptLoop {
 // the status waiting in its receive buffer. Thread-safe.
 class HandedConnections {
  public:
-  // Records `fd`, just accepted, before gRPC gets it. A reused descriptor replaces its
-  // entry, so the record never holds more entries than the process has descriptors.
-  void Add(int fd);
+  // Records `fd`, just accepted, before gRPC gets it.
+  void Add(int fd) { sockets_.Add(fd); }
   // Waits until the client of every recorded connection still open has read all that was
   // sent to it (SIOCOUTQ: for a Unix socket the bytes its peer has not read, for TCP the
   // bytes it has not acknowledged), or until `deadline`. Returns how many connections
@@ -119,8 +119,7 @@ class HandedConnections {
   int WaitForClientsToRead(absl::Time deadline);
 
  private:
-  absl::Mutex mu_;
-  std::unordered_map<int, uint64_t> inode_by_fd_ ABSL_GUARDED_BY(mu_);
+  AcceptedSockets sockets_;
 };
 
 }  // namespace wprep::server

@@ -49,10 +49,28 @@ UnixPeers& UnixPeers::Global() {
   return *peers;
 }
 
-void UnixPeers::Record(int fd) {
+void AcceptedSockets::Add(int fd) {
   const uint64_t inode = InodeOf(fd);
   absl::MutexLock lock(&mu_);
   inode_by_fd_[fd] = inode;
+}
+
+bool AcceptedSockets::Holds(int fd) const {
+  absl::MutexLock lock(&mu_);
+  auto it = inode_by_fd_.find(fd);
+  return it != inode_by_fd_.end() && it->second != 0 && it->second == InodeOf(fd);
+}
+
+void AcceptedSockets::ForEachOpen(const std::function<void(int fd)>& fn) {
+  absl::MutexLock lock(&mu_);
+  for (auto it = inode_by_fd_.begin(); it != inode_by_fd_.end();) {
+    if (it->second == 0 || InodeOf(it->first) != it->second) {
+      it = inode_by_fd_.erase(it);
+    } else {
+      fn(it->first);
+      ++it;
+    }
+  }
 }
 
 std::optional<PeerCredentials> UnixPeers::Lookup(absl::string_view grpc_peer) const {
@@ -60,13 +78,9 @@ std::optional<PeerCredentials> UnixPeers::Lookup(absl::string_view grpc_peer) co
   if (!absl::ConsumePrefix(&grpc_peer, "fd:") || !absl::SimpleAtoi(grpc_peer, &fd) || fd < 0) {
     return std::nullopt;
   }
-  {
-    absl::MutexLock lock(&mu_);
-    auto it = inode_by_fd_.find(fd);
-    // A descriptor recorded once and since reused for a TCP or TLS connection is another
-    // socket, with another inode.
-    if (it == inode_by_fd_.end() || it->second == 0 || it->second != InodeOf(fd)) return std::nullopt;
-  }
+  // A descriptor recorded once and since reused for a TCP or TLS connection is another
+  // socket, with another inode.
+  if (!sockets_.Holds(fd)) return std::nullopt;
   return PeerCredentialsOf(fd);
 }
 

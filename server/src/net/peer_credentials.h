@@ -16,6 +16,7 @@
 #include <sys/types.h>
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <unordered_map>
@@ -33,6 +34,24 @@ struct PeerCredentials {
   gid_t gid = 0;
 };
 
+// Descriptors of accepted connections, each with the inode of its socket when recorded. A
+// descriptor gRPC has closed, and perhaps reused for another socket, no longer matches its
+// record. A reused descriptor replaces its entry, so there are never more entries than the
+// process has descriptors. Thread-safe.
+class AcceptedSockets {
+ public:
+  void Add(int fd);
+  // True when `fd` was recorded and is still that socket.
+  bool Holds(int fd) const;
+  // Calls `fn(fd)` under the lock for every recorded descriptor that is still its socket,
+  // and forgets the others.
+  void ForEachOpen(const std::function<void(int fd)>& fn);
+
+ private:
+  mutable absl::Mutex mu_;
+  std::unordered_map<int, uint64_t> inode_by_fd_ ABSL_GUARDED_BY(mu_);
+};
+
 // The daemon's Unix-socket connections. Thread-safe.
 class UnixPeers {
  public:
@@ -40,14 +59,13 @@ class UnixPeers {
   static UnixPeers& Global();
 
   // Records `fd`, just accepted on a Unix listener, before gRPC gets it.
-  void Record(int fd);
+  void Record(int fd) { sockets_.Add(fd); }
   // The credentials of the peer behind gRPC's peer string (ServerContext::peer()), or
   // nullopt when it is not a recorded Unix connection (TCP, TLS, or unknown).
   std::optional<PeerCredentials> Lookup(absl::string_view grpc_peer) const;
 
  private:
-  mutable absl::Mutex mu_;
-  std::unordered_map<int, uint64_t> inode_by_fd_ ABSL_GUARDED_BY(mu_);  // an fd reused overwrites
+  AcceptedSockets sockets_;
 };
 
 // The inode of what descriptor `fd` refers to, or 0 when it is not open. A descriptor

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "rpc/call_lifetime.h"
 
 namespace wprep::server {
 namespace {
@@ -12,30 +13,6 @@ namespace {
 // How often a waiter looks whether its call was cancelled: a sync handler gets no
 // notice, and a shorter period would make a full queue of sleepers a busy one.
 constexpr absl::Duration kCancelPoll = absl::Milliseconds(50);
-
-// Lives as long as its call: gRPC destroys a call's interceptors with its server
-// context, after the final status went out.
-class CallEndInterceptor final : public grpc::experimental::Interceptor {
- public:
-  CallEndInterceptor(HostBudget* budget, const void* ctx) : budget_(budget), ctx_(ctx) {}
-  ~CallEndInterceptor() override { budget_->CallEnded(ctx_); }
-  void Intercept(grpc::experimental::InterceptorBatchMethods* methods) override { methods->Proceed(); }
-
- private:
-  HostBudget* const budget_;
-  const void* const ctx_;
-};
-
-class CallEndFactory final : public grpc::experimental::ServerInterceptorFactoryInterface {
- public:
-  explicit CallEndFactory(HostBudget* budget) : budget_(budget) {}
-  grpc::experimental::Interceptor* CreateServerInterceptor(grpc::experimental::ServerRpcInfo* info) override {
-    return new CallEndInterceptor(budget_, info->server_context());
-  }
-
- private:
-  HostBudget* const budget_;
-};
 
 }  // namespace
 
@@ -206,7 +183,7 @@ uint64_t HostBudget::used() const {
 }
 
 std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface> HostBudget::CallEndNotifier(HostBudget* budget) {
-  return std::make_unique<CallEndFactory>(budget);
+  return CallLifetimeHooks(nullptr, [budget](const void* ctx) { budget->CallEnded(ctx); });
 }
 
 }  // namespace wprep::server

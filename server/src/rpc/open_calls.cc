@@ -1,36 +1,11 @@
 #include "rpc/open_calls.h"
 
+#include "rpc/call_lifetime.h"
+
 namespace wprep::server {
 
-// Lives as long as its call: gRPC destroys a call's interceptors with its server context,
-// after the final status went out.
-class OpenCallInterceptor final : public grpc::experimental::Interceptor {
- public:
-  explicit OpenCallInterceptor(OpenCalls* calls) : calls_(calls) { calls_->Opened(); }
-  ~OpenCallInterceptor() override { calls_->Closed(); }
-  void Intercept(grpc::experimental::InterceptorBatchMethods* methods) override { methods->Proceed(); }
-
- private:
-  OpenCalls* const calls_;
-};
-
-namespace {
-
-class OpenCallFactory final : public grpc::experimental::ServerInterceptorFactoryInterface {
- public:
-  explicit OpenCallFactory(OpenCalls* calls) : calls_(calls) {}
-  grpc::experimental::Interceptor* CreateServerInterceptor(grpc::experimental::ServerRpcInfo*) override {
-    return new OpenCallInterceptor(calls_);
-  }
-
- private:
-  OpenCalls* const calls_;
-};
-
-}  // namespace
-
 std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface> OpenCalls::Counter() {
-  return std::make_unique<OpenCallFactory>(this);
+  return CallLifetimeHooks([this](const void*) { Opened(); }, [this](const void*) { Closed(); });
 }
 
 int OpenCalls::WaitNone(absl::Time deadline) {

@@ -22,7 +22,6 @@ class OpenCalls {
   int WaitNone(absl::Time deadline);
 
  private:
-  friend class OpenCallInterceptor;
   void Opened();
   void Closed();
 
