@@ -64,7 +64,7 @@ class HostBudget {
   absl::StatusOr<Charge> Take(uint64_t bytes, const char* what, absl::Time deadline = absl::InfiniteFuture(),
                               const std::function<bool()>& cancelled = nullptr);
 
-  // Keeps `charge` until the call of `ctx` ends (CallEndInterceptor reports it).
+  // Keeps `charge` until the call of `ctx` ends (CallEndNotifier's interceptor reports it).
   void HoldUntilCallEnds(const void* ctx, Charge charge);
   void CallEnded(const void* ctx);
 
