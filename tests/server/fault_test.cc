@@ -197,7 +197,6 @@ class FaultClient {
     return waited ? std::optional<int>(status) : std::nullopt;
   }
 
- private:
   pid_t pid_ = -1;
   FILE* out_ = nullptr;
 };
