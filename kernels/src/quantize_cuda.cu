@@ -270,13 +270,17 @@ __device__ __forceinline__ uint32_t ScalarLaneCodes(Element element, uint32_t gr
 // zeros). Returns the lane's 8 codes (code i in bits 4i..4i+3) and sets *e to the group's
 // scale exponent bits (not shifted). The packed encoder where the scale allows it, else, for
 // the whole group, the scalar math of the CPU engine (amax ignores NaNs: maxnum).
-template <QuantDtype D>
+// kWarpAll: every lane of the warp calls it together, so the amax shuffles name the whole
+// warp (a four-lane mask costs a convergence check a shuffle); the scalar fallback, taken
+// group by group, keeps the group's mask either way.
+template <QuantDtype D, bool kWarpAll = false>
 __device__ __forceinline__ uint32_t LaneCodes(const uint4& raw, uint32_t group_lanes, bool up, uint32_t* e_out) {
+  constexpr uint32_t kAll = 0xFFFFFFFFu;
   const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
   uint32_t m = MaxNan<D>(MaxNan<D>(w[0] & 0x7FFF7FFFu, w[1] & 0x7FFF7FFFu),
                          MaxNan<D>(w[2] & 0x7FFF7FFFu, w[3] & 0x7FFF7FFFu));
-  m = MaxNan<D>(m, __shfl_xor_sync(group_lanes, m, 1));
-  m = MaxNan<D>(m, __shfl_xor_sync(group_lanes, m, 2));
+  m = MaxNan<D>(m, __shfl_xor_sync(kWarpAll ? kAll : group_lanes, m, 1));
+  m = MaxNan<D>(m, __shfl_xor_sync(kWarpAll ? kAll : group_lanes, m, 2));
   m = MaxNan<D>(m, m >> 16);
   const uint32_t eb = Packed<D>::ScaleByte(m & 0xFFFFu, up);  // no float division
   uint32_t e = eb << 23;
@@ -328,7 +332,7 @@ template <QuantDtype D>
 __device__ __forceinline__ uint32_t LaneCodesOf(const LaneRaw<D>& raw, uint32_t group_lanes, bool up,
                                                 uint32_t* e_out) {
   if constexpr (D != QuantDtype::kFloat32) {
-    return LaneCodes<D>(raw.w[0], group_lanes, up, e_out);
+    return LaneCodes<D, true>(raw.w[0], group_lanes, up, e_out);  // its callers: every lane
   } else {
     const uint32_t b[8] = {raw.w[0].x, raw.w[0].y, raw.w[0].z, raw.w[0].w,
                            raw.w[1].x, raw.w[1].y, raw.w[1].z, raw.w[1].w};
@@ -385,9 +389,9 @@ __global__ void __launch_bounds__(256, 4) Group16Kernel(const uint4* __restrict_
           place = sink.Place(r, values, scales);
         }
       }
-      if (g >= groups) continue;  // all four lanes of a group agree
       uint32_t e = 0;
-      const uint32_t out = LaneCodesOf<D>(raw[u], group_lanes, up, &e);
+      const uint32_t out = LaneCodesOf<D>(raw[u], group_lanes, up, &e);  // every lane: the shuffles
+      if (g >= groups) continue;  // all four lanes of a group agree
       sink.WordAt(place, r, k, sub, out, values);
       if (sub == 0) sink.ScaleAt(place, k, static_cast<uint8_t>(e >> 23));
       if (k == sink.sq - 1) sink.PadRow(r, static_cast<int>(sub), 4, values, scales);
@@ -423,9 +427,9 @@ __global__ void __launch_bounds__(256, 4) RowChunk16Kernel(const uint4* __restri
     WPREP_UNROLL
     for (int u = 0; u < 4; ++u) {
       const uint32_t k = k0 + 8 * u;
-      if (k >= sink.sq) continue;  // all four lanes of a group agree
       uint32_t e = 0;
-      const uint32_t out = LaneCodesOf<D>(raw[u], group_lanes, up, &e);
+      const uint32_t out = LaneCodesOf<D>(raw[u], group_lanes, up, &e);  // every lane: the shuffles
+      if (k >= sink.sq) continue;  // all four lanes of a group agree
       sink.WordAt(place, r, k, sub, out, values);
       if (sub == 0) sink.ScaleAt(place, k, static_cast<uint8_t>(e >> 23));
     }
