@@ -638,9 +638,11 @@ __global__ void __launch_bounds__(256, 5) HopperFusedKernel(const uint8_t* __res
   __shared__ uint32_t q[kHopperTileRows * kHopperTilePitch];
   __shared__ uint8_t s[kHopperTileRows * 4];
   const int sub = threadIdx.x & 3;
-  const uint32_t group_lanes = 0xFu << (threadIdx.x & 28);
+  const uint32_t group_lanes = 0xFu << (threadIdx.x & 28);  // every lane takes part in every pass
   const int64_t total = g.mats * g.tiles_per_mat;
   const bool vec_values = (reinterpret_cast<uintptr_t>(values) & 15) == 0;  // O rows are 128-byte multiples
+  // Rows of whole 16-byte lanes (the 16-bit types): the input 16-byte aligned, a row a multiple of 16 bytes.
+  [[maybe_unused]] const bool aligned_rows = (reinterpret_cast<uintptr_t>(in) & 15) == 0 && (g.k * kEsize) % 16 == 0;
   const auto tiles_per_mat = static_cast<uint32_t>(g.tiles_per_mat), tile_cols = static_cast<uint32_t>(g.tile_cols);
   for (int64_t t = blockIdx.x; t < total; t += gridDim.x) {
     // Tile indices fit 32 bits (FusedHopperGeometryOf): 32-bit divisions, not 64-bit ones.
@@ -660,20 +662,40 @@ __global__ void __launch_bounds__(256, 5) HopperFusedKernel(const uint8_t* __res
     };
     if constexpr (D != QuantDtype::kFloat32) {  // all loads in flight, then the packed encoder
       uint4 raw[4];
-      WPREP_UNROLL
-      for (int p = 0; p < 4; ++p) {
-        int lr, j, valid;
-        const uint8_t* src = lane_of(p, &lr, &j, &valid);
-        raw[p] = valid > 0 ? LaneLoad16(src, valid) : make_uint4(0, 0, 0, 0);
-      }
-      WPREP_UNROLL
-      for (int p = 0; p < 4; ++p) {
-        int lr, j, valid;
-        lane_of(p, &lr, &j, &valid);
-        uint32_t eb = 0;
-        const uint32_t word = LaneCodes<D>(raw[p], group_lanes, up, &eb);
-        q[lr * kHopperTilePitch + 4 * j + sub] = valid >= 0 ? word : 0u;
-        if (sub == 0) s[lr * 4 + j] = valid >= 0 ? static_cast<uint8_t>(eb >> 23) : 0;
+      // A tile inside the rows and whole groups of K (all but a matrix's edges) takes straight
+      // 16-byte loads, 16 rows apart from pass to pass, with no bounds to check. The branch is
+      // the same for the whole block, and every lane quantizes in either, so the amax shuffles
+      // name the whole warp.
+      if (aligned_rows && row0 + kHopperTileRows <= g.n && (c0 / 16 + 4) * qmath::kGroup <= g.k) {
+        const int lr = threadIdx.x >> 4, j = (threadIdx.x >> 2) & 3;  // pass p: row lr + 16p
+        const int64_t k0 = (c0 / 16 + j) * qmath::kGroup + 8 * sub;
+        const auto* src = reinterpret_cast<const uint4*>(in + ((e * g.n + row0 + lr) * g.k + k0) * kEsize);
+        const int64_t pass_step = g.k * kEsize;  // 16 rows, in 16-byte words
+        WPREP_UNROLL
+        for (int p = 0; p < 4; ++p) raw[p] = __ldg(src + p * pass_step);
+        WPREP_UNROLL
+        for (int p = 0; p < 4; ++p) {
+          uint32_t eb = 0;
+          const uint32_t word = LaneCodes<D, true>(raw[p], group_lanes, up, &eb);
+          q[(lr + 16 * p) * kHopperTilePitch + 4 * j + sub] = word;
+          if (sub == 0) s[(lr + 16 * p) * 4 + j] = static_cast<uint8_t>(eb >> 23);
+        }
+      } else {
+        WPREP_UNROLL
+        for (int p = 0; p < 4; ++p) {
+          int lr, j, valid;
+          const uint8_t* src = lane_of(p, &lr, &j, &valid);
+          raw[p] = valid > 0 ? LaneLoad16(src, valid) : make_uint4(0, 0, 0, 0);
+        }
+        WPREP_UNROLL
+        for (int p = 0; p < 4; ++p) {
+          int lr, j, valid;
+          lane_of(p, &lr, &j, &valid);
+          uint32_t eb = 0;
+          const uint32_t word = LaneCodes<D, true>(raw[p], group_lanes, up, &eb);
+          q[lr * kHopperTilePitch + 4 * j + sub] = valid >= 0 ? word : 0u;
+          if (sub == 0) s[lr * 4 + j] = valid >= 0 ? static_cast<uint8_t>(eb >> 23) : 0;
+        }
       }
     } else {
       for (int p = 0; p < 4; ++p) {

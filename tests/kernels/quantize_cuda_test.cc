@@ -397,6 +397,39 @@ TEST(QuantizeCuda, HopperFusedEqualsTheCpu) {
   EXPECT_EQ(compared, 36);
 }
 
+// Tiles wholly inside the rows and K groups take straight loads (16-bit types, rows of whole
+// 16-byte words, the input 16-byte aligned); the edge tiles of the same tensor take the
+// bounded loads. Shapes with both, the input aligned and not, and rows of 520 bytes (the
+// bounded path everywhere), against the CPU.
+TEST(QuantizeCuda, HopperFusedInteriorAndEdgeTilesEqualTheCpu) {
+  if (CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
+  std::mt19937_64 rng(3119);
+  const std::vector<std::vector<int64_t>> shapes = {{2, 200, 520}, {1, 128, 4096}, {3, 64, 128}, {1, 65, 136}, {2, 130, 260}};
+  int compared = 0;
+  for (const QuantDtype dtype : {QuantDtype::kBfloat16, QuantDtype::kFloat16}) {
+    for (const std::vector<int64_t>& shape : shapes) {
+      for (const int mma : {2, 3}) {
+        for (const bool unaligned : {false, true}) {
+          QuantLayoutSpec spec;
+          spec.layout = QuantLayout::kHopper;
+          spec.mma_version = mma;
+          auto plan = MakeQuantizePlan(dtype, shape, compared % 2 ? ScaleRounding::kDown : ScaleRounding::kUp);
+          ASSERT_TRUE(plan.ok());
+          SCOPED_TRACE(::testing::Message() << "dtype " << static_cast<int>(dtype) << " shape "
+                                            << ::testing::PrintToString(shape) << " mma " << mma << " unaligned "
+                                            << unaligned);
+          const FusedPair r = Fused(*plan, spec, SpecialInput(dtype, plan->input_bytes / QuantDtypeBytes(dtype), rng),
+                                    unaligned ? 16 + QuantDtypeBytes(dtype) : 0);
+          EXPECT_EQ(r.gpu.values, r.cpu.values);
+          EXPECT_EQ(r.gpu.scales, r.cpu.scales);
+          ++compared;
+        }
+      }
+    }
+  }
+  EXPECT_EQ(compared, 40);
+}
+
 // The fused pairs through QuantizeHostBuffersOnCuda (the CLI's --device cuda:N path), on the
 // bf16 groups of the packed encoder: ties on every rounding threshold.
 TEST(QuantizeCuda, FusedHostBuffersEqualTheCpuOnTies) {
