@@ -79,15 +79,14 @@ void UnswizzleUnitsOf(const Geometry& g, const uint8_t* in, uint8_t* out, int64_
           uint32_t packed[16], q0[8], q1[8];
           std::memcpy(packed, row + 128 * cr + 64 * s0, 64);
           HopperUnpackBlock<kMma>(packed, q0, q1);
-          uint8_t* d0 = q + ra * t.q_cols + 32 * cr;
           if (32 * cr + 32 <= t.q_cols && ra + 8 < t.q_rows) {  // whole pieces: fixed-size copies
-            std::memcpy(d0, q0, 32);
-            std::memcpy(d0 + 8 * t.q_cols, q1, 32);
+            std::memcpy(q + ra * t.q_cols + 32 * cr, q0, 32);
+            std::memcpy(q + (ra + 8) * t.q_cols + 32 * cr, q1, 32);
             continue;
           }
           const size_t n = static_cast<size_t>(std::min<int64_t>(32, t.q_cols - 32 * cr));
-          if (ra < t.q_rows) std::memcpy(d0, q0, n);
-          if (ra + 8 < t.q_rows) std::memcpy(d0 + 8 * t.q_cols, q1, n);
+          if (ra < t.q_rows) std::memcpy(q + ra * t.q_cols + 32 * cr, q0, n);
+          if (ra + 8 < t.q_rows) std::memcpy(q + (ra + 8) * t.q_cols + 32 * cr, q1, n);
         }
       }
     }
@@ -124,17 +123,24 @@ inline int64_t CrossUnitCount(const Geometry& g) {
 }
 
 #if defined(__SSE2__)
+// `rows` runs of `bytes` (at most 64) from src to dst, each side's runs a step apart: whole
+// 64-byte runs as fixed-size copies, where a size known only at run time is a call each.
+inline void CopyRuns(uint8_t* dst, int64_t dst_step, const uint8_t* src, int64_t src_step, int64_t rows,
+                     int64_t bytes) {
+  if (bytes == 64) {
+    for (int64_t r = 0; r < rows; ++r) std::memcpy(dst + r * dst_step, src + r * src_step, 64);
+    return;
+  }
+  for (int64_t r = 0; r < rows; ++r) std::memcpy(dst + r * dst_step, src + r * src_step, static_cast<size_t>(bytes));
+}
+
 // X rows x0 .. x0 + 63, bytes xb .. xb + 63, into 64-byte rows of `stage`, zeros past X. The
 // nibble blocks then read lines 64 bytes apart: X's rows, N / 2 bytes apart, fall in a few
 // L1 sets (4096 bytes apart: one), and each line would be fetched again for each 16 bytes.
 inline void StageRows(const uint8_t* x, int64_t xs, int64_t x0, int64_t xb, int64_t rows, int64_t bytes,
                       uint8_t* stage) {
   if (rows < 64 || bytes < 64) std::memset(stage, 0, 64 * 64);
-  if (bytes == 64) {  // whole rows: fixed-size copies, not a call each
-    for (int64_t r = 0; r < rows; ++r) std::memcpy(stage + 64 * r, x + (x0 + r) * xs + xb, 64);
-    return;
-  }
-  for (int64_t r = 0; r < rows; ++r) std::memcpy(stage + 64 * r, x + (x0 + r) * xs + xb, static_cast<size_t>(bytes));
+  CopyRuns(stage, 64, x + x0 * xs + xb, xs, rows, bytes);
 }
 
 // One step: Q rows of `band` x Q bytes 32 cr .. 32 cr + 31 (X rows 64 cr .., bytes 64 band ..),
@@ -199,11 +205,7 @@ inline void CrossStep(const HopperTiling& t, XByte* x, int64_t xs, OByte* o, int
                           cpu_nibble::RowsAt<uint8_t>{stage + 32 * h * 64 + 16 * sb, 64});
       }
     }
-    if (bytes == 64) {  // whole rows: fixed-size copies
-      for (int64_t r = 0; r < rows; ++r) std::memcpy(x + (x0 + r) * xs + xb, stage + 64 * r, 64);
-    } else {
-      for (int64_t r = 0; r < rows; ++r) std::memcpy(x + (x0 + r) * xs + xb, stage + 64 * r, static_cast<size_t>(bytes));
-    }
+    CopyRuns(x + x0 * xs + xb, xs, stage, 64, rows, bytes);
   }
 }
 
