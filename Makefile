@@ -79,10 +79,9 @@ TSAN_EXCLUDE = NOT_BUILT|Hardening.UnreadAnswersStayWithinTheBufferBudget|Fault.
 test-tsan: test-thread-safety
 	rm -rf $(TSA_BUILD)/tsan-reports && mkdir -p $(TSA_BUILD)/tsan-reports && chmod 1777 $(TSA_BUILD)/tsan-reports
 	cd $(TSA_BUILD) && TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 \
-	  suppressions=$(CURDIR)/tests/tsan/suppressions.txt log_path=$(CURDIR)/$(TSA_BUILD)/tsan-reports/report" \
+	  suppressions=$(CURDIR)/tests/tsan/suppressions.txt log_path=$(CURDIR)/$(TSA_BUILD)/tsan-reports/report log_exe_name=1" \
 	  ctest --output-on-failure -j $(JOBS) --timeout 900 -E '$(TSAN_EXCLUDE)'
-	@if ls $(TSA_BUILD)/tsan-reports/report.* > /dev/null 2>&1; then \
-	  cat $(TSA_BUILD)/tsan-reports/report.*; echo "test-tsan: ThreadSanitizer reports above"; exit 1; fi
+	@bash scripts/tsan_reports.sh $(TSA_BUILD)/tsan-reports
 
 # Each libFuzzer target for 20 s after replaying its committed inputs (clang, ASan +
 # UBSan, in build-fuzz/); `scripts/fuzz.sh 3600` fuzzes for an hour each.

@@ -35,6 +35,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "daemon_harness.h"
@@ -135,6 +136,20 @@ int LoggedRequests(const std::string& log, const std::string& method, const std:
     if (absl::StrContains(line, " method=" + method + " ") && absl::StrContains(line, " code=" + code + " ")) ++n;
   }
   return n;
+}
+
+// The lines of `log` that contain any of `needles`, for a failure's message.
+std::string LogLinesWith(const std::string& log, const std::vector<std::string>& needles) {
+  std::string out;
+  for (absl::string_view line : absl::StrSplit(log, '\n')) {
+    for (const std::string& n : needles) {
+      if (absl::StrContains(line, n)) {
+        absl::StrAppend(&out, line, "\n");
+        break;
+      }
+    }
+  }
+  return out;
 }
 
 // ---------------------------------------------------------------------------------------
@@ -478,7 +493,8 @@ int CheckOutcomes(const std::vector<Outcome>& outcomes, const std::vector<absl::
 // finished reached its client; new work is refused. Calls that arrive as the server shuts
 // down, before any handler took them, are cancelled by gRPC (it drops calls it has not
 // matched to a handler): those clients see CANCELLED for work that never started, and the
-// daemon never logs them. The daemon exits 0 having drained.
+// daemon never logs them. One whose handler had started when the shutdown cut it was being
+// refused, and is logged UNAVAILABLE. The daemon exits 0 having drained.
 TEST(Fault, SigtermUnderLoadFinishesInFlightWorkAndRefusesTheRest) {
   std::unique_ptr<Daemon> d = StartCpuDaemon({"--drain-timeout=60s", Load::kBudgetFlag});
   ASSERT_NE(d, nullptr);
@@ -495,7 +511,8 @@ TEST(Fault, SigtermUnderLoadFinishesInFlightWorkAndRefusesTheRest) {
   EXPECT_NE(log.find("event=stopped drained=true"), std::string::npos) << log;
   CheckOutcomes(load.outcomes(), {absl::StatusCode::kUnavailable, absl::StatusCode::kCancelled});
   // Nothing the daemon started was cancelled, and every OK it logged was received.
-  EXPECT_EQ(LoggedRequests(log, "Convert", "CANCELLED") + LoggedRequests(log, "ConvertStream", "CANCELLED"), 0);
+  EXPECT_EQ(LoggedRequests(log, "Convert", "CANCELLED") + LoggedRequests(log, "ConvertStream", "CANCELLED"), 0)
+      << LogLinesWith(log, {"code=CANCELLED", "event=draining", "event=answers_delivered", "event=stopped"});
   EXPECT_EQ(LoggedRequests(log, "Convert", "OK") + LoggedRequests(log, "ConvertStream", "OK"), load.ok());
 }
 

@@ -152,7 +152,12 @@ class CallReport {
     // The handler's own CANCELLED (a read or write that failed as the client left) can come
     // before gRPC marks the call cancelled.
     const bool client_ended = ctx_->IsCancelled() || status.code() == absl::StatusCode::kCancelled;
-    if (client_ended && status.code() != absl::StatusCode::kDeadlineExceeded) {
+    // UNAVAILABLE is the daemon's refusal (warming up, draining, stopping): its answer
+    // whether or not the call was still open to hear it. A draining daemon's shutdown cuts
+    // the calls still arriving on open connections, and one cut while its handler refused
+    // it was not cancelled by its client.
+    const bool refused = status.code() == absl::StatusCode::kUnavailable;
+    if (client_ended && !refused && status.code() != absl::StatusCode::kDeadlineExceeded) {
       // The call ended before its answer could go out: the client cancelled, went away or
       // ran out of time. Record what the client saw, even when the work itself finished.
       const std::string why = status.ok() ? "the answer was ready after the call ended" : std::string(status.message());
