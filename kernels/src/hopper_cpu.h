@@ -14,7 +14,112 @@
 #include "layout_math.h"
 #include "nibble_cpu.h"
 
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
 namespace wprep::cpu_hopper {
+
+// The CPU passes pack and unpack an O row's two 64-byte blocks of a 128-byte chunk
+// (s0 = 0, 1) at once: O bytes [128 cr, 128 cr + 128) of O row 4 r0 + t0, and the four
+// 32-byte Q pieces q[s0][w0] of Q rows 16 r0 + 2 t0 + s0 + 8 w0 at bytes 32 cr.. (LAYOUTS.md).
+// With mma 3 a block's four quarters k are the same word operations on different words
+// (q0[2k], q0[2k + 1], q1[2k], q1[2k + 1] to out[4 t1 + k]), so with AVX2 the two blocks'
+// eight quarters run in the eight lanes of one register: the quarters' inputs are the even
+// and odd words of the pieces, and each t1's four outputs are 16 contiguous bytes of a
+// block. Otherwise (mma 2, or no AVX2) each block takes HopperPackBlock.
+#if defined(WPREP_NIBBLE_AVX2)
+using Words8 = uint32_t __attribute__((vector_size(32)));
+
+// 16 bytes at `lo` in the low 128-bit lane and 16 at `hi` in the high one.
+__attribute__((target("avx2"))) inline __m256i LoadLanes(const uint8_t* lo, const uint8_t* hi) {
+  return _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(lo))),
+                                 _mm_loadu_si128(reinterpret_cast<const __m128i*>(hi)), 1);
+}
+__attribute__((target("avx2"))) inline void StoreLanes(__m256i v, uint8_t* lo, uint8_t* hi) {
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(lo), _mm256_castsi256_si128(v));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(hi), _mm256_extracti128_si256(v, 1));
+}
+
+// Pieces a (lanes 0-3) and b (lanes 4-7) as their even words (0, 2, 4, 6) and odd ones.
+__attribute__((target("avx2"))) inline void SplitEvenOdd(const uint8_t* a, const uint8_t* b, Words8* even,
+                                                         Words8* odd) {
+  const __m256 lo = _mm256_castsi256_ps(LoadLanes(a, b)), hi = _mm256_castsi256_ps(LoadLanes(a + 16, b + 16));
+  *even = reinterpret_cast<Words8>(_mm256_castps_si256(_mm256_shuffle_ps(lo, hi, 0x88)));
+  *odd = reinterpret_cast<Words8>(_mm256_castps_si256(_mm256_shuffle_ps(lo, hi, 0xDD)));
+}
+__attribute__((target("avx2"))) inline void JoinEvenOdd(const Words8& even, const Words8& odd, uint8_t* a,
+                                                        uint8_t* b) {
+  const __m256i e = reinterpret_cast<__m256i>(even), o = reinterpret_cast<__m256i>(odd);
+  const __m256i first = _mm256_unpacklo_epi32(e, o), second = _mm256_unpackhi_epi32(e, o);
+  StoreLanes(first, a, b);
+  StoreLanes(second, a + 16, b + 16);
+}
+
+__attribute__((target("avx2"))) inline void PackPair3(const uint8_t* q00, const uint8_t* q01, const uint8_t* q10,
+                                                      const uint8_t* q11, uint8_t* out) {
+  Words8 a_even, a_odd, b_even, b_odd, w[4];  // a: the w0 = 0 pieces, b: w0 = 1
+  SplitEvenOdd(q00, q10, &a_even, &a_odd);
+  SplitEvenOdd(q01, q11, &b_even, &b_odd);
+  PairNibbleWordsOf(a_odd, b_even, &w[0], &w[2]);
+  PairNibbleWordsOf(b_odd, a_even, &w[1], &w[3]);
+  Transpose4x4BytesBySwaps(w);
+  for (int t1 = 0; t1 < 4; ++t1) {
+    HopperInterleaveGatheredAt(&w[t1]);
+    StoreLanes(reinterpret_cast<__m256i>(w[t1]), out + 16 * t1, out + 64 + 16 * t1);
+  }
+}
+
+__attribute__((target("avx2"))) inline void UnpackPair3(const uint8_t* in, uint8_t* q00, uint8_t* q01, uint8_t* q10,
+                                                        uint8_t* q11) {
+  Words8 w[4], a_even, a_odd, b_even, b_odd;
+  for (int t1 = 0; t1 < 4; ++t1) {
+    w[t1] = reinterpret_cast<Words8>(LoadLanes(in + 16 * t1, in + 64 + 16 * t1));
+    HopperDeinterleaveGatheredAt(&w[t1]);
+  }
+  Transpose4x4BytesBySwaps(w);
+  PairNibbleWordsOf(w[0], w[2], &a_odd, &b_even);
+  PairNibbleWordsOf(w[1], w[3], &b_odd, &a_even);
+  JoinEvenOdd(a_even, a_odd, q00, q10);
+  JoinEvenOdd(b_even, b_odd, q01, q11);
+}
+#endif
+
+template <int kMma>
+inline void PackPair(const uint8_t* q00, const uint8_t* q01, const uint8_t* q10, const uint8_t* q11, uint8_t* out) {
+#if defined(WPREP_NIBBLE_AVX2)
+  if (kMma == 3 && cpu_nibble::HasAvx2()) {
+    PackPair3(q00, q01, q10, q11, out);
+    return;
+  }
+#endif
+  const uint8_t* q[2][2] = {{q00, q01}, {q10, q11}};
+  for (int s0 = 0; s0 < 2; ++s0) {
+    uint32_t w0[8], w1[8], packed[16];
+    std::memcpy(w0, q[s0][0], 32);
+    std::memcpy(w1, q[s0][1], 32);
+    HopperPackBlock<kMma>(w0, w1, packed);
+    std::memcpy(out + 64 * s0, packed, 64);
+  }
+}
+
+template <int kMma>
+inline void UnpackPair(const uint8_t* in, uint8_t* q00, uint8_t* q01, uint8_t* q10, uint8_t* q11) {
+#if defined(WPREP_NIBBLE_AVX2)
+  if (kMma == 3 && cpu_nibble::HasAvx2()) {
+    UnpackPair3(in, q00, q01, q10, q11);
+    return;
+  }
+#endif
+  uint8_t* q[2][2] = {{q00, q01}, {q10, q11}};
+  for (int s0 = 0; s0 < 2; ++s0) {
+    uint32_t packed[16], w0[8], w1[8];
+    std::memcpy(packed, in + 64 * s0, 64);
+    HopperUnpackBlock<kMma>(packed, w0, w1);
+    std::memcpy(q[s0][0], w0, 32);
+    std::memcpy(q[s0][1], w1, 32);
+  }
+}
 
 inline bool Serves(const Geometry& g) {
   return (g.op == Op::kHopperSwizzle || g.op == Op::kHopperUnswizzle) && g.hopper_q_is_canonical &&
@@ -23,15 +128,13 @@ inline bool Serves(const Geometry& g) {
 
 inline int64_t UnitCount(const Geometry& g) { return g.num_matrices * (g.hopper.rows_pad / 16); }
 
-// Q row r's bytes [c0, c0 + 32) as 8 words, zeros past Q.
-inline void LoadPiece(const HopperTiling& t, const uint8_t* q, int64_t rs, int64_t r, int64_t c0, uint32_t* w) {
-  if (r < t.q_rows && c0 + 32 <= t.q_cols) {
-    std::memcpy(w, q + r * rs + c0, 32);
-    return;
-  }
-  uint8_t bytes[32] = {};
-  if (r < t.q_rows && c0 < t.q_cols) std::memcpy(bytes, q + r * rs + c0, static_cast<size_t>(t.q_cols - c0));
-  std::memcpy(w, bytes, 32);
+// Q row r's bytes [c0, c0 + 32): where they lie, or copied into `spare` with zeros past Q.
+inline const uint8_t* Piece(const HopperTiling& t, const uint8_t* q, int64_t rs, int64_t r, int64_t c0,
+                            uint8_t* spare) {
+  if (r < t.q_rows && c0 + 32 <= t.q_cols) return q + r * rs + c0;
+  std::memset(spare, 0, 32);
+  if (r < t.q_rows && c0 < t.q_cols) std::memcpy(spare, q + r * rs + c0, static_cast<size_t>(t.q_cols - c0));
+  return spare;
 }
 
 template <int kMma>
@@ -45,22 +148,19 @@ void UnitsOf(const Geometry& g, const uint8_t* in, uint8_t* out, int64_t begin, 
     uint8_t* o = out + e * g.out_matrix_bytes;
     for (int t0 = 0; t0 < 4; ++t0) {
       uint8_t* row = o + (4 * r0 + t0) * t.out_cols;
-      for (int s0 = 0; s0 < 2; ++s0) {
-        const int64_t ra = 16 * r0 + 2 * t0 + s0;  // w0 = 0; the w0 = 1 row is 8 below
-        for (int64_t cr = 0; cr < crs; ++cr) {
-          uint32_t q0[8], q1[8], packed[16];
-          LoadPiece(t, q, rs, ra, 32 * cr, q0);
-          LoadPiece(t, q, rs, ra + 8, 32 * cr, q1);
-          HopperPackBlock<kMma>(q0, q1, packed);
-          std::memcpy(row + 128 * cr + 64 * s0, packed, 64);
-        }
+      const int64_t ra = 16 * r0 + 2 * t0;  // s0 = 0, w0 = 0; s0 adds 1, w0 adds 8
+      for (int64_t cr = 0; cr < crs; ++cr) {
+        uint8_t spare[4][32];
+        PackPair<kMma>(Piece(t, q, rs, ra, 32 * cr, spare[0]), Piece(t, q, rs, ra + 8, 32 * cr, spare[1]),
+                       Piece(t, q, rs, ra + 1, 32 * cr, spare[2]), Piece(t, q, rs, ra + 9, 32 * cr, spare[3]),
+                       row + 128 * cr);
       }
     }
   }
 }
 
-// The unswizzle: each O block unpacked (HopperUnpackBlock) into its two Q pieces, written
-// where they lie inside Q (dense rows of q_cols bytes); padding is not read back.
+// The unswizzle: each O chunk unpacked into its four Q pieces, written where they lie
+// inside Q (dense rows of q_cols bytes); padding is not read back.
 template <int kMma>
 void UnswizzleUnitsOf(const Geometry& g, const uint8_t* in, uint8_t* out, int64_t begin, int64_t end) {
   const HopperTiling& t = g.hopper;
@@ -73,20 +173,19 @@ void UnswizzleUnitsOf(const Geometry& g, const uint8_t* in, uint8_t* out, int64_
     uint8_t* q = out + e * g.out_matrix_bytes;
     for (int t0 = 0; t0 < 4; ++t0) {
       const uint8_t* row = o + (4 * r0 + t0) * rs;
-      for (int s0 = 0; s0 < 2; ++s0) {
-        const int64_t ra = 16 * r0 + 2 * t0 + s0;
-        for (int64_t cr = 0; cr < crs && 32 * cr < t.q_cols; ++cr) {
-          uint32_t packed[16], q0[8], q1[8];
-          std::memcpy(packed, row + 128 * cr + 64 * s0, 64);
-          HopperUnpackBlock<kMma>(packed, q0, q1);
-          if (32 * cr + 32 <= t.q_cols && ra + 8 < t.q_rows) {  // whole pieces: fixed-size copies
-            std::memcpy(q + ra * t.q_cols + 32 * cr, q0, 32);
-            std::memcpy(q + (ra + 8) * t.q_cols + 32 * cr, q1, 32);
-            continue;
-          }
-          const size_t n = static_cast<size_t>(std::min<int64_t>(32, t.q_cols - 32 * cr));
-          if (ra < t.q_rows) std::memcpy(q + ra * t.q_cols + 32 * cr, q0, n);
-          if (ra + 8 < t.q_rows) std::memcpy(q + (ra + 8) * t.q_cols + 32 * cr, q1, n);
+      const int64_t ra = 16 * r0 + 2 * t0;  // s0 = 0, w0 = 0; s0 adds 1, w0 adds 8
+      for (int64_t cr = 0; cr < crs && 32 * cr < t.q_cols; ++cr) {
+        uint8_t* at = q + ra * t.q_cols + 32 * cr;
+        if (32 * cr + 32 <= t.q_cols && ra + 9 < t.q_rows) {  // whole pieces: straight into Q
+          UnpackPair<kMma>(row + 128 * cr, at, at + 8 * t.q_cols, at + t.q_cols, at + 9 * t.q_cols);
+          continue;
+        }
+        uint8_t pieces[4][32];
+        UnpackPair<kMma>(row + 128 * cr, pieces[0], pieces[1], pieces[2], pieces[3]);
+        const size_t n = static_cast<size_t>(std::min<int64_t>(32, t.q_cols - 32 * cr));
+        const int64_t rows[4] = {0, 8, 1, 9};
+        for (int i = 0; i < 4; ++i) {
+          if (ra + rows[i] < t.q_rows) std::memcpy(at + rows[i] * t.q_cols, pieces[i], n);
         }
       }
     }
@@ -181,20 +280,11 @@ inline void CrossStep(const HopperTiling& t, XByte* x, int64_t xs, OByte* o, int
   for (int r0 = 0; r0 < kCrossBandRows / 16; ++r0) {  // the Hopper units of 16 Q rows
     for (int t0 = 0; t0 < 4; ++t0) {
       auto* row = o + (4 * r0 + t0) * os;
-      for (int s0 = 0; s0 < 2; ++s0) {
-        uint8_t* q0 = piece + 32 * (16 * r0 + 2 * t0 + s0);  // w0 = 0; the w0 = 1 row is 8 below
-        uint32_t w0[8], w1[8], packed[16];
-        if constexpr (kSwizzle) {
-          std::memcpy(w0, q0, 32);
-          std::memcpy(w1, q0 + 8 * 32, 32);
-          HopperPackBlock<kMma>(w0, w1, packed);
-          std::memcpy(row + 64 * s0, packed, 64);
-        } else {
-          std::memcpy(packed, row + 64 * s0, 64);
-          HopperUnpackBlock<kMma>(packed, w0, w1);
-          std::memcpy(q0, w0, 32);
-          std::memcpy(q0 + 8 * 32, w1, 32);
-        }
+      uint8_t* q0 = piece + 32 * (16 * r0 + 2 * t0);  // s0 = 0, w0 = 0; s0 adds a row, w0 8 rows
+      if constexpr (kSwizzle) {
+        PackPair<kMma>(q0, q0 + 8 * 32, q0 + 32, q0 + 9 * 32, row);
+      } else {
+        UnpackPair<kMma>(row, q0, q0 + 8 * 32, q0 + 32, q0 + 9 * 32);
       }
     }
   }

@@ -204,18 +204,30 @@ WPREP_HD void HopperValuePosition(int mx_axis, int mma_version, int64_t i, int64
 // the placement (step 3). Checked bit for bit against the formula in
 // tests/kernels/cpu_engine_test.cc (host) and by the GPU golden tests (device).
 
-// W from the gathered word G above.
+// W from the gathered word G above. `Word` is uint32_t, or on the CPU a vector of them
+// (GCC's vector extensions), each lane a word of its own; the ...At forms work in place.
+// In place, and by reference: a 32-byte vector passed by value would take AVX's ABI.
+template <class Word>
+WPREP_HD void HopperInterleaveGatheredAt(Word* w) {
+  const Word g = *w;
+  *w = (g & 0x80078007u) | ((g >> 6) & 0x01C001C0u) | ((g >> 1) & 0x00380038u) | ((g << 5) & 0x30003000u) |
+       ((g << 6) & 0x02000200u) | ((g << 1) & 0x0C000C00u) | ((g << 3) & 0x40004000u);
+}
 WPREP_HD uint32_t HopperInterleaveGathered(uint32_t g) {
-  return (g & 0x80078007u) | ((g >> 6) & 0x01C001C0u) | ((g >> 1) & 0x00380038u) |
-         ((g << 5) & 0x30003000u) | ((g << 6) & 0x02000200u) | ((g << 1) & 0x0C000C00u) |
-         ((g << 3) & 0x40004000u);
+  HopperInterleaveGatheredAt(&g);
+  return g;
 }
 
 // Its inverse: W -> G.
+template <class Word>
+WPREP_HD void HopperDeinterleaveGatheredAt(Word* g) {
+  const Word w = *g;
+  *g = (w & 0x80078007u) | ((w << 6) & 0x70007000u) | ((w << 1) & 0x00700070u) | ((w >> 5) & 0x01800180u) |
+       ((w >> 6) & 0x00080008u) | ((w >> 1) & 0x06000600u) | ((w >> 3) & 0x08000800u);
+}
 WPREP_HD uint32_t HopperDeinterleaveGathered(uint32_t w) {
-  return (w & 0x80078007u) | ((w << 6) & 0x70007000u) | ((w << 1) & 0x00700070u) |
-         ((w >> 5) & 0x01800180u) | ((w >> 6) & 0x00080008u) | ((w >> 1) & 0x06000600u) |
-         ((w >> 3) & 0x08000800u);
+  HopperDeinterleaveGatheredAt(&w);
+  return w;
 }
 
 // ---------------------------------------------------------------------------------------
@@ -236,6 +248,22 @@ WPREP_HD uint32_t BytePerm(uint32_t a, uint32_t b, uint32_t sel) {
 #endif
 }
 
+// Transpose4x4Bytes without a byte permute (the host's form): swap the off-diagonal bytes
+// of each 2x2 block of bytes, then the off-diagonal 16-bit halves of each 2x2 block of
+// halves (delta swaps). `Word` as for HopperInterleaveGatheredOf.
+template <class Word>
+WPREP_HD void Transpose4x4BytesBySwaps(Word* w) {
+  auto swap = [](Word& lo, Word& hi, int shift, uint32_t mask) {
+    const Word t = ((lo >> shift) ^ hi) & mask;
+    hi ^= t;
+    lo ^= t << shift;
+  };
+  swap(w[0], w[1], 8, 0x00FF00FFu);
+  swap(w[2], w[3], 8, 0x00FF00FFu);
+  swap(w[0], w[2], 16, 0x0000FFFFu);
+  swap(w[1], w[3], 16, 0x0000FFFFu);
+}
+
 // Transposes the 4x4 byte matrix whose rows are w[0..3]: afterwards byte j of w[i] is
 // what byte i of w[j] was.
 WPREP_HD void Transpose4x4Bytes(uint32_t* w) {
@@ -247,27 +275,19 @@ WPREP_HD void Transpose4x4Bytes(uint32_t* w) {
   w[2] = BytePerm(t1, t3, 0x5410);
   w[3] = BytePerm(t1, t3, 0x7632);
 #else
-  // No byte permute on the host: swap the off-diagonal bytes of each 2x2 block of bytes,
-  // then the off-diagonal 16-bit halves of each 2x2 block of halves (delta swaps).
-  auto swap = [](uint32_t& lo, uint32_t& hi, int shift, uint32_t mask) {
-    const uint32_t t = ((lo >> shift) ^ hi) & mask;
-    hi ^= t;
-    lo ^= t << shift;
-  };
-  swap(w[0], w[1], 8, 0x00FF00FFu);
-  swap(w[2], w[3], 8, 0x00FF00FFu);
-  swap(w[0], w[2], 16, 0x0000FFFFu);
-  swap(w[1], w[3], 16, 0x0000FFFFu);
+  Transpose4x4BytesBySwaps(w);
 #endif
 }
 
 // PairNibbles on every byte of two words: byte i of *e is the low nibble of byte i of x
 // | the low nibble of byte i of y << 4, *o the same of the high nibbles. An involution:
 // PairNibbleWords(*e, *o) gives back x and y.
-WPREP_HD void PairNibbleWords(uint32_t x, uint32_t y, uint32_t* e, uint32_t* o) {
+template <class Word>
+WPREP_HD void PairNibbleWordsOf(const Word& x, const Word& y, Word* e, Word* o) {
   *e = (x & 0x0F0F0F0Fu) | ((y << 4) & 0xF0F0F0F0u);
   *o = ((x >> 4) & 0x0F0F0F0Fu) | (y & 0xF0F0F0F0u);
 }
+WPREP_HD void PairNibbleWords(uint32_t x, uint32_t y, uint32_t* e, uint32_t* o) { PairNibbleWordsOf(x, y, e, o); }
 
 // The interleaved words of two O words a and b at once, through the gathered form.
 WPREP_HD void HopperInterleaveWordPair(uint32_t a, uint32_t b, uint32_t* wa, uint32_t* wb) {

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "golden.h"
+#include "hopper_cpu.h"
 #include "layout_math.h"
 #include "nibble_cpu.h"
 #include "wprep/kernels/cpu_engine.h"
@@ -222,6 +223,19 @@ void CheckHopperBlocks() {
       ASSERT_EQ(std::memcmp(u0, q0, 32), 0);
       ASSERT_EQ(std::memcmp(u1, q1, 32), 0);
     }
+    // The CPU passes' pair form (both blocks of the O row's 128-byte chunk at once; AVX2
+    // lanes for mma 3 where the CPU has AVX2).
+    uint8_t pair[128], back[4][32];
+    const uint8_t* pieces[4] = {q[2 * t0], q[8 + 2 * t0], q[2 * t0 + 1], q[9 + 2 * t0]};
+    cpu_hopper::PackPair<kMma>(pieces[0], pieces[1], pieces[2], pieces[3], pair);
+    for (int w = 0; w < 32; ++w) {
+      uint32_t placed, got;
+      std::memcpy(&placed, &o[t0][4 * w], 4);
+      std::memcpy(&got, pair + 4 * w, 4);
+      ASSERT_EQ(got, ContractInterleave(placed)) << "pair: t0=" << t0 << " w=" << w;
+    }
+    cpu_hopper::UnpackPair<kMma>(pair, back[0], back[1], back[2], back[3]);
+    for (int i = 0; i < 4; ++i) ASSERT_EQ(std::memcmp(back[i], pieces[i], 32), 0) << "pair: t0=" << t0 << " piece " << i;
   }
 }
 
