@@ -3,6 +3,7 @@
 #define WPREP_KERNELS_SRC_CPU_PARALLEL_H_
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <system_error>
 #include <thread>
@@ -19,9 +20,15 @@ inline constexpr uint64_t kParallelThreshold = 1 << 20;
 // before writing them would only cost bandwidth.
 inline constexpr uint64_t kStreamingBytes = uint64_t{32} << 20;
 
-// fn(begin, end) over [0, units) in `threads` contiguous ranges (0: one per hardware
-// thread), the calling thread taking the first; one range when `bytes` is small. A thread
-// that cannot be started leaves its ranges to the calling thread.
+// Each thread's share of a pass is cut into this many contiguous chunks, taken in turn
+// by whichever thread is free: a thread slowed by others on its core (a shared host, the
+// daemon's other requests) then leaves its remaining chunks to the rest, where equal
+// ranges would keep the whole pass waiting for it.
+inline constexpr int64_t kChunksPerThread = 8;
+
+// fn(begin, end) over [0, units) on `threads` threads (0: one per hardware thread), the
+// calling thread among them, as contiguous chunks in order; one range when `bytes` is
+// small. A thread that cannot be started leaves its chunks to the others.
 template <class Fn>
 void Parallel(int64_t units, uint64_t bytes, int threads, const Fn& fn) {
   if (threads <= 0) threads = static_cast<int>(std::thread::hardware_concurrency());
@@ -31,20 +38,24 @@ void Parallel(int64_t units, uint64_t bytes, int threads, const Fn& fn) {
     fn(0, units);
     return;
   }
-  const int64_t per = (units + threads - 1) / threads;
+  const int64_t chunks = std::min<int64_t>(units, threads * kChunksPerThread);
+  const int64_t per = (units + chunks - 1) / chunks;
+  std::atomic<int64_t> next{0};
+  auto work = [&] {
+    for (int64_t c = next.fetch_add(1, std::memory_order_relaxed); c * per < units;
+         c = next.fetch_add(1, std::memory_order_relaxed)) {
+      fn(c * per, std::min(units, (c + 1) * per));
+    }
+  };
   std::vector<std::thread> workers;
-  int64_t unstarted = units;
   for (int i = 1; i < threads; ++i) {
-    const int64_t begin = std::min(units, i * per), end = std::min(units, begin + per);
     try {
-      workers.emplace_back(fn, begin, end);
+      workers.emplace_back(work);
     } catch (const std::system_error&) {
-      unstarted = begin;  // no thread to be had: this thread runs the rest
-      break;
+      break;  // no thread to be had: the others take its chunks
     }
   }
-  fn(0, std::min(units, per));
-  if (unstarted < units) fn(unstarted, units);
+  work();
   for (auto& w : workers) w.join();
 }
 
