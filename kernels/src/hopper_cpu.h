@@ -1,8 +1,8 @@
 // The Hopper value swizzle and unswizzle on the CPU when Q is the canonical side as it is
 // (mx_axis -1 with packing -1, mx_axis -2 with checkpoint order): a unit of 16 Q rows makes
-// (or is made from) 4 whole O rows, each 64-byte block packed by the word-level
-// HopperPackBlock from its two 32-byte Q pieces (HopperUnpackBlock the other way), instead of
-// the tiles' emulation of a GPU block's threads.
+// (or is made from) 4 whole O rows, each 64-byte block packed from its two 32-byte Q pieces
+// by HopperPackBlock's word operations, two blocks at a time (PackPair; UnpackPair the other
+// way), instead of the tiles' emulation of a GPU block's threads.
 #ifndef WPREP_KERNELS_SRC_HOPPER_CPU_H_
 #define WPREP_KERNELS_SRC_HOPPER_CPU_H_
 
@@ -14,8 +14,8 @@
 #include "layout_math.h"
 #include "nibble_cpu.h"
 
-#if defined(__SSE2__)
-#include <emmintrin.h>
+#if defined(__x86_64__)
+#include <immintrin.h>  // the AVX2 pair forms
 #endif
 
 namespace wprep::cpu_hopper {
@@ -197,7 +197,7 @@ void UnswizzleUnitsOf(const Geometry& g, const uint8_t* in, uint8_t* out, int64_
 // input as stored, X, is packed along Q's rows, so Q is X's nibble transpose (nibble_cpu.h):
 // Q byte (r, c) = X nibble (2c, r) | X nibble (2c + 1, r) << 4. A step is a band of 128 Q rows
 // by 32 Q bytes: 64 X rows x 64 bytes, staged, become a 128 x 32 piece of Q by eight nibble
-// blocks, and the band's 32 O rows' 128 bytes are packed from it by HopperPackBlock. The
+// blocks, and the band's 32 O rows' 128 bytes are packed from it by PackPair. The
 // unswizzle runs the same steps backwards (the nibble transpose is its own inverse).
 
 inline bool ServesCross(const Geometry& g) {

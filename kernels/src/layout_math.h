@@ -250,7 +250,7 @@ WPREP_HD uint32_t BytePerm(uint32_t a, uint32_t b, uint32_t sel) {
 
 // Transpose4x4Bytes without a byte permute (the host's form): swap the off-diagonal bytes
 // of each 2x2 block of bytes, then the off-diagonal 16-bit halves of each 2x2 block of
-// halves (delta swaps). `Word` as for HopperInterleaveGatheredOf.
+// halves (delta swaps). `Word` as for HopperInterleaveGatheredAt.
 template <class Word>
 WPREP_HD void Transpose4x4BytesBySwaps(Word* w) {
   auto swap = [](Word& lo, Word& hi, int shift, uint32_t mask) {
